@@ -1,0 +1,1 @@
+"""Who produces actions: experts (PPO, privileged teacher) and the closed-loop driver."""

@@ -1,0 +1,1 @@
+"""Demonstrations on disk: CarRacing episode datasets, Udacity driving logs."""

@@ -1,0 +1,401 @@
+"""The Neuronal Attention Circuit layer (paper §2, DESIGN.md §2).
+
+For every query step i and each of its K selected keys j (per head):
+
+    q, k, v      = sensory gates (NCP-masked linear maps) of the input        eq. 13
+    inter        = tanh(W_q q_i + W_k k_j + b)       over the backbone wiring  eq. 14
+    command      = tanh(W_c inter + b_c),  motor = tanh(W_m command + b_m)
+    phi          = sigmoid(w_phi . motor + b_phi)                               eq. 15
+    tau          = softplus(w_tau . motor + b_tau) + eps                        eq. 16
+    t_ij         = sigmoid(a_ij * t + b_ij),   (a, b) = affine read-out of [q_i; k_j]
+    logit_ij     = phi/tau                                  (mode "steady", eq. 18)
+                 = phi/tau * (1 - exp(-tau t_ij))           (mode "exact",  eq. 3)
+                 = N Euler steps of da/dt = -tau a + phi    (mode "euler",  eq. 2)
+    w_ij         = softmax_j(logit_ij)       over the selected keys (invalid: -inf)
+    out_i        = W_o concat_h( sum_j w_ij t_ij v_j )                          eq. 19
+
+The backbone's first layer is linear in the concatenation [q_i; k_j], so W_q q_i is
+computed once per query and W_k k_j once per key, then added after gathering: the
+``[B, H, T, K, 2*depth]`` pair tensor is never built.
+
+Time input ``t`` of the time vector (``time_input``):
+* ``"query"`` (default, as in the paper): the query step's timestamp, or 1 without
+  timestamps.
+* ``"elapsed"``: ``t_i - t_j``, the age of the key when the query is made (frame
+  counts without timestamps); natural for a causal window over irregular frames.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nac_drive.key_selection import NO_KEY, Visibility, select_all, select_block, select_exact, topk_positions
+from nac_drive.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
+from nac_drive.wiring import BackboneWiring, sensory_gate_mask
+
+MODES = ("exact", "euler", "steady")
+SELECTIONS = ("exact", "block", "all")
+TIME_INPUTS = ("query", "elapsed")
+DEFAULT_WIRING_SEED = 22222  # ncps' own default
+
+
+@dataclass
+class NACTrace:
+    """Everything the layer computed, for interpretability. K = selected keys per query.
+
+    q, k, v ``[B, T, d_model]``; inter, command, motor ``[B, H, T, K, n]``;
+    phi, tau, t_interp, logits, weights ``[B, H, T, K]``; topk_idx ``[B, H, T, K]``:
+    the time step of each selected key, ``-1`` for an empty slot (its weight is 0).
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    inter: torch.Tensor
+    command: torch.Tensor
+    motor: torch.Tensor
+    phi: torch.Tensor
+    tau: torch.Tensor
+    t_interp: torch.Tensor
+    logits: torch.Tensor
+    weights: torch.Tensor
+    topk_idx: torch.Tensor
+
+    def detach(self) -> "NACTrace":
+        return NACTrace(**{f.name: getattr(self, f.name).detach() for f in fields(self)})
+
+
+@dataclass
+class NACCache:
+    """Streaming state of :meth:`NAC.step`: the key side of the last ``window`` steps.
+
+    Slots are in time order, oldest first. k, v ``[B, H, C, depth]``; k_inter
+    ``[B, H, C, n_inter]`` and k_time ``[B, H, C, 2]`` are the key halves of the
+    backbone's first layer and of the time affine; times ``[B, C]``; positions ``[C]``
+    the step index held by each slot (``-1``: empty). ``steps`` counts frames consumed.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_inter: torch.Tensor
+    k_time: torch.Tensor
+    times: torch.Tensor
+    positions: torch.Tensor
+    steps: int = 0
+
+
+@dataclass
+class _KeySide:
+    """Per-key tensors the attention gathers from. Shapes as in :class:`NACCache`."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_inter: torch.Tensor
+    k_time: torch.Tensor
+    times: torch.Tensor | None
+
+
+def _gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x ``[B, H, Tk, F]`` at idx ``[B, H, Tq, K]`` (all >= 0) -> ``[B, H, Tq, K, F]``."""
+    B, H, Tk, F_ = x.shape
+    offset = (torch.arange(B * H, device=x.device) * Tk).view(B, H, 1, 1)
+    return x.reshape(B * H * Tk, F_)[idx + offset]
+
+
+class NAC(nn.Module):
+    """Neuronal Attention Circuit: multi-head, continuous-time, NCP-gated sparse attention.
+
+    Args:
+        input_dim: features per step of the input ``x``.
+        d_model: width of q, k, v and of the output; ``d_model = num_heads * depth``.
+        num_heads: attention heads, each with its own backbone parameters.
+        topk: keys kept per query (K) by ``select="exact"`` or ``"block"``.
+        mode: logit solver, ``"exact"`` (closed form), ``"euler"`` or ``"steady"``.
+        euler_steps: explicit Euler steps over the horizon ``t_interp`` (mode euler).
+        select: key selection, ``"exact"`` Top-K, ``"block"`` (paper Alg. 2, subquadratic)
+            or ``"all"`` (every visible key: NAC-PW).
+        sparsity: NCP wiring sparsity of the sensory gates and the backbone, 0.1..0.9.
+        causal: a query never sees later steps.
+        window: if set, a query only sees the last ``window`` steps (itself included).
+        dropout: dropout on the attention weights (training only).
+        seed: seeds the NCP wirings and the parameter initialisation.
+        backbone_units: neurons per head's backbone (inter + command + motor), wired
+            by AutoNCP. The paper uses ``d_model + d_model/0.6`` (171 at d_model=64)
+            and calls that too large; the backbone runs once per (query, key) pair, so
+            its cost is ``B*H*T*K*units^2``. 16 units (8 inter, 4 command, 4 motor)
+            keeps the layer a small fraction of a driving policy's time.
+        time_input: ``"query"`` or ``"elapsed"`` (see the module docstring).
+        time_weighted_values: use ``t_ij`` as the quadrature weight of eq. 19.
+        tau_eps: lower bound added to tau.
+
+    ``mode``, ``euler_steps``, ``select``, ``causal``, ``window`` and ``time_input``
+    do not change the parameters: a state dict saved under one setting loads under
+    another, and they may be changed on a built layer.
+    """
+
+    def __init__(self, input_dim: int, d_model: int = 64, num_heads: int = 4, topk: int = 8,
+                 mode: str = "exact", euler_steps: int = 6, select: str = "exact",
+                 sparsity: float = 0.5, causal: bool = True, window: int | None = None,
+                 dropout: float = 0.0, seed: int | None = None, backbone_units: int = 16,
+                 time_input: str = "query", time_weighted_values: bool = True,
+                 tau_eps: float = 1e-6):
+        super().__init__()
+        _check_hyperparameters(input_dim=input_dim, d_model=d_model, num_heads=num_heads, topk=topk,
+                               mode=mode, euler_steps=euler_steps, select=select, sparsity=sparsity,
+                               window=window, dropout=dropout, backbone_units=backbone_units,
+                               time_input=time_input, tau_eps=tau_eps)
+        self.input_dim, self.d_model, self.num_heads = input_dim, d_model, num_heads
+        self.depth = d_model // num_heads
+        self.topk, self.mode, self.euler_steps, self.select = topk, mode, euler_steps, select
+        self.sparsity, self.causal, self.window = sparsity, causal, window
+        self.time_input, self.time_weighted_values, self.tau_eps = time_input, time_weighted_values, tau_eps
+        self.seed = seed
+        wiring_seed = DEFAULT_WIRING_SEED if seed is None else seed
+
+        motor = max(1, round(0.25 * backbone_units))
+        self.backbone_wiring = BackboneWiring.auto(2 * self.depth, backbone_units, motor, sparsity, wiring_seed + 3)
+        with torch.random.fork_rng(enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            # Sensory gates (eq. 13): each its own AutoNCP sensory -> inter wiring.
+            self.q_gate, self.k_gate, self.v_gate = (
+                MaskedLinear(sensory_gate_mask(input_dim, d_model, sparsity, wiring_seed + i)) for i in range(3))
+            # Backbone (eq. 14), one parameter set per head, one wiring for all heads.
+            bw = self.backbone_wiring
+            self.inter = HeadwiseMaskedLinear(num_heads, bw.sensory_to_inter)
+            self.command = HeadwiseMaskedLinear(num_heads, bw.inter_to_command)
+            self.motor = HeadwiseMaskedLinear(num_heads, bw.command_to_motor)
+            n_motor = bw.sizes[2]
+            # Heads (eqs. 15, 16) and the time affine (a, b), per head.
+            bound = 1.0 / math.sqrt(n_motor)
+            self.phi_weight = nn.Parameter(torch.empty(num_heads, n_motor).uniform_(-bound, bound))
+            self.phi_bias = nn.Parameter(torch.zeros(num_heads))
+            self.tau_weight = nn.Parameter(torch.empty(num_heads, n_motor).uniform_(-bound, bound))
+            self.tau_bias = nn.Parameter(torch.full((num_heads,), math.log(math.e - 1.0)))  # tau ~ 1
+            bound = 1.0 / math.sqrt(2 * self.depth)
+            self.time_weight = nn.Parameter(torch.empty(num_heads, 2 * self.depth, 2).uniform_(-bound, bound))
+            self.time_bias = nn.Parameter(torch.zeros(num_heads, 2))
+            self.out_proj = nn.Linear(d_model, d_model)
+        self.attn_dropout = nn.Dropout(dropout)
+
+    # ----------------------------------------------------------------- helpers
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, d_model] -> [B, H, T, depth]"""
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.depth).transpose(1, 2)
+
+    def _sensory(self, x: torch.Tensor):
+        """x [B, T, input_dim] -> q, k, v [B, T, d_model]"""
+        return self.q_gate(x), self.k_gate(x), self.v_gate(x)
+
+    def _key_side(self, kh: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None) -> _KeySide:
+        w_inter = self.inter.effective_weight[:, self.depth:]        # [H, depth, n_inter]
+        return _KeySide(k=kh, v=vh, k_inter=kh @ w_inter, k_time=kh @ self.time_weight[:, self.depth:],
+                        times=times)
+
+    def _query_side(self, qh: torch.Tensor):
+        """qh [B, H, T, depth] -> (W_q q + b) [B, H, T, n_inter], time affine part [B, H, T, 2]"""
+        q_inter = qh @ self.inter.effective_weight[:, :self.depth] + self.inter.bias[:, None, :]
+        q_time = qh @ self.time_weight[:, :self.depth] + self.time_bias[:, None, :]
+        return q_inter, q_time
+
+    def _logits(self, phi: torch.Tensor, tau: torch.Tensor, t_interp: torch.Tensor) -> torch.Tensor:
+        if self.mode == "steady":                                          # eq. 18
+            return phi / tau
+        if self.mode == "exact":                                           # eq. 3
+            return phi / tau * -torch.expm1(-tau * t_interp)
+        logit = torch.zeros_like(phi)                                      # eq. 2, from a(0) = 0
+        dt = t_interp / self.euler_steps
+        for _ in range(self.euler_steps):
+            logit = logit + dt * (phi - tau * logit)
+        return logit
+
+    def _attend(self, q_inter: torch.Tensor, q_time: torch.Tensor, q_times: torch.Tensor | None,
+                keys: _KeySide, idx: torch.Tensor, want_trace: bool):
+        """Backbone, logits and weighted values for selected pairs.
+
+        q_inter [B,H,Tq,n_inter], q_time [B,H,Tq,2], q_times [B,Tq] or None,
+        idx [B,H,Tq,K] into the key side (-1: empty) -> out [B,H,Tq,depth], parts.
+        """
+        B, H, Tq, K = idx.shape
+        valid = idx != NO_KEY
+        safe = idx.clamp(min=0)
+        inter = torch.tanh(q_inter[:, :, :, None] + _gather_keys(keys.k_inter, safe))     # [B,H,Tq,K,ni]
+        command = torch.tanh(self.command(inter.view(B, H, Tq * K, -1)))                  # [B,H,TqK,nc]
+        motor = torch.tanh(self.motor(command))                                           # [B,H,TqK,nm]
+        phi = torch.sigmoid(torch.einsum("bhnm,hm->bhn", motor, self.phi_weight) + self.phi_bias[:, None])
+        tau = F.softplus(torch.einsum("bhnm,hm->bhn", motor, self.tau_weight) + self.tau_bias[:, None])
+        phi, tau = phi.view(B, H, Tq, K), tau.view(B, H, Tq, K) + self.tau_eps
+
+        affine = q_time[:, :, :, None] + _gather_keys(keys.k_time, safe)                  # [B,H,Tq,K,2]
+        if self.time_input == "elapsed":
+            key_times = _gather_keys(keys.times[:, None, :, None].expand(B, H, -1, 1), safe)[..., 0]
+            t_in = q_times[:, None, :, None] - key_times
+        elif q_times is None:
+            t_in = 1.0
+        else:
+            t_in = q_times[:, None, :, None]
+        t_interp = torch.sigmoid(affine[..., 0] * t_in + affine[..., 1])
+
+        logits = self._logits(phi, tau, t_interp)
+        # Invalid keys get -inf before the softmax (never a multiplied logit); a row
+        # with no valid key at all gets weight 0 everywhere instead of NaN.
+        any_valid = valid.any(dim=-1, keepdim=True)
+        masked = logits.masked_fill(~valid, float("-inf")).masked_fill(~any_valid, 0.0)
+        weights = torch.softmax(masked, dim=-1) * any_valid
+        weights = self.attn_dropout(weights)
+
+        coef = weights * t_interp if self.time_weighted_values else weights
+        out = (coef[..., None] * _gather_keys(keys.v, safe)).sum(dim=3)                     # [B,H,Tq,depth]
+        parts = None
+        if want_trace:
+            parts = dict(inter=inter, command=command.view(B, H, Tq, K, -1), motor=motor.view(B, H, Tq, K, -1),
+                         phi=phi, tau=tau, t_interp=t_interp, logits=logits, weights=weights)
+        return out, parts
+
+    def _output(self, out_heads: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, depth] -> [B, T, d_model]"""
+        B, H, T, _ = out_heads.shape
+        return self.out_proj(out_heads.transpose(1, 2).reshape(B, T, self.d_model))
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor, t: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                return_trace: bool = False):
+        """x ``[B, T, input_dim]``, t ``[B, T]`` seconds, mask ``[B, T]`` bool (True = valid)
+        -> y ``[B, T, d_model]`` (and a :class:`NACTrace` if ``return_trace``)."""
+        _check_sequence_inputs(x, t, mask, self.input_dim)
+        B, T, _ = x.shape
+        q, k, v = self._sensory(x)
+        qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
+        vis = Visibility(self.causal, self.window, mask)
+        with torch.no_grad():
+            if self.select == "exact":
+                idx = select_exact(qh, kh, self.topk, vis)
+            elif self.select == "block":
+                idx = select_block(qh, kh, self.topk, vis)
+            else:
+                idx = select_all(T, T, B, self.num_heads, vis, x.device)
+        times = t.to(x.dtype) if t is not None else None
+        if times is None and self.time_input == "elapsed":
+            times = torch.arange(T, dtype=x.dtype, device=x.device).expand(B, T)
+        q_inter, q_time = self._query_side(qh)
+        out, parts = self._attend(q_inter, q_time, times, self._key_side(kh, vh, times), idx, return_trace)
+        y = self._output(out)
+        if not return_trace:
+            return y
+        return y, NACTrace(q=q, k=k, v=v, topk_idx=idx, **parts)
+
+    # --------------------------------------------------------------- streaming
+    def init_cache(self, batch_size: int) -> NACCache:
+        """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""
+        p = self.out_proj.weight
+        slots = self.window or 0
+        n_inter = self.backbone_wiring.sizes[0]
+        z = lambda *s: torch.zeros(*s, dtype=p.dtype, device=p.device)  # noqa: E731
+        H, D = self.num_heads, self.depth
+        return NACCache(k=z(batch_size, H, slots, D), v=z(batch_size, H, slots, D),
+                        k_inter=z(batch_size, H, slots, n_inter), k_time=z(batch_size, H, slots, 2),
+                        times=z(batch_size, slots),
+                        positions=torch.full((slots,), NO_KEY, dtype=torch.long, device=p.device))
+
+    def step(self, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor | None = None,
+             return_trace: bool = False):
+        """Consume one frame: x_t ``[B, input_dim]``, t ``[B]`` -> (y_t ``[B, d_model]``, cache).
+
+        Returns exactly what the causal :meth:`forward` (same ``window``) returns at
+        this position, in O(window) work. ``select="block"`` streams with exact Top-K
+        over the cache (a window is small; block partitions are defined on a full
+        sequence). With ``return_trace`` a :class:`NACTrace` with T = 1 comes third.
+        """
+        if not self.causal:
+            raise ValueError("causal: step() streams a causal layer; build it with causal=True")
+        if x_t.ndim != 2 or x_t.shape[1] != self.input_dim:
+            raise ValueError(f"x_t: expected [B, input_dim={self.input_dim}], got {list(x_t.shape)}")
+        B = x_t.shape[0]
+        if cache.k.shape[0] != B:
+            raise ValueError(f"cache: built for batch {cache.k.shape[0]}, got a batch of {B}")
+        if t is not None and tuple(t.shape) != (B,):
+            raise ValueError(f"t: expected [B={B}], got {list(t.shape)}")
+
+        q, k, v = self._sensory(x_t[:, None])
+        qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
+        now = t.to(x_t.dtype) if t is not None else torch.full((B,), float(cache.steps), dtype=x_t.dtype,
+                                                                device=x_t.device)
+        new = self._key_side(kh, vh, now[:, None])
+        cache = _push(cache, new, self.window)
+        slot_ok = cache.positions >= 0                                                   # [C]
+        with torch.no_grad():
+            if self.select == "all":
+                slots = torch.arange(cache.positions.numel(), device=x_t.device)
+                idx = torch.where(slot_ok, slots, NO_KEY).expand(B, self.num_heads, 1, -1)
+            else:
+                scores = (qh @ cache.k.transpose(-1, -2)).masked_fill(~slot_ok, float("-inf"))
+                idx = topk_positions(scores, torch.arange(scores.shape[-1], device=x_t.device), self.topk)
+        q_inter, q_time = self._query_side(qh)
+        q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
+        keys = _KeySide(k=cache.k, v=cache.v, k_inter=cache.k_inter, k_time=cache.k_time, times=cache.times)
+        out, parts = self._attend(q_inter, q_time, q_times, keys, idx, return_trace)
+        y = self._output(out)[:, 0]
+        if not return_trace:
+            return y, cache
+        steps = torch.where(idx == NO_KEY, NO_KEY, cache.positions[idx.clamp(min=0)])
+        return y, cache, NACTrace(q=q, k=k, v=v, topk_idx=steps, **parts)
+
+    def extra_repr(self) -> str:
+        n_inter, n_cmd, n_motor = self.backbone_wiring.sizes
+        return (f"input_dim={self.input_dim}, d_model={self.d_model}, num_heads={self.num_heads}, "
+                f"topk={self.topk}, mode={self.mode!r}, select={self.select!r}, causal={self.causal}, "
+                f"window={self.window}, backbone=(inter={n_inter}, command={n_cmd}, motor={n_motor})")
+
+
+def _push(cache: NACCache, new: _KeySide, window: int | None) -> NACCache:
+    """Append one step's key side; with a window, drop the oldest slot (shift, O(window))."""
+    def add(old: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+        joined = torch.cat([old, x], dim=dim)
+        return joined.narrow(dim, 1, old.shape[dim]) if window is not None else joined
+
+    position = torch.tensor([cache.steps], dtype=torch.long, device=cache.positions.device)
+    return NACCache(k=add(cache.k, new.k, 2), v=add(cache.v, new.v, 2), k_inter=add(cache.k_inter, new.k_inter, 2),
+                    k_time=add(cache.k_time, new.k_time, 2), times=add(cache.times, new.times, 1),
+                    positions=add(cache.positions, position, 0), steps=cache.steps + 1)
+
+
+def _check_hyperparameters(*, input_dim, d_model, num_heads, topk, mode, euler_steps, select, sparsity,
+                           window, dropout, backbone_units, time_input, tau_eps) -> None:
+    def need(ok: bool, name: str, why: str) -> None:
+        if not ok:
+            raise ValueError(f"{name}: {why}")
+
+    for name, value in (("input_dim", input_dim), ("d_model", d_model), ("num_heads", num_heads),
+                        ("topk", topk), ("euler_steps", euler_steps)):
+        need(isinstance(value, int) and value >= 1, name, f"must be an integer >= 1, got {value!r}")
+    need(d_model % num_heads == 0, "d_model", f"{d_model} is not divisible by num_heads={num_heads}")
+    need(mode in MODES, "mode", f"must be one of {MODES}, got {mode!r}")
+    need(select in SELECTIONS, "select", f"must be one of {SELECTIONS}, got {select!r}")
+    need(time_input in TIME_INPUTS, "time_input", f"must be one of {TIME_INPUTS}, got {time_input!r}")
+    need(isinstance(sparsity, (int, float)) and 0.1 <= sparsity <= 0.9, "sparsity",
+         f"must be in [0.1, 0.9], got {sparsity!r}")
+    need(window is None or (isinstance(window, int) and window >= 1), "window",
+         f"must be None or an integer >= 1, got {window!r}")
+    need(0.0 <= dropout < 1.0, "dropout", f"must be in [0, 1), got {dropout!r}")
+    need(isinstance(backbone_units, int) and backbone_units >= 6, "backbone_units",
+         f"must be an integer >= 6, got {backbone_units!r}")
+    need(tau_eps > 0, "tau_eps", f"must be > 0, got {tau_eps!r}")
+
+
+def _check_sequence_inputs(x, t, mask, input_dim: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != input_dim:
+        shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x: expected [B, T, input_dim={input_dim}], got {shape}")
+    B, T, _ = x.shape
+    if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, T)):
+        raise ValueError(f"t: expected [B={B}, T={T}] timestamps, got {list(getattr(t, 'shape', []))}")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (B, T)
+                             or mask.dtype != torch.bool):
+        raise ValueError(f"mask: expected a bool tensor [B={B}, T={T}], got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {list(getattr(mask, 'shape', []))}")

@@ -1,0 +1,1 @@
+"""Where actions go: CarRacing env factory and wrappers, the Udacity bridge and emulator."""
