@@ -158,7 +158,7 @@ class NAC(nn.Module):
         wiring_seed = DEFAULT_WIRING_SEED if seed is None else seed
 
         motor = max(1, round(0.25 * backbone_units))
-        self.backbone_wiring = BackboneWiring.auto(2 * self.depth, backbone_units, motor, sparsity, wiring_seed + 3)
+        wiring = BackboneWiring.auto(2 * self.depth, backbone_units, motor, sparsity, wiring_seed + 3)
         with torch.random.fork_rng(enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -166,11 +166,10 @@ class NAC(nn.Module):
             self.q_gate, self.k_gate, self.v_gate = (
                 MaskedLinear(sensory_gate_mask(input_dim, d_model, sparsity, wiring_seed + i)) for i in range(3))
             # Backbone (eq. 14), one parameter set per head, one wiring for all heads.
-            bw = self.backbone_wiring
-            self.inter = HeadwiseMaskedLinear(num_heads, bw.sensory_to_inter)
-            self.command = HeadwiseMaskedLinear(num_heads, bw.inter_to_command)
-            self.motor = HeadwiseMaskedLinear(num_heads, bw.command_to_motor)
-            n_motor = bw.sizes[2]
+            self.inter = HeadwiseMaskedLinear(num_heads, wiring.sensory_to_inter)
+            self.command = HeadwiseMaskedLinear(num_heads, wiring.inter_to_command)
+            self.motor = HeadwiseMaskedLinear(num_heads, wiring.command_to_motor)
+            n_motor = wiring.sizes[2]
             # Heads (eqs. 15, 16) and the time affine (a, b), per head.
             bound = 1.0 / math.sqrt(n_motor)
             self.phi_weight = nn.Parameter(torch.empty(num_heads, n_motor).uniform_(-bound, bound))
@@ -182,6 +181,11 @@ class NAC(nn.Module):
             self.time_bias = nn.Parameter(torch.zeros(num_heads, 2))
             self.out_proj = nn.Linear(d_model, d_model)
         self.attn_dropout = nn.Dropout(dropout)
+
+    @property
+    def backbone_wiring(self) -> BackboneWiring:
+        """The backbone's wiring, read from the mask buffers (which a state dict carries)."""
+        return BackboneWiring(*(m.mask.detach().cpu().numpy() for m in (self.inter, self.command, self.motor)))
 
     # ----------------------------------------------------------------- helpers
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -295,7 +299,7 @@ class NAC(nn.Module):
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""
         p = self.out_proj.weight
         slots = self.window or 0
-        n_inter = self.backbone_wiring.sizes[0]
+        n_inter = self.inter.out_features
         z = lambda *s: torch.zeros(*s, dtype=p.dtype, device=p.device)  # noqa: E731
         H, D = self.num_heads, self.depth
         return NACCache(k=z(batch_size, H, slots, D), v=z(batch_size, H, slots, D),

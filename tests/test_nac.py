@@ -1,0 +1,372 @@
+"""The NAC layer: equations, sparsity, causality, masking, streaming, gradients, validation."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nac_drive import NAC
+from nac_drive.key_selection import NO_KEY, Visibility, select_block, select_exact
+
+torch.set_num_threads(1)
+MODES = ("exact", "euler", "steady")
+
+
+def make(input_dim=6, **kw):
+    kw = {"d_model": 16, "num_heads": 2, "topk": 4, "seed": 0, **kw}
+    return NAC(input_dim, **kw)
+
+
+def inputs(B=2, T=9, D=6, seed=1):
+    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(seed))
+
+
+def backbone_parameters(layer):
+    return {name: p for name, p in layer.named_parameters()
+            if name.split(".")[0] in ("inter", "command", "motor")
+            or name.startswith(("phi_", "tau_", "time_"))}
+
+
+# ---------------------------------------------------------------- the backbone sees the input
+def test_phi_and_tau_vary_with_the_input():
+    layer = make()
+    _, tr1 = layer(inputs(seed=1), return_trace=True)
+    _, tr2 = layer(inputs(seed=2), return_trace=True)
+    valid = tr1.topk_idx != NO_KEY
+    # Within one input, different pairs get different phi and tau ...
+    assert tr1.phi[valid].std() > 1e-3 and tr1.tau[valid].std() > 1e-3
+    # ... and another input changes them.
+    assert not torch.allclose(tr1.phi, tr2.phi) and not torch.allclose(tr1.tau, tr2.tau)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_backbone_head_and_time_parameter_gets_gradient(mode):
+    layer = make(mode=mode)
+    x = inputs()
+    layer(x, t=torch.rand(2, 9).cumsum(1)).pow(2).sum().backward()
+    params = backbone_parameters(layer)
+    assert {"inter.weight", "command.weight", "motor.weight", "phi_weight", "tau_weight",
+            "time_weight", "time_bias"} <= set(params)
+    for name, p in params.items():
+        if mode == "steady" and name.startswith("time_"):
+            continue  # steady logits do not depend on t; t_ij still weighs the values below
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    # the time affine still matters in steady mode through the quadrature weight t_ij
+    assert layer.time_weight.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------- sparsity
+def masked_modules(layer):
+    return {"q_gate": layer.q_gate, "k_gate": layer.k_gate, "v_gate": layer.v_gate,
+            "inter": layer.inter, "command": layer.command, "motor": layer.motor}
+
+
+def test_masked_weights_are_zero_and_get_zero_gradient():
+    layer = make()
+    layer(inputs()).sum().backward()
+    for name, module in masked_modules(layer).items():
+        off = module.mask == 0
+        assert off.any(), f"{name}: wiring has no missing synapse at sparsity 0.5"
+        w = module.effective_weight
+        off = off.expand_as(w)
+        assert torch.all(w[off] == 0), name
+        assert torch.all(module.weight.grad[off] == 0), name
+        assert module.weight.grad[~off].abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("sparsity", [0.2, 0.5, 0.8])
+def test_mask_density_matches_the_wiring(sparsity):
+    layer = make(input_dim=32, d_model=64, num_heads=4, sparsity=sparsity)
+    bw = layer.backbone_wiring
+    expected = {"inter": bw.sensory_to_inter, "command": bw.inter_to_command, "motor": bw.command_to_motor}
+    for name, module in masked_modules(layer).items():
+        mask = module.mask.numpy()
+        if name in expected:
+            assert np.array_equal(mask, expected[name]), name
+        else:
+            # AutoNCP: each sensory neuron reaches int(n_inter * (1 - sparsity)) inter
+            # neurons, plus one synapse for any inter neuron left unreached.
+            fanout = mask.sum(axis=0)
+            assert np.all(fanout >= max(int(64 * (1 - sparsity)), 1)), name
+            assert np.all(mask.sum(axis=1) >= 1), f"{name}: an output neuron without input"
+            assert abs(mask.mean() - (1 - sparsity)) < 0.1, name
+    # the three gates are wired independently
+    assert not torch.equal(layer.q_gate.mask, layer.k_gate.mask)
+
+
+# -------------------------------------------------------------------------------- logits
+def test_exact_and_steady_logits_follow_the_closed_form():
+    layer = make(mode="exact")
+    x, t = inputs(), torch.rand(2, 9).cumsum(1)
+    _, tr = layer(x, t=t, return_trace=True)
+    ok = tr.topk_idx != NO_KEY
+    closed = (tr.phi / tr.tau) * (1 - torch.exp(-tr.tau * tr.t_interp))
+    torch.testing.assert_close(tr.logits[ok], closed[ok])
+    layer.mode = "steady"
+    _, tr = layer(x, t=t, return_trace=True)
+    torch.testing.assert_close(tr.logits[ok], (tr.phi / tr.tau)[ok])
+
+
+def test_euler_converges_monotonically_to_exact():
+    layer = make(mode="exact").double()
+    x = inputs().double()
+    _, exact = layer(x, return_trace=True)
+    ok = exact.topk_idx != NO_KEY
+    errors = []
+    for steps in (1, 10, 1000):
+        layer.mode, layer.euler_steps = "euler", steps
+        _, tr = layer(x, return_trace=True)
+        # Euler over the horizon t_interp has the closed form (phi/tau)(1 - (1 - tau t/N)^N)
+        closed = tr.phi / tr.tau * (1 - (1 - tr.tau * tr.t_interp / steps) ** steps)
+        torch.testing.assert_close(tr.logits[ok], closed[ok])
+        errors.append((tr.logits - exact.logits)[ok].abs().max().item())
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 1e-3
+
+
+# ----------------------------------------------------------------------------- causality
+@pytest.mark.parametrize("select", ["exact", "block", "all"])
+def test_outputs_never_depend_on_future_steps(select):
+    layer = make(select=select)
+    x = inputs(T=12)
+    y = layer(x)
+    for i in (0, 5, 10):
+        x2 = x.clone()
+        x2[:, i + 1:] = torch.randn_like(x2[:, i + 1:]) * 5
+        y2 = layer(x2)
+        assert torch.equal(y[:, :i + 1], y2[:, :i + 1]), f"step {i} saw the future"
+        assert not torch.equal(y[:, i + 1:], y2[:, i + 1:])
+
+
+@pytest.mark.parametrize("select", ["exact", "block", "all"])
+def test_window_hides_steps_older_than_the_window(select):
+    W = 3
+    layer = make(select=select, window=W)
+    x = inputs(T=12)
+    y = layer(x)
+    x2 = x.clone()
+    x2[:, :5] = torch.randn_like(x2[:, :5]) * 5  # steps 0..4 changed
+    y2 = layer(x2)
+    # step i sees steps i-W+1..i: from step 4 + W on nothing changed is visible
+    assert torch.equal(y[:, 4 + W:], y2[:, 4 + W:])
+    assert not torch.equal(y[:, 4 + W - 1], y2[:, 4 + W - 1])
+
+
+# ------------------------------------------------------------------------------- masking
+@pytest.mark.parametrize("select", ["exact", "block", "all"])
+def test_masked_keys_get_exactly_zero_weight(select):
+    layer = make(select=select, causal=False)
+    x = inputs(T=10)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, [1, 4, 7]] = False
+    mask[1, 5:] = False
+    _, tr = layer(x, mask=mask, return_trace=True)
+    hit = tr.topk_idx != NO_KEY
+    keys_valid = torch.zeros_like(hit)
+    keys_valid[hit] = mask[torch.arange(2)[:, None, None, None].expand_as(hit)[hit], tr.topk_idx[hit]]
+    assert torch.all(tr.weights[~keys_valid] == 0)
+    assert torch.all(tr.weights[keys_valid] > 0)
+    # The masked keys' content cannot reach any output.
+    x2 = x.clone()
+    x2[0, [1, 4, 7]] = 100.0
+    x2[1, 5:] = -100.0
+    y, y2 = layer(x, mask=mask), layer(x2, mask=mask)
+    valid_rows = mask  # outputs at masked positions may change (their query changed)
+    torch.testing.assert_close(y[valid_rows], y2[valid_rows])
+
+
+def test_rows_without_any_valid_key_give_finite_output():
+    layer = make()
+    x = inputs(T=6)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, :] = False          # nothing valid at all
+    mask[1, :3] = False         # causal rows 0..2 have no valid key
+    y, tr = layer(x, mask=mask, return_trace=True)
+    assert torch.isfinite(y).all()
+    assert torch.all(tr.weights[0] == 0) and torch.all(tr.weights[1, :, :3] == 0)
+    y.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+def test_fewer_keys_than_topk_leave_marked_empty_slots():
+    layer = make(topk=4)
+    _, tr = layer(inputs(T=6), return_trace=True)
+    # causal step i has i + 1 keys
+    for i in range(6):
+        filled = (tr.topk_idx[:, :, i] != NO_KEY).sum(-1)
+        assert torch.all(filled == min(i + 1, 4))
+    assert torch.all(tr.weights[tr.topk_idx == NO_KEY] == 0)
+    assert torch.all(tr.topk_idx[:, :, torch.arange(6)] <= torch.arange(6)[:, None])
+
+
+# ----------------------------------------------------------------------------- streaming
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("select", ["exact", "all"])
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("time_input", ["query", "elapsed"])
+def test_step_reproduces_the_causal_forward(mode, select, window, time_input):
+    layer = make(mode=mode, select=select, window=window, time_input=time_input)
+    x, t = inputs(T=11), torch.rand(2, 11).cumsum(1)
+    for stamps in (None, t):
+        y, tr = layer(x, t=stamps, return_trace=True)
+        cache = layer.init_cache(2)
+        for i in range(11):
+            y_i, cache, tr_i = layer.step(x[:, i], cache, t=None if stamps is None else stamps[:, i],
+                                          return_trace=True)
+            torch.testing.assert_close(y_i, y[:, i], atol=1e-5, rtol=0)
+            # same keys selected (compare as sets per head)
+            assert torch.equal(tr_i.topk_idx[:, :, 0].sort(-1).values[..., -min(i + 1, 4):],
+                               tr.topk_idx[:, :, i].sort(-1).values[..., -min(i + 1, 4):])
+        if window is not None:
+            assert cache.k.shape[2] == window  # O(window) state
+
+
+def test_time_input_modes_differ_and_elapsed_ignores_a_time_shift():
+    x, t = inputs(), torch.rand(2, 9).cumsum(1)
+    query = make(time_input="query")
+    elapsed = make(time_input="elapsed")
+    elapsed.load_state_dict(query.state_dict())
+    assert not torch.allclose(query(x, t=t), elapsed(x, t=t))
+    # elapsed time depends only on differences between timestamps
+    torch.testing.assert_close(elapsed(x, t=t), elapsed(x, t=t + 100.0), atol=1e-5, rtol=0)
+    assert not torch.allclose(query(x, t=t), query(x, t=t + 100.0))
+    # query mode without timestamps uses t = 1 (the paper's choice)
+    torch.testing.assert_close(query(x), query(x, t=torch.ones(2, 9)))
+
+
+def test_time_weighted_values_switch_changes_the_output():
+    layer = make()
+    x = inputs()
+    y = layer(x)
+    layer.time_weighted_values = False
+    assert not torch.allclose(y, layer(x))
+
+
+# ------------------------------------------------------------------------- key selection
+def test_block_selection_is_exact_when_the_best_keys_share_a_block():
+    B, H, T, D, K = 1, 2, 64, 8, 4           # blocks of 8 keys
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(B, H, T, D, generator=g) * 0.1
+    q = torch.randn(B, H, T, D, generator=g) * 0.1
+    direction = torch.randn(D, generator=g)
+    direction /= direction.norm()
+    q += direction * 3.0
+    k[:, :, 16:24] += direction * 3.0          # the best keys all live in block 2
+    vis = Visibility(causal=False)
+    exact, block = select_exact(q, k, K, vis), select_block(q, k, K, vis)
+    assert torch.equal(exact.sort(-1).values, block.sort(-1).values)
+    assert torch.all((exact >= 16) & (exact < 24))
+
+
+def test_block_selection_respects_causality_and_window():
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 2, 50, 8, generator=g), torch.randn(2, 2, 50, 8, generator=g)
+    idx = select_block(q, k, 5, Visibility(causal=True, window=10))
+    pos = torch.arange(50)[:, None]
+    ok = idx != NO_KEY
+    assert torch.all((idx <= pos) | ~ok) and torch.all((idx > pos - 10) | ~ok)
+    assert torch.all(ok[..., 0])  # every query at least sees itself
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor):  # storage, not numel: expanded views are free
+                self.largest = max(self.largest, o.untyped_storage().nbytes() // o.element_size())
+        return out
+
+
+def _largest_tensor(layer, T):
+    x = torch.randn(1, T, 8)
+    with torch.no_grad(), _LargestTensor() as probe:
+        layer(x)
+    return probe.largest
+
+
+def test_block_selection_memory_grows_linearly():
+    layer = NAC(8, d_model=16, num_heads=2, topk=4, select="block", seed=0)
+    sizes = {T: _largest_tensor(layer, T) for T in (1024, 4096)}
+    # linear growth: 4x the steps -> at most ~4x the largest tensor (never 16x)
+    assert sizes[4096] <= 5 * sizes[1024], sizes
+    # while an unchunked T x T score matrix would be far larger
+    assert sizes[4096] < 2 * 4096 * 4096 / 16
+
+
+def test_pairwise_selection_materialises_all_pairs():
+    layer = NAC(8, d_model=16, num_heads=2, topk=4, select="all", seed=0)
+    # NAC-PW is quadratic by design: the pair tensors hold B*H*T*T entries
+    assert _largest_tensor(layer, 256) >= 2 * 256 * 256
+
+
+# ---------------------------------------------------------------------------- gradcheck
+@pytest.mark.parametrize("mode", MODES)
+def test_gradcheck(mode):
+    layer = make(input_dim=3, d_model=4, num_heads=2, topk=3, mode=mode, euler_steps=3,
+                 backbone_units=8).double()
+    x = torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True)
+    t = torch.rand(1, 4, dtype=torch.float64).cumsum(1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, t: layer(x, t=t), (x, t), eps=1e-6, atol=1e-5)
+
+
+# ----------------------------------------------------------------- parameters vs settings
+def test_settings_do_not_change_the_parameters():
+    a = make(mode="exact", select="exact", causal=True, window=None)
+    b = make(mode="euler", select="block", causal=False, window=5, euler_steps=3, time_input="elapsed",
+             seed=1)
+    b.load_state_dict(a.state_dict())   # strict: same names and shapes, wiring masks included
+    assert np.array_equal(b.backbone_wiring.inter_to_command, a.backbone_wiring.inter_to_command)
+    for mode in MODES:
+        b.mode, b.select, b.causal, b.window, b.time_input = mode, "exact", True, None, "query"
+        b.euler_steps = a.euler_steps
+        a.mode = mode
+        torch.testing.assert_close(a(inputs()), b(inputs()))
+
+
+def test_seed_makes_the_layer_reproducible():
+    assert all(torch.equal(p, q) for p, q in zip(make(seed=5).state_dict().values(),
+                                                  make(seed=5).state_dict().values()))
+    assert not torch.equal(make(seed=5).q_gate.weight, make(seed=6).q_gate.weight)
+
+
+# ---------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("kwargs, name", [
+    ({"d_model": 10, "num_heads": 4}, "d_model"),
+    ({"topk": 0}, "topk"),
+    ({"sparsity": 0.95}, "sparsity"),
+    ({"sparsity": 0.05}, "sparsity"),
+    ({"mode": "rk4"}, "mode"),
+    ({"select": "random"}, "select"),
+    ({"window": 0}, "window"),
+    ({"euler_steps": 0}, "euler_steps"),
+    ({"time_input": "absolute"}, "time_input"),
+    ({"dropout": 1.0}, "dropout"),
+])
+def test_bad_hyperparameters_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        make(**kwargs)
+
+
+def test_bad_inputs_name_the_argument():
+    layer = make()
+    with pytest.raises(ValueError, match="x"):
+        layer(torch.randn(9, 6))
+    with pytest.raises(ValueError, match="x"):
+        layer(torch.randn(2, 9, 5))
+    with pytest.raises(ValueError, match="t"):
+        layer(inputs(), t=torch.rand(2, 8))
+    with pytest.raises(ValueError, match="mask"):
+        layer(inputs(), mask=torch.ones(2, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask"):
+        layer(inputs(), mask=torch.ones(2, 9))
+    cache = layer.init_cache(2)
+    with pytest.raises(ValueError, match="x_t"):
+        layer.step(torch.randn(2, 5), cache)
+    with pytest.raises(ValueError, match="cache"):
+        layer.step(torch.randn(3, 6), cache)
+    with pytest.raises(ValueError, match="causal"):
+        make(causal=False).step(torch.randn(2, 6), cache)
