@@ -1,0 +1,137 @@
+"""Ordered windows of consecutive Udacity frames for a temporal core (PilotNet + NAC).
+
+A *segment* is a run of consecutive rows of one recording with no gap in the image time
+stamps larger than ``max_gap`` seconds (the simulator's recording button starts and stops
+runs; a gap means the car was moved). Windows never cross a segment, and train/validation
+splits are made by segment, never by frame, so a validation window never has a
+near-duplicate neighbour in the training set.
+
+``UdacityWindowDataset[i]`` yields ``(frames [W, 3, 66, 200] float32 YUV in [0, 1],
+timestamps [W] float32 seconds from the window's first frame, steering [W] float32)``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, preprocess
+from nac_drive.data_collection.udacity_log import DrivingLogRow, load_rgb, read_driving_log
+
+DEFAULT_FPS = 15.0  # the simulator records at about 15 Hz; used when names carry no time
+
+
+@dataclass
+class Segment:
+    """Consecutive rows of one recording (``source`` names the CSV, ``index`` its position)."""
+
+    source: Path
+    index: int
+    rows: list[DrivingLogRow]
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}#{self.index}"
+
+
+def _times(rows: list[DrivingLogRow]) -> np.ndarray:
+    if all(r.timestamp is not None for r in rows):
+        return np.array([r.timestamp for r in rows], dtype=np.float64)
+    return np.arange(len(rows), dtype=np.float64) / DEFAULT_FPS
+
+
+def segments_from_log(path: str | os.PathLike, max_gap: float = 0.5) -> list[Segment]:
+    """Split one driving_log.csv into segments at time gaps > max_gap s (or going back in time)."""
+    rows = read_driving_log(path)
+    if not rows:
+        return []
+    t = _times(rows)
+    cuts = [0] + [i for i in range(1, len(rows)) if not 0 < t[i] - t[i - 1] <= max_gap] + [len(rows)]
+    return [Segment(Path(path), k, rows[a:b]) for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a]
+
+
+def split_segments(segments: list[Segment], val_fraction: float, seed: int) -> tuple[list[Segment], list[Segment]]:
+    """Random split by segment: about ``val_fraction`` of the frames go to validation.
+
+    With a single segment, it is cut in two contiguous halves at the split point (the
+    boundary frames are the only neighbours across the split).
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if val_fraction == 0 or not segments:
+        return list(segments), []
+    if len(segments) == 1:
+        seg = segments[0]
+        cut = int(round(len(seg.rows) * (1 - val_fraction)))
+        return [Segment(seg.source, seg.index, seg.rows[:cut])], [Segment(seg.source, seg.index, seg.rows[cut:])]
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(segments))
+    total = sum(len(s.rows) for s in segments)
+    val, n_val = [], 0
+    for i in order:
+        if n_val >= val_fraction * total or len(val) == len(segments) - 1:
+            break
+        val.append(segments[i])
+        n_val += len(segments[i].rows)
+    val_ids = {id(s) for s in val}
+    return [s for s in segments if id(s) not in val_ids], val
+
+
+class UdacityWindowDataset:
+    """Windows of ``window`` consecutive frames (step ``stride``) over segments.
+
+    Args:
+        segments: from ``segments_from_log`` / ``split_segments``.
+        window: frames per item W.
+        stride: step between window starts inside a segment.
+        augment: apply one ``WindowAugmentation`` per item (training); off for validation.
+        augment_config: probabilities/ranges of the augmentations.
+        seed: base seed; item i uses ``default_rng((seed, epoch, i))`` so runs are reproducible.
+    """
+
+    def __init__(self, segments: list[Segment], window: int = 16, stride: int = 1, augment: bool = False,
+                 augment_config: AugmentConfig | None = None, seed: int = 0):
+        if window < 1 or stride < 1:
+            raise ValueError(f"window and stride must be >= 1, got window={window}, stride={stride}")
+        self.segments = segments
+        self.window = window
+        self.augment = augment
+        self.cfg = augment_config or AugmentConfig()
+        self.seed = seed
+        self.epoch = 0
+        self.index: list[tuple[int, int]] = []
+        for k, seg in enumerate(segments):
+            self.index.extend((k, start) for start in range(0, len(seg.rows) - window + 1, stride))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Change the augmentation draws (call once per training epoch)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        k, start = self.index[i]
+        rows = self.segments[k].rows[start:start + self.window]
+        t = _times(rows)
+        aug = None
+        if self.augment:
+            rng = np.random.default_rng((self.seed, self.epoch, i))
+            has_sides = all(r.left is not None and r.right is not None for r in rows)
+            aug = WindowAugmentation.draw(rng, self.cfg, has_sides)
+        frames, steering = [], []
+        for r in rows:
+            if aug is None:
+                img, s = load_rgb(r.center), r.steering
+            else:
+                img, s = aug.apply(load_rgb(getattr(r, aug.camera)), r.steering)
+            frames.append(preprocess(img))
+            steering.append(float(np.clip(s, -1.0, 1.0)))
+        return (torch.from_numpy(np.stack(frames)),
+                torch.from_numpy((t - t[0]).astype(np.float32)),
+                torch.tensor(steering, dtype=torch.float32))
