@@ -74,30 +74,16 @@ class NACTrace:
 class NACCache:
     """Streaming state of :meth:`NAC.step`: the key side of the last ``window`` steps.
 
-    Slots are in time order, oldest first. k, v ``[B, H, C, depth]``; k_inter
-    ``[B, H, C, n_inter]`` and k_time ``[B, H, C, 2]`` are the key halves of the
-    backbone's first layer and of the time affine; times ``[B, C]``; positions ``[C]``
-    the step index held by each slot (``-1``: empty). ``steps`` counts frames consumed.
+    Slots are in time order, oldest first. k ``[B, H, C, depth]`` (for key selection);
+    feats ``[B, H, C, F]`` the packed key side the attention gathers (see
+    :meth:`NAC._key_features`); positions ``[C]`` the step index held by each slot
+    (``-1``: empty). ``steps`` counts the frames consumed.
     """
 
     k: torch.Tensor
-    v: torch.Tensor
-    k_inter: torch.Tensor
-    k_time: torch.Tensor
-    times: torch.Tensor
+    feats: torch.Tensor
     positions: torch.Tensor
     steps: int = 0
-
-
-@dataclass
-class _KeySide:
-    """Per-key tensors the attention gathers from. Shapes as in :class:`NACCache`."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    k_inter: torch.Tensor
-    k_time: torch.Tensor
-    times: torch.Tensor | None
 
 
 def _gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -171,11 +157,10 @@ class NAC(nn.Module):
             self.motor = HeadwiseMaskedLinear(num_heads, wiring.command_to_motor)
             n_motor = wiring.sizes[2]
             # Heads (eqs. 15, 16) and the time affine (a, b), per head.
+            # gate_weight[..., 0] reads phi, [..., 1] reads tau (bias starts tau near 1).
             bound = 1.0 / math.sqrt(n_motor)
-            self.phi_weight = nn.Parameter(torch.empty(num_heads, n_motor).uniform_(-bound, bound))
-            self.phi_bias = nn.Parameter(torch.zeros(num_heads))
-            self.tau_weight = nn.Parameter(torch.empty(num_heads, n_motor).uniform_(-bound, bound))
-            self.tau_bias = nn.Parameter(torch.full((num_heads,), math.log(math.e - 1.0)))  # tau ~ 1
+            self.gate_weight = nn.Parameter(torch.empty(num_heads, n_motor, 2).uniform_(-bound, bound))
+            self.gate_bias = nn.Parameter(torch.tensor([0.0, math.log(math.e - 1.0)]).repeat(num_heads, 1))
             bound = 1.0 / math.sqrt(2 * self.depth)
             self.time_weight = nn.Parameter(torch.empty(num_heads, 2 * self.depth, 2).uniform_(-bound, bound))
             self.time_bias = nn.Parameter(torch.zeros(num_heads, 2))
@@ -197,10 +182,17 @@ class NAC(nn.Module):
         """x [B, T, input_dim] -> q, k, v [B, T, d_model]"""
         return self.q_gate(x), self.k_gate(x), self.v_gate(x)
 
-    def _key_side(self, kh: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None) -> _KeySide:
-        w_inter = self.inter.effective_weight[:, self.depth:]        # [H, depth, n_inter]
-        return _KeySide(k=kh, v=vh, k_inter=kh @ w_inter, k_time=kh @ self.time_weight[:, self.depth:],
-                        times=times)
+    def _key_features(self, kh: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None) -> torch.Tensor:
+        """Everything a query gathers from a key, packed so one gather serves all.
+
+        kh, vh [B, H, Tk, depth], times [B, Tk] or None -> [B, H, Tk, n_inter + 2 + depth + 1]:
+        the key half of the backbone's first layer (W_k k), of the time affine (a, b),
+        the value, and the key's timestamp.
+        """
+        B, H, Tk, _ = kh.shape
+        w_k = torch.cat([self.inter.effective_weight[:, self.depth:], self.time_weight[:, self.depth:]], dim=-1)
+        stamp = kh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
+        return torch.cat([kh @ w_k, vh, stamp], dim=-1)
 
     def _query_side(self, qh: torch.Tensor):
         """qh [B, H, T, depth] -> (W_q q + b) [B, H, T, n_inter], time affine part [B, H, T, 2]"""
@@ -220,25 +212,29 @@ class NAC(nn.Module):
         return logit
 
     def _attend(self, q_inter: torch.Tensor, q_time: torch.Tensor, q_times: torch.Tensor | None,
-                keys: _KeySide, idx: torch.Tensor, want_trace: bool):
+                key_feats: torch.Tensor, idx: torch.Tensor, want_trace: bool):
         """Backbone, logits and weighted values for selected pairs.
 
         q_inter [B,H,Tq,n_inter], q_time [B,H,Tq,2], q_times [B,Tq] or None,
-        idx [B,H,Tq,K] into the key side (-1: empty) -> out [B,H,Tq,depth], parts.
+        key_feats [B,H,Tk,F] from :meth:`_key_features`, idx [B,H,Tq,K] into it
+        (-1: empty) -> out [B,H,Tq,depth], parts.
         """
         B, H, Tq, K = idx.shape
+        n_inter = q_inter.shape[-1]
         valid = idx != NO_KEY
-        safe = idx.clamp(min=0)
-        inter = torch.tanh(q_inter[:, :, :, None] + _gather_keys(keys.k_inter, safe))     # [B,H,Tq,K,ni]
+        gathered = _gather_keys(key_feats, idx.clamp(min=0))                                # [B,H,Tq,K,F]
+        k_inter, k_time = gathered[..., :n_inter], gathered[..., n_inter:n_inter + 2]
+        values, key_times = gathered[..., n_inter + 2:-1], gathered[..., -1]
+
+        inter = torch.tanh(q_inter[:, :, :, None] + k_inter)                               # [B,H,Tq,K,ni]
         command = torch.tanh(self.command(inter.view(B, H, Tq * K, -1)))                  # [B,H,TqK,nc]
         motor = torch.tanh(self.motor(command))                                           # [B,H,TqK,nm]
-        phi = torch.sigmoid(torch.einsum("bhnm,hm->bhn", motor, self.phi_weight) + self.phi_bias[:, None])
-        tau = F.softplus(torch.einsum("bhnm,hm->bhn", motor, self.tau_weight) + self.tau_bias[:, None])
-        phi, tau = phi.view(B, H, Tq, K), tau.view(B, H, Tq, K) + self.tau_eps
+        heads = motor @ self.gate_weight + self.gate_bias[:, None, :]                      # [B,H,TqK,2]
+        phi = torch.sigmoid(heads[..., 0]).view(B, H, Tq, K)
+        tau = (F.softplus(heads[..., 1]) + self.tau_eps).view(B, H, Tq, K)
 
-        affine = q_time[:, :, :, None] + _gather_keys(keys.k_time, safe)                  # [B,H,Tq,K,2]
+        affine = q_time[:, :, :, None] + k_time                                            # [B,H,Tq,K,2]
         if self.time_input == "elapsed":
-            key_times = _gather_keys(keys.times[:, None, :, None].expand(B, H, -1, 1), safe)[..., 0]
             t_in = q_times[:, None, :, None] - key_times
         elif q_times is None:
             t_in = 1.0
@@ -249,13 +245,10 @@ class NAC(nn.Module):
         logits = self._logits(phi, tau, t_interp)
         # Invalid keys get -inf before the softmax (never a multiplied logit); a row
         # with no valid key at all gets weight 0 everywhere instead of NaN.
-        any_valid = valid.any(dim=-1, keepdim=True)
-        masked = logits.masked_fill(~valid, float("-inf")).masked_fill(~any_valid, 0.0)
-        weights = torch.softmax(masked, dim=-1) * any_valid
-        weights = self.attn_dropout(weights)
+        weights = self.attn_dropout(_masked_softmax(logits, valid))
 
         coef = weights * t_interp if self.time_weighted_values else weights
-        out = (coef[..., None] * _gather_keys(keys.v, safe)).sum(dim=3)                     # [B,H,Tq,depth]
+        out = (coef[..., None, :] @ values)[..., 0, :]                                      # [B,H,Tq,depth]
         parts = None
         if want_trace:
             parts = dict(inter=inter, command=command.view(B, H, Tq, K, -1), motor=motor.view(B, H, Tq, K, -1),
@@ -288,7 +281,7 @@ class NAC(nn.Module):
         if times is None and self.time_input == "elapsed":
             times = torch.arange(T, dtype=x.dtype, device=x.device).expand(B, T)
         q_inter, q_time = self._query_side(qh)
-        out, parts = self._attend(q_inter, q_time, times, self._key_side(kh, vh, times), idx, return_trace)
+        out, parts = self._attend(q_inter, q_time, times, self._key_features(kh, vh, times), idx, return_trace)
         y = self._output(out)
         if not return_trace:
             return y
@@ -299,12 +292,10 @@ class NAC(nn.Module):
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""
         p = self.out_proj.weight
         slots = self.window or 0
-        n_inter = self.inter.out_features
+        n_feats = self.inter.out_features + 2 + self.depth + 1
         z = lambda *s: torch.zeros(*s, dtype=p.dtype, device=p.device)  # noqa: E731
-        H, D = self.num_heads, self.depth
-        return NACCache(k=z(batch_size, H, slots, D), v=z(batch_size, H, slots, D),
-                        k_inter=z(batch_size, H, slots, n_inter), k_time=z(batch_size, H, slots, 2),
-                        times=z(batch_size, slots),
+        return NACCache(k=z(batch_size, self.num_heads, slots, self.depth),
+                        feats=z(batch_size, self.num_heads, slots, n_feats),
                         positions=torch.full((slots,), NO_KEY, dtype=torch.long, device=p.device))
 
     def step(self, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor | None = None,
@@ -330,8 +321,7 @@ class NAC(nn.Module):
         qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
         now = t.to(x_t.dtype) if t is not None else torch.full((B,), float(cache.steps), dtype=x_t.dtype,
                                                                 device=x_t.device)
-        new = self._key_side(kh, vh, now[:, None])
-        cache = _push(cache, new, self.window)
+        cache = _push(cache, kh, self._key_features(kh, vh, now[:, None]), self.window)
         slot_ok = cache.positions >= 0                                                   # [C]
         with torch.no_grad():
             if self.select == "all":
@@ -342,8 +332,7 @@ class NAC(nn.Module):
                 idx = topk_positions(scores, torch.arange(scores.shape[-1], device=x_t.device), self.topk)
         q_inter, q_time = self._query_side(qh)
         q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
-        keys = _KeySide(k=cache.k, v=cache.v, k_inter=cache.k_inter, k_time=cache.k_time, times=cache.times)
-        out, parts = self._attend(q_inter, q_time, q_times, keys, idx, return_trace)
+        out, parts = self._attend(q_inter, q_time, q_times, cache.feats, idx, return_trace)
         y = self._output(out)[:, 0]
         if not return_trace:
             return y, cache
@@ -357,16 +346,24 @@ class NAC(nn.Module):
                 f"window={self.window}, backbone=(inter={n_inter}, command={n_cmd}, motor={n_motor})")
 
 
-def _push(cache: NACCache, new: _KeySide, window: int | None) -> NACCache:
+def _push(cache: NACCache, k: torch.Tensor, feats: torch.Tensor, window: int | None) -> NACCache:
     """Append one step's key side; with a window, drop the oldest slot (shift, O(window))."""
-    def add(old: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
-        joined = torch.cat([old, x], dim=dim)
+    def add(old: torch.Tensor, new: torch.Tensor, dim: int) -> torch.Tensor:
+        joined = torch.cat([old, new], dim=dim)
         return joined.narrow(dim, 1, old.shape[dim]) if window is not None else joined
 
     position = torch.tensor([cache.steps], dtype=torch.long, device=cache.positions.device)
-    return NACCache(k=add(cache.k, new.k, 2), v=add(cache.v, new.v, 2), k_inter=add(cache.k_inter, new.k_inter, 2),
-                    k_time=add(cache.k_time, new.k_time, 2), times=add(cache.times, new.times, 1),
+    return NACCache(k=add(cache.k, k, 2), feats=add(cache.feats, feats, 2),
                     positions=add(cache.positions, position, 0), steps=cache.steps + 1)
+
+
+def _masked_softmax(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim where invalid entries count as -inf (never a multiplied
+    logit): their weight is exactly 0, and a row with no valid entry is all 0, not NaN."""
+    masked = logits.masked_fill(~valid, float("-inf"))
+    top = masked.amax(dim=-1, keepdim=True).detach()
+    e = torch.exp(masked - torch.where(torch.isfinite(top), top, 0.0))
+    return e / e.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(e.dtype).tiny)
 
 
 def _check_hyperparameters(*, input_dim, d_model, num_heads, topk, mode, euler_steps, select, sparsity,

@@ -24,7 +24,7 @@ def inputs(B=2, T=9, D=6, seed=1):
 def backbone_parameters(layer):
     return {name: p for name, p in layer.named_parameters()
             if name.split(".")[0] in ("inter", "command", "motor")
-            or name.startswith(("phi_", "tau_", "time_"))}
+            or name.startswith(("gate_", "time_"))}
 
 
 # ---------------------------------------------------------------- the backbone sees the input
@@ -45,14 +45,14 @@ def test_every_backbone_head_and_time_parameter_gets_gradient(mode):
     x = inputs()
     layer(x, t=torch.rand(2, 9).cumsum(1)).pow(2).sum().backward()
     params = backbone_parameters(layer)
-    assert {"inter.weight", "command.weight", "motor.weight", "phi_weight", "tau_weight",
+    assert {"inter.weight", "command.weight", "motor.weight", "gate_weight", "gate_bias",
             "time_weight", "time_bias"} <= set(params)
     for name, p in params.items():
-        if mode == "steady" and name.startswith("time_"):
-            continue  # steady logits do not depend on t; t_ij still weighs the values below
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-    # the time affine still matters in steady mode through the quadrature weight t_ij
-    assert layer.time_weight.grad.abs().sum() > 0
+    # both heads: gate_weight[..., 0] reads phi, gate_weight[..., 1] reads tau
+    for head in (0, 1):
+        assert layer.gate_weight.grad[..., head].abs().sum() > 0
+        assert layer.gate_bias.grad[..., head].abs().sum() > 0
 
 
 # ------------------------------------------------------------------------------- sparsity

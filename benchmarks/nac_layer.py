@@ -1,0 +1,148 @@
+"""NAC layer speed and memory, side by side with torch-nac 0.0.2 and causal MHA.
+
+    pip install --no-deps torch-nac==0.0.2     # the public reference (benchmark only)
+    python benchmarks/nac_layer.py             # prints the markdown tables of BENCHMARKS.md
+
+One thread, forward only, no grad, median of --repeats runs after one warm-up. Memory
+is the forward's peak-RSS increase over the process's RSS once model and input exist;
+every measurement runs in its own process so peaks do not mix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _build(impl: str, T: int, B: int, d: int, H: int, K: int, mode: str, select: str, causal: bool,
+           window: int | None):
+    import torch
+
+    if impl == "nac":
+        from nac_drive import NAC
+        layer = NAC(d, d_model=d, num_heads=H, topk=K, mode=mode, select=select, causal=causal,
+                    window=window, seed=0)
+        return layer.eval(), (lambda x: layer(x))
+    if impl == "torch-nac":
+        from torch_nac.layers import NAC as TorchNAC
+        layer = TorchNAC(d, H, topk=K, mode=mode, return_sequences=True, input_dim=d)
+        return layer.eval(), (lambda x: layer(x))
+    if impl == "mha":
+        layer = torch.nn.MultiheadAttention(d, H, batch_first=True)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(T)
+        return layer.eval(), (lambda x: layer(x, x, x, attn_mask=mask, need_weights=False, is_causal=True)[0])
+    raise ValueError(impl)
+
+
+def worker(spec: dict) -> dict:
+    """Measure one configuration in this process."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(spec["B"], spec["T"], spec["d"])
+    _, run = _build(spec["impl"], spec["T"], spec["B"], spec["d"], spec["H"], spec["K"], spec["mode"],
+                    spec["select"], spec["causal"], spec["window"])
+    with torch.no_grad():
+        if spec["impl"] == "nac" and spec.get("step"):
+            return _measure_step(spec, x)
+        if spec["impl"] != "mha":  # load every kernel once on a tiny input: not the forward's memory
+            run(x[:, :16])
+        rss_before = _rss_mb()
+        t0 = time.perf_counter()
+        run(x)  # warm-up, also the forward whose peak memory is reported
+        first = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        times = []
+        for _ in range(spec["repeats"] if first < 5 else 3):
+            t0 = time.perf_counter()
+            run(x)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"ms": 1e3 * times[len(times) // 2], "mem_mb": max(0.0, peak - rss_before)}
+
+
+def _measure_step(spec: dict, x) -> dict:
+    import torch
+    from nac_drive import NAC
+
+    layer = NAC(spec["d"], d_model=spec["d"], num_heads=spec["H"], topk=spec["K"], mode=spec["mode"],
+                select=spec["select"], window=spec["window"], seed=0).eval()
+    cache = layer.init_cache(1)
+    frame = x[:1, 0]
+    for _ in range(2 * spec["window"]):
+        _, cache = layer.step(frame, cache)
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        _, cache = layer.step(frame, cache)
+    return {"ms": 1e3 * (time.perf_counter() - t0) / n, "mem_mb": float("nan")}
+
+
+def measure(**spec) -> dict:
+    spec = {"B": 1, "d": 64, "H": 4, "K": 8, "mode": "exact", "select": "exact", "causal": True,
+            "window": None, "repeats": 10, **spec}
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"ms": float("nan"), "mem_mb": float("nan"), "error": out.stderr.strip().splitlines()[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _row(name: str, r: dict, ref: dict | None = None) -> str:
+    speed = f"{ref['ms'] / r['ms']:.0f}x" if ref and r["ms"] == r["ms"] else ""
+    mem = f"{r['mem_mb'] / ref['mem_mb']:.2f}" if ref and ref["mem_mb"] > 0 and r["mem_mb"] == r["mem_mb"] else ""
+    err = f" ({r['error']})" if "error" in r else ""
+    return f"| {name} | {r['ms']:.2f} | {r['mem_mb']:.1f} | {speed} | {mem} |{err}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--long", type=int, nargs="*", default=[1024, 4096, 16384], help="T for the long runs")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+
+    header = "| implementation | ms / forward | forward peak RSS (MB) | speed-up vs torch-nac | memory vs torch-nac |\n|---|---|---|---|---|"
+    print("### Paper configuration: T=1024, B=1, d=64, H=4, K=8 (1 thread)\n")
+    print(header)
+    for mode in ("exact", "euler", "steady"):
+        ref = measure(impl="torch-nac", T=1024, mode=mode, causal=False)
+        print(_row(f"torch-nac 0.0.2, {mode}", ref))
+        for select, causal in (("block", False), ("exact", False), ("exact", True)):
+            r = measure(impl="nac", T=1024, mode=mode, select=select, causal=causal)
+            print(_row(f"nac-drive, {mode}, select={select}, {'causal' if causal else 'non-causal'}", r, ref))
+    print(_row("causal nn.MultiheadAttention", measure(impl="mha", T=1024)))
+
+    print("\n### Driving configuration: T=16, B=32, d=64, H=4, K=8 (1 thread)\n")
+    print(header)
+    ref = measure(impl="torch-nac", T=16, B=32, causal=False)
+    print(_row("torch-nac 0.0.2, exact", ref))
+    print(_row("nac-drive, exact, causal, window=16", measure(impl="nac", T=16, B=32, window=16), ref))
+    print(_row("causal nn.MultiheadAttention", measure(impl="mha", T=16, B=32), ref))
+
+    print("\n### Long sequences, B=1, select=block, causal (1 thread)\n")
+    print("| T | nac-drive ms | nac-drive MB | MHA ms | MHA MB | NAC speed-up vs MHA |\n|---|---|---|---|---|---|")
+    for T in args.long:
+        n, m = measure(impl="nac", T=T, select="block", repeats=5), measure(impl="mha", T=T, repeats=5)
+        print(f"| {T} | {n['ms']:.1f} | {n['mem_mb']:.1f} | {m['ms']:.1f} | {m['mem_mb']:.1f} | {m['ms'] / n['ms']:.2f}x |")
+
+    print("\n### Streaming `step()`: window 16, d=64, H=4, K=8, B=1 (1 thread)\n")
+    print("| mode | ms / step |\n|---|---|")
+    for mode in ("exact", "euler", "steady"):
+        r = measure(impl="nac", T=1, mode=mode, window=16, step=True)
+        print(f"| {mode} | {r['ms']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
