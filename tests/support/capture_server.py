@@ -1,0 +1,49 @@
+"""A raw websocket server that records, byte for byte, what a Udacity client sends.
+
+Usage: python capture_server.py PORT MODE, MODE = "strings" (answers every telemetry with a
+steer whose values are strings, after 20 ms) or "numbers" (answers with JSON numbers, which
+the Unity simulator cannot parse). Prints "listening", then one JSON line per event:
+{"path": ..., "query": ...} on connect and {"frame": <text>} for each received frame.
+"""
+
+import json
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+import eventlet  # noqa: E402
+import eventlet.websocket  # noqa: E402
+import eventlet.wsgi  # noqa: E402
+
+MODE = sys.argv[2]
+
+
+@eventlet.websocket.WebSocketWSGI
+def handle(ws):
+    env = ws.environ
+    print(json.dumps({"path": env.get("PATH_INFO"), "query": env.get("QUERY_STRING")}), flush=True)
+    ws.send('0{"sid":"abc","upgrades":[],"pingInterval":25000,"pingTimeout":60000}')
+    while True:
+        frame = ws.wait()
+        if frame is None:
+            break
+        print(json.dumps({"frame": frame}), flush=True)
+        if frame == "2":
+            ws.send("3")
+        elif frame.startswith('42["telemetry"'):
+            time.sleep(0.02)
+            value = "0.1" if MODE == "strings" else 0.1
+            ws.send("42" + json.dumps(["steer", {"steering_angle": value, "throttle": value}]))
+
+
+def app(environ, start_response):
+    if environ.get("HTTP_UPGRADE", "").lower() == "websocket":
+        return handle(environ, start_response)
+    start_response("400 Bad Request", [("Content-Type", "text/plain")])
+    return [b"websocket only"]
+
+
+listener = eventlet.listen(("127.0.0.1", int(sys.argv[1])))
+print("listening", file=sys.stderr, flush=True)
+eventlet.wsgi.server(listener, app, log_output=False)

@@ -1,0 +1,85 @@
+"""Helpers for the Udacity tests: free ports and bridge processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A subprocess whose stderr is drained in a thread; ``wait_for`` watches it."""
+
+    def __init__(self, argv: list[str], env: dict | None = None):
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
+            [str(SUPPORT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        full_env.update(env or {})
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+        self.err: list[str] = []
+        self.out: list[str] = []
+        threading.Thread(target=self._drain, args=(self.p.stderr, self.err), daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.p.stdout, self.out), daemon=True).start()
+
+    @staticmethod
+    def _drain(stream, sink):
+        for line in stream:
+            sink.append(line)
+
+    def wait_for(self, text: str, timeout: float = 30.0, stream: str = "err", count: int = 1) -> None:
+        sink = self.err if stream == "err" else self.out
+        end = time.time() + timeout
+        while time.time() < end:
+            if sum(text in line for line in list(sink)) >= count:
+                return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"{text!r} not seen (exit {self.p.poll()}):\n{''.join(self.err)[-3000:]}")
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 20.0) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        rc = self.p.wait(timeout)
+        time.sleep(0.1)  # let the drain threads read the last lines
+        return rc
+
+    def json_summary(self) -> dict:
+        for line in reversed(self.out):
+            line = line.strip()
+            if line.startswith("{"):
+                return json.loads(line)
+        raise AssertionError(f"no JSON summary in stdout: {self.out!r}\nstderr: {''.join(self.err)[-3000:]}")
+
+
+def start_bridge(port: int, policy: str | None, record: str | None = None, extra: list[str] = ()) -> Proc:
+    """Start ``python -m nac_drive.simulators.udacity_bridge`` and wait until it listens."""
+    argv = [sys.executable, "-m", "nac_drive.simulators.udacity_bridge", "--port", str(port), "--json"]
+    if policy:
+        argv += ["--policy", policy]
+    if record:
+        argv += ["--record", record]
+    proc = Proc(argv + list(extra))
+    proc.wait_for("listening on")
+    return proc
+
+
+def start_recorder(port: int, out: str) -> Proc:
+    """``nac-drive record udacity`` as a subprocess (the CLI users run)."""
+    proc = Proc([sys.executable, "-m", "nac_drive.cli", "record", "udacity", "--out", out, "--port", str(port),
+                 "--json"])
+    proc.wait_for("listening on")
+    return proc

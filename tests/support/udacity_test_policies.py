@@ -1,0 +1,37 @@
+"""Policies the Udacity protocol tests load into the bridge process (--policy module:callable)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class ResetProbe:
+    """Steers +0.5 for the first 3 frames after each reset, then -0.25; checks its inputs.
+
+    A wrong observation (shape, dtype, keys, non-increasing timestamps) makes it raise, which
+    the bridge answers with the safe command (steer 0) and counts as a policy error."""
+
+    def __init__(self):
+        self.calls = 0
+        self.last_t = None
+
+    def reset(self):
+        self.calls = 0
+        self.last_t = None
+
+    def select_action(self, obs):
+        img = obs["image"]
+        assert isinstance(img, np.ndarray) and img.shape == (160, 320, 3) and img.dtype == np.uint8
+        assert isinstance(obs["speed"], float) and isinstance(obs["timestamp"], float)
+        assert self.last_t is None or obs["timestamp"] > self.last_t
+        self.last_t = obs["timestamp"]
+        self.calls += 1
+        return 0.5 if self.calls <= 3 else -0.25
+
+
+class Constant03:
+    def reset(self):
+        pass
+
+    def select_action(self, obs):
+        return 0.3

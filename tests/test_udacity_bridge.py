@@ -1,0 +1,140 @@
+"""Bridge logic without sockets: telemetry parsing, answers, speed control, recording."""
+
+import base64
+
+import cv2
+import numpy as np
+import pytest
+
+from nac_drive.data_collection.udacity_log import read_driving_log
+from nac_drive.simulators.udacity_bridge import (
+    MalformedTelemetry,
+    SpeedController,
+    UdacityBridge,
+    parse_telemetry,
+    steer_payload,
+)
+
+
+def _jpeg_b64(w=320, h=160, value=120):
+    ok, buf = cv2.imencode(".jpg", np.full((h, w, 3), value, np.uint8))
+    return base64.b64encode(buf.tobytes()).decode()
+
+
+def _telemetry(**over):
+    d = {"steering_angle": "-2.5000", "throttle": "0.3000", "speed": "8.7500", "image": _jpeg_b64()}
+    d.update(over)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class Recorder:
+    def __init__(self, value=0.4):
+        self.value, self.obs, self.resets = value, [], 0
+
+    def reset(self):
+        self.resets += 1
+
+    def select_action(self, obs):
+        self.obs.append(obs)
+        return self.value
+
+
+def test_parse_valid_telemetry_with_decimal_commas():
+    tel = parse_telemetry(_telemetry(steering_angle="-2,5", speed="8,75"))
+    assert tel.steering_angle == -2.5 and tel.speed == 8.75 and tel.throttle == 0.3
+    assert tel.image.shape == (160, 320, 3) and tel.image.dtype == np.uint8
+    assert parse_telemetry({}) is None
+
+
+@pytest.mark.parametrize("data,kind", [
+    ([1, 2], "not_an_object"),
+    ("telemetry", "not_an_object"),
+    (None, "not_an_object"),
+    (_telemetry(speed=None), "missing_speed"),
+    (_telemetry(throttle="fast"), "non_numeric_throttle"),
+    (_telemetry(steering_angle="NaN"), "nan_steering_angle"),
+    (_telemetry(speed="inf"), "nan_speed"),
+    (_telemetry(image=None), "missing_image"),
+    (_telemetry(image="not base64 !!"), "bad_base64"),
+    (_telemetry(image=12), "bad_base64"),
+    (_telemetry(image=base64.b64encode(b"GIF89a not a jpeg").decode()), "not_jpeg"),
+    (_telemetry(image=_jpeg_b64(160, 80)), "wrong_image_size"),
+])
+def test_malformed_kinds(data, kind):
+    with pytest.raises(MalformedTelemetry) as e:
+        parse_telemetry(data)
+    assert e.value.kind == kind
+
+
+def test_png_is_not_accepted_as_jpeg():
+    ok, png = cv2.imencode(".png", np.zeros((160, 320, 3), np.uint8))
+    with pytest.raises(MalformedTelemetry, match="not_jpeg"):
+        parse_telemetry(_telemetry(image=base64.b64encode(png.tobytes()).decode()))
+
+
+def test_steer_values_are_strings():
+    payload = steer_payload(-0.25, 0.5)
+    assert payload == {"steering_angle": "-0.250000", "throttle": "0.500000"}
+    assert all(isinstance(v, str) for v in payload.values())
+
+
+def test_bridge_answers_policy_steering_and_resets_on_connect():
+    policy = Recorder(1.7)  # out of range: clipped
+    bridge = UdacityBridge(policy, speed=9.0)
+    assert bridge.on_connect() == ("steer", {"steering_angle": "0.000000", "throttle": "0.000000"})
+    assert policy.resets == 1
+    event, data = bridge.on_telemetry(_telemetry(), arrived=10.0)
+    assert event == "steer" and data["steering_angle"] == "1.000000"
+    assert float(data["throttle"]) > 0  # 8.75 mph < 9 mph set speed
+    obs = policy.obs[0]
+    assert obs["image"].shape == (160, 320, 3) and obs["timestamp"] == 10.0 and obs["speed"] == 8.75
+    # the decoded image is the RGB frame that was sent
+    assert abs(int(obs["image"][80, 160, 0]) - 120) <= 2
+    assert bridge.on_telemetry({}) == ("manual", {})
+    bridge.on_connect()
+    assert policy.resets == 2
+    s = bridge.stats.summary()
+    assert (s["messages"], s["answered"], s["manual"], s["malformed"]) == (2, 2, 1, 0)
+
+
+def test_malformed_and_policy_failures_get_the_safe_command_and_are_logged_once(caplog):
+    class Broken(Recorder):
+        def select_action(self, obs):
+            raise RuntimeError("boom")
+
+    bridge = UdacityBridge(Broken())
+    for _ in range(3):
+        assert bridge.on_telemetry(_telemetry(image="%%%")) == ("steer", steer_payload(0.0, -1.0))
+        assert bridge.on_telemetry(_telemetry()) == ("steer", steer_payload(0.0, -1.0))
+    s = bridge.stats.summary()
+    assert s["malformed"] == 3 and s["malformed_kinds"] == {"bad_base64": 3} and s["policy_errors"] == 3
+    assert s["answered"] == 6
+    assert sum("bad_base64" in r.message for r in caplog.records) == 1
+    assert sum("boom" in r.message for r in caplog.records) == 1
+
+
+def test_nan_from_the_policy_is_not_sent():
+    bridge = UdacityBridge(Recorder(float("nan")))
+    assert bridge.on_telemetry(_telemetry()) == ("steer", steer_payload(0.0, -1.0))
+
+
+def test_pass_through_records_the_human_controls(tmp_path):
+    bridge = UdacityBridge(None, record_dir=tmp_path / "rec")
+    assert bridge.on_connect() == ("manual", {})
+    assert bridge.on_telemetry(_telemetry(steering_angle="12.5", throttle="-0.4")) == ("manual", {})
+    assert bridge.on_telemetry({}) == ("manual", {})
+    bridge.close()
+    (row,) = read_driving_log(tmp_path / "rec" / "driving_log.csv")
+    assert (row.steering, row.throttle, row.brake, row.speed) == (0.5, 0.0, 0.4, 8.75)
+    assert row.center.read_bytes()[:2] == b"\xff\xd8" and bridge.stats.rows_recorded == 1
+
+
+def test_speed_controller_drives_a_simple_car_to_the_set_speed():
+    pi = SpeedController(9.0)
+    speed, t = 0.0, 0.0
+    for _ in range(600):  # 40 s at 15 Hz of a first-order car: accel = 8 mph/s * throttle - drag
+        throttle = pi.update(speed, t)
+        speed = max(0.0, speed + (8.0 * throttle - 0.1 * speed) / 15)
+        t += 1 / 15
+    assert speed == pytest.approx(9.0, abs=0.1)
+    assert pi.update(15.0, t + 0.1) < 0  # too fast: brake
