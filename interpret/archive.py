@@ -1,0 +1,166 @@
+"""Run archives: ``.npz`` files with a JSON metadata member, written atomically.
+
+A run archive is an ordinary NumPy ``.npz`` (a ZIP of ``.npy`` members, deflate
+compressed, as ``np.savez_compressed`` writes it) with one extra member,
+``metadata.json`` (UTF-8 JSON). Anything that reads ZIP and ``.npy`` reads it:
+``np.load(path, allow_pickle=False)`` returns the arrays by name and
+``metadata.json`` as raw bytes. No member is ever a pickled object array.
+
+Writes go to a temporary file in the same directory, are flushed to disk, and then
+``os.replace`` the target: a process killed mid-write leaves the previous file (or
+none) intact, never half a file. Reads check every member and raise
+:class:`ArchiveError` naming the file and the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METADATA_MEMBER = "metadata.json"
+
+
+class ArchiveError(ValueError):
+    """A run archive is missing, unreadable or does not match its schema."""
+
+    def __init__(self, path: str | os.PathLike, field: str | None, why: str):
+        self.path, self.field = Path(path), field
+        where = f"{path}: field {field!r}" if field else f"{path}"
+        super().__init__(f"{where}: {why}")
+
+
+def write_archive(path: str | os.PathLike, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> Path:
+    """Atomically write ``arrays`` and ``metadata`` to ``path`` (an ``.npz``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(metadata, indent=1, sort_keys=True, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+                for name, array in arrays.items():
+                    array = np.asarray(array)
+                    if array.dtype.hasobject:
+                        raise TypeError(f"{name}: object arrays are not allowed in a run archive")
+                    with zf.open(f"{name}.npy", mode="w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, array, allow_pickle=False)
+                zf.writestr(METADATA_MEMBER, text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+class ArchiveReader:
+    """Checked access to the members of one archive.
+
+    ``reader.array(name, dtype_kind, ndim)`` returns a member after checking its
+    dtype kind ("f", "i", "u", "b") and number of dimensions; ``reader.metadata``
+    is the parsed JSON. Every failure is an :class:`ArchiveError` naming the field.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ArchiveError(self.path, None, "no such file")
+        try:
+            self._npz = np.load(self.path, allow_pickle=False)
+        except Exception as e:  # zipfile.BadZipFile, OSError, ValueError ...
+            raise ArchiveError(self.path, None, f"not a readable .npz archive ({type(e).__name__}: {e})") from e
+        self.metadata = self._read_metadata()
+
+    def _read_metadata(self) -> dict[str, Any]:
+        raw = self._member(METADATA_MEMBER)
+        if not isinstance(raw, bytes):
+            raise ArchiveError(self.path, METADATA_MEMBER, "expected a JSON text member, found an array")
+        try:
+            meta = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ArchiveError(self.path, METADATA_MEMBER, f"invalid JSON ({e})") from e
+        if not isinstance(meta, dict):
+            raise ArchiveError(self.path, METADATA_MEMBER, "expected a JSON object")
+        return meta
+
+    def _member(self, name: str):
+        if name not in self._npz.files:
+            raise ArchiveError(self.path, name, "missing")
+        try:
+            return self._npz[name]
+        except Exception as e:  # bad CRC, truncated member, pickled object array
+            raise ArchiveError(self.path, name, f"unreadable ({type(e).__name__}: {e})") from e
+
+    def has(self, name: str) -> bool:
+        return name in self._npz.files
+
+    def array(self, name: str, kinds: str, ndim: int) -> np.ndarray:
+        value = self._member(name)
+        if not isinstance(value, np.ndarray):
+            raise ArchiveError(self.path, name, "expected an array member")
+        if value.dtype.kind not in kinds:
+            raise ArchiveError(self.path, name, f"dtype {value.dtype} is not one of the kinds {kinds!r}")
+        if value.ndim != ndim:
+            raise ArchiveError(self.path, name, f"expected {ndim} dimensions, got shape {list(value.shape)}")
+        return value
+
+    def require(self, ok: bool, field: str, why: str) -> None:
+        if not ok:
+            raise ArchiveError(self.path, field, why)
+
+    def close(self) -> None:
+        self._npz.close()
+
+    def __enter__(self) -> "ArchiveReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def pack_jpegs(images: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """JPEG byte strings -> (concatenated bytes uint8 ``[total]``, offsets int64 ``[N+1]``)."""
+    offsets = np.zeros(len(images) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in images])
+    data = np.frombuffer(b"".join(images), dtype=np.uint8).copy()
+    return data, offsets
+
+
+def check_jpeg_pack(reader: ArchiveReader, data_field: str, offsets_field: str, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read and validate a (bytes, offsets) pair written by :func:`pack_jpegs`."""
+    data = reader.array(data_field, "u", 1)
+    offsets = reader.array(offsets_field, "i", 1)
+    reader.require(data.dtype == np.uint8, data_field, f"expected uint8, got {data.dtype}")
+    reader.require(len(offsets) == count + 1, offsets_field, f"expected {count + 1} offsets, got {len(offsets)}")
+    reader.require(count == 0 or (offsets[0] == 0 and offsets[-1] == len(data)), offsets_field,
+                   f"offsets must run from 0 to len({data_field})={len(data)}")
+    reader.require(bool(np.all(np.diff(offsets) > 0)), offsets_field, "offsets must be strictly increasing")
+    return data, offsets
+
+
+def encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
+    """uint8 RGB ``[H, W, 3]`` -> JPEG bytes."""
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:
+        raise ValueError("frame: JPEG encoding failed")
+    return buf.tobytes()
+
+
+def decode_jpeg(data: bytes | np.ndarray) -> np.ndarray:
+    """JPEG bytes -> uint8 RGB ``[H, W, 3]``."""
+    import cv2
+
+    bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError("not a decodable JPEG")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
