@@ -13,7 +13,7 @@ import importlib
 import sys
 
 # Verb modules under nac_drive.commands, in the order --help lists them.
-COMMANDS: list[str] = []
+COMMANDS: list[str] = ["sim", "record"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,80 @@
+"""``nac-drive sim``: simulators that run without a display.
+
+``nac-drive sim udacity-emulator`` connects to a Udacity bridge (``nac-drive drive udacity``
+or ``nac-drive record udacity``) exactly like the Unity simulator would, or, with
+``--record DIR``, writes a training-mode recording (driving_log.csv + IMG/, three cameras)
+driven by a scripted pure-pursuit driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(subparsers) -> None:
+    sim = subparsers.add_parser("sim", help="headless simulators (Udacity protocol emulator)",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = sim.add_subparsers(dest="simulator", metavar="SIMULATOR", required=True)
+    p = kinds.add_parser("udacity-emulator", help="Udacity Term-1 simulator stand-in (procedural road)")
+    p.add_argument("--host", default="127.0.0.1", help="bridge host (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=4567, help="bridge port (default 4567, as the simulator)")
+    p.add_argument("--track", default="lakeside",
+                   help="gentle, lakeside, serpentine, canyon, or random-<seed> (default lakeside)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="stop after N telemetry messages (live) / record N frames (--record; default 1000)")
+    p.add_argument("--laps", type=float, default=None, help="stop after this many laps (live)")
+    p.add_argument("--start", type=float, default=0.0, help="start position, metres along the track (live)")
+    p.add_argument("--human", action="store_true",
+                   help="a scripted human drives; empty telemetry {} while it holds the throttle key")
+    p.add_argument("--decimal-comma", action="store_true", help="format numbers like a comma locale (12,3456)")
+    p.add_argument("--stop-off-road", action="store_true", help="stop at the first off-road event")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    p.add_argument("--record", metavar="DIR", help="write a training-mode recording instead of connecting")
+    p.add_argument("--seed", type=int, default=0, help="recording: start position and steering noise seed")
+    p.add_argument("--noise", type=float, default=0.3, help="recording: steering noise of the scripted driver")
+    p.add_argument("--speed", type=float, default=9.0, help="recording/human: target speed (mph)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    p.set_defaults(func=run_udacity_emulator)
+
+
+def _print(summary: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary), flush=True)
+    else:
+        for k, v in summary.items():
+            print(f"{k}: {v}")
+
+
+def run_udacity_emulator(args) -> int:
+    from nac_drive.simulators.udacity_emulator import EmulatorConfig, record_training, run_emulator
+    from nac_drive.simulators.udacity_track import track_spec
+
+    try:
+        track_spec(args.track)
+    except ValueError as e:
+        raise SystemExit(f"--track: {e}")
+    if args.record:
+        frames = args.frames if args.frames is not None else 1000
+        if frames < 1:
+            raise SystemExit("--frames must be >= 1")
+        summary = record_training(args.record, track=args.track, frames=frames, seed=args.seed,
+                                  speed_mph=args.speed, noise=args.noise)
+        _print(summary, args.json)
+        return 0
+    cfg = EmulatorConfig(host=args.host, port=args.port, track=args.track, frames=args.frames, laps=args.laps,
+                         start=args.start, human=args.human, human_speed_mph=args.speed,
+                         decimal_comma=args.decimal_comma, stop_off_road=args.stop_off_road,
+                         answer_timeout=args.timeout, seed=args.seed)
+    try:
+        report = run_emulator(cfg)
+    except OSError as e:
+        raise SystemExit(f"cannot connect to a Udacity bridge at {args.host}:{args.port}: {e}")
+    summary = report.as_dict()
+    _print(summary, args.json)
+    if report.no_answer:
+        print(f"no answer to telemetry within {args.timeout} s: the server ignores a client that never sends "
+              "the Socket.IO namespace CONNECT ('40'), as python-socketio >= 5 does (the bridge needs "
+              "python-socketio 4.6 / python-engineio 3.13: pip install 'nac-drive[udacity]')", flush=True)
+        return 2
+    return 0
