@@ -1,0 +1,254 @@
+"""Grad-CAM saliency of a driving policy, through pytorch-grad-cam.
+
+The caller hands in an ordinary image model, ``frame_model: nn.Module`` mapping
+frames ``[B, C, H, W]`` to the policy head's output ``[B, A]`` with the temporal
+context held fixed (the policy builds that wrapper). Saliency is computed on one
+convolution layer of it: by default the last ``nn.Conv2d``.
+
+Targets (``target=``), one scalar per sample:
+
+* an ``int``: that discrete action's output (classification, e.g. CarRacing);
+* ``"predicted"``: the action the model itself picks (argmax of the output);
+* ``"steer+"`` / ``"steer-"``: ``+output[steer_index]`` / ``-output[steer_index]``,
+  evidence for steering right / left (regression, e.g. Udacity);
+* ``"steer"``: the direction the model actually steers (sign of its output).
+
+Test-time augmentation (pytorch-grad-cam's ``aug_smooth``) is never used: it
+mirrors the image, and a mirrored road reverses the steering meaning.
+
+``RUN_DIR/saliency.npz`` (an archive as in :mod:`nac_drive.interpret.archive`), version 1:
+``maps`` uint8 ``[N, h, w]`` (saliency x 255 at the model-input size),
+``overlay_jpeg`` uint8 ``[bytes]`` + ``overlay_offsets`` int64 ``[N+1]`` (the frame
+with the map blended in, frame size, JPEG), and ``metadata.json`` with ``format``
+("nac-drive-saliency"), ``version``, ``num_steps``, ``method``, ``target``,
+``target_layer``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from nac_drive.interpret.archive import (ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg, pack_jpegs,
+                                         write_archive)
+
+SALIENCY_FILE = "saliency.npz"
+FORMAT, VERSION = "nac-drive-saliency", 1
+STEER_TARGETS = ("steer+", "steer-", "steer")
+
+
+def _methods() -> dict[str, type]:
+    from pytorch_grad_cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
+
+    return {"gradcam": GradCAM, "gradcam++": GradCAMPlusPlus, "eigencam": EigenCAM, "hirescam": HiResCAM,
+            "xgradcam": XGradCAM, "layercam": LayerCAM}
+
+
+METHODS = ("gradcam", "gradcam++", "eigencam", "hirescam", "xgradcam", "layercam")
+
+
+class SteeringTarget:
+    """Scalar target ``direction * output[index]`` of one sample's output ``[A]``."""
+
+    def __init__(self, direction: int, index: int = 0):
+        if direction not in (1, -1):
+            raise ValueError(f"direction: must be +1 or -1, got {direction!r}")
+        self.direction, self.index = direction, index
+
+    def __call__(self, output: torch.Tensor) -> torch.Tensor:
+        return self.direction * output.reshape(-1)[self.index]
+
+
+class ActionTarget:
+    """Scalar target ``output[action]`` of one sample's output ``[A]`` (classification)."""
+
+    def __init__(self, action: int):
+        self.action = int(action)
+
+    def __call__(self, output: torch.Tensor) -> torch.Tensor:
+        return output.reshape(-1)[self.action]
+
+
+def last_conv2d(model: nn.Module) -> nn.Conv2d:
+    """The last ``nn.Conv2d`` registered in ``model`` (the usual Grad-CAM layer)."""
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        raise ValueError(f"target_layer: {type(model).__name__} has no nn.Conv2d; name a layer explicitly")
+    return convs[-1]
+
+
+def resolve_layer(model: nn.Module, target_layer: nn.Module | str | None) -> nn.Module:
+    """``None`` -> last Conv2d; a dotted name (``"encoder.conv3"``) -> that submodule."""
+    if target_layer is None:
+        return last_conv2d(model)
+    if isinstance(target_layer, str):
+        try:
+            return model.get_submodule(target_layer)
+        except AttributeError as e:
+            raise ValueError(f"target_layer: {target_layer!r} is not a submodule of {type(model).__name__}") from e
+    return target_layer
+
+
+def _targets(target, outputs: torch.Tensor, steer_index: int) -> list:
+    """One scalar target per sample. outputs ``[B, A]`` (or ``[B]``)."""
+    flat = outputs.reshape(outputs.shape[0], -1)
+    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
+        if not 0 <= target < flat.shape[1]:
+            raise ValueError(f"target: action {target} is out of range for {flat.shape[1]} outputs")
+        return [ActionTarget(target)] * len(flat)
+    if target == "predicted":
+        return [ActionTarget(a) for a in flat.argmax(dim=1).tolist()]
+    if target in STEER_TARGETS:
+        if not 0 <= steer_index < flat.shape[1]:
+            raise ValueError(f"steer_index: {steer_index} is out of range for {flat.shape[1]} outputs")
+        if target == "steer":
+            return [SteeringTarget(1 if s >= 0 else -1, steer_index) for s in flat[:, steer_index].tolist()]
+        return [SteeringTarget(1 if target == "steer+" else -1, steer_index)] * len(flat)
+    raise ValueError(f"target: expected an action index, 'predicted', 'steer+', 'steer-' or 'steer', got {target!r}")
+
+
+def saliency_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | str = "predicted",
+                  method: str = "gradcam", target_layer: nn.Module | str | None = None,
+                  steer_index: int = 0) -> np.ndarray:
+    """Saliency of ``frames [B, C, H, W]`` -> maps ``[B, H, W]`` float32 in [0, 1].
+
+    Each map is scaled to [0, 1] on its own (a map with no evidence is all 0).
+    ``frame_model``'s train/eval mode is restored afterwards.
+    """
+    classes = _methods()
+    if method not in classes:
+        raise ValueError(f"method: must be one of {METHODS}, got {method!r}")
+    if not isinstance(frames, torch.Tensor) or frames.ndim != 4:
+        raise ValueError(f"frames: expected a tensor [B, C, H, W], got {getattr(frames, 'shape', type(frames))}")
+    layer = resolve_layer(frame_model, target_layer)
+    was_training = frame_model.training
+    frame_model.eval()
+    try:
+        with torch.no_grad():
+            outputs = frame_model(frames)
+        targets = _targets(target, outputs, steer_index)
+        cam = classes[method](model=frame_model, target_layers=[layer])
+        try:
+            with torch.enable_grad():
+                maps = cam(input_tensor=frames, targets=targets, aug_smooth=False, eigen_smooth=False)
+        finally:
+            cam.activations_and_grads.release()
+    finally:
+        frame_model.zero_grad(set_to_none=True)
+        frame_model.train(was_training)
+    return np.clip(np.nan_to_num(maps.astype(np.float32)), 0.0, 1.0)
+
+
+def steering_saliency(frame_model: nn.Module, frames: torch.Tensor, method: str = "gradcam",
+                      target_layer: nn.Module | str | None = None, steer_index: int = 0):
+    """(maps for steering right ``+output``, maps for steering left ``-output``), each ``[B, H, W]``."""
+    return tuple(saliency_maps(frame_model, frames, t, method, target_layer, steer_index)
+                 for t in ("steer+", "steer-"))
+
+
+def overlay(frame: np.ndarray, saliency: np.ndarray, alpha: float = 0.45, colormap: int | None = None) -> np.ndarray:
+    """Blend a map ``[h, w]`` in [0, 1] (resized to the frame) over a uint8 RGB frame ``[H, W, 3]``."""
+    import cv2
+
+    if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
+        raise ValueError(f"frame: expected a uint8 RGB array [H, W, 3], got {frame.dtype} {list(frame.shape)}")
+    if saliency.ndim != 2:
+        raise ValueError(f"saliency: expected a map [h, w], got shape {list(saliency.shape)}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha: must be in [0, 1], got {alpha!r}")
+    h, w = frame.shape[:2]
+    m = cv2.resize(np.clip(saliency, 0, 1).astype(np.float32), (w, h), interpolation=cv2.INTER_LINEAR)
+    heat = cv2.applyColorMap(np.uint8(np.round(255 * m)), cv2.COLORMAP_JET if colormap is None else colormap)
+    heat = cv2.cvtColor(heat, cv2.COLOR_BGR2RGB).astype(np.float32)
+    return np.uint8(np.clip((1 - alpha) * frame.astype(np.float32) + alpha * heat, 0, 255).round())
+
+
+def default_preprocess(frame: np.ndarray) -> torch.Tensor:
+    """uint8 RGB ``[H, W, 3]`` -> float ``[3, H, W]`` in [0, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1).float() / 255.0
+
+
+def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Callable[[int], nn.Module],
+                         preprocess: Callable[[np.ndarray], torch.Tensor] = default_preprocess,
+                         target: int | str | Callable[[int], int | str] = "predicted", method: str = "gradcam",
+                         target_layer: str | None = None, steer_index: int = 0, alpha: float = 0.45,
+                         jpeg_quality: int = 85, progress: bool = True) -> Path:
+    """Saliency for every frame of the run in ``run_dir``; writes ``RUN_DIR/saliency.npz``.
+
+    frame_model_for_step(i): the image model for step i (the policy with step i's
+    temporal context held fixed). preprocess(frame): the model input ``[C, H, W]``
+    for a recorded RGB frame. target: a target spec (module docstring) or a function
+    of the step returning one. target_layer: None (last Conv2d) or a dotted name.
+    """
+    from tqdm import tqdm
+
+    from nac_drive.interpret.trace import load_trace
+
+    run = load_trace(run_dir)
+    maps, overlays = [], []
+    layer_name = None
+    for i in tqdm(range(run.num_steps), desc="saliency", unit="frame", disable=not progress):
+        frame = run.frame(i)
+        model = frame_model_for_step(i)
+        if layer_name is None:
+            layer = resolve_layer(model, target_layer)
+            layer_name = next((n for n, m in model.named_modules() if m is layer), type(layer).__name__)
+        spec = target(i) if callable(target) else target
+        m = saliency_maps(model, preprocess(frame)[None], spec, method, target_layer, steer_index)[0]
+        maps.append(np.uint8(np.round(255 * m)))
+        overlays.append(encode_jpeg(overlay(frame, m, alpha), jpeg_quality))
+    arrays: dict[str, np.ndarray] = {}
+    arrays["maps"] = np.stack(maps) if maps else np.zeros((0, 0, 0), dtype=np.uint8)
+    arrays["overlay_jpeg"], arrays["overlay_offsets"] = pack_jpegs(overlays)
+    meta = {"format": FORMAT, "version": VERSION, "num_steps": run.num_steps, "method": method,
+            "target": target if isinstance(target, (int, str)) else "per-step", "target_layer": layer_name,
+            "trace_created_utc": run.metadata.get("created_utc"),
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return write_archive(Path(run.path).parent / SALIENCY_FILE, arrays, meta)
+
+
+@dataclass
+class RunSaliency:
+    """A loaded ``saliency.npz``."""
+
+    path: Path
+    metadata: dict[str, Any]
+    maps: np.ndarray
+    overlay_jpeg: np.ndarray
+    overlay_offsets: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.overlay_offsets) - 1
+
+    def overlay_bytes(self, i: int) -> bytes:
+        return self.overlay_jpeg[self.overlay_offsets[i]:self.overlay_offsets[i + 1]].tobytes()
+
+    def overlay(self, i: int) -> np.ndarray:
+        return decode_jpeg(self.overlay_bytes(i))
+
+
+def load_saliency(path: str | os.PathLike, num_steps: int | None = None) -> RunSaliency:
+    """Load ``RUN_DIR/saliency.npz``; ``num_steps`` checks it matches the run's trace."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SALIENCY_FILE
+    with ArchiveReader(path) as r:
+        meta = r.metadata
+        r.require(meta.get("format") == FORMAT, "metadata.json", f"format is {meta.get('format')!r}, not {FORMAT!r}")
+        r.require(meta.get("version") == VERSION, "metadata.json", f"version {meta.get('version')!r} is not supported")
+        n = meta.get("num_steps")
+        r.require(isinstance(n, int) and n >= 0, "metadata.json", f"num_steps must be an integer >= 0, got {n!r}")
+        r.require(num_steps is None or n == num_steps, "metadata.json",
+                  f"num_steps is {n} but the run's trace has {num_steps} steps (recompute the saliency)")
+        maps = r.array("maps", "u", 3)
+        r.require(len(maps) == n, "maps", f"expected {n} maps, got {len(maps)}")
+        data, offsets = check_jpeg_pack(r, "overlay_jpeg", "overlay_offsets", n)
+    return RunSaliency(path=path, metadata=meta, maps=maps, overlay_jpeg=data, overlay_offsets=offsets)
