@@ -19,8 +19,8 @@ emulator). python-engineio 3.14 added a check that rejects clients announcing ``
 in their URL ("unsupported version of the Socket.IO or Engine.IO protocols"), which the
 Unity client does although it speaks Engine.IO v3; hence python-engineio < 3.14.
 
-Robustness: a malformed telemetry (not an object, bad base64, non-JPEG bytes, wrong
-image size, missing or non-numeric fields, NaN) is answered with a safe command (steer 0,
+Robustness: a malformed telemetry (not an object, bad base64, non-JPEG or truncated
+JPEG bytes, wrong image size, missing or non-numeric fields, NaN) is answered with a safe command (steer 0,
 full brake), logged once per kind, counted, and the bridge keeps going. Numbers with a
 decimal comma ("12,5") are valid. A (re)connect of the simulator resets the policy and
 the speed controller.
@@ -98,6 +98,8 @@ def decode_image(text) -> tuple[np.ndarray, bytes]:
     bgr = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR) if raw else None
     if bgr is None or not raw.startswith(b"\xff\xd8"):
         raise MalformedTelemetry("not_jpeg")
+    if not raw.rstrip(b"\x00").endswith(b"\xff\xd9"):  # libjpeg decodes a cut file with a grey tail
+        raise MalformedTelemetry("truncated_jpeg")
     if bgr.shape != IMAGE_SHAPE:
         raise MalformedTelemetry("wrong_image_size", f"{bgr.shape[1]}x{bgr.shape[0]}")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), raw
@@ -246,6 +248,22 @@ class UdacityBridge:
             self.writer.close()
 
 
+def _apply_mask_numpy(data, mask, length=None, offset=0):
+    """XOR websocket payload bytes with the 4-byte client mask (vectorised)."""
+    n = len(data) if length is None else length
+    key = np.roll(np.frombuffer(bytes(mask), np.uint8), -(offset % 4))
+    return (np.frombuffer(data, np.uint8, count=n) ^ np.resize(key, n)).tobytes()
+
+
+def _speed_up_eventlet_unmasking() -> None:
+    """eventlet unmasks every client frame byte by byte in Python: ~5 ms for one 15 kB
+    telemetry frame, more than the whole decode + policy step. Replace it by the same XOR
+    done with numpy (checked against eventlet's own function in the tests)."""
+    import eventlet.websocket as ews
+
+    ews.RFC6455WebSocket._apply_mask = staticmethod(_apply_mask_numpy)
+
+
 def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
           exit_on_disconnect: bool = False, ready=None) -> None:
     """Run the Socket.IO server until Ctrl-C / SIGTERM (or the first disconnect when
@@ -267,6 +285,7 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
         raise SystemExit("python-socketio >= 5 cannot talk to the Udacity simulator; "
                          "pip install 'nac-drive[udacity]' (python-socketio 4.6, python-engineio 3.13)")
 
+    _speed_up_eventlet_unmasking()
     sio = socketio.Server(async_mode="eventlet", logger=False, engineio_logger=False)
     stop = eventlet.event.Event()
 

@@ -21,6 +21,11 @@ def _jpeg_b64(w=320, h=160, value=120):
     return base64.b64encode(buf.tobytes()).decode()
 
 
+def _noise_jpeg():
+    img = np.random.default_rng(0).integers(0, 255, (160, 320, 3), dtype=np.uint8)
+    return cv2.imencode(".jpg", img)[1].tobytes()
+
+
 def _telemetry(**over):
     d = {"steering_angle": "-2.5000", "throttle": "0.3000", "speed": "8.7500", "image": _jpeg_b64()}
     d.update(over)
@@ -64,6 +69,13 @@ def test_malformed_kinds(data, kind):
     with pytest.raises(MalformedTelemetry) as e:
         parse_telemetry(data)
     assert e.value.kind == kind
+
+
+def test_cut_jpeg_is_malformed():
+    # depending on the libjpeg build, a cut file fails to decode or decodes with a grey tail
+    with pytest.raises(MalformedTelemetry) as e:
+        parse_telemetry(_telemetry(image=base64.b64encode(_noise_jpeg()[:-2000]).decode()))
+    assert e.value.kind in ("not_jpeg", "truncated_jpeg")
 
 
 def test_png_is_not_accepted_as_jpeg():
@@ -138,3 +150,17 @@ def test_speed_controller_drives_a_simple_car_to_the_set_speed():
         t += 1 / 15
     assert speed == pytest.approx(9.0, abs=0.1)
     assert pi.update(15.0, t + 0.1) < 0  # too fast: brake
+
+
+def test_numpy_unmasking_equals_the_websocket_definition():
+    from nac_drive.simulators.udacity_bridge import _apply_mask_numpy
+
+    def reference(data, mask, length=None, offset=0):  # RFC 6455 5.3, byte by byte
+        n = len(data) if length is None else length
+        return bytes(data[i] ^ mask[(offset + i) % 4] for i in range(n))
+
+    data = np.random.default_rng(0).integers(0, 256, 1001, dtype=np.uint8).tobytes()
+    mask = (7, 200, 33, 91)
+    for offset in (0, 1, 2, 3, 6):
+        assert _apply_mask_numpy(data, mask, offset=offset) == reference(data, mask, offset=offset)
+    assert _apply_mask_numpy(data, mask, length=10) == reference(data, mask, length=10)
