@@ -13,7 +13,7 @@ import importlib
 import sys
 
 # Verb modules under nac_drive.commands, in the order --help lists them.
-COMMANDS: list[str] = ["sim", "record"]
+COMMANDS: list[str] = ["collect", "train", "drive", "expert", "sim", "record", "dashboard"]
 
 
 def build_parser() -> argparse.ArgumentParser:

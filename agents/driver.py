@@ -1,0 +1,79 @@
+"""The closed-loop driver: a trained :class:`DrivingPolicy` as an episode-runner actor.
+
+It streams frames through the policy (``NAC.step``: no recompute of the window),
+times every decision, and can record each step for the dashboard: the frame, the
+policy's action, a privileged oracle's action for the same state, the reward and the
+NAC trace.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+def shipped_policy_path() -> Path:
+    """The CNN+NAC CarRacing policy that ships with the package."""
+    from importlib.resources import files
+
+    return Path(str(files("nac_drive") / "assets" / "policy_carracing_nac"))
+
+
+def load_policy(path: str | Path | None = None):
+    """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one), in eval mode."""
+    import torch
+
+    from nac_drive.policy import DrivingPolicy
+
+    torch.set_num_threads(1)
+    return DrivingPolicy.from_pretrained(shipped_policy_path() if path is None else path)
+
+
+class PolicyDriver:
+    """Actor protocol of :func:`nac_drive.simulators.carracing.run_episodes`.
+
+    Args:
+        policy: the trained policy.
+        recorder: optional :class:`nac_drive.interpret.trace.RunRecorder`; pass
+            :meth:`on_step` as the runner's ``on_step`` to fill it.
+        oracle: optional privileged expert with ``reset_env(env)`` and
+            ``action_for(env)`` (the teacher), recorded as the expert action.
+    """
+
+    def __init__(self, policy, recorder=None, oracle=None):
+        self.policy, self.recorder, self.oracle = policy, recorder, oracle
+        self.name = f"policy:{policy.config.core.core}"
+        self.policy.trace_enabled = recorder is not None and policy.config.core.core == "nac"
+        self.latencies_ms: list[float] = []
+        self._env = None
+        self._pending: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        self.policy.reset()
+        if self.oracle is not None:
+            self.oracle.reset()
+        if self.recorder is not None:
+            self.recorder.new_episode()
+
+    def reset_env(self, env) -> None:
+        self._env = env
+        if self.oracle is not None:
+            self.oracle.reset_env(env)
+
+    def act(self, obs: np.ndarray):
+        t0 = time.perf_counter()
+        action = self.policy.select_action(obs)
+        self.latencies_ms.append((time.perf_counter() - t0) * 1e3)
+        if self.recorder is not None:
+            expert = self.oracle.action_for(self._env) if self.oracle is not None and self._env is not None else None
+            self._pending = {"frame": obs, "policy_action": action, "expert_action": expert,
+                             "nac_trace": self.policy.last_trace}
+        return action
+
+    def on_step(self, episode: int, frame: int, obs, action, reward: float, info: dict) -> None:
+        """Runner callback: completes the step's record with its reward."""
+        if self.recorder is not None and self._pending:
+            self.recorder.add(reward=reward, timestamp=frame * self.policy.config.frame_dt, **self._pending)
+            self._pending = {}

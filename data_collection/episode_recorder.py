@@ -1,0 +1,75 @@
+"""A gymnasium wrapper that keeps every episode the env plays, for writing a dataset.
+
+Whoever drives (an expert, or a student under DAgger) steps the wrapped env as usual;
+the wrapper stores observations, actions, rewards and end flags per episode. With a
+``labeler`` (DAgger) the stored action is the labeler's answer for the state the
+driver acted in, while the env executes the driver's action.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+
+class RecordEpisodes(gym.Wrapper):
+    """Records episodes as dicts ready for :func:`write_dataset`.
+
+    Each finished episode: ``observations`` ``[N+1, ...]``, ``actions``, ``rewards``,
+    ``terminations``, ``truncations`` ``[N]``, ``timestamps`` ``[N+1]`` (env time,
+    ``frame / fps``), ``seed``. An episode cut short by the driver (not terminated or
+    truncated by the env) is marked truncated at its last step.
+    """
+
+    def __init__(self, env: gym.Env, fps: float, labeler: Callable[[gym.Env], Any] | None = None):
+        super().__init__(env)
+        self.fps, self.labeler = fps, labeler
+        self.episodes: list[dict[str, Any]] = []
+        self._current: dict[str, list] | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._finish()
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._current = {"observations": [obs], "actions": [], "rewards": [], "terminations": [],
+                         "truncations": [], "seed": seed}
+        return obs, info
+
+    def step(self, action):
+        label = self.labeler(self.env) if self.labeler is not None else action
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self._current is not None:
+            self._current["observations"].append(obs)
+            self._current["actions"].append(label)
+            self._current["rewards"].append(float(reward))
+            self._current["terminations"].append(bool(terminated))
+            self._current["truncations"].append(bool(truncated))
+        return obs, reward, terminated, truncated, info
+
+    def close(self):
+        self._finish()
+        return super().close()
+
+    def take_episodes(self) -> list[dict[str, Any]]:
+        """Finished episodes so far (the current one included), emptying the store."""
+        self._finish()
+        episodes, self.episodes = self.episodes, []
+        return episodes
+
+    def _finish(self) -> None:
+        ep, self._current = self._current, None
+        if not ep or not ep["actions"]:
+            return
+        if not (ep["terminations"][-1] or ep["truncations"][-1]):
+            ep["truncations"][-1] = True
+        n = len(ep["actions"])
+        self.episodes.append({
+            "observations": np.stack(ep["observations"]),
+            "actions": np.asarray(ep["actions"]),
+            "rewards": np.asarray(ep["rewards"], np.float32),
+            "terminations": np.asarray(ep["terminations"]),
+            "truncations": np.asarray(ep["truncations"]),
+            "timestamps": np.arange(n + 1, dtype=np.float64) / self.fps,
+            "seed": ep["seed"],
+        })

@@ -1,0 +1,118 @@
+"""``nac-drive drive``: run a trained policy closed-loop.
+
+    nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.mp4] [--trace RUN_DIR] [--json]
+    nac-drive drive udacity --policy RUN/best [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
+
+CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default, with
+the shipped CNN+NAC policy when no ``--policy`` is given. The policy streams through
+``NAC.step()``; the printed latency is the policy's own time per frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+_EVAL_SEED_BASE = 900_000  # nac_drive.simulators.carracing.EVAL_SEED_BASE (not imported: keeps --help fast)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("drive", help="drive a trained policy closed-loop", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="drive_target", metavar="SIMULATOR", required=True)
+    car = sub.add_parser("carracing", help="CarRacing-v3", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_carracing_arguments(car)
+    car.set_defaults(func=run_carracing)
+
+    uda = sub.add_parser("udacity", help="the Udacity simulator, through the socket bridge",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    uda.add_argument("--policy", required=True, help="checkpoint folder of a Udacity policy (config.json + weights)")
+    uda.add_argument("--host", default="127.0.0.1", help="address to bind (the simulator connects to it)")
+    uda.add_argument("--port", type=int, default=4567, help="port the simulator connects to")
+    uda.add_argument("--speed", type=float, default=9.0, help="set speed for the PI throttle controller (mph)")
+    uda.add_argument("--record", metavar="DIR", default=None, help="also record driving_log.csv + IMG/ to DIR")
+    uda.add_argument("--json", action="store_true", help="end the summary with one line of JSON")
+    uda.set_defaults(func=run_udacity)
+
+
+def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", default=None, help="checkpoint folder (default: the shipped CNN+NAC policy)")
+    parser.add_argument("--episodes", type=int, default=20, help="number of tracks")
+    parser.add_argument("--seed-base", type=int, default=_EVAL_SEED_BASE, help="seed of the first track")
+    parser.add_argument("--max-steps", type=int, default=None, help="cap each episode (env frames; default 1000)")
+    parser.add_argument("--render", choices=["human"], default=None, help="show a window while driving")
+    parser.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
+    parser.add_argument("--trace", default=None, metavar="RUN_DIR",
+                        help="record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz")
+    parser.add_argument("--json", action="store_true", help="end the output with one line of JSON")
+
+
+def drive_carracing(policy_path, episodes: int, seed_base: int, max_steps=None, render=None, video=None,
+                    trace_dir=None, progress: bool = True) -> dict:
+    """Drive and score a policy on CarRacing; returns the summary dict."""
+    from nac_drive.agents.driver import PolicyDriver, load_policy
+    from nac_drive.simulators.carracing import eval_seeds, run_episodes
+
+    if episodes < 1:
+        raise ValueError(f"episodes: must be >= 1, got {episodes}")
+    policy = load_policy(policy_path)
+    if policy.config.task != "carracing":
+        raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
+    recorder, oracle = None, None
+    if trace_dir is not None:
+        from dataclasses import asdict
+
+        from nac_drive.agents.teacher import PurePursuitTeacher
+        from nac_drive.interpret.trace import RunRecorder
+
+        continuous = policy.config.action == "continuous"
+        nac = policy.core.nac if policy.config.core.core == "nac" else None
+        names = ["noop", "right", "left", "gas", "brake"] if not continuous else ["steer", "gas", "brake"]
+        recorder = RunRecorder(trace_dir, metadata={"env": "CarRacing-v3", "policy": str(policy_path or "shipped"),
+                                                    "policy_config": asdict(policy.config)},
+                               nac=nac, action_names=names, expert_action_names=names)
+        oracle = PurePursuitTeacher(continuous=continuous)
+    driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
+    seeds = eval_seeds(episodes, base=seed_base)
+    results = run_episodes(driver, seeds, continuous=policy.config.action == "continuous", max_steps=max_steps,
+                           render_mode=render, on_step=driver.on_step, video_path=video, progress=progress)
+    results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
+    if recorder is not None:
+        recorder.save()
+    summary = results.summary()
+    summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core, text=results.format())
+    return summary
+
+
+def run_carracing(args: argparse.Namespace) -> int:
+    try:
+        summary = drive_carracing(args.policy, args.episodes, args.seed_base, args.max_steps, args.render,
+                                  args.video, args.trace, progress=not args.json)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"drive: {e}", file=sys.stderr)
+        return 2
+    for seed, ret, n in zip(summary["seeds"], summary["returns"], summary["lengths"]):
+        print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}")
+    print(summary.pop("text"))
+    if args.trace:
+        print(f"trace: {args.trace}/trace.npz (open it with: nac-drive dashboard {args.trace} -o dashboard.html)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def run_udacity(args: argparse.Namespace) -> int:
+    from nac_drive.agents.driver import load_policy
+    from nac_drive.simulators.udacity_bridge import drive_udacity
+
+    try:
+        policy = load_policy(args.policy)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"drive: {e}", file=sys.stderr)
+        return 2
+    if policy.config.task != "udacity":
+        print(f"drive: {args.policy} is a {policy.config.task!r} policy, not a Udacity one", file=sys.stderr)
+        return 2
+    return drive_udacity(policy, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
+                         json_out=args.json)

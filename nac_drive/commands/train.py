@@ -1,0 +1,32 @@
+"""``nac-drive train``: behaviour cloning of a CNN + temporal-core policy (see nac_drive.train)."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    import argparse
+
+    from nac_drive import train_args
+
+    parser = subparsers.add_parser("train", help="behaviour-clone a policy on demonstrations",
+                                   description=train_args.__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    train_args.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from nac_drive.checkpoint import CheckpointError
+    from nac_drive.data_collection.carracing_dataset import DatasetError
+    from nac_drive.train import train
+    from nac_drive.train_args import args_from_namespace
+
+    try:
+        run_dir = train(args_from_namespace(args))
+    except (DatasetError, CheckpointError, ValueError) as e:
+        print(f"train: {e}", file=sys.stderr)
+        return 2
+    print(f"best checkpoint: {run_dir / 'best'}")
+    return 0

@@ -1,0 +1,143 @@
+"""Temporal cores behind one interface, so every comparison shares encoder, data and head.
+
+A core maps per-frame features over a causal window to per-frame outputs:
+
+    forward(x [B, T, F], t [B, T] | None) -> y [B, T, out_dim]   (y_i sees frames <= i)
+    init_state(batch) -> state;   step(x_t [B, F], state, t_t [B] | None) -> (y_t, state)
+
+``step`` must return what ``forward`` returns at the newest frame of a window of the
+last ``window`` frames, since that is what the policy was trained on. The NAC core
+streams in O(window) through :meth:`NAC.step`; the baselines (LSTM, GRU, CfC, LTC, MHA)
+keep the last ``window`` frames and re-run their forward over them
+(:class:`WindowReplay`), which reproduces their training-time context exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from ncps.torch import CfC, LTC
+from torch import nn
+
+from nac_drive.nac import NAC
+
+CORES = ("nac", "lstm", "gru", "cfc", "ltc", "mha")
+
+
+@dataclass
+class CoreConfig:
+    """Temporal core hyper-parameters (baselines use d_model hidden units and heads, as
+    the paper's Table 4 note prescribes)."""
+
+    core: str = "nac"
+    window: int = 16
+    d_model: int = 64
+    num_heads: int = 4
+    topk: int = 8
+    mode: str = "exact"
+    euler_steps: int = 6
+    select: str = "exact"
+    sparsity: float = 0.5
+    backbone_units: int = 16
+    time_input: str = "elapsed"
+    dropout: float = 0.0
+    seed: int = 0
+
+
+class NACCore(nn.Module):
+    def __init__(self, input_dim: int, cfg: CoreConfig):
+        super().__init__()
+        self.nac = NAC(input_dim, d_model=cfg.d_model, num_heads=cfg.num_heads, topk=cfg.topk, mode=cfg.mode,
+                       euler_steps=cfg.euler_steps, select=cfg.select, sparsity=cfg.sparsity, causal=True,
+                       window=cfg.window, dropout=cfg.dropout, seed=cfg.seed, backbone_units=cfg.backbone_units,
+                       time_input=cfg.time_input)
+        self.out_dim = cfg.d_model
+
+    def forward(self, x, t=None, return_trace=False):
+        return self.nac(x, t=t, return_trace=return_trace)
+
+    def init_state(self, batch: int):
+        return self.nac.init_cache(batch)
+
+    def step(self, x_t, state, t=None, return_trace=False):
+        return self.nac.step(x_t, state, t=t, return_trace=return_trace)
+
+
+class _Sequence(nn.Module):
+    """LSTM / GRU / CfC / LTC / causal MHA over a window: x [B, T, F] -> [B, T, d_model]."""
+
+    def __init__(self, input_dim: int, cfg: CoreConfig):
+        super().__init__()
+        self.kind, self.out_dim = cfg.core, cfg.d_model
+        if cfg.core == "lstm":
+            self.net = nn.LSTM(input_dim, cfg.d_model, batch_first=True)
+        elif cfg.core == "gru":
+            self.net = nn.GRU(input_dim, cfg.d_model, batch_first=True)
+        elif cfg.core == "cfc":
+            self.net = CfC(input_dim, cfg.d_model, batch_first=True)
+        elif cfg.core == "ltc":
+            self.net = LTC(input_dim, cfg.d_model, batch_first=True)
+        elif cfg.core == "mha":
+            self.proj = nn.Linear(input_dim, cfg.d_model)
+            self.position = nn.Parameter(torch.zeros(cfg.window, cfg.d_model))
+            self.net = nn.MultiheadAttention(cfg.d_model, cfg.num_heads, batch_first=True)
+            self.norm = nn.LayerNorm(cfg.d_model)
+        else:
+            raise ValueError(f"core: must be one of {CORES}, got {cfg.core!r}")
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
+        if self.kind in ("lstm", "gru"):
+            return self.net(x)[0]
+        if self.kind in ("cfc", "ltc"):
+            # Unit time steps: ncps 1.0.1 squeezes batched `timespans` to [B] and then
+            # broadcasts it against [B, units], which fails for any batch > 1.
+            return self.net(x)[0]
+        T = x.shape[1]
+        if T > self.position.shape[0]:
+            raise ValueError(f"x: the mha core was built for windows of {self.position.shape[0]} frames, got {T}")
+        h = self.proj(x) + self.position[:T]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        return self.norm(h + self.net(h, h, h, attn_mask=causal, need_weights=False)[0])
+
+
+@dataclass
+class _Replay:
+    frames: torch.Tensor          # [B, n, F], the last n <= window features
+    times: torch.Tensor | None    # [B, n]
+
+
+class WindowReplay(nn.Module):
+    """Streams a sequence model by re-running it over the last ``window`` frames."""
+
+    def __init__(self, input_dim: int, cfg: CoreConfig):
+        super().__init__()
+        self.seq = _Sequence(input_dim, cfg)
+        self.window, self.out_dim = cfg.window, cfg.d_model
+
+    def forward(self, x, t=None, return_trace=False):
+        if return_trace:
+            raise ValueError(f"return_trace: only the nac core has neuron traces, not {self.seq.kind!r}")
+        if x.shape[1] <= self.window:
+            return self.seq(x, t)
+        # longer than the training window: each output sees only its last `window` frames
+        return torch.stack([self.seq(x[:, max(0, i - self.window + 1):i + 1],
+                                     None if t is None else t[:, max(0, i - self.window + 1):i + 1])[:, -1]
+                            for i in range(x.shape[1])], dim=1)
+
+    def init_state(self, batch: int) -> _Replay:
+        return _Replay(frames=torch.zeros(batch, 0, 0), times=None)
+
+    def step(self, x_t, state: _Replay, t=None, return_trace=False):
+        if return_trace:
+            raise ValueError(f"return_trace: only the nac core has neuron traces, not {self.seq.kind!r}")
+        frames = x_t[:, None] if state.frames.shape[1] == 0 else torch.cat([state.frames, x_t[:, None]], 1)
+        times = None if t is None else (t[:, None] if state.times is None else torch.cat([state.times, t[:, None]], 1))
+        frames, times = frames[:, -self.window:], None if times is None else times[:, -self.window:]
+        return self.seq(frames, times)[:, -1], _Replay(frames, times)
+
+
+def build_core(input_dim: int, cfg: CoreConfig) -> nn.Module:
+    if cfg.core not in CORES:
+        raise ValueError(f"core: must be one of {CORES}, got {cfg.core!r}")
+    return NACCore(input_dim, cfg) if cfg.core == "nac" else WindowReplay(input_dim, cfg)

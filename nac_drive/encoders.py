@@ -1,0 +1,71 @@
+"""Per-frame image encoders: a frame ``[B, C, H, W]`` -> a feature vector ``[B, F]``.
+
+* :class:`CarRacingCNN` - the paper's CarRacing conv stack (3 conv layers with 10, 20
+  and 30 channels, kernels 5-5-3; Table 4, after Razzaq et al. 2023) for 96x96 RGB.
+* :class:`PilotNet` - NVIDIA's PilotNet (Bojarski et al. 2016) for 66x200 YUV frames:
+  5 conv layers (24, 36, 48 @5x5 stride 2; 64, 64 @3x3), ELU.
+
+Both take uint8 or float frames; uint8 frames are scaled to [0, 1] inside, so a
+policy can be fed raw simulator images.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _as_float(frames: torch.Tensor) -> torch.Tensor:
+    return frames.float().div_(255.0) if frames.dtype == torch.uint8 else frames
+
+
+class CarRacingCNN(nn.Module):
+    """96x96 RGB -> ``feature_dim`` features. ``last_conv`` is the Grad-CAM target."""
+
+    frame_shape = (3, 96, 96)
+
+    def __init__(self, feature_dim: int = 64):
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv2d(3, 10, kernel_size=5, stride=2), nn.ReLU(),    # 46x46
+            nn.Conv2d(10, 20, kernel_size=5, stride=2), nn.ReLU(),   # 21x21
+            nn.Conv2d(20, 30, kernel_size=3, stride=2), nn.ReLU(),   # 10x10
+        )
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(30 * 10 * 10, feature_dim), nn.ReLU())
+        self.feature_dim = feature_dim
+
+    @property
+    def last_conv(self) -> nn.Module:
+        return self.convs[4]
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(_as_float(frames)))
+
+
+class PilotNet(nn.Module):
+    """66x200 YUV -> ``feature_dim`` features (PilotNet's conv stack and first dense layers)."""
+
+    frame_shape = (3, 66, 200)
+
+    def __init__(self, feature_dim: int = 64):
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv2d(3, 24, 5, stride=2), nn.ELU(),
+            nn.Conv2d(24, 36, 5, stride=2), nn.ELU(),
+            nn.Conv2d(36, 48, 5, stride=2), nn.ELU(),
+            nn.Conv2d(48, 64, 3), nn.ELU(),
+            nn.Conv2d(64, 64, 3), nn.ELU(),                           # 64 x 1 x 18
+        )
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64 * 1 * 18, 100), nn.ELU(),
+                                nn.Linear(100, feature_dim), nn.ELU())
+        self.feature_dim = feature_dim
+
+    @property
+    def last_conv(self) -> nn.Module:
+        return self.convs[8]
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(_as_float(frames)))
+
+
+ENCODERS = {"carracing_cnn": CarRacingCNN, "pilotnet": PilotNet}

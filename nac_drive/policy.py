@@ -1,0 +1,259 @@
+"""The driving policy: per-frame encoder -> temporal core over a causal window -> head.
+
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="nac", window=16)))
+    logits = policy(frames, t)             # frames [B, T, C, H, W] uint8/float -> [B, T, num_outputs]
+
+    policy.reset()                         # closed loop, one frame at a time (LeRobot style)
+    action = policy.select_action(obs)     # streams through NAC.step: no recompute of the window
+
+    actions, _ = policy.predict(obs_batch, episode_start=starts)   # stable-baselines3 protocol
+
+Checkpoints are a folder with ``config.json`` + ``model.safetensors``
+(:meth:`save_pretrained` / :meth:`from_pretrained`); loading never unpickles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from nac_drive.checkpoint import CONFIG, WEIGHTS, CheckpointError, load_state_into, read_json, read_tensors, save_model
+from nac_drive.cores import CoreConfig, build_core
+from nac_drive.encoders import ENCODERS
+
+TASKS = ("carracing", "udacity")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class PolicyConfig:
+    """Everything needed to rebuild a policy; saved as ``config.json``."""
+
+    task: str = "carracing"
+    """"carracing" (96x96 RGB frames) or "udacity" (66x200 YUV after preprocessing)."""
+    encoder: str = "carracing_cnn"
+    """per-frame encoder: "carracing_cnn" or "pilotnet"."""
+    feature_dim: int = 64
+    """encoder output features per frame."""
+    action: str = "discrete"
+    """"discrete" (cross-entropy over num_outputs classes) or "continuous" (regression)."""
+    num_outputs: int = 5
+    """CarRacing: 5 discrete actions or 3 continuous (steer, gas, brake); Udacity: 1 (steering)."""
+    head_dropout: float = 0.2
+    """dropout before the head (the paper's 0.2 for CarRacing)."""
+    frame_dt: float = 0.02
+    """seconds between frames when observations carry no timestamp (CarRacing runs at 50 FPS)."""
+    core: CoreConfig = field(default_factory=CoreConfig)
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self):
+        if isinstance(self.core, dict):
+            self.core = _from_dict(CoreConfig, self.core, "core")
+        for name, allowed in (("task", TASKS), ("encoder", tuple(ENCODERS)), ("action", ("discrete", "continuous"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.num_outputs < 1:
+            raise ValueError(f"num_outputs: must be >= 1, got {self.num_outputs}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
+        return _from_dict(cls, data, "config")
+
+
+def _from_dict(cls, data: dict[str, Any], where: str):
+    """Build a config dataclass from JSON, naming any unknown key or ill-typed value."""
+    defaults = cls()
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}")
+    for name, value in data.items():
+        default = getattr(defaults, name)
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if (numeric and (isinstance(value, bool) or not isinstance(value, (int, float)))
+                or isinstance(default, str) and not isinstance(value, str)):
+            raise ValueError(f"{where}.{name}: expected a {type(default).__name__}, got {value!r}")
+    return cls(**data)
+
+
+class DrivingPolicy(nn.Module):
+    def __init__(self, config: PolicyConfig | None = None):
+        super().__init__()
+        self.config = config = config or PolicyConfig()
+        with torch.random.fork_rng():
+            torch.manual_seed(config.core.seed)
+            self.encoder = ENCODERS[config.encoder](config.feature_dim)
+            self.core = build_core(config.feature_dim, config.core)
+            self.head = nn.Sequential(nn.Dropout(config.head_dropout),
+                                      nn.Linear(self.core.out_dim, config.num_outputs))
+        self.trace_enabled = False
+        self.reset()
+
+    # ------------------------------------------------------------------ training
+    @property
+    def frame_shape(self) -> tuple[int, int, int]:
+        return self.encoder.frame_shape
+
+    def forward(self, frames: torch.Tensor, t: torch.Tensor | None = None, return_trace: bool = False):
+        """frames ``[B, T, C, H, W]``, t ``[B, T]`` seconds -> outputs ``[B, T, num_outputs]``."""
+        if frames.ndim != 5 or tuple(frames.shape[2:]) != self.frame_shape:
+            raise ValueError(f"frames: expected [B, T, {', '.join(map(str, self.frame_shape))}], "
+                             f"got {list(frames.shape)}")
+        B, T = frames.shape[:2]
+        features = self.encoder(frames.flatten(0, 1)).view(B, T, -1)
+        if return_trace:
+            y, trace = self.core(features, t, return_trace=True)
+            return self.head(y), trace
+        return self.head(self.core(features, t))
+
+    # ---------------------------------------------------------------- closed loop
+    def reset(self) -> None:
+        """Start a new episode: forget the window."""
+        self._state = None
+        self._frames_seen = 0
+        self._t0 = None
+        self.last_output: torch.Tensor | None = None
+        self.last_trace = None
+
+    def observation_to_frame(self, obs) -> tuple[torch.Tensor, float | None]:
+        """A raw observation -> (frame ``[C, H, W]`` tensor, timestamp or None).
+
+        CarRacing: an RGB ``[96, 96, 3]`` uint8 array. Udacity: a dict with ``image``
+        (RGB ``[160, 320, 3]`` uint8, preprocessed here) and ``timestamp`` (seconds).
+        """
+        timestamp = None
+        if isinstance(obs, dict):
+            timestamp = obs.get("timestamp")
+            obs = obs["image"]
+        image = np.asarray(obs)
+        if self.config.task == "udacity":
+            from nac_drive.data_collection.udacity_log import preprocess
+            image = preprocess(image)
+        if image.ndim != 3 or image.shape[2] != 3:
+            raise ValueError(f"obs: expected an RGB image [H, W, 3], got shape {image.shape}")
+        frame = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+        if tuple(frame.shape) != self.frame_shape:
+            raise ValueError(f"obs: expected a {self.frame_shape[1]}x{self.frame_shape[2]} image, "
+                             f"got {image.shape[0]}x{image.shape[1]}")
+        return frame, timestamp
+
+    @torch.no_grad()
+    def step_output(self, obs) -> torch.Tensor:
+        """Consume one observation; returns the head's raw output ``[num_outputs]``."""
+        frame, timestamp = self.observation_to_frame(obs)
+        if timestamp is None:
+            timestamp = self._frames_seen * self.config.frame_dt
+        if self._t0 is None:
+            self._t0 = timestamp
+        t = torch.tensor([timestamp - self._t0], dtype=torch.float32)
+        if self._state is None:
+            self._state = self.core.init_state(1)
+        features = self.encoder(frame[None])
+        if self.trace_enabled:
+            y, self._state, self.last_trace = self.core.step(features, self._state, t=t, return_trace=True)
+        else:
+            y, self._state = self.core.step(features, self._state, t=t)
+        self._frames_seen += 1
+        self.last_output = self.head(y)[0]
+        return self.last_output
+
+    def output_to_action(self, output: torch.Tensor):
+        if self.config.action == "discrete":
+            return int(output.argmax())
+        action = output.numpy().astype(np.float32)
+        if self.config.task == "carracing":   # steer in [-1, 1], gas and brake in [0, 1]
+            return np.clip(action, [-1.0, 0.0, 0.0], [1.0, 1.0, 1.0]).astype(np.float32)
+        return np.clip(action, -1.0, 1.0)
+
+    def select_action(self, obs):
+        """One frame in, one action out (an int for discrete policies, else an array;
+        Udacity: the steering angle in [-1, 1] as a float)."""
+        action = self.output_to_action(self.step_output(obs))
+        if self.config.task == "udacity":
+            return float(action[0])
+        return action
+
+    def act(self, obs):
+        """Alias of :meth:`select_action` for the episode runners' actor protocol."""
+        return self.select_action(obs)
+
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
+        """stable-baselines3's protocol, so ``evaluate_policy`` can score the policy.
+
+        observation ``[n_envs, H, W, 3]`` (or one ``[H, W, 3]``); ``state`` is the list of
+        per-env streaming states this method returned last time; ``episode_start``
+        ``[n_envs]`` bool resets an env's window. Always deterministic.
+        """
+        obs = np.asarray(observation)
+        single = obs.ndim == 3
+        batch = obs[None] if single else obs
+        states = list(state) if isinstance(state, (list, tuple)) and len(state) == len(batch) else [None] * len(batch)
+        starts = np.ones(len(batch), bool) if episode_start is None else np.asarray(episode_start, bool).reshape(-1)
+        actions = []
+        for i, frame in enumerate(batch):
+            own = (None, 0, None) if starts[i] or states[i] is None else states[i]
+            self._state, self._frames_seen, self._t0 = own
+            actions.append(self.select_action(frame))
+            states[i] = (self._state, self._frames_seen, self._t0)
+        actions = np.asarray(actions)
+        return (actions[0] if single else actions), states
+
+    def frame_model(self) -> nn.Module:
+        """An image model ``[B, C, H, W] -> [B, num_outputs]`` for the NEXT frame, with the
+        temporal context (the window so far) held fixed: what Grad-CAM needs."""
+        return _FrameModel(self, self._state, self._frames_seen * self.config.frame_dt)
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_pretrained(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        save_model(directory, asdict(self.config), self)
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "DrivingPolicy":
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise CheckpointError(f"{directory}: not a checkpoint folder (expected {CONFIG} + {WEIGHTS})")
+        raw = read_json(directory / CONFIG)
+        try:
+            config = PolicyConfig.from_dict(raw)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{directory / CONFIG}: {e}") from None
+        if config.format_version != FORMAT_VERSION:
+            raise CheckpointError(f"{directory / CONFIG}: format_version {config.format_version}, "
+                                  f"this nac-drive reads {FORMAT_VERSION}")
+        policy = cls(config)
+        load_state_into(policy, read_tensors(directory / WEIGHTS), directory / WEIGHTS)
+        return policy.eval()
+
+
+class _FrameModel(nn.Module):
+    def __init__(self, policy: DrivingPolicy, state, timestamp: float):
+        super().__init__()
+        self.policy, self.state, self.timestamp = policy, state, timestamp
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        B = frames.shape[0]
+        core = self.policy.core
+        state = core.init_state(B) if self.state is None else _repeat_batch(self.state, B)
+        t0 = 0.0 if self.policy._t0 is None else self.policy._t0
+        t = torch.full((B,), self.timestamp - t0, dtype=torch.float32)
+        y, _ = core.step(self.policy.encoder(frames), state, t=t)
+        return self.policy.head(y)
+
+
+def _repeat_batch(state, batch: int):
+    """Repeat a batch-1 streaming state (a dataclass of tensors) ``batch`` times."""
+    changes = {}
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if torch.is_tensor(value) and value.ndim >= 2 and value.shape[0] == 1:
+            changes[f.name] = value.expand(batch, *value.shape[1:])
+    return dataclasses.replace(state, **changes)
+

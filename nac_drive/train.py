@@ -1,0 +1,246 @@
+"""Behaviour cloning of a :class:`DrivingPolicy` on recorded demonstrations.
+
+    nac-drive train --data runs/demos --core nac --window 16
+    torchrun --nproc-per-node 2 -m nac_drive.train --data runs/demos   # DistributedDataParallel
+
+The loss covers every position of every window (position p sees p+1 frames, like the
+first frames of an episode in closed loop). Validation uses held-out *episodes*. The
+run folder holds ``best/`` (lowest validation loss; ``config.json`` +
+``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
+``metrics.csv``, TensorBoard events and ``train_args.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from nac_drive.checkpoint import load_optimizer, load_state_into, read_tensors, save_optimizer, write_json
+from nac_drive.cores import CORES, CoreConfig
+from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.train_args import TrainArgs, add_arguments, args_from_namespace
+
+
+def run_name(args: TrainArgs, task: str) -> str:
+    core = f"nac-{args.mode}" if args.core == "nac" else args.core
+    return args.run_name or f"{task}__{core}__w{args.window}__s{args.seed}"
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """A fresh seeded sample of windows each epoch, split evenly across processes."""
+
+    def __init__(self, n: int, per_epoch: int, seed: int, rank: int = 0, world: int = 1):
+        self.n, self.per_epoch, self.seed, self.rank, self.world = n, per_epoch or n, seed, rank, world
+        self.epoch = 0
+
+    def __iter__(self):
+        rng = np.random.default_rng((self.seed, self.epoch))
+        picks = rng.choice(self.n, size=self.per_epoch, replace=self.per_epoch > self.n)
+        usable = len(picks) - len(picks) % self.world
+        return iter(picks[self.rank:usable:self.world].tolist())
+
+    def __len__(self) -> int:
+        return self.per_epoch // self.world
+
+
+def class_weights(actions: np.ndarray, num_classes: int, how: str) -> torch.Tensor | None:
+    if how == "none":
+        return None
+    counts = np.bincount(actions, minlength=num_classes).astype(np.float64)
+    weights = counts.sum() / (num_classes * np.maximum(counts, 1))
+    weights = np.clip(weights, None, 10.0 * weights[counts > 0].min())
+    return torch.tensor(weights, dtype=torch.float32)
+
+
+def bc_loss(outputs: torch.Tensor, actions: torch.Tensor, weights: torch.Tensor | None):
+    """outputs [B, T, A], actions [B, T] (classes) or [B, T, A] -> (loss, number correct or None)."""
+    if actions.dtype == torch.int64:
+        loss = F.cross_entropy(outputs.flatten(0, 1), actions.flatten(), weight=weights)
+        return loss, (outputs.argmax(-1) == actions).sum().item()
+    return F.mse_loss(outputs, actions), None
+
+
+def _load_data(args: TrainArgs, seed: int):
+    from nac_drive.data_collection.carracing_dataset import WindowDataset, load_episodes, split_by_episode
+
+    episodes = load_episodes(args.data)
+    train_eps, val_eps = split_by_episode(episodes, args.val_fraction, seed)
+    discrete = episodes[0].actions.ndim == 1
+    config = PolicyConfig(task="carracing", encoder="carracing_cnn", action="discrete" if discrete else "continuous",
+                          num_outputs=5 if discrete else 3, frame_dt=float(np.median(np.diff(episodes[0].timestamps)))
+                          if len(episodes[0]) > 1 else 0.02)
+    train, val = WindowDataset(train_eps, args.window), WindowDataset(val_eps, args.window)
+    if len(train) == 0:
+        raise ValueError(f"data: no episode of {args.data} has {args.window} frames (--window)")
+    all_actions = np.concatenate([e.actions for e in train_eps])
+    return config, train, val, all_actions, {"episodes": len(episodes), "train_episodes": len(train_eps),
+                                             "val_episodes": len(val_eps), "val_seeds": [e.seed for e in val_eps]}
+
+
+def _distributed() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def train(args: TrainArgs) -> Path:
+    """Train; returns the run folder. Works alone or under torchrun (gloo on CPU)."""
+    torch.set_num_threads(1)
+    if args.core not in CORES:
+        raise ValueError(f"core: must be one of {CORES}, got {args.core!r}")
+    rank, world = _distributed()
+    torch.manual_seed(args.seed)
+    config, train_set, val_set, actions, data_info = _load_data(args, args.seed)
+    core_cfg = CoreConfig(core=args.core, window=args.window, d_model=args.d_model, num_heads=args.num_heads,
+                          topk=args.topk, mode=args.mode, seed=args.seed, **args.extra)
+    config.core = core_cfg
+    run_dir = Path(args.out) / run_name(args, config.task)
+    policy = DrivingPolicy(config)
+    model = torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy
+
+    sampler = EpochSampler(len(train_set), args.windows_per_epoch, args.seed, rank, world)
+    loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    steps_per_epoch = max(1, len(loader))
+    total_steps = steps_per_epoch * args.epochs
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    warmup = max(1, total_steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, 0.5 * (
+        1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total_steps - warmup))))))
+    weights = class_weights(actions, config.num_outputs, args.class_weighting) if config.action == "discrete" else None
+
+    start_epoch, best = 0, float("inf")
+    if args.resume:
+        last = run_dir / "last"
+        load_state_into(policy, read_tensors(last / "model.safetensors"), last / "model.safetensors")
+        state = load_optimizer(last, optimizer)
+        start_epoch, best = state["epoch"] + 1, state["best_val_loss"]
+        schedule.last_epoch = start_epoch * steps_per_epoch - 1
+        schedule.step()
+
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "train_args.json", {**asdict(args), "world_size": world, "data_info": data_info,
+                                                  "policy_config": asdict(config)})
+        writer = SummaryWriter(str(run_dir / "tensorboard"))
+    csv_path = run_dir / "metrics.csv"
+
+    for epoch in range(start_epoch, args.epochs):
+        sampler.epoch = epoch
+        model.train()
+        seen, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", disable=rank != 0 or not args.progress,
+                   unit="batch", leave=False)
+        for frames, stamps, target in bar:
+            outputs = model(frames, stamps)
+            loss, right = bc_loss(outputs, target, weights)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            n = target.shape[0] * target.shape[1]
+            seen, loss_sum, correct = seen + n, loss_sum + loss.item() * n, correct + (right or 0)
+            bar.set_postfix(loss=f"{loss_sum / seen:.3f}")
+        elapsed = time.perf_counter() - t0
+        if rank != 0:
+            continue
+        val = evaluate(policy, val_set, weights, args.val_windows, args.batch_size, args.seed)
+        row = {"epoch": epoch + 1, "train_loss": loss_sum / max(seen, 1),
+               "train_accuracy": correct / max(seen, 1) if config.action == "discrete" else float("nan"),
+               "val_loss": val["loss"], "val_accuracy": val["accuracy"], "val_mae": val["mae"],
+               "lr": schedule.get_last_lr()[0], "frames_per_s": seen * world / elapsed}
+        _append_csv(csv_path, row)
+        for key, value in row.items():
+            if key != "epoch" and value == value:
+                writer.add_scalar(key, value, epoch + 1)
+        score = val["loss"] if val["loss"] == val["loss"] else row["train_loss"]
+        if score < best:
+            best = score
+            policy.save_pretrained(run_dir / "best")
+        policy.save_pretrained(run_dir / "last")
+        save_optimizer(run_dir / "last", optimizer, {"epoch": epoch, "best_val_loss": best})
+        print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f}, val loss {val['loss']:.4f}, "
+              f"val acc {val['accuracy']:.3f}, {row['frames_per_s']:.0f} frames/s", flush=True)
+    if writer:
+        writer.close()
+    if world > 1:
+        _record_rank_agreement(policy, run_dir, rank, world)
+    return run_dir
+
+
+def _record_rank_agreement(policy: DrivingPolicy, run_dir: Path, rank: int, world: int) -> None:
+    """Gather a float64 checksum of every rank's parameters into ``ddp_ranks.json``:
+    DistributedDataParallel must leave all ranks with identical weights."""
+    flat = torch.cat([p.detach().double().flatten() for p in policy.parameters()])
+    mine = torch.stack([flat.sum(), flat.square().sum(), (flat * torch.arange(len(flat), dtype=torch.float64)).sum()])
+    gathered = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    if rank == 0:
+        write_json(run_dir / "ddp_ranks.json", {"world_size": world,
+                                                 "param_checksums": [g.tolist() for g in gathered]})
+    dist.barrier()
+
+
+@torch.no_grad()
+def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: int, seed: int) -> dict:
+    """Loss, accuracy (discrete) and mean absolute error (continuous) on held-out windows."""
+    nan = float("nan")
+    if len(dataset) == 0:
+        return {"loss": nan, "accuracy": nan, "mae": nan}
+    policy.eval()
+    idx = np.arange(len(dataset))
+    if limit and len(idx) > limit:
+        idx = np.random.default_rng(seed).choice(idx, limit, replace=False)
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, idx.tolist()), batch_size=batch_size)
+    total, loss_sum, correct, abs_err = 0, 0.0, 0, 0.0
+    for frames, stamps, target in loader:
+        outputs = policy(frames, stamps)
+        loss, right = bc_loss(outputs, target, weights)
+        n = target.shape[0] * target.shape[1]
+        total, loss_sum = total + n, loss_sum + loss.item() * n
+        if right is None:
+            abs_err += (outputs - target).abs().mean(-1).sum().item()
+        else:
+            correct += right
+    discrete = policy.config.action == "discrete"
+    return {"loss": loss_sum / total, "accuracy": correct / total if discrete else nan,
+            "mae": nan if discrete else abs_err / total}
+
+
+def _append_csv(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nac-drive train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    run_dir = train(args_from_namespace(parser.parse_args(argv)))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"best checkpoint: {run_dir / 'best'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""Arguments of ``nac-drive train`` (no heavy imports: the CLI builds its parser from them).
+
+    nac-drive train --data runs/demos --core nac --window 16
+    torchrun --nproc-per-node 2 -m nac_drive.train --data runs/demos   # DistributedDataParallel
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from nac_drive.arguments import add_dataclass_arguments, arg, from_namespace
+
+
+@dataclass
+class TrainArgs:
+    data: str = arg("runs/demos", 'demonstrations: a Minari dataset folder (CarRacing) or a folder above several.')
+    out: str = arg("runs/train", 'where run folders go.')
+    run_name: str | None = arg(None, 'run folder name; default says what ran: '
+                                     '<task>__<core>[-<mode>]__w<window>__s<seed>.')
+    core: str = arg("nac", 'temporal core: nac, lstm, gru, cfc, ltc or mha.')
+    mode: str = arg("exact", 'NAC logit mode: exact, euler or steady.')
+    window: int = arg(16, "frames per training window (and the policy's causal window when driving).")
+    d_model: int = arg(64, 'core width (NAC d_model; hidden units of the baselines).')
+    num_heads: int = arg(4, 'attention heads (nac, mha).')
+    topk: int = arg(8, 'keys per query (nac).')
+    epochs: int = arg(10, 'passes over --windows-per-epoch sampled windows.')
+    windows_per_epoch: int = arg(4096, 'windows sampled per epoch (0: all windows).')
+    batch_size: int = arg(32, 'windows per optimiser step (per process under torchrun).')
+    lr: float = arg(1e-3, 'peak learning rate (AdamW), reached after a 5% warm-up, then cosine decay.')
+    weight_decay: float = arg(1e-4, 'AdamW weight decay.')
+    class_weighting: str = arg("balanced", 'discrete actions: "balanced" (inverse frequency, clipped to 10x) '
+                                            'or "none".')
+    val_fraction: float = arg(0.15, 'share of episodes held out for validation (at least one when there '
+                                    'are two).')
+    val_windows: int = arg(1024, 'validation windows evaluated per epoch (0: all).')
+    seed: int = arg(0, 'seeds the split, sampling, dropout and initialisation.')
+    resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
+    progress: bool = arg(True, 'show a progress bar.')
+    extra: dict = arg({}, 'further CoreConfig fields (e.g. {"select": "block"}).')
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, TrainArgs, skip=("extra",))
+    parser.add_argument("--select", choices=["exact", "block", "all"], default=None, help="NAC key selection.")
+    parser.add_argument("--euler-steps", type=int, default=None, help="NAC Euler steps (mode euler).")
+
+
+def args_from_namespace(ns: argparse.Namespace) -> TrainArgs:
+    extra = {k: v for k, v in (("select", ns.select), ("euler_steps", ns.euler_steps)) if v is not None}
+    return from_namespace(TrainArgs, ns, extra=extra)

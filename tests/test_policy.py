@@ -1,0 +1,136 @@
+"""DrivingPolicy: every core streams what it was trained on; checkpoints; SB3 protocol."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from nac_drive.checkpoint import CheckpointError
+from nac_drive.cores import CORES, CoreConfig
+from nac_drive.policy import DrivingPolicy, PolicyConfig
+
+torch.set_num_threads(1)
+
+
+def policy_for(core="nac", window=6, **kw):
+    return DrivingPolicy(PolicyConfig(core=CoreConfig(core=core, window=window, d_model=16, num_heads=2,
+                                                      topk=3), **kw)).eval()
+
+
+def frames(T=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (1, T, 3, 96, 96), dtype=torch.uint8, generator=g)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_closed_loop_stream_matches_the_windowed_forward(core):
+    window, T = 6, 9
+    policy = policy_for(core, window)
+    x = frames(T)
+    t = torch.arange(T, dtype=torch.float32)[None] * policy.config.frame_dt
+    policy.reset()
+    streamed = torch.stack([policy.step_output(x[0, i].permute(1, 2, 0).numpy()) for i in range(T)])
+    with torch.no_grad():
+        for i in range(T):
+            lo = max(0, i - window + 1)   # step i sees the last `window` frames, like a training window
+            expected = policy(x[:, lo:i + 1], t[:, lo:i + 1] - t[0, lo])[0, -1]
+            torch.testing.assert_close(streamed[i], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_reset_forgets_the_window():
+    policy = policy_for()
+    x = frames(4)
+    obs = [x[0, i].permute(1, 2, 0).numpy() for i in range(4)]
+    first = policy.step_output(obs[0]).clone()
+    policy.step_output(obs[1])
+    assert not torch.allclose(policy.step_output(obs[0]), first)  # context changed the answer
+    policy.reset()
+    torch.testing.assert_close(policy.step_output(obs[0]), first)
+
+
+def test_select_action_gives_env_actions():
+    discrete = policy_for()
+    obs = frames(1)[0, 0].permute(1, 2, 0).numpy()
+    action = discrete.select_action(obs)
+    assert isinstance(action, int) and 0 <= action < 5
+    continuous = policy_for(action="continuous", num_outputs=3)
+    a = continuous.select_action(obs)
+    assert a.shape == (3,) and -1 <= a[0] <= 1 and 0 <= a[1] <= 1 and 0 <= a[2] <= 1
+    with pytest.raises(ValueError, match="obs"):
+        discrete.select_action(np.zeros((64, 64, 3), np.uint8))
+
+
+def test_sb3_evaluate_policy_scores_the_policy():
+    gym = pytest.importorskip("gymnasium")
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    policy = policy_for()
+    make = lambda: gym.make("CarRacing-v3", continuous=False, max_episode_steps=25)  # noqa: E731
+    venv = DummyVecEnv([make])
+    venv.seed(900_000)
+    returns, lengths = evaluate_policy(policy, venv, n_eval_episodes=1, return_episode_rewards=True)
+    # the same episode driven by hand through select_action
+    env = make()
+    obs, _ = env.reset(seed=900_000)
+    policy.reset()
+    total, done, n = 0.0, False, 0
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(policy.select_action(obs))
+        total, done, n = total + reward, terminated or truncated, n + 1
+    assert lengths == [n] == [25]
+    assert returns[0] == pytest.approx(total, abs=1e-4)
+    # predict keeps one stream per env and restarts it on episode_start
+    obs = np.stack([frames(1, s)[0, 0].permute(1, 2, 0).numpy() for s in (1, 2)])
+    a1, state = policy.predict(obs, episode_start=np.array([True, True]))
+    a2, state2 = policy.predict(obs, state=state, episode_start=np.array([False, True]))
+    assert a1.shape == (2,) and state2[0][1] == 2 and state2[1][1] == 1
+
+
+def test_checkpoint_round_trip_and_errors(tmp_path):
+    policy = policy_for(core="nac")
+    path = policy.save_pretrained(tmp_path / "ckpt")
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+    loaded = DrivingPolicy.from_pretrained(path)
+    x = frames(5)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), policy(x))
+
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "surprise": 1}))
+    with pytest.raises(CheckpointError, match="surprise"):
+        DrivingPolicy.from_pretrained(path)
+    (path / "config.json").write_text(json.dumps({**config, "core": {**config["core"], "d_model": 32}}))
+    with pytest.raises(CheckpointError, match="model.safetensors.*shape"):
+        DrivingPolicy.from_pretrained(path)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"\x00" * 40)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        DrivingPolicy.from_pretrained(path)
+    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+        DrivingPolicy.from_pretrained(tmp_path / "missing")
+
+
+def test_checkpoint_with_nan_weights_is_refused(tmp_path):
+    policy = policy_for(core="gru")
+    with torch.no_grad():
+        policy.head[1].weight[0, 0] = float("nan")
+    path = policy.save_pretrained(tmp_path / "nan")
+    with pytest.raises(CheckpointError, match="head.1.weight.*NaN"):
+        DrivingPolicy.from_pretrained(path)
+
+
+def test_frame_model_answers_like_the_next_step():
+    policy = policy_for()
+    x = frames(4)
+    for i in range(3):
+        policy.step_output(x[0, i].permute(1, 2, 0).numpy())
+    model = policy.frame_model()
+    with torch.no_grad():
+        out = model(x[:, 3].float() / 255).clone()
+        # a batch of the same frame gives the same answer for each item
+        twice = model(torch.cat([x[:, 3], x[:, 3]]).float() / 255)
+    expected = policy.step_output(x[0, 3].permute(1, 2, 0).numpy())
+    torch.testing.assert_close(out[0], expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(twice[1], expected, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,147 @@
+"""Demonstration datasets (Minari), windows, and behaviour-cloning training."""
+
+import json
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from nac_drive.data_collection.carracing_dataset import (DatasetError, WindowDataset, load_episodes,
+                                                         split_by_episode, write_dataset)
+from nac_drive.data_collection.episode_recorder import RecordEpisodes
+from nac_drive.train import EpochSampler, class_weights, train
+from nac_drive.train_args import TrainArgs
+
+torch.set_num_threads(1)
+
+
+def synthetic_episodes(n_episodes=4, length=40, seed=0):
+    """Frames whose brightness band tells the action: a learnable, deterministic mapping."""
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for e in range(n_episodes):
+        actions = rng.integers(0, 5, size=length)
+        obs = rng.integers(0, 40, size=(length + 1, 96, 96, 3), dtype=np.uint8)
+        for i, a in enumerate(actions):
+            obs[i, :, 16 * a:16 * a + 16] = 255     # a bright vertical band at column block `a`
+        episodes.append({"observations": obs, "actions": actions, "rewards": rng.normal(size=length),
+                         "terminations": np.zeros(length, bool), "truncations": np.r_[np.zeros(length - 1, bool), True],
+                         "timestamps": np.arange(length + 1) * 0.02, "seed": 100_000 + e})
+    return episodes
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos")
+    write_dataset(root, "synthetic", synthetic_episodes(), "CarRacing-v3", expert="bands", description="test")
+    return root
+
+
+def test_dataset_round_trip(dataset):
+    eps = load_episodes(dataset)
+    source = synthetic_episodes()
+    assert len(eps) == 4
+    for ep, src in zip(eps, source):
+        assert ep.frames.dtype == np.uint8 and ep.frames.shape == (40, 96, 96, 3)
+        np.testing.assert_array_equal(ep.frames, src["observations"][:40])   # lossless, aligned with actions
+        np.testing.assert_array_equal(ep.actions, src["actions"])
+        np.testing.assert_allclose(ep.timestamps, src["timestamps"][:40])
+        assert ep.seed == src["seed"] and ep.expert == "bands"
+    with pytest.raises(FileExistsError):
+        write_dataset(dataset, "synthetic", synthetic_episodes(1), "CarRacing-v3", expert="x", description="")
+
+
+def test_corrupt_and_inconsistent_files_are_named(tmp_path):
+    root = tmp_path / "demos"
+    path = write_dataset(root, "bad", synthetic_episodes(1, 20), "CarRacing-v3", expert="x", description="")
+    h5 = path / "data" / "main_data.hdf5"
+    with h5py.File(h5, "r+") as f:
+        group = f["episode_0"]
+        actions = group["actions"][()]
+        del group["actions"]
+        group["actions"] = actions + 7                     # no such discrete action
+    with pytest.raises(DatasetError, match=r"main_data.hdf5 episode 0: actions"):
+        load_episodes(root)
+    h5.write_bytes(b"garbage" * 10)
+    with pytest.raises(DatasetError, match="main_data"):
+        load_episodes(root)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DatasetError, match="no Minari dataset"):
+        load_episodes(empty)
+
+
+def test_split_is_by_episode_and_windows_stay_inside_episodes(dataset):
+    eps = load_episodes(dataset)
+    train_eps, val_eps = split_by_episode(eps, 0.25, seed=0)
+    assert len(val_eps) == 1 and len(train_eps) == 3
+    assert {e.seed for e in train_eps}.isdisjoint({e.seed for e in val_eps})
+    windows = WindowDataset(train_eps, window=8)
+    assert len(windows) == 3 * (40 - 8 + 1)
+    f, t, a = windows[len(windows) - 1]
+    assert f.shape == (8, 3, 96, 96) and t[0] == 0 and torch.allclose(t.diff(), torch.full((7,), 0.02))
+    np.testing.assert_array_equal(a.numpy(), train_eps[-1].actions[-8:])
+
+
+def test_recorder_wrapper_keeps_what_the_env_emitted():
+    gym = pytest.importorskip("gymnasium")
+    env = RecordEpisodes(gym.make("CarRacing-v3", continuous=False), fps=50, labeler=lambda e: 4)
+    obs, _ = env.reset(seed=100_123)
+    first = obs.copy()
+    for _ in range(5):
+        env.step(3)
+    (episode,) = env.take_episodes()
+    assert episode["observations"].shape == (6, 96, 96, 3) and np.array_equal(episode["observations"][0], first)
+    assert episode["actions"].tolist() == [4] * 5          # the labeler's answer, not the executed gas
+    assert episode["truncations"][-1] and not episode["terminations"].any()   # cut short by the driver
+    assert episode["seed"] == 100_123
+
+
+def test_sampler_and_class_weights():
+    ranks = [list(EpochSampler(100, 40, seed=1, rank=r, world=2)) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 20 and set(ranks[0]).isdisjoint(ranks[1])
+    assert ranks[0] == list(EpochSampler(100, 40, seed=1, rank=0, world=2))
+    later = EpochSampler(100, 40, seed=1)
+    later.epoch = 1
+    assert list(later) != list(EpochSampler(100, 40, seed=1))
+    w = class_weights(np.array([0, 0, 0, 1]), 3, "balanced")
+    assert w[1] == pytest.approx(3 * w[0]) and w[2] <= 10 * w.min()
+    assert class_weights(np.array([0, 1]), 2, "none") is None
+
+
+def test_training_learns_and_resumes(dataset, tmp_path):
+    args = TrainArgs(data=str(dataset), out=str(tmp_path), window=4, d_model=16, num_heads=2, topk=3, epochs=3,
+                     windows_per_epoch=192, batch_size=16, lr=3e-3, progress=False, val_fraction=0.25)
+    run = train(args)
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 4
+    last = dict(zip(rows[0].split(","), rows[-1].split(",")))
+    assert float(last["val_accuracy"]) > 0.5        # chance is 0.2: the bands were learned
+    assert (run / "best" / "config.json").is_file() and (run / "last" / "optimizer.safetensors").is_file()
+    saved = json.loads((run / "train_args.json").read_text())
+    assert saved["data_info"]["val_episodes"] == 1 and saved["core"] == "nac"
+    # resume: the optimizer state comes back and training continues from epoch 4
+    args.epochs, args.resume = 4, True
+    train(args)
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_end_with_identical_weights(dataset, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+           "-m", "nac_drive.train", "--data", str(dataset), "--out", str(tmp_path), "--window", "4",
+           "--d-model", "16", "--num-heads", "2", "--topk", "3", "--epochs", "1", "--windows-per-epoch", "64",
+           "--batch-size", "8", "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    ranks = json.loads((run / "ddp_ranks.json").read_text())
+    assert ranks["world_size"] == 2
+    a, b = ranks["param_checksums"]
+    assert a == b
+    saved = json.loads((run / "train_args.json").read_text())
+    assert saved["world_size"] == 2
