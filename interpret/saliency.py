@@ -238,7 +238,7 @@ class RunSaliency:
 def load_saliency(path: str | os.PathLike, num_steps: int | None = None) -> RunSaliency:
     """Load ``RUN_DIR/saliency.npz``; ``num_steps`` checks it matches the run's trace."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() or path.suffix != ".npz":
         path = path / SALIENCY_FILE
     with ArchiveReader(path) as r:
         meta = r.metadata

@@ -204,7 +204,7 @@ def load_trace(path: str | os.PathLike) -> RunTrace:
     field when the file is missing, corrupt or does not match the schema.
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() or path.suffix != ".npz":
         path = path / TRACE_FILE
     with ArchiveReader(path) as r:
         meta = r.metadata
