@@ -8,14 +8,14 @@ safetensors file plus JSON, so ``--resume`` needs no pickle either.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from nac_drive.atomic import atomic_write
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 OPTIM_TENSORS, TRAIN_STATE = "optimizer.safetensors", "train_state.json"
@@ -25,20 +25,8 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, corrupt, or does not match the model."""
 
 
-def _atomic(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json(path: Path, data: dict) -> None:
-    _atomic(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
 
 
 def read_json(path: Path) -> dict:
@@ -56,7 +44,7 @@ def read_json(path: Path) -> dict:
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    _atomic(Path(path), lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
