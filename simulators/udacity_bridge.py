@@ -281,7 +281,9 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
         import socketio
     except ImportError as e:
         raise SystemExit(f"the Udacity bridge needs the 'udacity' extra: pip install 'nac-drive[udacity]' ({e})")
-    if int(socketio.__version__.split(".")[0] if hasattr(socketio, "__version__") else 4) >= 5:
+    from importlib.metadata import version
+
+    if int(version("python-socketio").split(".")[0]) >= 5:
         raise SystemExit("python-socketio >= 5 cannot talk to the Udacity simulator; "
                          "pip install 'nac-drive[udacity]' (python-socketio 4.6, python-engineio 3.13)")
 
@@ -315,18 +317,22 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
     listener = eventlet.listen((host, port))
     server = eventlet.spawn(eventlet.wsgi.server, listener, app, log_output=False)
 
-    def _terminate(signum, frame):
-        raise KeyboardInterrupt
+    # Ctrl-C / SIGTERM only set a flag: an exception raised by a signal handler would land
+    # in whichever green thread happens to run (possibly the server's) instead of here.
+    signalled = []
 
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    def _terminate(signum, frame):
+        signalled.append(signum)
+
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     if ready is not None:
         ready(listener.getsockname()[1])
     try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        while not signalled and not stop.ready():
+            eventlet.sleep(0.05)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.kill()
         listener.close()
 
