@@ -1,0 +1,130 @@
+"""Emulator internals: procedural tracks, renderer, car model, progress; and a slow closed loop
+through the bridge with a policy that steers from the lane markings it sees."""
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from nac_drive.simulators.udacity_emulator import format_number
+from nac_drive.simulators.udacity_track import (
+    TRACKS,
+    Car,
+    Progress,
+    Renderer,
+    Track,
+    pure_pursuit,
+    track_spec,
+)
+
+
+@pytest.fixture(scope="module")
+def lakeside():
+    return Track(track_spec("lakeside"))
+
+
+@pytest.mark.parametrize("name", sorted(TRACKS) + ["random-11"])
+def test_tracks_are_closed_drivable_loops(name):
+    tr = Track(track_spec(name))
+    assert np.linalg.norm(tr.points[0] - tr.points[-1]) < 1.0  # closed
+    assert np.abs(tr.curvature).max() <= 1 / tr.spec.min_turn_radius + 1e-6
+    if name != "gentle":  # curves in both directions
+        assert tr.curvature.min() < -0.01 and tr.curvature.max() > 0.01
+
+
+def test_tracks_differ_by_name_and_unknown_names_are_rejected():
+    a, b = Track(track_spec("lakeside")), Track(track_spec("canyon"))
+    assert abs(a.length - b.length) > 5
+    with pytest.raises(ValueError, match="unknown track"):
+        track_spec("monaco")
+
+
+def test_positive_steering_turns_right():
+    car = Car(speed=5.0)
+    for _ in range(15):
+        car.step(0.5, 0.0, 1 / 15)
+    assert car.y < -0.1 and car.heading < 0  # heading 0 = +x; right = -y
+
+
+def test_throttle_accelerates_and_negative_throttle_brakes():
+    car = Car()
+    for _ in range(60):
+        car.step(0.0, 1.0, 1 / 15)
+    fast = car.speed_mph
+    assert 10 < fast <= 30
+    for _ in range(15):
+        car.step(0.0, -1.0, 1 / 15)
+    assert car.speed_mph < fast / 2
+
+
+def test_progress_counts_laps_cross_track_and_off_road(lakeside):
+    tr = lakeside
+    p = Progress(tr)
+    n = len(tr.points)
+    for k in range(0, 2 * n + 20, 7):  # drive the centre line twice, 1 m to the right
+        x, y = tr.points[k % n] - 1.0 * tr.normals[k % n]
+        p.update(x, y)
+    assert p.laps == 2 and p.cte == pytest.approx(1.0, abs=0.05) and p.off_road_events == 0
+    x, y = tr.points[10] + (tr.half_width + 1) * tr.normals[10]
+    p.update(x, y)
+    assert p.off_road and p.off_road_events == 1 and p.cte < -tr.half_width
+
+
+def test_render_is_fast_and_shows_sky_road_and_grass(lakeside):
+    r = Renderer(lakeside)
+    x, y, h = lakeside.pose_at(40)
+    img = r.render(x, y, h)
+    assert img.shape == (160, 320, 3) and img.dtype == np.uint8
+    b, g, rr = (img[..., c].astype(int) for c in range(3))
+    assert (b[5] > rr[5]).all()  # sky (BGR): blue on top
+    row = 75  # ahead of the car, below the horizon
+    assert g[row, 5] - rr[row, 5] > 20 and g[row, -5] - rr[row, -5] > 20  # grass at both sides
+    assert abs(b[row, 160] - rr[row, 160]) < 20  # grey asphalt in the middle
+    assert (img[row] > 200).all(axis=1).sum() >= 2  # white edge lines
+    t0 = time.perf_counter()
+    for k in range(50):
+        r.render(*lakeside.pose_at(40 + k))
+    assert (time.perf_counter() - t0) / 50 < 0.02  # a few ms per frame (20 ms bound for a busy CI)
+
+
+def test_pure_pursuit_drives_a_lap(lakeside):
+    tr = lakeside
+    car = Car(*tr.pose_at(0))
+    p = Progress(tr)
+    while p.travelled < tr.length and len(p.abs_cte) < 5000:
+        car.step(pure_pursuit(tr, car, p.index), 0.3 * (9 - car.speed_mph), 1 / 15)
+        p.update(car.x, car.y)
+    assert p.laps == 1 and p.off_road_events == 0 and max(p.abs_cte) < 0.5
+
+
+def test_numbers_are_formatted_like_the_simulator():
+    assert format_number(12.34567) == "12.3457"
+    assert format_number(-0.5, decimal_comma=True) == "-0,5000"
+
+
+@pytest.mark.slow
+def test_closed_loop_lane_following_through_the_bridge_stays_on_the_road():
+    pytest.importorskip("socketio")
+    pytest.importorskip("websocket")
+    from support.udacity_procs import free_port, start_bridge
+
+    from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
+
+    port = free_port()
+    bridge = start_bridge(port, "nac_drive.agents.udacity_scripted:LaneMarkingPolicy")
+    try:
+        report = run_emulator(EmulatorConfig(port=port, track="serpentine", laps=1.0, frames=6000,
+                                             stop_off_road=True))
+        bridge.wait_for("simulator disconnected")
+    finally:
+        bridge.stop()
+    d = report.as_dict()
+    summary = bridge.json_summary()
+    assert d["stop_reason"] == "laps" and d["laps"] == 1  # a full lap of curves in both directions
+    assert d["off_road_events"] == 0 and d["max_abs_cte_m"] < Track(track_spec("serpentine")).half_width
+    assert d["mean_abs_cte_m"] < 1.5
+    assert summary["answered"] == summary["messages"] == d["telemetry_sent"] and summary["policy_errors"] == 0
+    steer = np.array(report.steering)
+    assert steer.min() < -0.1 and steer.max() > 0.1  # it really steered both ways
+    assert math.isfinite(d["round_trip_ms_p50"])
