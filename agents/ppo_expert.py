@@ -1,0 +1,342 @@
+"""The PPO expert (stable-baselines3): training, and an adapter that drives the raw env.
+
+The expert sees grayscale 64x64 frames, acts every 4 env frames and stacks its last
+2 observations. :class:`PPOExpert` does all of that itself from the raw RGB frames
+the student sees, so a recording has one row per env frame.
+
+Training recipe (measured on a 2-core CPU, see :class:`TrainArgs`): PPO with
+NatureCNN and [256] heads, 2 SubprocVecEnv workers, reward normalisation only, a
+linearly decayed learning rate, and a training-only truncation after a streak of
+negative rewards (an episode stuck on the grass teaches nothing). Checkpoints vary a
+lot between updates, so the best one is chosen by evaluation on fixed validation
+tracks (from the training seed range).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.callbacks import EvalCallback
+
+from nac_drive.simulators.carracing import (
+    EXPERT_TRAIN_SEED_BASE,
+    ActionRepeat,
+    make_carracing,
+)
+
+FRAME_SIZE = 64
+ACTION_REPEAT = 4
+FRAME_STACK = 2
+
+
+def shipped_expert_path() -> Path:
+    """Path of the expert zip shipped inside the package."""
+    from importlib.resources import files
+
+    return Path(str(files("nac_drive") / "assets" / "ppo_carracing_discrete.zip"))
+
+
+def preprocess(rgb: np.ndarray, size: int = FRAME_SIZE) -> np.ndarray:
+    """RGB ``uint8 [96, 96, 3]`` -> grayscale ``uint8 [size, size]`` (area resize)."""
+    import cv2
+
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise ValueError(f"preprocess: expected uint8 [H, W, 3] RGB, got {rgb.dtype} {rgb.shape}")
+    gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+    return cv2.resize(gray, (size, size), interpolation=cv2.INTER_AREA)
+
+
+class GrayObservation(gym.ObservationWrapper):
+    """Observation -> :func:`preprocess` with a trailing channel, ``uint8 [64, 64, 1]``."""
+
+    def __init__(self, env: gym.Env, size: int = FRAME_SIZE):
+        super().__init__(env)
+        self.size = size
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, 1), np.uint8)
+
+    def observation(self, obs: np.ndarray) -> np.ndarray:
+        return preprocess(obs, self.size)[:, :, None]
+
+
+class NegativeRewardTruncation(gym.Wrapper):
+    """Training only: truncate after ``patience`` consecutive agent steps with reward < 0."""
+
+    def __init__(self, env: gym.Env, patience: int = 25):
+        super().__init__(env)
+        self.patience = patience
+        self._streak = 0
+
+    def reset(self, **kwargs):
+        self._streak = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._streak = self._streak + 1 if reward < 0 else 0
+        if self._streak >= self.patience and not terminated:
+            truncated = True
+            info["negative_reward_truncation"] = True
+        return obs, reward, terminated, truncated, info
+
+
+def _arg(default: Any, help: str) -> Any:
+    """A dataclass field with a help text (used for the ``--flag`` of the CLI)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainArgs:
+    """Arguments of ``nac-drive expert train`` (defaults: the recipe that works here)."""
+
+    out: str = _arg("runs/expert", "folder for runs (checkpoints, TensorBoard logs, zips)")
+    run_name: str | None = _arg(
+        None, "subfolder name; default ppo_{discrete|continuous}_s{seed}_{kframes}kf_{time}")
+    continuous: bool = _arg(
+        False, "train on continuous actions (steer, gas, brake) instead of the 5 discrete ones")
+    total_frames: int = _arg(1_000_000, "env frames to train for (agent steps x action_repeat)")
+    seed: int = _arg(EXPERT_TRAIN_SEED_BASE,
+                     "seed of the training tracks, the network init and PPO's sampling")
+    n_envs: int = _arg(2, "parallel SubprocVecEnv workers (one per core)")
+    action_repeat: int = _arg(ACTION_REPEAT, "env frames per agent decision")
+    frame_stack: int = _arg(FRAME_STACK, "observations stacked as channels")
+    n_steps: int = _arg(256, "rollout length per worker")
+    batch_size: int = _arg(128, "PPO minibatch size")
+    n_epochs: int = _arg(4, "PPO epochs per rollout")
+    learning_rate: float = _arg(3e-4, "initial learning rate, decayed linearly to 0")
+    ent_coef: float = _arg(0.01, "entropy bonus")
+    gamma: float = _arg(0.99, "discount (per agent step)")
+    gae_lambda: float = _arg(0.95, "GAE lambda")
+    clip_range: float = _arg(0.2, "PPO clip range")
+    head_units: int = _arg(256, "units of the hidden layer of the policy and value heads")
+    negative_patience: int = _arg(
+        25, "training-only truncation after this many agent steps of negative reward")
+    eval_every_frames: int = _arg(50_000, "evaluate the policy every this many training frames")
+    eval_episodes: int = _arg(8, "validation tracks per evaluation (fixed seeds)")
+    eval_seed: int = _arg(EXPERT_TRAIN_SEED_BASE + 50_000,
+                          "seed of the validation tracks (inside the training seed range)")
+    skip_render: bool = _arg(
+        True, "do not draw the frames the agent never sees (same observations, ~3x faster)")
+    progress_bar: bool = _arg(True, "show a progress bar")
+
+
+def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
+                    skip_render: bool):
+    """One worker env: raw env -> action repeat -> (truncation) -> Monitor -> gray 64x64."""
+    from stable_baselines3.common.monitor import Monitor
+
+    def thunk():
+        env = make_carracing(continuous=continuous)
+        env = ActionRepeat(env, action_repeat, skip_render=skip_render)
+        if patience:
+            env = NegativeRewardTruncation(env, patience)
+        env = Monitor(env)  # episode return in raw env reward
+        return GrayObservation(env)
+
+    return thunk
+
+
+def train(args: TrainArgs) -> Path:
+    """Train a PPO expert; returns the path of the best checkpoint's zip."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import (
+        DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
+
+    torch.set_num_threads(1)
+    kind = "continuous" if args.continuous else "discrete"
+    run_name = args.run_name or (
+        f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(args.out) / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+    train_fns = [_make_train_env(args.continuous, args.action_repeat, args.negative_patience,
+                                 args.skip_render) for _ in range(args.n_envs)]
+    venv = SubprocVecEnv(train_fns) if args.n_envs > 1 else DummyVecEnv(train_fns)
+    venv.seed(args.seed)
+    venv = VecFrameStack(venv, args.frame_stack, channels_order="last")
+    venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
+    venv = VecTransposeImage(venv)  # explicit, so the eval env can be wrapped identically
+
+    eval_env = DummyVecEnv([_make_train_env(args.continuous, args.action_repeat, None,
+                                            args.skip_render)])
+    eval_env = VecFrameStack(eval_env, args.frame_stack, channels_order="last")
+    eval_env = VecNormalize(eval_env, training=False, norm_obs=False, norm_reward=False)
+    eval_env = VecTransposeImage(eval_env)
+
+    lr0 = args.learning_rate
+    model = PPO(
+        "CnnPolicy", venv,
+        learning_rate=lambda progress: lr0 * progress,  # progress: 1 -> 0
+        n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
+        gamma=args.gamma, gae_lambda=args.gae_lambda, clip_range=args.clip_range,
+        ent_coef=args.ent_coef,
+        policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units])),
+        tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0,
+    )
+    agent_steps = args.total_frames // args.action_repeat
+    eval_freq = max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
+    callback = FixedSeedEval(
+        eval_env, seed=args.eval_seed, n_eval_episodes=args.eval_episodes,
+        eval_freq=eval_freq, best_model_save_path=str(run_dir), log_path=str(run_dir / "eval"),
+        deterministic=True, verbose=1)
+    model.learn(agent_steps, callback=callback, tb_log_name=run_name,
+                progress_bar=args.progress_bar)
+    model.save(run_dir / "final_model.zip")
+    venv.close()
+    eval_env.close()
+    best = run_dir / "best_model.zip"
+    return best if best.exists() else run_dir / "final_model.zip"
+
+
+def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
+    """Copy an SB3 zip without the optimizer's running averages (~3x smaller).
+
+    The result still loads with ``PPO.load`` (a fresh optimizer state) and with
+    :class:`PPOExpert`.
+    """
+    import torch
+    from stable_baselines3 import PPO
+
+    model = PPO.load(src, device="cpu", custom_objects=_NO_SCHEDULES)
+    policy = model.policy
+    policy.optimizer = policy.optimizer_class(policy.parameters(), lr=0.0,
+                                              **policy.optimizer_kwargs)
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    model.save(dst, exclude=["_last_obs", "_last_original_obs", "_last_episode_starts",
+                             "ep_info_buffer", "ep_success_buffer", "rollout_buffer"])
+    return dst
+
+
+# Replaces the pickled schedules of an SB3 zip on load (they are not needed to act).
+_NO_SCHEDULES = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
+
+
+class PPOExpert:
+    """Drives the raw env with a PPO expert trained by :func:`train`.
+
+    ``act(obs)`` takes the raw RGB frame ``uint8 [96, 96, 3]`` every env frame. Every
+    ``action_repeat`` frames it pushes :func:`preprocess` of the frame onto its frame
+    stack (zeros after ``reset()``, as SB3's VecFrameStack) and picks a new action; in
+    between it repeats the last one, exactly as the training env did.
+
+    Loading reads only the zip's JSON ``data`` and its ``policy.pth`` weights (with
+    ``torch.load(weights_only=True)``): nothing pickled in the zip is executed, and no
+    env is needed.
+    """
+
+    def __init__(self, path: str | Path | None = None, deterministic: bool = True,
+                 action_repeat: int = ACTION_REPEAT):
+        import torch
+
+        self.path = Path(path) if path is not None else shipped_expert_path()
+        self.policy, self.continuous = load_policy(self.path)
+        self.deterministic = deterministic
+        self.action_repeat = action_repeat
+        self.frame_stack = int(self.policy.observation_space.shape[0])
+        self.name = f"ppo:{self.path.stem}"
+        self._torch = torch
+        self.reset()
+
+    def reset(self) -> None:
+        """Start of an episode: empty frame stack, decide at the next frame."""
+        self._stack = np.zeros((self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
+        self._frame = 0
+        self._action: Any = None
+
+    def observe(self, obs: np.ndarray) -> np.ndarray:
+        """Push one raw frame onto the stack; returns the stack ``uint8 [stack, 64, 64]``."""
+        self._stack = np.roll(self._stack, -1, axis=0)
+        self._stack[-1] = preprocess(obs)
+        return self._stack
+
+    def act(self, obs: np.ndarray):
+        """Action for this env frame (an int, or ``float32 [3]`` if continuous)."""
+        if self._frame % self.action_repeat == 0:
+            self._action = self.decide(self.observe(obs))
+        self._frame += 1
+        return self._action
+
+    def decide(self, stack: np.ndarray):
+        """The policy's action for a frame stack ``uint8 [stack, 64, 64]``."""
+        torch = self._torch
+        with torch.no_grad():
+            x = torch.as_tensor(stack[None])  # [1, stack, 64, 64]; SB3 scales by 1/255
+            action = self.policy.get_distribution(x).get_actions(
+                deterministic=self.deterministic)[0].numpy()
+        if self.continuous:
+            space = self.policy.action_space
+            return np.clip(action, space.low, space.high).astype(np.float32)
+        return int(action)
+
+
+def load_policy(path: str | Path):
+    """Build the SB3 actor-critic of an expert zip without unpickling anything.
+
+    Returns ``(policy, continuous)``. Raises ``ValueError`` naming the file and field
+    when the zip is not a CarRacing expert of this project.
+    """
+    import torch
+    from stable_baselines3.common.policies import ActorCriticCnnPolicy
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"expert zip not found: {path}")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            data = json.loads(zf.read("data"))
+            weights = zf.read("policy.pth")
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a stable-baselines3 zip ({exc})") from exc
+
+    obs = data.get("observation_space", {})
+    shape = obs.get("_shape") or obs.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [FRAME_SIZE, FRAME_SIZE]):
+        raise ValueError(f"{path}: field 'observation_space' has shape {shape}, expected "
+                         f"[frame_stack, {FRAME_SIZE}, {FRAME_SIZE}]")
+    act = data.get("action_space", {})
+    act_type = str(act.get(":type:", ""))
+    if "Discrete" in act_type:
+        if int(act.get("n", -1)) != 5:
+            raise ValueError(f"{path}: field 'action_space' has n={act.get('n')}, expected 5")
+        action_space, continuous = gym.spaces.Discrete(5), False
+    elif "Box" in act_type:
+        action_space = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32),
+                                      np.array([1.0, 1.0, 1.0], np.float32))
+        continuous = True
+    else:
+        raise ValueError(f"{path}: field 'action_space' is {act_type or 'missing'}, "
+                         "expected Discrete(5) or Box(3)")
+    kwargs = data.get("policy_kwargs", {})
+    if not isinstance(kwargs, dict) or ":serialized:" in kwargs:
+        raise ValueError(f"{path}: field 'policy_kwargs' is not plain JSON")
+    observation_space = gym.spaces.Box(0, 255, tuple(shape), np.uint8)
+    policy = ActorCriticCnnPolicy(observation_space, action_space, lambda _: 0.0, **kwargs)
+    state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
+    policy.load_state_dict(state)
+    policy.set_training_mode(False)
+    return policy, continuous
+
+
+class FixedSeedEval(EvalCallback):
+    """EvalCallback that re-seeds the eval env before each evaluation, so every
+    checkpoint is scored on the same validation tracks."""
+
+    def __init__(self, eval_env, seed: int, **kwargs):
+        super().__init__(eval_env, **kwargs)
+        self.seed = seed
+
+    def _on_step(self) -> bool:
+        if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
+            self.eval_env.seed(self.seed)
+        return super()._on_step()

@@ -1,0 +1,198 @@
+"""A privileged pure-pursuit teacher for CarRacing: it reads the track, not the pixels.
+
+Every frame it finds the car's place on the track centre line (``env.unwrapped.track``),
+steers towards a look-ahead point further along it and sets a target speed from how
+sharply the track bends ahead. Because it reads the env's state it can label any
+state the student reaches: :meth:`PurePursuitTeacher.action_for` is the DAgger oracle.
+
+Continuous output is ``float32 [3]`` = (steer in [-1, 1] with + = right, gas, brake);
+the discrete version maps it to CarRacing's 5 actions (0 no-op, 1 right, 2 left,
+3 gas, 4 brake).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from nac_drive.simulators.carracing import BRAKE, GAS, LEFT, NOOP, RIGHT
+
+WHEEL_LOCK = 0.4  # radians: the front wheel joints' limit in CarRacing's car model
+
+
+@dataclass
+class TeacherConfig:
+    """Gains of the pure-pursuit teacher (distances in track units, speeds in units/s)."""
+
+    lookahead: float = 8.0
+    """look-ahead distance at standstill"""
+    lookahead_per_speed: float = 0.15
+    """extra look-ahead per unit of speed"""
+    steer_gain: float = 2.5
+    """steer = gain * heading error to the look-ahead point (radians), clipped to [-1, 1]"""
+    max_speed: float = 90.0
+    """target speed on a straight"""
+    min_speed: float = 35.0
+    """target speed in the sharpest bend"""
+    curve_horizon: float = 45.0
+    """how far ahead (track units) bends lower the target speed"""
+    curve_for_min_speed: float = 1.2
+    """total heading change (radians) over the horizon that gives ``min_speed``"""
+    gas_gain: float = 0.05
+    """gas per unit of speed below the target"""
+    max_gas: float = 0.5
+    """gas never exceeds this (more only spins the wheels)"""
+    gas_steer_cut: float = 0.7
+    """gas is multiplied by 1 - gas_steer_cut * |steer|"""
+    brake_margin: float = 5.0
+    """brake when faster than the target speed by this much"""
+    brake: float = 0.6
+    """brake strength when braking"""
+    steer_deadband: float = 0.05
+    """discrete mode: wanted wheel angles (radians) smaller than this count as straight"""
+    steer_tolerance: float = 0.03
+    """discrete mode: steer while the wheels are further than this from the wanted angle"""
+
+
+class PurePursuitTeacher:
+    """Privileged expert; actor interface ``reset()``, ``reset_env(env)``, ``act(obs)``.
+
+    ``continuous=False`` gives discrete actions for the discrete env.
+    """
+
+    def __init__(self, continuous: bool = True, config: TeacherConfig | None = None):
+        self.continuous = continuous
+        self.cfg = config or TeacherConfig()
+        self.name = "teacher" if continuous else "teacher-discrete"
+        self._env: gym.Env | None = None
+        self._track_key: int | None = None
+        self._points = np.zeros((0, 2))
+        self._cum = np.zeros(0)
+        self._heading = np.zeros(0)
+        self._idx = 0
+
+    # -- actor interface ---------------------------------------------------------------
+    def reset(self) -> None:
+        self._idx = 0
+
+    def reset_env(self, env: gym.Env) -> None:
+        """Attach to ``env`` (called by the episode runner after each reset)."""
+        self._env = env
+        self._track_key = None  # re-read the track lazily
+
+    def act(self, obs: np.ndarray | None = None):
+        """Action for the attached env's current state (``obs`` is not used)."""
+        if self._env is None:
+            raise RuntimeError("PurePursuitTeacher.act: call reset_env(env) first "
+                               "(it reads the env's track and car state)")
+        return self.action_for(self._env)
+
+    # -- oracle ------------------------------------------------------------------------
+    def action_for(self, env: gym.Env):
+        """The teacher's action for ``env``'s CURRENT state (e.g. DAgger labels)."""
+        steer, gas, brake = self.control(env)
+        if self.continuous:
+            return np.array([steer, gas, brake], dtype=np.float32)
+        wheel_angle = float(env.unwrapped.car.wheels[0].joint.angle)
+        return self.discretise(steer, gas, brake, wheel_angle)
+
+    def control(self, env: gym.Env) -> tuple[float, float, float]:
+        """Continuous (steer, gas, brake) for the current state of ``env``."""
+        base = env.unwrapped
+        if getattr(base, "car", None) is None or not getattr(base, "track", None):
+            raise RuntimeError("PurePursuitTeacher: env has no car/track yet; reset it first")
+        self._load_track(base.track)
+        hull = base.car.hull
+        pos = np.array(hull.position, dtype=np.float64)
+        forward = np.array(hull.GetWorldVector((0.0, 1.0)), dtype=np.float64)
+        right = np.array(hull.GetWorldVector((1.0, 0.0)), dtype=np.float64)
+        vel = np.array(hull.linearVelocity, dtype=np.float64)
+        speed = float(np.linalg.norm(vel))
+
+        self._idx = self._nearest(pos)
+        cfg = self.cfg
+        target = self._point_ahead(self._idx, cfg.lookahead + cfg.lookahead_per_speed * speed)
+        d = target - pos
+        heading_error = math.atan2(float(d @ right), float(d @ forward))  # + = target on the right
+        steer = float(np.clip(cfg.steer_gain * heading_error, -1.0, 1.0))
+
+        bend = self._bend_ahead(self._idx, cfg.curve_horizon)
+        frac = min(bend / cfg.curve_for_min_speed, 1.0)
+        target_speed = cfg.max_speed - frac * (cfg.max_speed - cfg.min_speed)
+        # Full gas spins the rear wheels and full gas while steering hard skids: gas is
+        # proportional to the missing speed, capped, and reduced in proportion to steering.
+        gas = float(np.clip(cfg.gas_gain * (target_speed - speed), 0.0, cfg.max_gas))
+        gas *= 1.0 - cfg.gas_steer_cut * abs(steer)
+        brake = 0.0
+        if speed > target_speed + cfg.brake_margin:
+            gas, brake = 0.0, cfg.brake
+        return steer, gas, brake
+
+    def discretise(self, steer: float, gas: float, brake: float,
+                   wheel_angle: float = 0.0) -> int:
+        """Map (steer, gas, brake) to one of CarRacing's 5 discrete actions.
+
+        A discrete steer turns the front wheels towards full lock (the joint stops at
+        +-0.4 rad) and any other action lets them return to straight. So the teacher
+        steers only while the wheels (``wheel_angle``, radians, + = left) must turn
+        further towards the wanted angle (``-steer``, clipped to the lock); otherwise it
+        controls speed. This needs no memory, so it also labels arbitrary states.
+        """
+        wanted = float(np.clip(-steer, -WHEEL_LOCK, WHEEL_LOCK))
+        turn_further = (abs(wanted) > self.cfg.steer_deadband
+                        and (np.sign(wanted) != np.sign(wheel_angle)
+                             or abs(wanted) > abs(wheel_angle) + self.cfg.steer_tolerance))
+        if brake > 0:
+            return BRAKE
+        if turn_further:
+            return LEFT if wanted > 0 else RIGHT
+        if gas > 0:
+            return GAS
+        return NOOP
+
+    # -- track geometry ----------------------------------------------------------------
+    def _load_track(self, track) -> None:
+        key = id(track)
+        if key == self._track_key:
+            return
+        pts = np.array([(t[2], t[3]) for t in track], dtype=np.float64)  # [N, 2] centre line
+        seg = np.linalg.norm(np.roll(pts, -1, axis=0) - pts, axis=1)  # [N] to the next point
+        self._points, self._seg = pts, seg
+        self._cum = np.concatenate([[0.0], np.cumsum(seg)])  # [N+1]
+        diff = np.roll(pts, -1, axis=0) - pts
+        self._heading = np.arctan2(diff[:, 1], diff[:, 0])  # [N] direction of each segment
+        self._track_key = key
+        self._idx = 0
+
+    def _nearest(self, pos: np.ndarray) -> int:
+        """Index of the closest centre-line point (searched near the last one, or globally
+        when the car is far from there)."""
+        n = len(self._points)
+        window = (self._idx + np.arange(-10, 40)) % n
+        dist = np.linalg.norm(self._points[window] - pos, axis=1)
+        best = int(window[int(np.argmin(dist))])
+        if dist.min() > 15.0:  # lost (spun off, or first call): search everywhere
+            best = int(np.argmin(np.linalg.norm(self._points - pos, axis=1)))
+        return best
+
+    def _point_ahead(self, idx: int, distance: float) -> np.ndarray:
+        """The centre-line point ``distance`` along the track from point ``idx``."""
+        n = len(self._points)
+        i = idx
+        while distance > self._seg[i % n]:
+            distance -= self._seg[i % n]
+            i += 1
+        a, b = self._points[i % n], self._points[(i + 1) % n]
+        return a + (b - a) * (distance / max(self._seg[i % n], 1e-9))
+
+    def _bend_ahead(self, idx: int, horizon: float) -> float:
+        """Largest heading change (radians) between the segment at ``idx`` and any segment
+        within ``horizon`` track units ahead."""
+        n = len(self._points)
+        steps = max(1, int(horizon / max(float(np.mean(self._seg)), 1e-6)))
+        ahead = self._heading[(idx + np.arange(steps)) % n]
+        delta = np.angle(np.exp(1j * (ahead - self._heading[idx % n])))  # wrapped to [-pi, pi]
+        return float(np.abs(delta).max())

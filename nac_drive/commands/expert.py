@@ -1,0 +1,103 @@
+"""``nac-drive expert``: train a PPO expert on CarRacing, or evaluate an expert.
+
+    nac-drive expert train [--continuous] [--total-frames N] [--seed S] [--out DIR] ...
+    nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--json]
+
+``eval`` scores on the held-out tracks (seeds 900000, 900001, ...) by default and
+uses the shipped expert without ``--expert``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+# Mirrors nac_drive.simulators.carracing.EVAL_SEED_BASE (not imported: keeps --help fast).
+_EVAL_SEED_BASE = 900_000
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("expert", help="train or evaluate a CarRacing expert",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="expert_command", metavar="SUBCOMMAND", required=True)
+
+    train = sub.add_parser("train", help="train a PPO expert (stable-baselines3)",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_dataclass_flags(train, _train_fields())
+    train.add_argument("--ship", metavar="ZIP", default=None,
+                       help="also write the best checkpoint, without optimizer state, to ZIP")
+    train.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval", help="evaluate an expert on held-out tracks",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ev.add_argument("--expert", default=None,
+                    help="SB3 zip of a PPO expert, 'teacher' (privileged, continuous) or "
+                         "'teacher-discrete'; default: the shipped PPO expert")
+    ev.add_argument("--episodes", type=int, default=20, help="number of tracks")
+    ev.add_argument("--seed-base", type=int, default=_EVAL_SEED_BASE,
+                    help="seed of the first track (held-out tracks start at 900000)")
+    ev.add_argument("--max-steps", type=int, default=None,
+                    help="cap each episode at this many env frames (default: the env's 1000)")
+    ev.add_argument("--stochastic", action="store_true",
+                    help="sample PPO actions instead of taking the most likely one")
+    ev.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
+    ev.add_argument("--json", action="store_true",
+                    help="end the output with one line of JSON (mean_return, std_return, ...)")
+    ev.set_defaults(func=_eval)
+
+
+def _train_fields():
+    from nac_drive.agents.ppo_expert import TrainArgs
+
+    return TrainArgs, dataclasses.fields(TrainArgs)
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls_fields) -> None:
+    """One ``--flag`` per dataclass field, with the field's help text and default."""
+    _, fields = cls_fields
+    for f in fields:
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=help_text)
+        else:
+            typ = {"int": int, "float": float}.get(str(f.type), str)
+            parser.add_argument(flag, type=typ, default=f.default, help=help_text)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from nac_drive.agents.ppo_expert import export_for_shipping, train
+
+    cls, fields = _train_fields()
+    targs = cls(**{f.name: getattr(args, f.name) for f in fields})
+    best = train(targs)
+    print(f"best checkpoint: {best}")
+    if args.ship:
+        export_for_shipping(best, args.ship)
+        print(f"shipped copy: {args.ship}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from nac_drive.agents.experts import load_expert
+    from nac_drive.simulators.carracing import eval_seeds, run_episodes
+
+    if args.episodes < 1:
+        print(f"expert eval: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
+        return 2
+    actor, continuous = load_expert(args.expert, deterministic=not args.stochastic)
+    seeds = eval_seeds(args.episodes, base=args.seed_base)
+    results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps,
+                           video_path=args.video, progress=not args.json)
+    for seed, ret, n, lap in zip(results.seeds, results.returns, results.lengths, results.laps):
+        print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}  lap {'yes' if lap else 'no'}")
+    print(f"{actor.name}: {results.format()}")
+    if args.json:
+        summary = results.summary()
+        summary["expert"] = actor.name
+        print(json.dumps(summary))
+    return 0

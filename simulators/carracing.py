@@ -1,0 +1,265 @@
+"""CarRacing-v3: the env factory, an action-repeat wrapper and the episode runner.
+
+Every command that scores an actor on CarRacing (``expert eval``, ``drive``,
+``quickstart``) goes through :func:`run_episodes`, so they all count returns, laps
+and latency the same way.
+
+Seed ranges: a track is a pure function of the reset seed, so the project keeps the
+seeds of each stage in disjoint ranges and a held-out track can never leak into
+training or collection.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+ENV_ID = "CarRacing-v3"
+MAX_EPISODE_FRAMES = 1000  # CarRacing-v3's own time limit (env frames at 50 FPS)
+FPS = 50
+
+# Discrete action ids of CarRacing-v3.
+NOOP, RIGHT, LEFT, GAS, BRAKE = 0, 1, 2, 3, 4
+ACTION_NAMES = ("noop", "right", "left", "gas", "brake")
+
+# Seed ranges (disjoint): expert training and its checkpoint selection use
+# [0, 100_000); demonstrations [100_000, 900_000); held-out evaluation >= 900_000.
+EXPERT_TRAIN_SEED_BASE = 0
+COLLECT_SEED_BASE = 100_000
+EVAL_SEED_BASE = 900_000
+NUM_EVAL_TRACKS = 20  # the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE + 19
+
+
+def eval_seeds(n: int = NUM_EVAL_TRACKS, base: int = EVAL_SEED_BASE) -> list[int]:
+    """The seeds of the first ``n`` held-out evaluation tracks."""
+    if n < 1:
+        raise ValueError(f"eval_seeds: n must be >= 1, got {n}")
+    return list(range(base, base + n))
+
+
+def make_carracing(
+    seed: int | None = None,
+    continuous: bool = False,
+    render_mode: str | None = None,
+    max_episode_steps: int = MAX_EPISODE_FRAMES,
+    domain_randomize: bool = False,
+    lap_complete_percent: float = 0.95,
+) -> gym.Env:
+    """Create CarRacing-v3.
+
+    With ``seed`` the env is reset once with it (and the action space seeded), so the
+    env's track generator is in a reproducible state; later ``reset()`` calls without a
+    seed then give the same sequence of tracks for the same ``seed``. Observations are
+    raw RGB frames, ``uint8 [96, 96, 3]``.
+    """
+    env = gym.make(
+        ENV_ID,
+        continuous=continuous,
+        render_mode=render_mode,
+        max_episode_steps=max_episode_steps,
+        domain_randomize=domain_randomize,
+        lap_complete_percent=lap_complete_percent,
+        disable_env_checker=True,  # a stock env; the checker also rejects skipped frames
+    )
+    if seed is not None:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+    return env
+
+
+class ActionRepeat(gym.Wrapper):
+    """Repeat each action ``repeat`` env frames, summing the rewards.
+
+    ``skip_render=True`` skips drawing the observation of the frames in between (the
+    agent never sees them); the returned observation is drawn normally, so it is
+    identical to the stock env's (tested). Drawing the road costs most of a step, so
+    this makes training ~2-3x faster. Only allowed without a render mode.
+    """
+
+    def __init__(self, env: gym.Env, repeat: int = 4, skip_render: bool = False):
+        super().__init__(env)
+        if repeat < 1:
+            raise ValueError(f"ActionRepeat: repeat must be >= 1, got {repeat}")
+        if skip_render and env.render_mode is not None:
+            raise ValueError("ActionRepeat: skip_render needs render_mode=None")
+        self.repeat = repeat
+        self.skip_render = skip_render
+
+    def step(self, action):
+        base = self.env.unwrapped
+        total = 0.0
+        for i in range(self.repeat):
+            last = i == self.repeat - 1
+            if self.skip_render and not last:
+                base._render = _no_render  # instance attribute shadows the method
+            try:
+                obs, reward, terminated, truncated, info = self.env.step(action)
+            finally:
+                if self.skip_render:
+                    base.__dict__.pop("_render", None)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        if obs is None:  # the episode ended on a frame that was not drawn
+            obs = base._render("state_pixels")
+            base.state = obs
+        return obs, total, terminated, truncated, info
+
+
+def _no_render(mode: str) -> None:
+    return None
+
+
+class Actor(Protocol):
+    """What :func:`run_episodes` drives: anything with ``reset()`` and ``act(obs)``.
+
+    ``obs`` is the raw RGB frame ``uint8 [96, 96, 3]``; ``act`` returns an int for the
+    discrete env or ``float [3]`` (steer, gas, brake) for the continuous one. An actor
+    may also define ``reset_env(env)``: it is called after each env reset and gives
+    privileged actors (the teacher) access to the env's state.
+    """
+
+    def reset(self) -> None: ...
+
+    def act(self, obs: np.ndarray) -> Any: ...
+
+
+@dataclass
+class EpisodeResults:
+    """Per-episode outcomes of :func:`run_episodes` and per-frame actor latency."""
+
+    seeds: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)  # env frames
+    laps: list[bool] = field(default_factory=list)  # lap finished (terminated by the env)
+    latencies_ms: list[float] = field(default_factory=list)  # one per act() call
+
+    def summary(self) -> dict[str, Any]:
+        """Aggregate figures; the JSON line of every evaluating command."""
+        returns = np.asarray(self.returns, dtype=np.float64)
+        lat = np.asarray(self.latencies_ms, dtype=np.float64)
+        return {
+            "mean_return": float(returns.mean()) if returns.size else float("nan"),
+            "std_return": float(returns.std()) if returns.size else float("nan"),
+            "episodes": len(self.returns),
+            "laps_finished": int(sum(self.laps)),
+            "seeds": [int(s) for s in self.seeds],
+            "returns": [round(float(r), 2) for r in self.returns],
+            "lengths": [int(n) for n in self.lengths],
+            "latency_ms_p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            "latency_ms_p95": float(np.percentile(lat, 95)) if lat.size else float("nan"),
+        }
+
+    def format(self) -> str:
+        """One human-readable line."""
+        s = self.summary()
+        return (f"{s['episodes']} episodes: return {s['mean_return']:.1f} +- "
+                f"{s['std_return']:.1f}, laps finished {s['laps_finished']}/{s['episodes']}, "
+                f"actor latency p50 {s['latency_ms_p50']:.3f} ms")
+
+
+StepCallback = Callable[[int, int, np.ndarray, Any, float, dict], None]
+
+
+def run_episodes(
+    actor: Actor,
+    seeds: Sequence[int],
+    continuous: bool = False,
+    max_steps: int | None = None,
+    render_mode: str | None = None,
+    on_step: StepCallback | None = None,
+    video_path: str | Path | None = None,
+    env: gym.Env | None = None,
+    progress: bool = False,
+) -> EpisodeResults:
+    """Drive ``actor`` for one episode per seed and collect the results.
+
+    ``max_steps`` caps each episode (env frames; default: the env's 1000).
+    ``on_step(episode, frame, obs, action, reward, info)`` is called after each frame,
+    with the ``obs`` the actor saw. ``video_path`` writes all episodes to one mp4 (the
+    96x96 observations upscaled 4x). ``env`` reuses an existing env (its ``continuous``
+    must match).
+    """
+    own_env = env is None
+    if own_env:
+        env = make_carracing(continuous=continuous, render_mode=render_mode)
+    writer = _VideoWriter(video_path) if video_path else None
+    results = EpisodeResults()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(seeds), desc="episodes", unit="ep")
+    try:
+        for ep, seed in enumerate(seeds):
+            obs, info = env.reset(seed=int(seed))
+            actor.reset()
+            if hasattr(actor, "reset_env"):
+                actor.reset_env(env)
+            total, frames, lap = 0.0, 0, False
+            while True:
+                t0 = time.perf_counter()
+                action = actor.act(obs)
+                results.latencies_ms.append((time.perf_counter() - t0) * 1e3)
+                if writer:
+                    writer.write(obs)
+                next_obs, reward, terminated, truncated, info = env.step(action)
+                total += float(reward)
+                frames += 1
+                if on_step:
+                    on_step(ep, frames - 1, obs, action, float(reward), info)
+                obs = next_obs
+                if terminated:
+                    # CarRacing sets info["lap_finished"] on termination: True when the
+                    # lap is complete, False when the car left the playfield.
+                    lap = bool(info.get("lap_finished", False))
+                if terminated or truncated or (max_steps is not None and frames >= max_steps):
+                    break
+            results.seeds.append(int(seed))
+            results.returns.append(total)
+            results.lengths.append(frames)
+            results.laps.append(lap)
+            if bar:
+                bar.update(1)
+                bar.set_postfix(ret=f"{total:.0f}")
+    finally:
+        if bar:
+            bar.close()
+        if writer:
+            writer.close()
+        if own_env:
+            env.close()
+    return results
+
+
+class _VideoWriter:
+    """mp4 writer (OpenCV, 'mp4v') for RGB frames, opened at the first frame."""
+
+    def __init__(self, path: str | Path, fps: int = FPS, scale: int = 4):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fps, self.scale = fps, scale
+        self._writer = None
+
+    def write(self, rgb: np.ndarray) -> None:
+        import cv2
+
+        frame = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR)
+        if self.scale != 1:
+            frame = cv2.resize(frame, None, fx=self.scale, fy=self.scale,
+                               interpolation=cv2.INTER_NEAREST)
+        if self._writer is None:
+            h, w = frame.shape[:2]
+            self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"),
+                                           self.fps, (w, h))
+            if not self._writer.isOpened():
+                raise OSError(f"cannot open video file for writing: {self.path}")
+        self._writer.write(frame)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
