@@ -1,0 +1,86 @@
+"""Udacity bridge latency: telemetry -> steer round trip, as the simulator sees it.
+
+    python benchmarks/udacity_latency.py                       # trivial policy (steer 0)
+    python benchmarks/udacity_latency.py --policy nac_drive.agents.udacity_scripted:LaneMarkingPolicy
+    python benchmarks/udacity_latency.py --policy my.module:make_policy --frames 2000 --json
+
+The bridge runs in its own process (one OS thread: eventlet green threads; torch limited to
+one thread) with the policy built by ``--policy module:callable``. The headless emulator
+sends real 320x160 JPEG frames of a procedural road over a websocket on 127.0.0.1, one in
+flight at a time (``single_chain``, so the time the emulator spends rendering is not
+counted), and measures send -> steer received. Reported: p50/p95 of that round trip, and
+the bridge's own handler time (telemetry arrival -> steer emitted: decode + policy +
+speed control), after ``--warmup`` frames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", default="nac_drive.agents.udacity_scripted:ConstantPolicy")
+    p.add_argument("--frames", type=int, default=1000)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--track", default="lakeside")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    args = p.parse_args()
+
+    from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
+
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    bridge = subprocess.Popen(
+        [sys.executable, "-m", "nac_drive.simulators.udacity_bridge", "--policy", args.policy,
+         "--port", str(port), "--json", "--exit-on-disconnect"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 60
+    while True:  # wait until the bridge listens
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if bridge.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"bridge did not start:\n{bridge.stderr.read()}")
+            time.sleep(0.1)
+    report = run_emulator(EmulatorConfig(port=port, track=args.track, frames=args.frames + args.warmup,
+                                         single_chain=True, answer_timeout=30))
+    out, _ = bridge.communicate(timeout=60)
+    server = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    rt = np.array(report.round_trip_ms[args.warmup:])
+    result = {
+        "policy": args.policy,
+        "frames": int(rt.size),
+        "round_trip_ms_p50": round(float(np.percentile(rt, 50)), 3),
+        "round_trip_ms_p95": round(float(np.percentile(rt, 95)), 3),
+        "bridge_handler_ms_p50": server["latency_ms_p50"],
+        "bridge_handler_ms_p95": server["latency_ms_p95"],
+        "answered": server["answered"],
+        "messages": server["messages"],
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"policy {args.policy}: telemetry -> steer round trip p50 {result['round_trip_ms_p50']} ms, "
+              f"p95 {result['round_trip_ms_p95']} ms over {result['frames']} frames; bridge handler p50 "
+              f"{result['bridge_handler_ms_p50']} ms (answered {server['answered']}/{server['messages']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
