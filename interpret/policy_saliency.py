@@ -1,0 +1,61 @@
+"""Grad-CAM for a recorded closed-loop run of a :class:`DrivingPolicy`.
+
+The run's frames are replayed through the policy in order; for each step the policy's
+:meth:`~nac_drive.policy.DrivingPolicy.frame_model` (the image model of that frame with
+the window before it held fixed) goes to :func:`compute_run_saliency`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nac_drive.interpret.saliency import compute_run_saliency
+from nac_drive.interpret.trace import load_trace
+
+
+def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam", progress: bool = True) -> Path:
+    """Write ``RUN_DIR/saliency.npz`` for ``policy`` on the run recorded in ``run_dir``.
+
+    Target: the action the policy chose (discrete), or the steering direction it chose
+    (continuous: column 0 is the steering).
+    """
+    run = load_trace(run_dir)
+    replay = _Replay(policy, run)
+    target = "predicted" if policy.config.action == "discrete" else "steer"
+    return compute_run_saliency(run_dir, replay.frame_model_for_step, preprocess=replay.model_input,
+                                target=target, method=method, target_layer=policy.encoder.last_conv,
+                                progress=progress)
+
+
+class _Replay:
+    """Feeds the recorded frames to the policy so that step i sees the frames before it."""
+
+    def __init__(self, policy, run):
+        self.policy, self.run = policy, run
+        self.next_step = 0     # the first recorded step not yet fed to the policy
+
+    def frame_model_for_step(self, i: int):
+        if i < self.next_step or (i > 0 and self.run.episode[i] != self.run.episode[i - 1]):
+            self._restart(i)
+        while self.next_step < i:
+            self.policy.step_output(self.run.frame(self.next_step))
+            self.next_step += 1
+        model = self.policy.frame_model()
+        # the next call asks for step i + 1, whose context includes frame i
+        self.policy.step_output(self.run.frame(i))
+        self.next_step = i + 1
+        return model
+
+    def _restart(self, i: int) -> None:
+        episode = self.run.episode[i]
+        first = int(np.flatnonzero(self.run.episode == episode)[0])
+        self.policy.reset()
+        self.next_step = first
+
+    def model_input(self, frame: np.ndarray) -> torch.Tensor:
+        image, _ = self.policy.observation_to_frame(frame)
+        return image.float() / 255.0 if image.dtype == torch.uint8 else image

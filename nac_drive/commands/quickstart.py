@@ -1,0 +1,90 @@
+"""``nac-drive quickstart``: the main job on built-in defaults.
+
+    nac-drive quickstart                 # drive the shipped CNN+NAC policy on 3 unseen tracks
+    nac-drive quickstart --full          # collect with the shipped expert -> train -> drive
+
+Writes into ``--out`` (default ``runs/quickstart``): ``drive.mp4``, the run's traces
+``run/trace.npz`` with Grad-CAM overlays ``run/saliency.npz``, and ``dashboard.html``
+(open it in any browser, offline). ``--full`` adds ``demos/`` (a Minari dataset) and
+``train/`` (the run folder with the best checkpoint) and drives that checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("quickstart", help="drive the shipped policy and build its dashboard (--full: the "
+                              "whole pipeline)", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/quickstart", help="output folder (default runs/quickstart)")
+    p.add_argument("--episodes", type=int, default=3, help="held-out tracks to drive (default 3)")
+    p.add_argument("--max-steps", type=int, default=None, help="cap each driven episode (env frames)")
+    p.add_argument("--no-saliency", action="store_true", help="skip the Grad-CAM overlays")
+    p.add_argument("--full", action="store_true", help="collect -> train -> drive instead of the shipped policy")
+    p.add_argument("--expert", default="ppo", help="--full: expert for collection (ppo, teacher, teacher-discrete)")
+    p.add_argument("--collect-episodes", type=int, default=10, help="--full: demonstration episodes (default 10)")
+    p.add_argument("--core", default="nac", help="--full: temporal core (nac, lstm, gru, cfc, ltc, mha)")
+    p.add_argument("--epochs", type=int, default=10, help="--full: training epochs (default 10)")
+    p.add_argument("--windows-per-epoch", type=int, default=4096, help="--full: windows per epoch (default 4096)")
+    p.add_argument("--seed", type=int, default=0, help="--full: seed of collection and training (default 0)")
+    p.add_argument("--json", action="store_true", help="end the output with one line of JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nac_drive.commands.drive import drive_carracing
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    policy_path = None
+    try:
+        if args.full:
+            policy_path = _collect_and_train(args, out)
+        print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
+              f"held-out tracks ...", flush=True)
+        summary = drive_carracing(policy_path, args.episodes, seed_base=900_000, max_steps=args.max_steps,
+                                  video=str(out / "drive.mp4"), trace_dir=str(out / "run"), progress=not args.json)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"quickstart: {e}", file=sys.stderr)
+        return 2
+    print(summary.pop("text"))
+    dashboard = _dashboard(policy_path, out, with_saliency=not args.no_saliency, progress=not args.json)
+    summary.update(video=str(out / "drive.mp4"), trace=str(out / "run" / "trace.npz"), dashboard=str(dashboard),
+                   seconds=round(time.perf_counter() - started, 1))
+    print(f"video: {summary['video']}\ndashboard: {dashboard} (open it in a browser)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _collect_and_train(args: argparse.Namespace, out: Path) -> Path:
+    from nac_drive.commands.collect import collect_carracing
+    from nac_drive.train import train
+    from nac_drive.train_args import TrainArgs
+
+    print(f"collecting {args.collect_episodes} episodes with the {args.expert} expert ...", flush=True)
+    dataset, results = collect_carracing(args.expert, args.collect_episodes, args.seed, str(out / "demos"),
+                                         name=f"quickstart-{args.expert}-s{args.seed}", progress=not args.json)
+    print(results.format())
+    print(f"training a CNN+{args.core} policy on {dataset} ...", flush=True)
+    run_dir = train(TrainArgs(data=str(dataset), out=str(out / "train"), core=args.core, epochs=args.epochs,
+                              windows_per_epoch=args.windows_per_epoch, seed=args.seed, progress=not args.json))
+    return run_dir / "best"
+
+
+def _dashboard(policy_path, out: Path, with_saliency: bool, progress: bool) -> Path:
+    from nac_drive.agents.driver import load_policy
+    from nac_drive.interpret.dashboard import build_dashboard
+
+    if with_saliency:
+        from nac_drive.interpret.policy_saliency import policy_saliency
+
+        policy_saliency(load_policy(policy_path), out / "run", progress=progress)
+    return build_dashboard(out / "run", out / "dashboard.html", title="nac-drive quickstart")
