@@ -270,7 +270,7 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
     ``exit_on_disconnect``). ``ready(port)`` is called once the socket listens."""
     import warnings
 
-    warnings.filterwarnings("ignore", message=".*Eventlet is deprecated.*")
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     # our own log lines only: the socket libraries log every packet at INFO
     logging.getLogger("socketio").setLevel(logging.WARNING)
     logging.getLogger("engineio").setLevel(logging.WARNING)
@@ -343,7 +343,7 @@ def _run(bridge: UdacityBridge, host: str, port: int, json_out: bool, exit_on_di
 
     def ready(p):
         print(f"udacity bridge listening on {host}:{p} "
-              f"({'driving' if bridge.policy is not None else 'recording manual driving'}"
+              f"({'driving' if bridge.policy is not None else 'passing manual driving through'}"
               f"{', recording to ' + str(bridge.writer.out_dir) if bridge.writer else ''})",
               file=sys.stderr, flush=True)
 
