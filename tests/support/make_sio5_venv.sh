@@ -13,6 +13,9 @@ base_python="${PYTHON:-python3}"
 if [ ! -x "$NAC_DRIVE_SIO5_PYTHON" ]; then
     "$base_python" -m venv "$venv_dir"
 fi
-"$NAC_DRIVE_SIO5_PYTHON" -m pip install --quiet --disable-pip-version-check \
-    "python-socketio>=5,<6" "python-engineio>=4,<5" "eventlet>=0.33"
+if [ ! -f "$venv_dir/.sio5-complete" ]; then
+    "$NAC_DRIVE_SIO5_PYTHON" -m pip install --quiet --disable-pip-version-check \
+        "python-socketio>=5,<6" "python-engineio>=4,<5" "eventlet>=0.33"
+    touch "$venv_dir/.sio5-complete"
+fi
 "$NAC_DRIVE_SIO5_PYTHON" -c "from importlib.metadata import version as v; print('sio5 venv ready: python-socketio', v('python-socketio'), 'in $venv_dir')"
