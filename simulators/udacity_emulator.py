@@ -31,7 +31,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
-import math
 import threading
 import time
 from collections import deque

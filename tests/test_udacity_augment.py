@@ -2,7 +2,6 @@
 
 import datetime as dt
 
-import cv2
 import numpy as np
 import pytest
 
