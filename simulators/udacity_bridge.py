@@ -288,7 +288,9 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
                          "pip install 'nac-drive[udacity]' (python-socketio 4.6, python-engineio 3.13)")
 
     _speed_up_eventlet_unmasking()
-    sio = socketio.Server(async_mode="eventlet", logger=False, engineio_logger=False)
+    # async_handlers=False: telemetry is handled in arrival order on the connection's reader,
+    # never by two green threads at once (the policy is stateful).
+    sio = socketio.Server(async_mode="eventlet", async_handlers=False, logger=False, engineio_logger=False)
     stop = eventlet.event.Event()
 
     @sio.on("connect")

@@ -114,6 +114,10 @@ class EmulatorConfig:
     single_chain: bool = False
     send_namespace_connect: bool = False  # diagnostic only: send "40" like a v3+ client (Unity never does)
     stop_off_road: bool = False  # stop at the first off-road event
+    # Pace the steps to the wall clock (one step per dt), as the real simulator runs. Without it
+    # the emulator runs as fast as the bridge answers, so a policy that reads the wall-clock
+    # arrival times as its time stamps sees frames much closer together than in recordings.
+    realtime: bool = False
     seed: int = 0
 
 
@@ -237,6 +241,7 @@ class UdacityEmulator:
             if cfg.send_namespace_connect:
                 self._send("40")
             threading.Thread(target=self._pinger, daemon=True).start()
+            self._t0 = time.perf_counter()
             self._send_telemetry()
             r.stop_reason = self._loop()
         finally:
@@ -285,6 +290,8 @@ class UdacityEmulator:
                 reason = self._done()
                 if reason:
                     return reason
+                if self.cfg.realtime:
+                    time.sleep(max(0.0, self._t0 + r.commands * self.cfg.dt - time.perf_counter()))
                 self._send_telemetry()
 
     def _parse_event(self, payload: str):

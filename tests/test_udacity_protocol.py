@@ -3,6 +3,7 @@
 import base64
 import json
 import sys
+import time
 
 import cv2
 import numpy as np
@@ -63,6 +64,19 @@ def test_manual_driving_and_decimal_commas():
     assert summary["manual"] == report.manual_sent and summary["malformed"] == 0
     assert summary["answered"] == summary["messages"] == 80
     assert report.steer > 0 and 0.3 in [round(s, 6) for s in report.steering]  # "12,3456" telemetry parsed
+
+
+def test_realtime_emulator_paces_telemetry_at_15_hz():
+    port = free_port()
+    bridge = start_bridge(port, "udacity_test_policies:Constant03")
+    try:
+        t0 = time.perf_counter()
+        report = run_emulator(EmulatorConfig(port=port, frames=16, realtime=True))
+        elapsed = time.perf_counter() - t0
+    finally:
+        bridge.stop()
+    # 16 telemetry = 1 on connect + 15 after paced steps of 1/15 s
+    assert report.telemetry_sent == 16 and 0.9 < elapsed < 3.0
 
 
 def test_bridge_exits_with_summary_when_the_simulator_closes():

@@ -29,6 +29,8 @@ def add_parser(subparsers) -> None:
                    help="a scripted human drives; empty telemetry {} while it holds the throttle key")
     p.add_argument("--decimal-comma", action="store_true", help="format numbers like a comma locale (12,3456)")
     p.add_argument("--stop-off-road", action="store_true", help="stop at the first off-road event")
+    p.add_argument("--realtime", action="store_true",
+                   help="one step per 1/15 s of wall clock, like the real simulator (default: as fast as answered)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
     p.add_argument("--record", metavar="DIR", help="write a training-mode recording instead of connecting")
     p.add_argument("--seed", type=int, default=0, help="recording: start position and steering noise seed")
@@ -64,7 +66,7 @@ def run_udacity_emulator(args) -> int:
         return 0
     cfg = EmulatorConfig(host=args.host, port=args.port, track=args.track, frames=args.frames, laps=args.laps,
                          start=args.start, human=args.human, human_speed_mph=args.speed,
-                         decimal_comma=args.decimal_comma, stop_off_road=args.stop_off_road,
+                         decimal_comma=args.decimal_comma, stop_off_road=args.stop_off_road, realtime=args.realtime,
                          answer_timeout=args.timeout, seed=args.seed)
     try:
         report = run_emulator(cfg)
