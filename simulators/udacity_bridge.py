@@ -20,9 +20,10 @@ in their URL ("unsupported version of the Socket.IO or Engine.IO protocols"), wh
 Unity client does although it speaks Engine.IO v3; hence python-engineio < 3.14.
 
 Robustness: a malformed telemetry (not an object, bad base64, non-JPEG or truncated
-JPEG bytes, wrong image size, missing or non-numeric fields, NaN) is answered with a safe command (steer 0,
-full brake), logged once per kind, counted, and the bridge keeps going. Numbers with a
-decimal comma ("12,5") are valid. A (re)connect of the simulator resets the policy and
+JPEG bytes, wrong image size, missing or non-numeric fields, NaN) is answered with a
+safe command (steer 0, full brake), logged once per kind, counted, and the bridge keeps
+going; so is a policy that raises or returns NaN. Numbers with a decimal comma ("12,5")
+are valid. A failing recording (e.g. a full disk) is logged once and driving goes on. A (re)connect of the simulator resets the policy and
 the speed controller.
 
 The policy interface: an object with ``reset()`` and ``select_action(obs) -> float``
@@ -239,9 +240,13 @@ class UdacityBridge:
         return event, data
 
     def _record(self, tel: Telemetry, steering: float, throttle: float) -> None:
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        try:
             self.writer.write(tel.jpeg, steering, max(throttle, 0.0), max(-throttle, 0.0), tel.speed)
-            self.stats.rows_recorded = self.writer.rows
+        except OSError as e:  # never stall the simulator because of the disk
+            self._warn_once("record_error", f"recording failed ({e}); still driving")
+        self.stats.rows_recorded = self.writer.rows
 
     def close(self) -> None:
         if self.writer is not None:
@@ -258,7 +263,7 @@ def _apply_mask_numpy(data, mask, length=None, offset=0):
 def _speed_up_eventlet_unmasking() -> None:
     """eventlet unmasks every client frame byte by byte in Python: ~5 ms for one 15 kB
     telemetry frame, more than the whole decode + policy step. Replace it by the same XOR
-    done with numpy (checked against eventlet's own function in the tests)."""
+    done with numpy (checked against the RFC 6455 definition in the tests)."""
     import eventlet.websocket as ews
 
     ews.RFC6455WebSocket._apply_mask = staticmethod(_apply_mask_numpy)

@@ -164,3 +164,15 @@ def test_numpy_unmasking_equals_the_websocket_definition():
     for offset in (0, 1, 2, 3, 6):
         assert _apply_mask_numpy(data, mask, offset=offset) == reference(data, mask, offset=offset)
     assert _apply_mask_numpy(data, mask, length=10) == reference(data, mask, length=10)
+
+
+def test_a_failing_recording_does_not_stop_the_driving(tmp_path, caplog):
+    import shutil
+
+    bridge = UdacityBridge(Recorder(0.2), record_dir=tmp_path / "rec")
+    assert bridge.on_telemetry(_telemetry())[1]["steering_angle"] == "0.200000"
+    shutil.rmtree(tmp_path / "rec" / "IMG")  # the disk goes away
+    for _ in range(2):
+        assert bridge.on_telemetry(_telemetry())[1]["steering_angle"] == "0.200000"
+    assert bridge.stats.rows_recorded == 1 and bridge.stats.answered == 3
+    assert sum("recording failed" in r.message for r in caplog.records) == 1
