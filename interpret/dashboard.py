@@ -191,12 +191,6 @@ def _layout(fig, height: int, title: str, **kw) -> None:
                       margin=dict(l=70, r=20, t=50, b=45), hovermode="closest", **kw)
 
 
-def _cursor(fig) -> None:
-    """shapes[0]: the current-frame cursor, a vertical line over every subplot (x is shared)."""
-    fig.add_shape(type="line", xref="x", yref="paper", x0=0, x1=0, y0=0, y1=1,
-                  line=dict(color="rgba(0,0,0,0.75)", width=2), layer="above")
-
-
 def _actions_figure(run: RunTrace):
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
@@ -220,7 +214,6 @@ def _actions_figure(run: RunTrace):
     fig.add_trace(go.Scatter(x=steps, y=run.cross_track_error, name="cross-track error",
                              line=dict(color="#9467bd", width=1)), row=rows + 1, col=1)
     fig.update_xaxes(title_text="step", row=rows + 1, col=1)
-    _cursor(fig)
     _layout(fig, 130 + 110 * (rows + 1), "Actions: policy vs expert",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
     return fig
@@ -252,7 +245,6 @@ def _sensory_figure(run: RunTrace):
     limit = float(np.nanpercentile(np.abs(np.concatenate([run.q, run.k, run.v], 1)), 99) or 1.0)
     titles = ["q (query gate)", "k (key gate)", "v (value gate)"]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
-    _cursor(fig)
     _heatmap_rows(fig, [run.q.T, run.k.T, run.v.T], [labels] * 3, ["q neuron", "k neuron", "v neuron"], H,
                   (-limit, limit), "activation")
     fig.update_xaxes(title_text="step", row=3, col=1)
@@ -269,7 +261,6 @@ def _backbone_figure(run: RunTrace, mode: str):
               for g, z in zip(BACKBONE_GROUPS, zs)]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=["inter", "command", "motor"], row_heights=[max(1, len(z)) for z in zs])
-    _cursor(fig)
     _heatmap_rows(fig, zs, labels, ["inter neuron", "command neuron", "motor neuron"], H, (-1.0, 1.0), "tanh")
     fig.update_xaxes(title_text="step", row=3, col=1)
     total_rows = sum(len(z) for z in zs)
@@ -293,7 +284,6 @@ def _dynamics_figure(run: RunTrace):
                                      line=dict(color=HEAD_COLOURS[h % len(HEAD_COLOURS)], width=1.2)), row=r, col=1)
         fig.update_yaxes(title_text=name, row=r, col=1)
     fig.update_xaxes(title_text="step", row=4, col=1)
-    _cursor(fig)
     _layout(fig, 620, "phi, tau, logits, t_interp per head (attention-weighted mean over the selected keys)",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
     return fig
@@ -319,7 +309,6 @@ def _attention_time_figure(run: RunTrace):
                       row=h + 1, col=1)
         fig.update_yaxes(title_text="frames ago", row=h + 1, col=1)
     fig.update_xaxes(title_text="step", row=H, col=1)
-    _cursor(fig)
     _layout(fig, 100 + 160 * H, "Attention over past frames through the run (weight by key age)")
     return fig
 
@@ -336,7 +325,7 @@ def _attention_now_figure(run: RunTrace):
                                            "phi %{customdata[0]:.3f}, tau %{customdata[1]:.3f}, "
                                            "logit %{customdata[2]:.3f}<extra></extra>"))
     fig.update_xaxes(title_text="key age (frames ago)", range=[max_age + 0.5, -0.5], dtick=1 if max_age <= 32 else None)
-    fig.update_yaxes(title_text="attention weight", range=[0, 1])
+    fig.update_yaxes(title_text="attention weight", rangemode="tozero")
     _layout(fig, 360, "Attention over past frames, current frame", barmode="group",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
     return fig
@@ -409,6 +398,10 @@ main { padding: 12px 22px 30px; display: grid; grid-template-columns: minmax(320
 #readout td { padding: 0 10px 0 0; }
 .note { color: #777; font-size: 13px; padding: 12px; }
 .row2 { display: grid; grid-template-columns: 1fr 1fr; gap: 14px; }
+.fig-wrap { position: relative; }
+.cursor { position: absolute; top: 0; left: 0; width: 2px; margin-left: -1px; background: rgba(0,0,0,0.7);
+          pointer-events: none; display: none; z-index: 5; }
+.pending { color: #999; font-size: 13px; padding: 20px; }
 """
 
 _PAGE = """<!DOCTYPE html>
@@ -431,12 +424,12 @@ _PAGE = """<!DOCTYPE html>
 </div>
 <main>
   <section class="panel"><h2>Frame</h2><img id="frame" alt="current frame"><div id="readout"></div></section>
-  <section class="panel"><div id="fig-actions"></div></section>
+  <section class="panel"><div class="fig-wrap"><div id="fig-actions"></div><div class="cursor" id="cursor-actions"></div></div></section>
   <section class="panel wide nac"><div class="row2"><div id="fig-attention_now"></div><div id="fig-wiring"></div></div></section>
-  <section class="panel wide nac"><div id="fig-sensory"></div></section>
-  <section class="panel wide nac"><div id="fig-backbone"></div></section>
-  <section class="panel wide nac"><div id="fig-dynamics"></div></section>
-  <section class="panel wide nac"><div id="fig-attention_time"></div></section>
+  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-sensory"></div><div class="cursor" id="cursor-sensory"></div></div></section>
+  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-backbone"></div><div class="cursor" id="cursor-backbone"></div></div></section>
+  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-dynamics"></div><div class="cursor" id="cursor-dynamics"></div></div></section>
+  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-attention_time"></div><div class="cursor" id="cursor-attention_time"></div></div></section>
   <section class="panel wide" id="no-nac" hidden><div class="note">This run has no NAC trace: the neuron panels
     are not shown.</div></section>
 </main>
@@ -478,7 +471,7 @@ _SCRIPT = r"""
     document.getElementById("backbone-mode").disabled = true;
   }
   const config = {responsive: true, displaylogo: false};
-  const state = {frame: 0, playing: false, timer: null, pending: null};
+  const state = {frame: 0, playing: false, timer: null, pending: null, backbone: "mean"};
 
   function renderReadout(i) {
     let rows = "<table><tr><td></td>" + R.policy_names.map((n) => "<td><b>" + n + "</b></td>").join("") + "</tr>";
@@ -502,6 +495,21 @@ _SCRIPT = r"""
     Plotly.restyle("fig-attention_now", {x: xs, y: ys, customdata: cds});
   }
 
+  // Cursor: a thin absolutely positioned line over each time panel, placed with the
+  // panel's x axis (cheap: no plotly redraw while scrubbing or playing).
+  function placeCursor(name) {
+    const div = document.getElementById("fig-" + name), line = document.getElementById("cursor-" + name);
+    const fl = div._fullLayout;
+    if (!fl || !fl.xaxis || !line) return;
+    const ax = fl.xaxis, x = ax._offset + ax.l2p(state.frame);
+    const visible = x >= ax._offset - 0.5 && x <= ax._offset + ax._length + 0.5;
+    line.style.display = visible ? "block" : "none";
+    line.style.transform = "translateX(" + x.toFixed(1) + "px)";
+    line.style.top = fl._size.t + "px";
+    line.style.height = fl._size.h + "px";
+    line.dataset.frame = String(state.frame);
+  }
+
   function render() {
     state.pending = null;
     const i = state.frame;
@@ -510,8 +518,8 @@ _SCRIPT = r"""
     const src = (overlayToggle.checked && DATA.overlays) ? DATA.overlays[i] : DATA.frames[i];
     img.src = "data:image/jpeg;base64," + src;
     renderReadout(i);
-    for (const name of DATA.time_figures) Plotly.relayout("fig-" + name, {"shapes[0].x0": i, "shapes[0].x1": i});
-    if (DATA.has_nac) renderAttention(i);
+    for (const name of DATA.time_figures) if (drawn.has(name)) placeCursor(name);
+    if (DATA.has_nac && drawn.has("attention_now")) renderAttention(i);
   }
 
   function setFrame(i) {
@@ -533,6 +541,8 @@ _SCRIPT = r"""
   }
 
   function setBackboneMode(mode) {
+    state.backbone = mode;
+    if (!drawn.has("backbone")) return;   // applied when drawn
     const z = bz[mode].map(([p, a]) => {
       const rows = [], [nr, nc] = p.shape;
       for (let r = 0; r < nr; r++) rows.push(Array.from(a.subarray(r * nc, (r + 1) * nc)));
@@ -555,13 +565,44 @@ _SCRIPT = r"""
     else if (e.key === " " && e.target.tagName !== "BUTTON") { e.preventDefault(); setPlaying(!state.playing); }
   });
 
-  const plots = Object.entries(DATA.figures).map(([name, fig]) =>
-      Plotly.newPlot("fig-" + name, fig.data, fig.layout, config));
-  window.dashboard = {data: DATA, state: state, setFrame: setFrame, setPlaying: setPlaying};
-  Promise.all(plots).then(() => {
+  // Draw the panels one at a time, those on the first screen first; the page is
+  // interactive once they are drawn, the rest follow without blocking scrubbing.
+  const drawn = new Set();
+  function draw(name) {
+    const fig = DATA.figures[name];
+    return Plotly.newPlot("fig-" + name, fig.data, fig.layout, config).then((div) => {
+      drawn.add(name);
+      if (name === "backbone" && state.backbone !== "mean") setBackboneMode(state.backbone);
+      if (DATA.time_figures.includes(name)) {
+        div.on("plotly_afterplot", () => placeCursor(name));
+        div.on("plotly_click", (ev) => {
+          if (ev.points && ev.points.length) { setPlaying(false); setFrame(Number(ev.points[0].x)); }
+        });
+      }
+    });
+  }
+  const names = Object.keys(DATA.figures);
+  for (const name of names) {   // reserve each panel's height so the layout does not jump
+    document.getElementById("fig-" + name).style.minHeight = (DATA.figures[name].layout.height || 400) + "px";
+  }
+  const onScreen = (name) => document.getElementById("fig-" + name).getBoundingClientRect().top < window.innerHeight;
+  const first = names.filter(onScreen), rest = names.filter((n) => !onScreen(n));
+  window.dashboard = {data: DATA, state: state, setFrame: setFrame, setPlaying: setPlaying, drawn: drawn};
+  first.reduce((p, name) => p.then(() => draw(name)), Promise.resolve()).then(() => {
     if (N > 0) render();
     window.__dashboardReadyAt = performance.now();
     window.__dashboardReady = true;
+    const next = () => {
+      const name = rest.shift();
+      if (name === undefined) {
+        render();
+        window.__dashboardAllDrawnAt = performance.now();
+        window.__dashboardAllDrawn = true;
+        return;
+      }
+      draw(name).then(() => setTimeout(next, 0));
+    };
+    setTimeout(next, 0);
   });
 })();
 """

@@ -68,8 +68,9 @@ def test_page_holds_every_panel_and_the_data_of_every_frame(page_html, run_dir):
     assert {t["name"] for t in actions} >= {"policy", "expert", "reward", "cross-track error"}
     np.testing.assert_allclose(_bdata(actions[0]["y"]), run.policy_action[:, 0], rtol=1e-6)
     # every time panel has its cursor
+    assert set(data["time_figures"]) == {"actions", "sensory", "backbone", "dynamics", "attention_time"}
     for name in data["time_figures"]:
-        assert data["figures"][name]["layout"]["shapes"][0]["type"] == "line"
+        assert f'id="cursor-{name}"' in page_html
     # wiring graph: one node per neuron of each group, coloured by group
     nodes = [t for t in data["figures"]["wiring"]["data"] if t.get("mode") == "markers"]
     groups = run.metadata["nac"]["groups"]
@@ -136,20 +137,25 @@ def test_dashboard_in_headless_chromium(run_dir, page_html):
     run = load_trace(run_dir)
     with dashboard_page(run_dir / "dashboard.html") as (page, problems):
         state = """() => ({src: document.getElementById('frame').src,
-                          cursor: document.getElementById('fig-sensory').layout.shapes[0].x0,
                           cursors: window.dashboard.data.time_figures.map(
-                              (n) => document.getElementById('fig-' + n).layout.shapes[0].x0),
+                              (n) => document.getElementById('cursor-' + n).dataset.frame),
+                          x: document.getElementById('cursor-sensory').getBoundingClientRect().left,
                           ages: Array.from(document.getElementById('fig-attention_now').data[0].x),
                           label: document.getElementById('frame-label').textContent})"""
         before = page.evaluate(state)
-        assert before["cursor"] == 0 and before["src"].startswith("data:image/jpeg;base64,")
+        assert before["cursors"] == ["0"] * 5 and before["src"].startswith("data:image/jpeg;base64,")
 
         page.locator("#scrubber").fill("25")
-        page.wait_for_function("document.getElementById('fig-sensory').layout.shapes[0].x0 === 25")
+        page.wait_for_function("document.getElementById('cursor-sensory').dataset.frame === '25'")
         after = page.evaluate(state)
         assert after["src"] != before["src"]
         assert after["src"].endswith(base64.b64encode(run.frame_jpeg(25)).decode())
-        assert after["cursors"] == [25] * len(after["cursors"])
+        assert after["cursors"] == ["25"] * 5
+        # the cursor sits at step 25 of the heatmap's x axis
+        axis = page.evaluate("""() => { const ax = document.getElementById('fig-sensory')._fullLayout.xaxis;
+            const box = document.getElementById('fig-sensory').getBoundingClientRect();
+            return [box.left + ax._offset + ax.l2p(0), box.left + ax._offset + ax.l2p(25)]; }""")
+        assert after["x"] - before["x"] == pytest.approx(axis[1] - axis[0], abs=1.5) and axis[1] - axis[0] > 100
         assert sorted(after["ages"]) == sorted(a for a in run.key_age[25, 0] if a >= 0)
         assert after["ages"] != before["ages"] and "frame 25 / 39" in after["label"]
 
@@ -170,6 +176,13 @@ def test_dashboard_in_headless_chromium(run_dir, page_html):
         page.locator("#play").click()
         page.wait_for_function("window.dashboard.state.frame >= 28", timeout=10_000)
         page.locator("#play").click()
+        # clicking a time panel jumps to that step
+        page.locator("#fig-sensory").scroll_into_view_if_needed()
+        box = page.locator("#fig-sensory .nsewdrag").first.bounding_box()
+        page.mouse.click(box["x"] + box["width"] * 0.2, box["y"] + box["height"] / 2)
+        page.wait_for_function("window.dashboard.state.frame < 12", timeout=5_000)
+        assert page.evaluate("document.getElementById('cursor-sensory').dataset.frame") == str(
+            page.evaluate("window.dashboard.state.frame"))
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         assert problems == []
