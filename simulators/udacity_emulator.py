@@ -48,7 +48,7 @@ from nac_drive.simulators.udacity_track import (
     track_spec,
 )
 
-SIDE_CAMERA_OFFSET = 1.2  # m, lateral offset of the left/right cameras in recordings
+SIDE_CAMERA_OFFSET = 0.8  # m, lateral offset of the left/right cameras in recordings (about the Udacity rig)
 
 
 def encode_jpeg(bgr: np.ndarray, quality: int = 85) -> bytes:
