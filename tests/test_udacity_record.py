@@ -102,7 +102,7 @@ def test_emulator_training_recording_three_cameras(tmp_path, capsys):
     lane = LaneMarkingPolicy()
     r = rows[5]
     c, left, right = (lane.road_centre(load_rgb(p)) for p in (r.center, r.left, r.right))
-    assert left > c + 5 and right < c - 5
+    assert left > c + 3 and right < c - 3
     frames, times, steer = UdacityWindowDataset(segments_from_log(out / "driving_log.csv"), window=8)[0]
     assert frames.shape == (8, 3, 66, 200) and times[-1] == pytest.approx(7 / 15, abs=0.01)
     assert steer.abs().max() <= 1.0 and steer.tolist() == pytest.approx([r.steering for r in rows[:8]])
