@@ -133,16 +133,23 @@ def _playback_fps(timestamp: np.ndarray) -> float:
     return float(np.clip(1.0 / np.median(dt), 1.0, 30.0)) if len(dt) else 10.0
 
 
-def _names(names: list[str] | None, width: int, prefix: str) -> list[str]:
-    return list(names) if names and len(names) == width else [f"{prefix}[{j}]" for j in range(width)]
+def _columns(names: list[str] | None, width: int, prefix: str) -> tuple[list[str], list[str] | None]:
+    """(column labels, class names). One column with several names is a discrete action:
+    its values are indices into the class names."""
+    if names and len(names) == width:
+        return list(names), None
+    if names and width == 1:
+        return ["action"], list(names)
+    return [f"{prefix}[{j}]" for j in range(width)], None
 
 
 def _readout(run: RunTrace) -> dict[str, Any]:
     meta = run.metadata
-    return {"policy": _packed(run.policy_action), "policy_names": _names(meta.get("action_names"),
-                                                                         run.policy_action.shape[1], "action"),
+    policy_names, policy_classes = _columns(meta.get("action_names"), run.policy_action.shape[1], "action")
+    expert_names, expert_classes = _columns(meta.get("expert_action_names"), run.expert_action.shape[1], "expert")
+    return {"policy": _packed(run.policy_action), "policy_names": policy_names, "policy_classes": policy_classes,
             "expert": _packed(run.expert_action) if run.expert_action.shape[1] else None,
-            "expert_names": _names(meta.get("expert_action_names"), run.expert_action.shape[1], "expert"),
+            "expert_names": expert_names, "expert_classes": expert_classes,
             "reward": _packed(run.reward), "cte": _packed(run.cross_track_error)}
 
 
@@ -197,24 +204,30 @@ def _actions_figure(run: RunTrace):
 
     meta, steps = run.metadata, np.arange(run.num_steps)
     A, E = run.policy_action.shape[1], run.expert_action.shape[1]
-    pn, en = _names(meta.get("action_names"), A, "action"), _names(meta.get("expert_action_names"), E, "expert")
+    pn, p_classes = _columns(meta.get("action_names"), A, "action")
+    en, e_classes = _columns(meta.get("expert_action_names"), E, "expert")
+    classes = p_classes or e_classes
+    shape = "hv" if classes else "linear"
     rows = max(A, E)
     titles = [pn[j] if j < A else en[j] for j in range(rows)] + ["reward / cross-track error"]
     fig = make_subplots(rows=rows + 1, cols=1, shared_xaxes=True, vertical_spacing=0.07, subplot_titles=titles)
     for j in range(rows):
         if j < A:
             fig.add_trace(go.Scatter(x=steps, y=run.policy_action[:, j], name="policy", legendgroup="policy",
-                                     showlegend=j == 0, line=dict(color="#1f77b4", width=1.5)), row=j + 1, col=1)
+                                     showlegend=j == 0, line=dict(color="#1f77b4", width=1.5, shape=shape)),
+                          row=j + 1, col=1)
         if j < E:
             fig.add_trace(go.Scatter(x=steps, y=run.expert_action[:, j], name="expert", legendgroup="expert",
-                                     showlegend=j == 0, line=dict(color="#ff7f0e", width=1.5, dash="dot")),
+                                     showlegend=j == 0, line=dict(color="#ff7f0e", width=1.5, dash="dot", shape=shape)),
                           row=j + 1, col=1)
     fig.add_trace(go.Scatter(x=steps, y=run.reward, name="reward", line=dict(color="#2ca02c", width=1)),
                   row=rows + 1, col=1)
     fig.add_trace(go.Scatter(x=steps, y=run.cross_track_error, name="cross-track error",
                              line=dict(color="#9467bd", width=1)), row=rows + 1, col=1)
+    if classes:   # discrete actions: name the classes on the y axis
+        fig.update_yaxes(tickvals=list(range(len(classes))), ticktext=classes, row=1, col=1)
     fig.update_xaxes(title_text="step", row=rows + 1, col=1)
-    _layout(fig, 130 + 110 * (rows + 1), "Actions: policy vs expert",
+    _layout(fig, 130 + 110 * (rows + 1) + (20 * len(classes) if classes else 0), "Actions: policy vs expert",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
     return fig
 
@@ -475,8 +488,10 @@ _SCRIPT = r"""
 
   function renderReadout(i) {
     let rows = "<table><tr><td></td>" + R.policy_names.map((n) => "<td><b>" + n + "</b></td>").join("") + "</tr>";
-    rows += "<tr><td>policy</td>" + R.policy_names.map((_, j) => "<td>" + fmt(policy[i * A + j]) + "</td>").join("") + "</tr>";
-    if (E) rows += "<tr><td>expert</td>" + R.expert_names.map((_, j) => "<td>" + fmt(expert[i * E + j]) + "</td>").join("") + "</tr>";
+    const cell = (x, classes) => "<td>" + (classes && Number.isInteger(x) && classes[x] !== undefined
+        ? classes[x] + " (" + x + ")" : fmt(x)) + "</td>";
+    rows += "<tr><td>policy</td>" + R.policy_names.map((_, j) => cell(policy[i * A + j], R.policy_classes)).join("") + "</tr>";
+    if (E) rows += "<tr><td>expert</td>" + R.expert_names.map((_, j) => cell(expert[i * E + j], R.expert_classes)).join("") + "</tr>";
     rows += "</table>reward " + fmt(reward[i]) + " · cross-track error " + fmt(cte[i]);
     readout.innerHTML = rows;
   }

@@ -98,14 +98,19 @@ def test_oversized_images_are_reencoded_to_fit(run_dir, tmp_path):
     assert decode_jpeg(base64.b64decode(data["frames"][0])).shape[0] < 96
 
 
-def test_run_without_nac_or_saliency(tmp_path):
-    rec = RunRecorder(tmp_path)
+def test_run_without_nac_or_saliency_with_discrete_actions(tmp_path):
+    classes = ["noop", "right", "left", "gas", "brake"]
+    rec = RunRecorder(tmp_path, action_names=classes, expert_action_names=classes)
     for i in range(5):
-        rec.add(frame=np.full((16, 16, 3), 40 * i, np.uint8), policy_action=i % 5, timestamp=0.1 * i)
+        rec.add(frame=np.full((16, 16, 3), 40 * i, np.uint8), policy_action=i % 5, expert_action=3,
+                timestamp=0.1 * i)
     rec.save()
     data = _data(build_dashboard(tmp_path).read_text(encoding="utf-8"))
     assert data["has_nac"] is False and data["overlays"] is None
     assert list(data["figures"]) == ["actions"] and len(data["frames"]) == 5
+    # a discrete action is one column of class indices, labelled with the class names
+    assert data["readout"]["policy_classes"] == classes and data["readout"]["policy_names"] == ["action"]
+    assert data["figures"]["actions"]["layout"]["yaxis"]["ticktext"] == classes
 
 
 def test_cli_writes_the_dashboard_and_names_a_missing_trace(run_dir, tmp_path, capsys):
@@ -118,7 +123,8 @@ def test_cli_writes_the_dashboard_and_names_a_missing_trace(run_dir, tmp_path, c
 
 @pytest.mark.slow
 def test_thousand_frame_run_fits_the_size_budget(tmp_path):
-    make_synthetic_run(tmp_path, steps=1000, seed=2)
+    # the policy's default NAC size (d_model 64, 4 heads, top-8, window 16), CarRacing frames
+    make_synthetic_run(tmp_path, steps=1000, seed=2, d_model=64, num_heads=4, topk=8, window=16, input_dim=64)
     out = build_dashboard(tmp_path)
     size = out.stat().st_size
     assert size <= 25e6, f"{size / 1e6:.1f} MB"
