@@ -74,16 +74,22 @@ class NACTrace:
 class NACCache:
     """Streaming state of :meth:`NAC.step`: the key side of the last ``window`` steps.
 
-    Slots are in time order, oldest first. k ``[B, H, C, depth]`` (for key selection);
-    feats ``[B, H, C, F]`` the packed key side the attention gathers (see
-    :meth:`NAC._key_features`); positions ``[C]`` the step index held by each slot
-    (``-1``: empty). ``steps`` counts the frames consumed.
+    feats ``[B, H, C, F + depth]``: per slot, the packed key side the attention gathers
+    (:meth:`NAC._key_features`) followed by the key itself (for key selection). Slots
+    are in time order, oldest first, so slot c holds step ``steps - C + c`` (empty if
+    negative). ``steps`` counts the frames consumed. :meth:`NAC.step` returns a new
+    cache and leaves this one untouched.
     """
 
-    k: torch.Tensor
     feats: torch.Tensor
-    positions: torch.Tensor
     steps: int = 0
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """``[C]`` the step index held by each slot, ``-1`` for an empty one."""
+        C = self.feats.shape[2]
+        pos = torch.arange(self.steps - C, self.steps, device=self.feats.device)
+        return pos.clamp(min=-1)
 
 
 def _gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -187,12 +193,12 @@ class NAC(nn.Module):
 
         kh, vh [B, H, Tk, depth], times [B, Tk] or None -> [B, H, Tk, n_inter + 2 + depth + 1]:
         the key half of the backbone's first layer (W_k k), of the time affine (a, b),
-        the value, and the key's timestamp.
+        the key's timestamp, and the value.
         """
         B, H, Tk, _ = kh.shape
         w_k = torch.cat([self.inter.effective_weight[:, self.depth:], self.time_weight[:, self.depth:]], dim=-1)
         stamp = kh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
-        return torch.cat([kh @ w_k, vh, stamp], dim=-1)
+        return torch.cat([kh @ w_k, stamp, vh], dim=-1)
 
     def _query_side(self, qh: torch.Tensor):
         """qh [B, H, T, depth] -> (W_q q + b) [B, H, T, n_inter], time affine part [B, H, T, 2]"""
@@ -224,7 +230,7 @@ class NAC(nn.Module):
         valid = idx != NO_KEY
         gathered = _gather_keys(key_feats, idx.clamp(min=0))                                # [B,H,Tq,K,F]
         k_inter, k_time = gathered[..., :n_inter], gathered[..., n_inter:n_inter + 2]
-        values, key_times = gathered[..., n_inter + 2:-1], gathered[..., -1]
+        key_times, values = gathered[..., n_inter + 2], gathered[..., n_inter + 3:n_inter + 3 + self.depth]
 
         inter = torch.tanh(q_inter[:, :, :, None] + k_inter)                               # [B,H,Tq,K,ni]
         command = torch.tanh(self.command(inter.view(B, H, Tq * K, -1)))                  # [B,H,TqK,nc]
@@ -291,12 +297,9 @@ class NAC(nn.Module):
     def init_cache(self, batch_size: int) -> NACCache:
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""
         p = self.out_proj.weight
-        slots = self.window or 0
-        n_feats = self.inter.out_features + 2 + self.depth + 1
-        z = lambda *s: torch.zeros(*s, dtype=p.dtype, device=p.device)  # noqa: E731
-        return NACCache(k=z(batch_size, self.num_heads, slots, self.depth),
-                        feats=z(batch_size, self.num_heads, slots, n_feats),
-                        positions=torch.full((slots,), NO_KEY, dtype=torch.long, device=p.device))
+        width = self.inter.out_features + 3 + 2 * self.depth   # _key_features + the key
+        return NACCache(feats=torch.zeros(batch_size, self.num_heads, self.window or 0, width,
+                                          dtype=p.dtype, device=p.device))
 
     def step(self, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor | None = None,
              return_trace: bool = False):
@@ -312,8 +315,8 @@ class NAC(nn.Module):
         if x_t.ndim != 2 or x_t.shape[1] != self.input_dim:
             raise ValueError(f"x_t: expected [B, input_dim={self.input_dim}], got {list(x_t.shape)}")
         B = x_t.shape[0]
-        if cache.k.shape[0] != B:
-            raise ValueError(f"cache: built for batch {cache.k.shape[0]}, got a batch of {B}")
+        if cache.feats.shape[0] != B:
+            raise ValueError(f"cache: built for batch {cache.feats.shape[0]}, got a batch of {B}")
         if t is not None and tuple(t.shape) != (B,):
             raise ValueError(f"t: expected [B={B}], got {list(t.shape)}")
 
@@ -321,22 +324,24 @@ class NAC(nn.Module):
         qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
         now = t.to(x_t.dtype) if t is not None else torch.full((B,), float(cache.steps), dtype=x_t.dtype,
                                                                 device=x_t.device)
-        cache = _push(cache, kh, self._key_features(kh, vh, now[:, None]), self.window)
-        slot_ok = cache.positions >= 0                                                   # [C]
+        new = torch.cat([self._key_features(kh, vh, now[:, None]), kh], dim=-1)        # [B,H,1,F+depth]
+        cache = _push(cache, new, self.window)
+        C = cache.feats.shape[2]
+        slots = torch.arange(C, device=x_t.device)
+        empty = slots < C - cache.steps   # in the first steps of a window the oldest slots are empty
         with torch.no_grad():
             if self.select == "all":
-                slots = torch.arange(cache.positions.numel(), device=x_t.device)
-                idx = torch.where(slot_ok, slots, NO_KEY).expand(B, self.num_heads, 1, -1)
+                idx = slots.masked_fill(empty, NO_KEY).expand(B, self.num_heads, 1, C)
             else:
-                scores = (qh @ cache.k.transpose(-1, -2)).masked_fill(~slot_ok, float("-inf"))
-                idx = topk_positions(scores, torch.arange(scores.shape[-1], device=x_t.device), self.topk)
+                scores = qh @ cache.feats[..., -self.depth:].transpose(-1, -2)              # [B,H,1,C]
+                idx = topk_positions(scores.masked_fill(empty, float("-inf")), slots, self.topk)
         q_inter, q_time = self._query_side(qh)
         q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
         out, parts = self._attend(q_inter, q_time, q_times, cache.feats, idx, return_trace)
         y = self._output(out)[:, 0]
         if not return_trace:
             return y, cache
-        steps = torch.where(idx == NO_KEY, NO_KEY, cache.positions[idx.clamp(min=0)])
+        steps = torch.where(idx == NO_KEY, NO_KEY, idx + (cache.steps - C))
         return y, cache, NACTrace(q=q, k=k, v=v, topk_idx=steps, **parts)
 
     def extra_repr(self) -> str:
@@ -346,23 +351,18 @@ class NAC(nn.Module):
                 f"window={self.window}, backbone=(inter={n_inter}, command={n_cmd}, motor={n_motor})")
 
 
-def _push(cache: NACCache, k: torch.Tensor, feats: torch.Tensor, window: int | None) -> NACCache:
-    """Append one step's key side; with a window, drop the oldest slot (shift, O(window))."""
-    def add(old: torch.Tensor, new: torch.Tensor, dim: int) -> torch.Tensor:
-        joined = torch.cat([old, new], dim=dim)
-        return joined.narrow(dim, 1, old.shape[dim]) if window is not None else joined
-
-    position = torch.tensor([cache.steps], dtype=torch.long, device=cache.positions.device)
-    return NACCache(k=add(cache.k, k, 2), feats=add(cache.feats, feats, 2),
-                    positions=add(cache.positions, position, 0), steps=cache.steps + 1)
+def _push(cache: NACCache, new: torch.Tensor, window: int | None) -> NACCache:
+    """Append one step's slot; with a window, drop the oldest one (a shift: O(window))."""
+    joined = torch.cat([cache.feats, new], dim=2)
+    return NACCache(feats=joined[:, :, 1:] if window is not None else joined, steps=cache.steps + 1)
 
 
 def _masked_softmax(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim where invalid entries count as -inf (never a multiplied
     logit): their weight is exactly 0, and a row with no valid entry is all 0, not NaN."""
     masked = logits.masked_fill(~valid, float("-inf"))
-    top = masked.amax(dim=-1, keepdim=True).detach()
-    e = torch.exp(masked - torch.where(torch.isfinite(top), top, 0.0))
+    top = masked.amax(dim=-1, keepdim=True).detach().clamp(min=torch.finfo(logits.dtype).min)  # -inf rows: finite
+    e = torch.exp(masked - top)
     return e / e.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(e.dtype).tiny)
 
 

@@ -202,7 +202,7 @@ def test_fewer_keys_than_topk_leave_marked_empty_slots():
 # ----------------------------------------------------------------------------- streaming
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("select", ["exact", "all"])
-@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("window", [None, 4, 7])
 @pytest.mark.parametrize("time_input", ["query", "elapsed"])
 def test_step_reproduces_the_causal_forward(mode, select, window, time_input):
     layer = make(mode=mode, select=select, window=window, time_input=time_input)
@@ -218,7 +218,7 @@ def test_step_reproduces_the_causal_forward(mode, select, window, time_input):
             assert torch.equal(tr_i.topk_idx[:, :, 0].sort(-1).values[..., -min(i + 1, 4):],
                                tr.topk_idx[:, :, i].sort(-1).values[..., -min(i + 1, 4):])
         if window is not None:
-            assert cache.k.shape[2] == window  # O(window) state
+            assert cache.feats.shape[2] == window  # O(window) state
 
 
 def test_time_input_modes_differ_and_elapsed_ignores_a_time_shift():
