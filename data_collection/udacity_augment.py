@@ -1,9 +1,10 @@
 """Preprocessing and augmentations for Udacity frames (PilotNet input).
 
 ``preprocess`` is THE one function that turns a simulator frame into network input, used
-both by the training dataset and by live driving, so the two can never drift apart:
-crop rows 60:-25 (sky and the car's hood), resize to 66x200, RGB -> YUV, scale to [0, 1],
-channels first.
+both by the training dataset and by live driving (``DrivingPolicy``), so the two can never
+drift apart: crop rows 60:-25 (sky and the car's hood), resize to 66x200, RGB -> YUV.
+It returns uint8 ``[66, 200, 3]``; both users then move channels first and scale by 1/255
+(the dataset with ``to_chw_float``, the policy's encoder on uint8 input).
 
 Augmentations (all take/return uint8 RGB [H, W, 3] and a steering value, positive =
 right; each takes a ``numpy.random.Generator`` so results are reproducible):
@@ -32,7 +33,7 @@ STEER_PER_PIXEL = 0.002
 
 
 def preprocess(image_rgb: np.ndarray) -> np.ndarray:
-    """uint8 RGB [160, 320, 3] -> float32 YUV [3, 66, 200] in [0, 1] (crop 60:-25, resize)."""
+    """uint8 RGB [160, 320, 3] -> uint8 YUV [66, 200, 3] (crop rows 60:-25, resize, RGB->YUV)."""
     import cv2
 
     img = np.asarray(image_rgb)
@@ -40,8 +41,12 @@ def preprocess(image_rgb: np.ndarray) -> np.ndarray:
         raise ValueError(f"preprocess expects an RGB image [H>{CROP_TOP + CROP_BOTTOM}, W, 3], got shape {img.shape}")
     img = img[CROP_TOP:img.shape[0] - CROP_BOTTOM]
     img = cv2.resize(img, (INPUT_WIDTH, INPUT_HEIGHT), interpolation=cv2.INTER_AREA)
-    yuv = cv2.cvtColor(np.ascontiguousarray(img, dtype=np.uint8), cv2.COLOR_RGB2YUV)
-    return np.ascontiguousarray(yuv.transpose(2, 0, 1), dtype=np.float32) / 255.0
+    return cv2.cvtColor(np.ascontiguousarray(img, dtype=np.uint8), cv2.COLOR_RGB2YUV)
+
+
+def to_chw_float(frames: np.ndarray) -> np.ndarray:
+    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [0, 1]."""
+    return np.moveaxis(np.asarray(frames), -1, -3).astype(np.float32) / 255.0
 
 
 def side_camera_steering(steering: float, camera: str, correction: float = SIDE_CAMERA_CORRECTION) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, preprocess
+from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, preprocess, to_chw_float
 from nac_drive.data_collection.udacity_log import DrivingLogRow, load_rgb, read_driving_log
 
 DEFAULT_FPS = 15.0  # the simulator records at about 15 Hz; used when names carry no time
@@ -132,6 +132,6 @@ class UdacityWindowDataset:
                 img, s = aug.apply(load_rgb(getattr(r, aug.camera)), r.steering)
             frames.append(preprocess(img))
             steering.append(float(np.clip(s, -1.0, 1.0)))
-        return (torch.from_numpy(np.stack(frames)),
+        return (torch.from_numpy(to_chw_float(np.stack(frames))),
                 torch.from_numpy((t - t[0]).astype(np.float32)),
                 torch.tensor(steering, dtype=torch.float32))

@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import signal
+import socket
 import sys
 import time
 from collections import Counter
@@ -257,7 +258,7 @@ def _apply_mask_numpy(data, mask, length=None, offset=0):
     """XOR websocket payload bytes with the 4-byte client mask (vectorised)."""
     n = len(data) if length is None else length
     key = np.roll(np.frombuffer(bytes(mask), np.uint8), -(offset % 4))
-    return (np.frombuffer(data, np.uint8, count=n) ^ np.resize(key, n)).tobytes()
+    return (np.frombuffer(data, np.uint8, count=n) ^ np.tile(key, n // 4 + 1)[:n]).tobytes()
 
 
 def _speed_up_eventlet_unmasking() -> None:
@@ -322,6 +323,8 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
 
     app = socketio.WSGIApp(sio)
     listener = eventlet.listen((host, port))
+    # no Nagle delay for the small steer messages (accepted sockets inherit it on Linux)
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     server = eventlet.spawn(eventlet.wsgi.server, listener, app, log_output=False)
 
     # Ctrl-C / SIGTERM only set a flag: an exception raised by a signal handler would land

@@ -13,6 +13,7 @@ from nac_drive.data_collection.udacity_augment import (
     preprocess,
     shadow,
     side_camera_steering,
+    to_chw_float,
     translate,
 )
 from nac_drive.data_collection.udacity_dataset import UdacityWindowDataset, segments_from_log, split_segments
@@ -62,10 +63,12 @@ def test_preprocess_crops_resizes_and_converts_to_yuv():
     img = np.zeros((160, 320, 3), np.uint8)
     img[60:135] = (255, 0, 0)  # pure red in the kept rows; the cropped rows stay black
     x = preprocess(img)
-    assert x.shape == (3, 66, 200) and x.dtype == np.float32
-    # YUV of pure red (OpenCV): Y = 0.299 * 255 = 76, V (channel 2) well above 128
-    assert np.allclose(x[0], 76 / 255, atol=2 / 255)
-    assert np.all(x[2] > 0.7) and np.all(x[1] < 0.45)
+    assert x.shape == (66, 200, 3) and x.dtype == np.uint8
+    # YUV of pure red (OpenCV): Y = 0.299 * 255 = 76, V (channel 2) well above 128, U below
+    assert np.all(np.abs(x[..., 0].astype(int) - 76) <= 2)
+    assert np.all(x[..., 2] > 180) and np.all(x[..., 1] < 115)
+    chw = to_chw_float(x)
+    assert chw.shape == (3, 66, 200) and chw.dtype == np.float32 and chw[0, 0, 0] == pytest.approx(x[0, 0, 0] / 255)
     img[:60] = 255  # sky and hood rows must not influence the input
     img[135:] = 255
     assert np.allclose(preprocess(img), x)
@@ -105,6 +108,7 @@ def test_windows_follow_time_stamps_and_never_cross_segments(tmp_path):
     assert len(ds) == 5 + 3  # starts 0,2,..,8 in the first; 0,2,4 in the second
     frames, times, steer = ds[0]
     assert frames.shape == (4, 3, 66, 200) and frames.dtype.is_floating_point
+    assert 0.0 <= float(frames.min()) and float(frames.max()) <= 1.0
     assert times.tolist() == pytest.approx([0.0, 0.067, 0.134, 0.201], abs=1e-4)
     assert steer.tolist() == pytest.approx([0.0, 0.01, 0.02, 0.03])
     last = ds[len(ds) - 1]
