@@ -72,7 +72,10 @@ def main() -> int:
         "bridge_handler_ms_p95": server["latency_ms_p95"],
         "answered": server["answered"],
         "messages": server["messages"],
+        "policy_errors": server["policy_errors"],
     }
+    if server["policy_errors"]:
+        raise SystemExit(f"the policy failed on {server['policy_errors']} frames: the figures are not its latency")
     if args.json:
         print(json.dumps(result))
     else:
