@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def add_parser(subparsers) -> None:
@@ -77,6 +78,7 @@ def run_udacity_emulator(args) -> int:
     if report.no_answer:
         print(f"no answer to telemetry within {args.timeout} s: the server ignores a client that never sends "
               "the Socket.IO namespace CONNECT ('40'), as python-socketio >= 5 does (the bridge needs "
-              "python-socketio 4.6 / python-engineio 3.13: pip install 'nac-drive[udacity]')", flush=True)
+              "python-socketio 4.6 / python-engineio 3.13: pip install 'nac-drive[udacity]')",
+              file=sys.stderr, flush=True)
         return 2
     return 0
