@@ -119,8 +119,8 @@ def saliency_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | st
                   steer_index: int = 0) -> np.ndarray:
     """Saliency of ``frames [B, C, H, W]`` -> maps ``[B, H, W]`` float32 in [0, 1].
 
-    Each map is scaled to [0, 1] on its own (a map with no evidence is all 0).
-    ``frame_model``'s train/eval mode is restored afterwards.
+    Each map is scaled to [0, 1] on its own (a map with no evidence is all 0). The
+    model runs in eval mode; each submodule's train/eval mode is restored afterwards.
     """
     classes = _methods()
     if method not in classes:
@@ -128,7 +128,9 @@ def saliency_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | st
     if not isinstance(frames, torch.Tensor) or frames.ndim != 4:
         raise ValueError(f"frames: expected a tensor [B, C, H, W], got {getattr(frames, 'shape', type(frames))}")
     layer = resolve_layer(frame_model, target_layer)
-    was_training = frame_model.training
+    # Restore every submodule's own mode afterwards: a fresh wrapper is in train mode
+    # while the policy inside it is in eval mode, and must stay so (dropout).
+    modes = [(m, m.training) for m in frame_model.modules()]
     frame_model.eval()
     try:
         with torch.no_grad():
@@ -142,7 +144,8 @@ def saliency_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | st
             cam.activations_and_grads.release()
     finally:
         frame_model.zero_grad(set_to_none=True)
-        frame_model.train(was_training)
+        for module, training in modes:
+            module.training = training
     return np.clip(np.nan_to_num(maps.astype(np.float32)), 0.0, 1.0)
 
 
@@ -178,14 +181,14 @@ def default_preprocess(frame: np.ndarray) -> torch.Tensor:
 def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Callable[[int], nn.Module],
                          preprocess: Callable[[np.ndarray], torch.Tensor] = default_preprocess,
                          target: int | str | Callable[[int], int | str] = "predicted", method: str = "gradcam",
-                         target_layer: str | None = None, steer_index: int = 0, alpha: float = 0.45,
+                         target_layer: nn.Module | str | None = None, steer_index: int = 0, alpha: float = 0.45,
                          jpeg_quality: int = 85, progress: bool = True) -> Path:
     """Saliency for every frame of the run in ``run_dir``; writes ``RUN_DIR/saliency.npz``.
 
     frame_model_for_step(i): the image model for step i (the policy with step i's
     temporal context held fixed). preprocess(frame): the model input ``[C, H, W]``
     for a recorded RGB frame. target: a target spec (module docstring) or a function
-    of the step returning one. target_layer: None (last Conv2d) or a dotted name.
+    of the step returning one. target_layer: None (last Conv2d), a dotted name or the module.
     """
     from tqdm import tqdm
 

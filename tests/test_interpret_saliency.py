@@ -131,14 +131,27 @@ def test_never_uses_flip_augmentation(classifier, monkeypatch):
         saliency_maps(classifier, _frames([0, 1], seed=3), method=method)
 
 
-def test_named_target_layer_and_mode_restored(classifier):
+class _Wrapper(nn.Module):
+    """Like a policy's frame model: a fresh wrapper (train mode) around an eval-mode policy."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_named_target_layer_and_modes_restored(classifier):
     assert last_conv2d(classifier) is classifier.features[2]
-    classifier.train()
-    first = saliency_maps(classifier, _frames([0], seed=3), target_layer="features.0")
-    assert classifier.training
     classifier.eval()
-    last = saliency_maps(classifier, _frames([0], seed=3))
+    wrapper = _Wrapper(classifier)
+    assert wrapper.training
+    first = saliency_maps(wrapper, _frames([0], seed=3), target_layer="inner.features.0")
+    assert wrapper.training and not classifier.training and not classifier.features.training
+    last = saliency_maps(wrapper, _frames([0], seed=3), target_layer=classifier.features[2])
     assert first.shape == last.shape and not np.allclose(first, last)
+    assert all(p.grad is None for p in classifier.parameters())
 
 
 def test_bad_arguments_are_named(classifier):
