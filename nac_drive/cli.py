@@ -13,7 +13,7 @@ import importlib
 import sys
 
 # Verb modules under nac_drive.commands, in the order --help lists them.
-COMMANDS: list[str] = ["quickstart", "collect", "train", "drive", "saliency", "dashboard", "expert", "sim", "record"]
+COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "drive", "saliency", "dashboard", "expert", "sim", "record"]
 
 
 def build_parser() -> argparse.ArgumentParser:

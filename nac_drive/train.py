@@ -107,7 +107,14 @@ def train(args: TrainArgs) -> Path:
                           topk=args.topk, mode=args.mode, seed=args.seed, **args.extra)
     config.core = core_cfg
     run_dir = Path(args.out) / run_name(args, config.task)
-    policy = DrivingPolicy(config)
+    if args.init_from:   # fine-tune (e.g. a DAgger round): the checkpoint's own architecture
+        policy = DrivingPolicy.from_pretrained(args.init_from).train()
+        if policy.config.action != config.action:
+            raise ValueError(f"init_from: {args.init_from} is a {policy.config.action} policy, the data has "
+                             f"{config.action} actions")
+        config = policy.config
+    else:
+        policy = DrivingPolicy(config)
     model = torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy
 
     sampler = EpochSampler(len(train_set), args.windows_per_epoch, args.seed, rank, world)

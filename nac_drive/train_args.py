@@ -36,6 +36,7 @@ class TrainArgs:
     val_windows: int = arg(1024, 'validation windows evaluated per epoch (0: all).')
     seed: int = arg(0, 'seeds the split, sampling, dropout and initialisation.')
     resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
+    init_from: str = arg("", 'start from this checkpoint folder\'s weights and architecture (fine-tuning).')
     progress: bool = arg(True, 'show a progress bar.')
     extra: dict = arg({}, 'further CoreConfig fields (e.g. {"select": "block"}).')
 

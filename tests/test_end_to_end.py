@@ -61,3 +61,15 @@ def test_collect_train_drive(tmp_path):
     trace = load_trace(run)
     assert trace.num_steps == 60 and trace.q.shape == (60, policy.config.core.d_model)
     assert np.isfinite(trace.expert_action).all()     # the teacher labelled every frame
+
+    # One DAgger round: the student drives, the teacher labels, the student is fine-tuned.
+    out = cli("dagger", "--policy", str(best), "--data", str(demos), "--out", str(train_dir), "--run-name", "dg",
+              "--rounds", "1", "--episodes", "1", "--max-steps", "40", "--window", "8", "--epochs", "1",
+              "--windows-per-epoch", "64", "--batch-size", "16", "--val-fraction", "0", "--no-progress")
+    final = train_dir / "dg-r0" / "best"
+    assert f"final checkpoint: {final}" in out
+    labelled = [e for e in load_episodes(demos) if e.source.count("dagger-r0-s0")]
+    assert len(labelled) == 1 and len(labelled[0]) == 40 and labelled[0].expert == "teacher-discrete"
+    assert labelled[0].seed == 150_000                                 # collection range, never evaluation
+    tuned = DrivingPolicy.from_pretrained(final)
+    assert not torch.equal(tuned.head[1].weight, policy.head[1].weight)

@@ -1,0 +1,36 @@
+"""``nac-drive dagger``: DAgger rounds with the privileged teacher as the oracle (nac_drive.dagger)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers) -> None:
+    from nac_drive import dagger, train_args
+
+    p = subparsers.add_parser("dagger", help="improve a policy with DAgger (teacher labels the student's states)",
+                              description=dagger.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", required=True, help="checkpoint folder to start from")
+    p.add_argument("--rounds", type=int, default=3, help="DAgger rounds (default 3)")
+    p.add_argument("--episodes", type=int, default=5, help="student episodes per round (default 5)")
+    p.add_argument("--max-steps", type=int, default=None, help="cap each student episode (env frames)")
+    train_args.add_arguments(p)   # --data, --out, --epochs, ... for each round's fine-tuning
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from nac_drive.checkpoint import CheckpointError
+    from nac_drive.dagger import dagger
+    from nac_drive.data_collection.carracing_dataset import DatasetError
+    from nac_drive.train_args import args_from_namespace
+
+    try:
+        final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
+                       seed=args.seed, max_steps=args.max_steps, progress=args.progress)
+    except (CheckpointError, DatasetError, ValueError) as e:
+        print(f"dagger: {e}", file=sys.stderr)
+        return 2
+    print(f"final checkpoint: {final}")
+    return 0

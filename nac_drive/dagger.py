@@ -1,0 +1,52 @@
+"""DAgger (Ross et al. 2011) for CarRacing: the student drives, the privileged teacher labels.
+
+Each round drives the current policy on fresh collection tracks while the pure-pursuit
+teacher answers, for every state the student reached, what it would have done; those
+labels join the dataset as a new Minari dataset (``dagger-r<round>-s<seed>``) and the
+policy is fine-tuned on everything. Student mistakes thus become training data, which
+plain behaviour cloning never sees.
+
+    nac-drive dagger --policy runs/train/<run>/best --data runs/demos --rounds 3 --episodes 5
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from nac_drive.train_args import TrainArgs
+
+DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
+
+
+def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int, train_args: TrainArgs,
+           seed: int = 0, max_steps: int | None = None, progress: bool = True) -> Path:
+    """Run ``rounds`` of DAgger from ``policy_path``; returns the final checkpoint folder."""
+    from nac_drive.agents.driver import PolicyDriver, load_policy
+    from nac_drive.agents.teacher import PurePursuitTeacher
+    from nac_drive.data_collection.carracing_dataset import write_dataset
+    from nac_drive.data_collection.episode_recorder import RecordEpisodes
+    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, FPS, make_carracing, run_episodes
+    from nac_drive.train import train
+
+    if rounds < 1 or episodes < 1:
+        raise ValueError(f"rounds and episodes must be >= 1, got {rounds} and {episodes}")
+    policy_path = Path(policy_path)
+    for r in range(rounds):
+        policy = load_policy(policy_path)
+        continuous = policy.config.action == "continuous"
+        teacher = PurePursuitTeacher(continuous=continuous)
+        env = RecordEpisodes(make_carracing(continuous=continuous), fps=FPS, labeler=teacher.action_for)
+        first = COLLECT_SEED_BASE + DAGGER_SEED_OFFSET + 1000 * seed + episodes * r
+        try:
+            results = run_episodes(PolicyDriver(policy), list(range(first, first + episodes)), continuous=continuous,
+                                   max_steps=max_steps, env=env, progress=progress)
+            write_dataset(data, f"dagger-r{r}-s{seed}", env.take_episodes(), env.unwrapped, expert=teacher.name,
+                          description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled")
+        finally:
+            env.close()
+        print(f"DAgger round {r}: the student drove {results.format()}", flush=True)
+        run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
+                                            run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
+        policy_path = run_dir / "best"
+    return policy_path
