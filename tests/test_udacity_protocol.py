@@ -126,3 +126,31 @@ def test_emulator_stalls_like_unity_when_steer_values_are_numbers():
     telemetry = [e for e in events[1:] if e["frame"].startswith("42")]
     assert len(telemetry) == 1 and report.non_string_steer == 1
     assert report.no_answer and report.commands == 0
+
+
+def test_sim_cli_drives_against_the_bridge_and_exits_2_without_answers(capsys):
+    from nac_drive.cli import main as cli_main
+
+    port = free_port()
+    bridge = start_bridge(port, "udacity_test_policies:Constant03")
+    try:
+        code = cli_main(["sim", "udacity-emulator", "--port", str(port), "--frames", "12", "--track", "canyon",
+                         "--json"])
+    finally:
+        bridge.stop()
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and summary["telemetry_sent"] == 12 and summary["track"] == "canyon"
+    assert summary["steer"] >= 12 and summary["no_answer"] is False
+
+    port = free_port()
+    server = Proc([sys.executable, "-u", str(__import__("support.udacity_procs").udacity_procs.SUPPORT
+                                            / "capture_server.py"), str(port), "numbers"])
+    server.wait_for("listening")
+    try:
+        code = cli_main(["sim", "udacity-emulator", "--port", str(port), "--frames", "5", "--timeout", "1",
+                         "--json"])
+    finally:
+        server.stop()
+    captured = capsys.readouterr()
+    assert code == 2 and json.loads(captured.out.strip().splitlines()[-1])["no_answer"] is True
+    assert "namespace CONNECT" in captured.err
