@@ -225,7 +225,8 @@ def _actions_figure(run: RunTrace):
     fig.add_trace(go.Scatter(x=steps, y=run.cross_track_error, name="cross-track error",
                              line=dict(color="#9467bd", width=1)), row=rows + 1, col=1)
     if classes:   # discrete actions: name the classes on the y axis
-        fig.update_yaxes(tickvals=list(range(len(classes))), ticktext=classes, row=1, col=1)
+        fig.update_yaxes(tickvals=list(range(len(classes))), ticktext=classes, range=[-0.5, len(classes) - 0.5],
+                         row=1, col=1)
     fig.update_xaxes(title_text="step", row=rows + 1, col=1)
     _layout(fig, 130 + 110 * (rows + 1) + (20 * len(classes) if classes else 0), "Actions: policy vs expert",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
