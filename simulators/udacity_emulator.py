@@ -166,6 +166,7 @@ class UdacityEmulator:
         self._send_lock = threading.Lock()
         self._sent_at: deque[float] = deque()
         self._stop = threading.Event()
+        self._t0 = 0.0  # wall-clock start of the run (perf_counter), for --realtime pacing
 
     @property
     def url(self) -> str:
