@@ -53,7 +53,12 @@ class Proc:
     def stop(self, sig=signal.SIGINT, timeout: float = 20.0) -> int:
         if self.p.poll() is None:
             self.p.send_signal(sig)
-        rc = self.p.wait(timeout)
+        try:
+            rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()  # never leave a server behind
+            self.p.wait()
+            raise
         time.sleep(0.1)  # let the drain threads read the last lines
         return rc
 
