@@ -133,7 +133,7 @@ class DrivingPolicy(nn.Module):
             obs = obs["image"]
         image = np.asarray(obs)
         if self.config.task == "udacity":
-            from nac_drive.data_collection.udacity_log import preprocess
+            from nac_drive.data_collection.udacity_augment import preprocess
             image = preprocess(image)
         if image.ndim != 3 or image.shape[2] != 3:
             raise ValueError(f"obs: expected an RGB image [H, W, 3], got shape {image.shape}")

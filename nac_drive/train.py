@@ -64,28 +64,55 @@ def class_weights(actions: np.ndarray, num_classes: int, how: str) -> torch.Tens
 
 
 def bc_loss(outputs: torch.Tensor, actions: torch.Tensor, weights: torch.Tensor | None):
-    """outputs [B, T, A], actions [B, T] (classes) or [B, T, A] -> (loss, number correct or None)."""
+    """outputs [B, T, A], actions [B, T] (classes, or one continuous output) or [B, T, A]
+    -> (loss, number correct for classes / sum of absolute errors for regression)."""
     if actions.dtype == torch.int64:
         loss = F.cross_entropy(outputs.flatten(0, 1), actions.flatten(), weight=weights)
         return loss, (outputs.argmax(-1) == actions).sum().item()
-    return F.mse_loss(outputs, actions), None
+    if actions.ndim == outputs.ndim - 1:   # Udacity steering: [B, T] -> [B, T, 1]
+        actions = actions.unsqueeze(-1)
+    return F.mse_loss(outputs, actions), (outputs - actions).abs().mean(-1).sum().item()
 
 
 def _load_data(args: TrainArgs, seed: int):
+    """-> (policy config, train windows, validation windows, training actions or None, info).
+
+    The task follows the data: Udacity ``driving_log.csv`` recordings, else Minari
+    CarRacing datasets."""
+    if any(Path(args.data).rglob("driving_log.csv")) if Path(args.data).is_dir() else False:
+        return _load_udacity(args, seed)
+    return _load_carracing(args, seed)
+
+
+def _load_carracing(args: TrainArgs, seed: int):
     from nac_drive.data_collection.carracing_dataset import WindowDataset, load_episodes, split_by_episode
 
     episodes = load_episodes(args.data)
     train_eps, val_eps = split_by_episode(episodes, args.val_fraction, seed)
     discrete = episodes[0].actions.ndim == 1
+    frame_dt = float(np.median(np.diff(episodes[0].timestamps))) if len(episodes[0]) > 1 else 0.02
     config = PolicyConfig(task="carracing", encoder="carracing_cnn", action="discrete" if discrete else "continuous",
-                          num_outputs=5 if discrete else 3, frame_dt=float(np.median(np.diff(episodes[0].timestamps)))
-                          if len(episodes[0]) > 1 else 0.02)
-    train, val = WindowDataset(train_eps, args.window), WindowDataset(val_eps, args.window)
-    if len(train) == 0:
-        raise ValueError(f"data: no episode of {args.data} has {args.window} frames (--window)")
-    all_actions = np.concatenate([e.actions for e in train_eps])
-    return config, train, val, all_actions, {"episodes": len(episodes), "train_episodes": len(train_eps),
-                                             "val_episodes": len(val_eps), "val_seeds": [e.seed for e in val_eps]}
+                          num_outputs=5 if discrete else 3, frame_dt=frame_dt)
+    train_set, val_set = WindowDataset(train_eps, args.window), WindowDataset(val_eps, args.window)
+    actions = np.concatenate([e.actions for e in train_eps]) if discrete else None
+    return config, train_set, val_set, actions, {
+        "task": "carracing", "episodes": len(episodes), "train_episodes": len(train_eps),
+        "val_episodes": len(val_eps), "val_seeds": [e.seed for e in val_eps]}
+
+
+def _load_udacity(args: TrainArgs, seed: int):
+    from nac_drive.data_collection.udacity_dataset import (DEFAULT_FPS, UdacityWindowDataset, segments_from_log,
+                                                           split_segments)
+
+    segments = [seg for log in sorted(Path(args.data).rglob("driving_log.csv")) for seg in segments_from_log(log)]
+    train_segs, val_segs = split_segments(segments, args.val_fraction, seed)
+    config = PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                          head_dropout=0.5, frame_dt=1.0 / DEFAULT_FPS)
+    train_set = UdacityWindowDataset(train_segs, args.window, augment=True, seed=seed)
+    val_set = UdacityWindowDataset(val_segs, args.window, augment=False, seed=seed)
+    return config, train_set, val_set, None, {
+        "task": "udacity", "segments": len(segments), "train_segments": len(train_segs),
+        "val_segments": len(val_segs), "frames": sum(len(s.rows) for s in segments)}
 
 
 def _distributed() -> tuple[int, int]:
@@ -103,6 +130,8 @@ def train(args: TrainArgs) -> Path:
     rank, world = _distributed()
     torch.manual_seed(args.seed)
     config, train_set, val_set, actions, data_info = _load_data(args, args.seed)
+    if len(train_set) == 0:
+        raise ValueError(f"data: no episode or segment of {args.data} has {args.window} frames (--window)")
     core_cfg = CoreConfig(core=args.core, window=args.window, d_model=args.d_model, num_heads=args.num_heads,
                           topk=args.topk, mode=args.mode, seed=args.seed, **args.extra)
     config.core = core_cfg
@@ -125,7 +154,7 @@ def train(args: TrainArgs) -> Path:
     warmup = max(1, total_steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, 0.5 * (
         1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total_steps - warmup))))))
-    weights = class_weights(actions, config.num_outputs, args.class_weighting) if config.action == "discrete" else None
+    weights = class_weights(actions, config.num_outputs, args.class_weighting) if actions is not None else None
 
     start_epoch, best = 0, float("inf")
     if args.resume:
@@ -147,6 +176,8 @@ def train(args: TrainArgs) -> Path:
 
     for epoch in range(start_epoch, args.epochs):
         sampler.epoch = epoch
+        if hasattr(train_set, "set_epoch"):   # fresh augmentation draws
+            train_set.set_epoch(epoch)
         model.train()
         seen, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", disable=rank != 0 or not args.progress,
@@ -154,6 +185,7 @@ def train(args: TrainArgs) -> Path:
         for frames, stamps, target in bar:
             outputs = model(frames, stamps)
             loss, right = bc_loss(outputs, target, weights)
+            right = right if config.action == "discrete" else 0
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -216,13 +248,13 @@ def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: in
     total, loss_sum, correct, abs_err = 0, 0.0, 0, 0.0
     for frames, stamps, target in loader:
         outputs = policy(frames, stamps)
-        loss, right = bc_loss(outputs, target, weights)
+        loss, hits = bc_loss(outputs, target, weights)
         n = target.shape[0] * target.shape[1]
         total, loss_sum = total + n, loss_sum + loss.item() * n
-        if right is None:
-            abs_err += (outputs - target).abs().mean(-1).sum().item()
+        if policy.config.action == "discrete":
+            correct += hits
         else:
-            correct += right
+            abs_err += hits
     discrete = policy.config.action == "discrete"
     return {"loss": loss_sum / total, "accuracy": correct / total if discrete else nan,
             "mae": nan if discrete else abs_err / total}
