@@ -14,10 +14,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _fan_in_bound(mask: torch.Tensor, in_dim: int) -> float:
-    """Uniform init bound 1/sqrt(mean number of live inputs per output neuron)."""
+def _wired_parameters(module: nn.Module, mask: torch.Tensor, weight_shape: tuple, bias_shape: tuple | None,
+                      in_dim: int) -> None:
+    """Register ``mask`` and uniformly initialised ``weight`` / ``bias`` on ``module``.
+
+    The bound is 1/sqrt(mean number of live inputs per output neuron): the usual
+    fan-in rule, counting only the synapses the wiring has.
+    """
+    module.register_buffer("mask", mask)
     live_inputs = mask.sum(dim=in_dim).clamp(min=1).mean().item()
-    return 1.0 / math.sqrt(live_inputs)
+    bound = 1.0 / math.sqrt(live_inputs)
+    module.weight = nn.Parameter(torch.empty(weight_shape).uniform_(-bound, bound))
+    module.bias = nn.Parameter(torch.empty(bias_shape).uniform_(-bound, bound)) if bias_shape else None
 
 
 class MaskedLinear(nn.Module):
@@ -30,13 +38,8 @@ class MaskedLinear(nn.Module):
         super().__init__()
         in_features, out_features = mask.shape
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("mask", torch.as_tensor(np.ascontiguousarray(mask.T), dtype=torch.float32))
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        bound = _fan_in_bound(self.mask, in_dim=1)
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
+        _wired_parameters(self, torch.as_tensor(np.ascontiguousarray(mask.T), dtype=torch.float32),
+                          (out_features, in_features), (out_features,) if bias else None, in_dim=1)
 
     @property
     def effective_weight(self) -> torch.Tensor:
@@ -62,13 +65,8 @@ class HeadwiseMaskedLinear(nn.Module):
         super().__init__()
         in_features, out_features = mask.shape
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("mask", torch.as_tensor(mask, dtype=torch.float32))
-        self.weight = nn.Parameter(torch.empty(num_heads, in_features, out_features))
-        self.bias = nn.Parameter(torch.empty(num_heads, out_features)) if bias else None
-        bound = _fan_in_bound(self.mask, in_dim=0)
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
+        _wired_parameters(self, torch.as_tensor(mask, dtype=torch.float32), (num_heads, in_features, out_features),
+                          (num_heads, out_features) if bias else None, in_dim=0)
 
     @property
     def effective_weight(self) -> torch.Tensor:
