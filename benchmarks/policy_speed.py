@@ -1,0 +1,102 @@
+"""Driving-policy speed: closed-loop latency per frame and training throughput, per core.
+
+    python benchmarks/policy_speed.py                # prints the markdown tables of BENCHMARKS.md
+
+* latency: ``select_action`` on one raw 96x96 frame, one thread, after a 64-frame warm-up
+  (the window is full), median over 500 frames;
+* training: forward + backward + AdamW step on batches of 32 windows x 16 frames,
+  frames per second; one process with one thread, and two processes under
+  DistributedDataParallel (gloo), as ``torchrun --nproc-per-node 2`` trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nac_drive.cores import CORES, CoreConfig
+from nac_drive.policy import DrivingPolicy, PolicyConfig
+
+BATCH, WINDOW = 32, 16
+
+
+def make_policy(core: str) -> DrivingPolicy:
+    return DrivingPolicy(PolicyConfig(core=CoreConfig(core=core, window=WINDOW)))
+
+
+def latency_ms(core: str, frames: int = 500) -> float:
+    torch.set_num_threads(1)
+    policy = make_policy(core).eval()
+    obs = np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    for _ in range(64):
+        policy.select_action(obs)
+    times = []
+    for _ in range(frames):
+        t0 = time.perf_counter()
+        policy.select_action(obs)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def _train_steps(policy, model, steps: int) -> float:
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    frames = torch.randint(0, 256, (BATCH, WINDOW, 3, 96, 96), dtype=torch.uint8)
+    stamps = torch.arange(WINDOW, dtype=torch.float32).expand(BATCH, WINDOW) * 0.02
+    actions = torch.randint(0, 5, (BATCH, WINDOW))
+    for i in range(steps + 2):
+        if i == 2:   # two warm-up steps
+            t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(frames, stamps).flatten(0, 1), actions.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return BATCH * WINDOW * steps / (time.perf_counter() - t0)
+
+
+def train_fps(core: str, steps: int = 8) -> float:
+    torch.set_num_threads(1)
+    policy = make_policy(core).train()
+    return _train_steps(policy, policy, steps)
+
+
+def _ddp_worker(rank: int, world: int, core: str, steps: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    policy = make_policy(core).train()
+    fps = _train_steps(policy, torch.nn.parallel.DistributedDataParallel(policy), steps)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, fps)
+    if rank == 0:
+        out.put(sum(gathered))
+    dist.destroy_process_group()
+
+
+def ddp_train_fps(core: str, steps: int = 8, world: int = 2) -> float:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_ddp_worker, args=(world, core, steps, queue), nprocs=world, start_method="spawn")
+    return queue.get()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cores", nargs="*", default=list(CORES))
+    args = parser.parse_args()
+    print("| core | select_action ms / frame (p50, 1 thread) | train frames/s, 1 process | "
+          "train frames/s, 2 processes (DDP) |\n|---|---|---|---|")
+    for core in args.cores:
+        lat, one = latency_ms(core), train_fps(core)
+        two = ddp_train_fps(core) if core == "nac" else float("nan")
+        print(f"| {core} | {lat:.2f} | {one:.0f} | {'' if two != two else f'{two:.0f}'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
