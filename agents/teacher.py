@@ -57,6 +57,18 @@ class TeacherConfig:
     """discrete mode: steer while the wheels are further than this from the wanted angle"""
 
 
+def default_config(continuous: bool) -> TeacherConfig:
+    """Gains tuned on collection-range tracks (100000..100003), one set per action mode.
+
+    Discrete gas is weak (0.2) and steering means no gas, so the discrete teacher keeps
+    more speed into bends and steers only for larger errors.
+    """
+    if continuous:
+        return TeacherConfig(max_speed=110.0, min_speed=40.0)
+    return TeacherConfig(max_speed=120.0, min_speed=45.0, brake_margin=10.0,
+                         curve_for_min_speed=1.6, steer_deadband=0.12, steer_tolerance=0.05)
+
+
 class PurePursuitTeacher:
     """Privileged expert; actor interface ``reset()``, ``reset_env(env)``, ``act(obs)``.
 
@@ -65,7 +77,7 @@ class PurePursuitTeacher:
 
     def __init__(self, continuous: bool = True, config: TeacherConfig | None = None):
         self.continuous = continuous
-        self.cfg = config or TeacherConfig()
+        self.cfg = config or default_config(continuous)
         self.name = "teacher" if continuous else "teacher-discrete"
         self._env: gym.Env | None = None
         self._track_key: int | None = None
