@@ -77,3 +77,16 @@ class PolicyDriver:
         if self.recorder is not None and self._pending:
             self.recorder.add(reward=reward, timestamp=frame * self.policy.config.frame_dt, **self._pending)
             self._pending = {}
+
+
+def untrained_udacity_policy():
+    """A PilotNet+NAC steering policy with fresh weights: the same computation as a
+    trained one, for latency benchmarks of the bridge (``--policy
+    nac_drive.agents.driver:untrained_udacity_policy``)."""
+    import torch
+
+    from nac_drive.policy import DrivingPolicy, PolicyConfig
+
+    torch.set_num_threads(1)
+    return DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                                      head_dropout=0.5, frame_dt=1 / 15)).eval()
