@@ -32,18 +32,22 @@ def load_policy(path: str | Path | None = None):
 
 
 class PolicyDriver:
-    """Actor protocol of :func:`nac_drive.simulators.carracing.run_episodes`.
+    """A policy as an actor: the episode runner's protocol (``reset``, ``reset_env``,
+    ``act``, ``on_step``) for CarRacing and the Udacity bridge's (``reset``,
+    ``select_action``).
 
     Args:
         policy: the trained policy.
-        recorder: optional :class:`nac_drive.interpret.trace.RunRecorder`; pass
-            :meth:`on_step` as the runner's ``on_step`` to fill it.
+        recorder: optional :class:`nac_drive.interpret.trace.RunRecorder`. CarRacing: pass
+            :meth:`on_step` as the runner's ``on_step``, which adds the reward.
         oracle: optional privileged expert with ``reset_env(env)`` and
             ``action_for(env)`` (the teacher), recorded as the expert action.
+        save_every: with a recorder, rewrite its file every this many steps, so a run
+            that is killed (the bridge runs until Ctrl-C) keeps its traces.
     """
 
-    def __init__(self, policy, recorder=None, oracle=None):
-        self.policy, self.recorder, self.oracle = policy, recorder, oracle
+    def __init__(self, policy, recorder=None, oracle=None, save_every: int = 500):
+        self.policy, self.recorder, self.oracle, self.save_every = policy, recorder, oracle, save_every
         self.name = f"policy:{policy.config.core.core}"
         self.policy.trace_enabled = recorder is not None and policy.config.core.core == "nac"
         self.latencies_ms: list[float] = []
@@ -68,15 +72,27 @@ class PolicyDriver:
         self.latencies_ms.append((time.perf_counter() - t0) * 1e3)
         if self.recorder is not None:
             expert = self.oracle.action_for(self._env) if self.oracle is not None and self._env is not None else None
-            self._pending = {"frame": obs, "policy_action": action, "expert_action": expert,
-                             "nac_trace": self.policy.last_trace}
+            self._pending = {"frame": obs["image"] if isinstance(obs, dict) else obs, "policy_action": action,
+                             "expert_action": expert, "nac_trace": self.policy.last_trace}
         return action
 
     def on_step(self, episode: int, frame: int, obs, action, reward: float, info: dict) -> None:
         """Runner callback: completes the step's record with its reward."""
-        if self.recorder is not None and self._pending:
-            self.recorder.add(reward=reward, timestamp=frame * self.policy.config.frame_dt, **self._pending)
-            self._pending = {}
+        self._flush(reward=reward, timestamp=frame * self.policy.config.frame_dt)
+
+    def select_action(self, obs):
+        """The Udacity bridge's protocol: obs is a dict with ``image`` and ``timestamp``."""
+        action = self.act(obs)
+        self._flush(reward=None, timestamp=obs.get("timestamp"))
+        return action
+
+    def _flush(self, reward, timestamp) -> None:
+        if self.recorder is None or not self._pending:
+            return
+        self.recorder.add(reward=reward, timestamp=timestamp, **self._pending)
+        self._pending = {}
+        if self.save_every and len(self.recorder) % self.save_every == 0:
+            self.recorder.save()
 
 
 def untrained_udacity_policy():

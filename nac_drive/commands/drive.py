@@ -32,6 +32,8 @@ def add_parser(subparsers) -> None:
     uda.add_argument("--port", type=int, default=4567, help="port the simulator connects to")
     uda.add_argument("--speed", type=float, default=9.0, help="set speed for the PI throttle controller (mph)")
     uda.add_argument("--record", metavar="DIR", default=None, help="also record driving_log.csv + IMG/ to DIR")
+    uda.add_argument("--trace", default=None, metavar="RUN_DIR",
+                     help="record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard)")
     uda.add_argument("--json", action="store_true", help="end the summary with one line of JSON")
     uda.set_defaults(func=run_udacity)
 
@@ -61,17 +63,11 @@ def drive_carracing(policy_path, episodes: int, seed_base: int, max_steps=None, 
         raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
     recorder, oracle = None, None
     if trace_dir is not None:
-        from dataclasses import asdict
-
         from nac_drive.agents.teacher import PurePursuitTeacher
-        from nac_drive.interpret.trace import RunRecorder
 
         continuous = policy.config.action == "continuous"
-        nac = policy.core.nac if policy.config.core.core == "nac" else None
         names = ["noop", "right", "left", "gas", "brake"] if not continuous else ["steer", "gas", "brake"]
-        recorder = RunRecorder(trace_dir, metadata={"env": "CarRacing-v3", "policy": str(policy_path or "shipped"),
-                                                    "policy_config": asdict(policy.config)},
-                               nac=nac, action_names=names, expert_action_names=names)
+        recorder = _recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
         oracle = PurePursuitTeacher(continuous=continuous)
     driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
     seeds = eval_seeds(episodes, base=seed_base)
@@ -83,6 +79,18 @@ def drive_carracing(policy_path, episodes: int, seed_base: int, max_steps=None, 
     summary = results.summary()
     summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core, text=results.format())
     return summary
+
+
+def _recorder(trace_dir, policy, policy_path, env: str, action_names: list[str]):
+    """A RunRecorder for a policy's closed-loop run (its NAC's wiring included)."""
+    from dataclasses import asdict
+
+    from nac_drive.interpret.trace import RunRecorder
+
+    nac = policy.core.nac if policy.config.core.core == "nac" else None
+    return RunRecorder(trace_dir, metadata={"env": env, "policy": str(policy_path or "shipped"),
+                                            "policy_config": asdict(policy.config)},
+                       nac=nac, action_names=action_names, expert_action_names=action_names)
 
 
 def run_carracing(args: argparse.Namespace) -> int:
@@ -103,7 +111,7 @@ def run_carracing(args: argparse.Namespace) -> int:
 
 
 def run_udacity(args: argparse.Namespace) -> int:
-    from nac_drive.agents.driver import load_policy
+    from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.simulators.udacity_bridge import drive_udacity
 
     try:
@@ -114,5 +122,12 @@ def run_udacity(args: argparse.Namespace) -> int:
     if policy.config.task != "udacity":
         print(f"drive: {args.policy} is a {policy.config.task!r} policy, not a Udacity one", file=sys.stderr)
         return 2
-    return drive_udacity(policy, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
-                         json_out=args.json)
+    recorder = _recorder(args.trace, policy, args.policy, "udacity", ["steering"]) if args.trace else None
+    driver = PolicyDriver(policy, recorder=recorder)
+    try:
+        return drive_udacity(driver, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
+                             json_out=args.json)
+    finally:
+        if recorder is not None and len(recorder):
+            recorder.save()
+            print(f"trace: {args.trace}/trace.npz", file=sys.stderr)
