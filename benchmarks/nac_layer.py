@@ -72,7 +72,6 @@ def worker(spec: dict) -> dict:
 
 
 def _measure_step(spec: dict, x) -> dict:
-    import torch
     from nac_drive import NAC
 
     layer = NAC(spec["d"], d_model=spec["d"], num_heads=spec["H"], topk=spec["K"], mode=spec["mode"],

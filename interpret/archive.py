@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from nac_drive.atomic import atomic_write
 
 METADATA_MEMBER = "metadata.json"
 
@@ -38,26 +39,19 @@ class ArchiveError(ValueError):
 def write_archive(path: str | os.PathLike, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> Path:
     """Atomically write ``arrays`` and ``metadata`` to ``path`` (an ``.npz``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(metadata, indent=1, sort_keys=True, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
-                for name, array in arrays.items():
-                    array = np.asarray(array)
-                    if array.dtype.hasobject:
-                        raise TypeError(f"{name}: object arrays are not allowed in a run archive")
-                    with zf.open(f"{name}.npy", mode="w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, array, allow_pickle=False)
-                zf.writestr(METADATA_MEMBER, text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    for name, array in arrays.items():
+        if np.asarray(array).dtype.hasobject:
+            raise TypeError(f"{name}: object arrays are not allowed in a run archive")
+
+    def write(tmp: str) -> None:
+        with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+            for name, array in arrays.items():
+                with zf.open(f"{name}.npy", mode="w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
+            zf.writestr(METADATA_MEMBER, text)
+
+    atomic_write(path, write)
     return path
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from nac_drive.atomic import atomic_write
 from nac_drive.interpret.archive import decode_jpeg, encode_jpeg
 from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
 from nac_drive.interpret.trace import BACKBONE_GROUPS, RunTrace, load_trace
@@ -84,10 +85,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
                         summary=_summary_html(run, saliency), plotly_js=get_plotlyjs(),
                         data=json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/"),
                         script=_SCRIPT, style=_STYLE)
-    out_html.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_html.with_name(f".{out_html.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out_html)
+    atomic_write(out_html, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return out_html
 
 

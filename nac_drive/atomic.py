@@ -22,6 +22,8 @@ def atomic_write(path: str | Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        with open(tmp, "rb+") as f:        # on disk before it takes the final name
+            os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())   # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:

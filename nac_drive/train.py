@@ -90,7 +90,7 @@ def _load_carracing(args: TrainArgs, seed: int):
     episodes = load_episodes(args.data)
     train_eps, val_eps = split_by_episode(episodes, args.val_fraction, seed)
     discrete = episodes[0].actions.ndim == 1
-    frame_dt = float(np.median(np.diff(episodes[0].timestamps))) if len(episodes[0]) > 1 else 0.02
+    frame_dt = round(float(np.median(np.diff(episodes[0].timestamps))), 6) if len(episodes[0]) > 1 else 0.02
     config = PolicyConfig(task="carracing", encoder="carracing_cnn", action="discrete" if discrete else "continuous",
                           num_outputs=5 if discrete else 3, frame_dt=frame_dt)
     train_set, val_set = WindowDataset(train_eps, args.window), WindowDataset(val_eps, args.window)

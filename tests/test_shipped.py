@@ -1,0 +1,41 @@
+"""The CNN+NAC policy that ships with the package loads and drives."""
+
+import numpy as np
+import pytest
+import torch
+
+from nac_drive.agents.driver import load_policy, shipped_policy_path
+from nac_drive.simulators.carracing import eval_seeds, run_episodes
+
+torch.set_num_threads(1)
+
+
+class Constant:
+    def __init__(self, action):
+        self.action = action
+
+    def reset(self):
+        pass
+
+    def act(self, obs):
+        return self.action
+
+
+def test_shipped_policy_is_small_and_complete():
+    path = shipped_policy_path()
+    files = {p.name: p.stat().st_size for p in path.iterdir()}
+    assert set(files) == {"config.json", "model.safetensors"}
+    assert files["model.safetensors"] < 5_000_000
+    policy = load_policy()
+    assert policy.config.task == "carracing" and policy.config.core.core == "nac"
+    assert not policy.training
+
+
+@pytest.mark.slow
+def test_shipped_policy_drives_better_than_standing_still_or_flooring_it():
+    seeds = eval_seeds(2)
+    policy = run_episodes(load_policy(), seeds, max_steps=250)
+    assert all(isinstance(a, int) for a in [load_policy().select_action(np.zeros((96, 96, 3), np.uint8))])
+    for constant in (0, 3):   # no-op, gas
+        baseline = run_episodes(Constant(constant), seeds, max_steps=250)
+        assert np.mean(policy.returns) > np.mean(baseline.returns) + 20, (policy.returns, baseline.returns)
