@@ -16,10 +16,12 @@ def test_subpackages_install_under_the_nac_drive_namespace():
     for name in ("agents", "simulators", "data_collection", "interpret"):
         module = importlib.import_module(f"nac_drive.{name}")
         assert Path(module.__file__).parent.name == name
-    # never a top-level `agents` / `interpret` (other popular packages own those names)
-    for name in ("agents", "interpret", "simulators", "data_collection"):
-        spec = importlib.util.find_spec(name)
-        assert spec is None or not str(spec.origin or "").startswith(str(ROOT)), name
+    # Never a top-level `agents` / `interpret` (other popular packages own those names).
+    # Asked from another folder: `python -m pytest` puts the checkout itself on sys.path.
+    probe = "import importlib.util as u; print([n for n in ('agents', 'interpret', 'simulators', " \
+            "'data_collection') if (s := u.find_spec(n)) and str(s.origin or '').startswith(%r)])" % str(ROOT)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_cli_version_and_help():

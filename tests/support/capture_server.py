@@ -7,10 +7,14 @@ the Unity simulator cannot parse). Prints "listening", then one JSON line per ev
 """
 
 import json
+import signal
 import sys
 import time
 import warnings
 
+# Stop on SIGINT even when started from a non-interactive background shell, which
+# passes SIGINT down as ignored (Python then never raises KeyboardInterrupt).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 warnings.filterwarnings("ignore")
 import eventlet  # noqa: E402
 import eventlet.websocket  # noqa: E402
