@@ -17,6 +17,7 @@ import csv
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -163,7 +164,9 @@ def train(args: TrainArgs) -> Path:
         state = load_optimizer(last, optimizer)
         start_epoch, best = state["epoch"] + 1, state["best_val_loss"]
         schedule.last_epoch = start_epoch * steps_per_epoch - 1
-        schedule.step()
+        with warnings.catch_warnings():   # the restored optimizer has stepped; torch cannot tell
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            schedule.step()
 
     writer = None
     if rank == 0:
