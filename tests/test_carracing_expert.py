@@ -1,0 +1,308 @@
+"""CarRacing env factory, episode runner, PPO expert adapter, privileged teacher, CLI.
+
+CarRacing steps cost ~15 ms, so every test caps its episodes with ``max_steps``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from nac_drive.agents.ppo_expert import PPOExpert, load_policy, preprocess, shipped_expert_path
+from nac_drive.agents.teacher import PurePursuitTeacher
+from nac_drive.simulators.carracing import (
+    COLLECT_SEED_BASE,
+    EVAL_SEED_BASE,
+    EXPERT_TRAIN_SEED_BASE,
+    GAS,
+    NOOP,
+    ActionRepeat,
+    EpisodeResults,
+    eval_seeds,
+    make_carracing,
+    run_episodes,
+)
+
+
+def _track(env) -> np.ndarray:
+    return np.array(env.unwrapped.track)
+
+
+# --- simulators.carracing -------------------------------------------------------------
+
+def test_seed_ranges_are_disjoint():
+    assert eval_seeds(20) == list(range(900_000, 900_020))
+    assert EXPERT_TRAIN_SEED_BASE < COLLECT_SEED_BASE < EVAL_SEED_BASE
+    with pytest.raises(ValueError, match="n must be"):
+        eval_seeds(0)
+
+
+def test_factory_seed_gives_reproducible_tracks():
+    a, b, c = make_carracing(seed=7), make_carracing(seed=7), make_carracing(seed=8)
+    try:
+        # The factory's seed fixes the env's track generator: the next unseeded resets
+        # give the same tracks for the same seed, and different ones for another seed.
+        for _ in range(2):
+            obs_a, _ = a.reset()
+            obs_b, _ = b.reset()
+            c.reset()
+            assert np.array_equal(_track(a), _track(b))
+            assert np.array_equal(obs_a, obs_b)
+            assert not np.array_equal(_track(a)[:20], _track(c)[:20])
+        # A reset seed alone also fixes the track.
+        a.reset(seed=123)
+        b.reset(seed=123)
+        assert np.array_equal(_track(a), _track(b))
+        assert obs_a.shape == (96, 96, 3) and obs_a.dtype == np.uint8
+    finally:
+        for env in (a, b, c):
+            env.close()
+
+
+def test_action_repeat_skip_render_matches_stock_env():
+    fast = ActionRepeat(make_carracing(), 4, skip_render=True)
+    stock = ActionRepeat(make_carracing(), 4, skip_render=False)
+    try:
+        assert np.array_equal(fast.reset(seed=3)[0], stock.reset(seed=3)[0])
+        rng = np.random.default_rng(0)
+        for _ in range(25):
+            action = int(rng.choice([NOOP, 1, 2, GAS, GAS, 4]))
+            o1, r1, t1, tr1, _ = fast.step(action)
+            o2, r2, t2, tr2, _ = stock.step(action)
+            assert np.array_equal(o1, o2)
+            assert (r1, t1, tr1) == (r2, t2, tr2)
+        assert fast.unwrapped.t == pytest.approx(1.0 / 50 * (1 + 25 * 4))  # 4 frames a step
+    finally:
+        fast.close()
+        stock.close()
+
+
+class _ConstantActor:
+    def __init__(self, action):
+        self.action, self.resets = action, 0
+
+    def reset(self):
+        self.resets += 1
+
+    def act(self, obs):
+        assert obs.shape == (96, 96, 3) and obs.dtype == np.uint8
+        return self.action
+
+
+def test_run_episodes_summary_is_computed_from_episodes():
+    steps = []
+    actor = _ConstantActor(GAS)
+    res = run_episodes(actor, [5, 6], max_steps=15,
+                       on_step=lambda ep, t, obs, a, r, info: steps.append((ep, t, r)))
+    assert actor.resets == 2
+    assert res.seeds == [5, 6] and res.lengths == [15, 15] and res.laps == [False, False]
+    assert len(res.latencies_ms) == 30 and len(steps) == 30
+    for ep in (0, 1):  # per-episode return = sum of the rewards seen by on_step
+        assert res.returns[ep] == pytest.approx(sum(r for e, _, r in steps if e == ep))
+    s = res.summary()
+    for key in ("mean_return", "std_return", "episodes", "laps_finished", "seeds",
+                "latency_ms_p50"):
+        assert key in s
+    assert s["episodes"] == 2 and s["seeds"] == [5, 6] and s["laps_finished"] == 0
+    assert s["mean_return"] == pytest.approx(np.mean(res.returns))
+    assert s["std_return"] == pytest.approx(np.std(res.returns))
+    assert s["latency_ms_p50"] == pytest.approx(np.median(res.latencies_ms))
+    json.dumps(s)  # the summary is the JSON line of the CLI
+
+
+class _LapEnv(gym.Env):
+    """Fake env: ends after 3 steps; seeds >= 10 finish the lap, others leave the field."""
+
+    observation_space = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
+    action_space = gym.spaces.Discrete(5)
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_, self.t = seed, 0
+        return np.zeros((96, 96, 3), np.uint8), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t == 3
+        info = {"lap_finished": self.seed_ >= 10} if done else {}
+        return np.zeros((96, 96, 3), np.uint8), 1.0, done, False, info
+
+
+def test_run_episodes_counts_laps_from_env_termination():
+    res = run_episodes(_ConstantActor(NOOP), [1, 10, 11], env=_LapEnv())
+    assert res.laps == [False, True, True]
+    assert res.lengths == [3, 3, 3] and res.returns == [3.0, 3.0, 3.0]
+    assert res.summary()["laps_finished"] == 2
+    assert EpisodeResults().summary()["episodes"] == 0
+
+
+def test_run_episodes_writes_video(tmp_path):
+    import cv2
+
+    path = tmp_path / "run.mp4"
+    run_episodes(_ConstantActor(GAS), [5], max_steps=12, video_path=path)
+    cap = cv2.VideoCapture(str(path))
+    frames = 0
+    while cap.read()[0]:
+        frames += 1
+    assert frames == 12
+    assert cap.get(cv2.CAP_PROP_FRAME_WIDTH) == 384  # 96 x 4
+
+
+# --- PPO expert adapter ---------------------------------------------------------------
+
+def test_preprocess_shape_and_errors():
+    rgb = np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    gray = preprocess(rgb)
+    assert gray.shape == (64, 64) and gray.dtype == np.uint8
+    flat = np.full((96, 96, 3), 100, np.uint8)
+    assert (preprocess(flat) == 100).all()
+    with pytest.raises(ValueError, match="uint8"):
+        preprocess(rgb.astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def expert() -> PPOExpert:
+    return PPOExpert()  # the shipped zip
+
+
+def test_expert_repeats_actions_and_stacks_frames(expert, monkeypatch):
+    decided = []
+
+    def fake_decide(stack):
+        decided.append(stack.copy())
+        return len(decided)
+
+    monkeypatch.setattr(expert, "decide", fake_decide)
+    expert.reset()
+    frames = [np.full((96, 96, 3), 10 * i, np.uint8) for i in range(9)]
+    actions = [expert.act(f) for f in frames]
+    # one decision every 4 frames, repeated in between
+    assert actions == [1, 1, 1, 1, 2, 2, 2, 2, 3]
+    assert len(decided) == 3
+    # stack [2, 64, 64]: zeros before the first frame, then the frames seen at decisions
+    assert decided[0].shape == (2, 64, 64) and decided[0].dtype == np.uint8
+    assert (decided[0][0] == 0).all() and (decided[0][1] == 0).all()  # frame 0 is black
+    assert (decided[1][0] == 0).all() and (decided[1][1] == 40).all()
+    assert (decided[2][0] == 40).all() and (decided[2][1] == 80).all()
+    expert.reset()
+    assert expert.act(frames[5]) == 4 and (decided[3][0] == 0).all()
+
+
+def test_expert_matches_sb3_on_the_training_env(expert):
+    """The adapter on the raw env picks the actions SB3 picks on the training wrappers."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecTransposeImage
+
+    from nac_drive.agents.ppo_expert import _NO_SCHEDULES, _make_train_env
+
+    model = PPO.load(expert.path, device="cpu", custom_objects=_NO_SCHEDULES)
+    venv = VecTransposeImage(VecFrameStack(
+        DummyVecEnv([_make_train_env(False, 4, None, True)]), 2, channels_order="last"))
+    venv.seed(900_003)
+    vec_obs = venv.reset()
+    raw = make_carracing()
+    obs, _ = raw.reset(seed=900_003)
+    expert.reset()
+    try:
+        for step in range(20):
+            sb3_action = int(model.predict(vec_obs, deterministic=True)[0][0])
+            for k in range(4):
+                action = expert.act(obs)
+                if k == 0:
+                    assert np.array_equal(expert._stack, vec_obs[0]), step
+                    assert action == sb3_action, step
+                obs, *_ = raw.step(action)
+            vec_obs, *_ = venv.step(np.array([sb3_action]))
+    finally:
+        venv.close()
+        raw.close()
+
+
+def test_load_policy_rejects_bad_files(tmp_path):
+    bad = tmp_path / "bad.zip"
+    bad.write_text("not a zip")
+    with pytest.raises(ValueError, match="bad.zip"):
+        load_policy(bad)
+    with pytest.raises(FileNotFoundError, match="missing.zip"):
+        load_policy(tmp_path / "missing.zip")
+
+
+@pytest.mark.slow
+def test_shipped_expert_is_small_and_drives(expert):
+    assert shipped_expert_path().stat().st_size < 6_000_000
+    assert not expert.continuous and expert.name == "ppo:ppo_carracing_discrete"
+    res = run_episodes(expert, [EVAL_SEED_BASE], max_steps=400)
+    # Constant gas scores about -66 here (it leaves the road at the first bend); a driver
+    # that follows the road collects ~3.3 reward per tile, ~40% of the lap in 400 frames.
+    assert res.returns[0] > 200
+
+
+# --- privileged teacher ---------------------------------------------------------------
+
+def test_teacher_needs_env_and_oracle_equals_actor():
+    teacher = PurePursuitTeacher(continuous=True)
+    with pytest.raises(RuntimeError, match="reset_env"):
+        teacher.act(None)
+    env = make_carracing(continuous=True)
+    try:
+        env.reset(seed=COLLECT_SEED_BASE)
+        teacher.reset()
+        teacher.reset_env(env)
+        for _ in range(30):
+            a = teacher.act(None)
+            assert a.shape == (3,) and a.dtype == np.float32
+            assert np.array_equal(a, teacher.action_for(env))
+            assert -1 <= a[0] <= 1 and 0 <= a[1] <= 1 and 0 <= a[2] <= 1
+            env.step(a)
+    finally:
+        env.close()
+
+
+def test_teacher_discretisation():
+    t = PurePursuitTeacher(continuous=False)
+    assert t.discretise(0.0, 0.5, 0.6) == 4          # braking wins
+    assert t.discretise(0.9, 0.5, 0.0, wheel_angle=0.0) == 1    # + = right
+    assert t.discretise(0.9, 0.5, 0.0, wheel_angle=-0.4) == GAS  # wheels already at lock
+    assert t.discretise(-0.9, 0.5, 0.0) == 2
+    assert t.discretise(0.1, 0.5, 0.0, wheel_angle=0.0) == GAS   # small error: drive on
+    assert t.discretise(0.0, 0.5, 0.0) == GAS
+    assert t.discretise(0.0, 0.0, 0.0) == NOOP
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("continuous", [True, False])
+def test_teacher_beats_constant_policies(continuous):
+    seeds, steps = [COLLECT_SEED_BASE + 1], 300
+    teacher = run_episodes(PurePursuitTeacher(continuous=continuous), seeds,
+                           continuous=continuous, max_steps=steps)
+    gas = np.array([0.0, 1.0, 0.0], np.float32) if continuous else GAS
+    noop = np.zeros(3, np.float32) if continuous else NOOP
+    for const in (gas, noop):
+        baseline = run_episodes(_ConstantActor(const), seeds, continuous=continuous,
+                                max_steps=steps)
+        assert teacher.returns[0] > baseline.returns[0] + 50
+
+
+# --- CLI ------------------------------------------------------------------------------
+
+def test_cli_eval_json_last_line(capsys):
+    from nac_drive.cli import main
+
+    assert main(["expert", "eval", "--expert", "teacher", "--episodes", "2",
+                 "--max-steps", "40", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["episodes"] == 2 and summary["seeds"] == [EVAL_SEED_BASE, EVAL_SEED_BASE + 1]
+    assert summary["laps_finished"] == 0 and summary["expert"] == "teacher"
+    assert summary["mean_return"] == pytest.approx(np.mean(summary["returns"]), abs=0.01)
+    assert summary["latency_ms_p50"] > 0
+
+
+def test_cli_eval_bad_expert_path_names_it(tmp_path):
+    from nac_drive.cli import main
+
+    with pytest.raises(FileNotFoundError, match="nope.zip"):
+        main(["expert", "eval", "--expert", str(tmp_path / "nope.zip"), "--episodes", "1"])
