@@ -18,8 +18,7 @@ import io
 import json
 import time
 import zipfile
-from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,10 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import EvalCallback
 
-from nac_drive.simulators.carracing import (
-    EXPERT_TRAIN_SEED_BASE,
-    ActionRepeat,
-    make_carracing,
-)
+from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, TrainArgs
+from nac_drive.simulators.carracing import ActionRepeat, make_carracing
 
 FRAME_SIZE = 64
-ACTION_REPEAT = 4
-FRAME_STACK = 2
 
 
 def shipped_expert_path() -> Path:
@@ -86,46 +80,6 @@ class NegativeRewardTruncation(gym.Wrapper):
             truncated = True
             info["negative_reward_truncation"] = True
         return obs, reward, terminated, truncated, info
-
-
-def _arg(default: Any, help: str) -> Any:
-    """A dataclass field with a help text (used for the ``--flag`` of the CLI)."""
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class TrainArgs:
-    """Arguments of ``nac-drive expert train`` (defaults: the recipe that works here)."""
-
-    out: str = _arg("runs/expert", "folder for runs (checkpoints, TensorBoard logs, zips)")
-    run_name: str | None = _arg(
-        None, "subfolder name; default ppo_{discrete|continuous}_s{seed}_{kframes}kf_{time}")
-    continuous: bool = _arg(
-        False, "train on continuous actions (steer, gas, brake) instead of the 5 discrete ones")
-    total_frames: int = _arg(1_000_000, "env frames to train for (agent steps x action_repeat)")
-    seed: int = _arg(EXPERT_TRAIN_SEED_BASE,
-                     "seed of the training tracks, the network init and PPO's sampling")
-    n_envs: int = _arg(2, "parallel SubprocVecEnv workers (one per core)")
-    action_repeat: int = _arg(ACTION_REPEAT, "env frames per agent decision")
-    frame_stack: int = _arg(FRAME_STACK, "observations stacked as channels")
-    n_steps: int = _arg(256, "rollout length per worker")
-    batch_size: int = _arg(128, "PPO minibatch size")
-    n_epochs: int = _arg(4, "PPO epochs per rollout")
-    learning_rate: float = _arg(3e-4, "initial learning rate, decayed linearly to 0")
-    ent_coef: float = _arg(0.01, "entropy bonus")
-    gamma: float = _arg(0.99, "discount (per agent step)")
-    gae_lambda: float = _arg(0.95, "GAE lambda")
-    clip_range: float = _arg(0.2, "PPO clip range")
-    head_units: int = _arg(256, "units of the hidden layer of the policy and value heads")
-    negative_patience: int = _arg(
-        25, "training-only truncation after this many agent steps of negative reward")
-    eval_every_frames: int = _arg(50_000, "evaluate the policy every this many training frames")
-    eval_episodes: int = _arg(8, "validation tracks per evaluation (fixed seeds)")
-    eval_seed: int = _arg(EXPERT_TRAIN_SEED_BASE + 50_000,
-                          "seed of the validation tracks (inside the training seed range)")
-    skip_render: bool = _arg(
-        True, "do not draw the frames the agent never sees (same observations, ~3x faster)")
-    progress_bar: bool = _arg(True, "show a progress bar")
 
 
 def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
@@ -204,7 +158,6 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
     The result still loads with ``PPO.load`` (a fresh optimizer state) and with
     :class:`PPOExpert`.
     """
-    import torch
     from stable_baselines3 import PPO
 
     model = PPO.load(src, device="cpu", custom_objects=_NO_SCHEDULES)

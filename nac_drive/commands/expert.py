@@ -10,7 +10,6 @@ uses the shipped expert without ``--expert``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
@@ -26,7 +25,10 @@ def add_parser(subparsers) -> None:
 
     train = sub.add_parser("train", help="train a PPO expert (stable-baselines3)",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_dataclass_flags(train, _train_fields())
+    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.arguments import add_dataclass_arguments
+
+    add_dataclass_arguments(train, TrainArgs)
     train.add_argument("--ship", metavar="ZIP", default=None,
                        help="also write the best checkpoint, without optimizer state, to ZIP")
     train.set_defaults(func=_train)
@@ -49,32 +51,12 @@ def add_parser(subparsers) -> None:
     ev.set_defaults(func=_eval)
 
 
-def _train_fields():
-    from nac_drive.agents.ppo_expert import TrainArgs
-
-    return TrainArgs, dataclasses.fields(TrainArgs)
-
-
-def _add_dataclass_flags(parser: argparse.ArgumentParser, cls_fields) -> None:
-    """One ``--flag`` per dataclass field, with the field's help text and default."""
-    _, fields = cls_fields
-    for f in fields:
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
-        if f.type in (bool, "bool"):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=help_text)
-        else:
-            typ = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=f.default, help=help_text)
-
-
 def _train(args: argparse.Namespace) -> int:
     from nac_drive.agents.ppo_expert import export_for_shipping, train
+    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.arguments import from_namespace
 
-    cls, fields = _train_fields()
-    targs = cls(**{f.name: getattr(args, f.name) for f in fields})
-    best = train(targs)
+    best = train(from_namespace(TrainArgs, args))
     print(f"best checkpoint: {best}")
     if args.ship:
         export_for_shipping(best, args.ship)

@@ -1,0 +1,46 @@
+"""Arguments of ``nac-drive expert train`` (light imports: the CLI builds its parser from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nac_drive.arguments import arg
+from nac_drive.simulators.carracing import EXPERT_TRAIN_SEED_BASE
+
+ACTION_REPEAT = 4
+FRAME_STACK = 2
+
+
+@dataclass
+class TrainArgs:
+    """Arguments of ``nac-drive expert train`` (defaults: the recipe that works here)."""
+
+    out: str = arg("runs/expert", "folder for runs (checkpoints, TensorBoard logs, zips)")
+    run_name: str | None = arg(
+        None, "subfolder name; default ppo_{discrete|continuous}_s{seed}_{kframes}kf_{time}")
+    continuous: bool = arg(
+        False, "train on continuous actions (steer, gas, brake) instead of the 5 discrete ones")
+    total_frames: int = arg(1_000_000, "env frames to train for (agent steps x action_repeat)")
+    seed: int = arg(EXPERT_TRAIN_SEED_BASE,
+                     "seed of the training tracks, the network init and PPO's sampling")
+    n_envs: int = arg(2, "parallel SubprocVecEnv workers (one per core)")
+    action_repeat: int = arg(ACTION_REPEAT, "env frames per agent decision")
+    frame_stack: int = arg(FRAME_STACK, "observations stacked as channels")
+    n_steps: int = arg(256, "rollout length per worker")
+    batch_size: int = arg(128, "PPO minibatch size")
+    n_epochs: int = arg(4, "PPO epochs per rollout")
+    learning_rate: float = arg(3e-4, "initial learning rate, decayed linearly to 0")
+    ent_coef: float = arg(0.01, "entropy bonus")
+    gamma: float = arg(0.99, "discount (per agent step)")
+    gae_lambda: float = arg(0.95, "GAE lambda")
+    clip_range: float = arg(0.2, "PPO clip range")
+    head_units: int = arg(256, "units of the hidden layer of the policy and value heads")
+    negative_patience: int = arg(
+        25, "training-only truncation after this many agent steps of negative reward")
+    eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames")
+    eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)")
+    eval_seed: int = arg(EXPERT_TRAIN_SEED_BASE + 50_000,
+                          "seed of the validation tracks (inside the training seed range)")
+    skip_render: bool = arg(
+        True, "do not draw the frames the agent never sees (same observations, ~3x faster)")
+    progress_bar: bool = arg(True, "show a progress bar")
