@@ -14,21 +14,22 @@ from typing import Any
 
 import numpy as np
 
-def shipped_policy_path() -> Path:
-    """The CNN+NAC CarRacing policy that ships with the package."""
+def shipped_policy_path(task: str = "carracing") -> Path:
+    """The policy that ships with the package: CNN+NAC for CarRacing, PilotNet+NAC for Udacity."""
     from importlib.resources import files
 
-    return Path(str(files("nac_drive") / "assets" / "policy_carracing_nac"))
+    return Path(str(files("nac_drive") / "assets" / f"policy_{task}_nac"))
 
 
-def load_policy(path: str | Path | None = None):
-    """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one), in eval mode."""
+def load_policy(path: str | Path | None = None, task: str = "carracing"):
+    """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one for
+    ``task``), in eval mode."""
     import torch
 
     from nac_drive.policy import DrivingPolicy
 
     torch.set_num_threads(1)
-    return DrivingPolicy.from_pretrained(shipped_policy_path() if path is None else path)
+    return DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else path)
 
 
 class PolicyDriver:

@@ -31,6 +31,15 @@ def test_shipped_policy_is_small_and_complete():
     assert not policy.training
 
 
+def test_shipped_udacity_policy_loads_and_steers():
+    policy = load_policy(task="udacity")
+    assert policy.config.task == "udacity" and policy.config.encoder == "pilotnet"
+    road = np.full((160, 320, 3), 90, np.uint8)
+    road[:60] = (120, 170, 230)                      # sky over a grey road
+    steer = policy.select_action({"image": road, "timestamp": 0.0, "speed": 9.0})
+    assert isinstance(steer, float) and -1.0 <= steer <= 1.0
+
+
 @pytest.mark.slow
 def test_shipped_policy_drives_better_than_standing_still_or_flooring_it():
     seeds = eval_seeds(2)

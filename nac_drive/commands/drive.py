@@ -1,10 +1,10 @@
 """``nac-drive drive``: run a trained policy closed-loop.
 
     nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.mp4] [--trace RUN_DIR] [--json]
-    nac-drive drive udacity --policy RUN/best [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
+    nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
 
-CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default, with
-the shipped CNN+NAC policy when no ``--policy`` is given. The policy streams through
+CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default. Without
+``--policy`` the shipped policy drives (CNN+NAC for CarRacing, PilotNet+NAC for Udacity). The policy streams through
 ``NAC.step()``; the printed latency is the policy's own time per frame.
 """
 
@@ -27,7 +27,8 @@ def add_parser(subparsers) -> None:
 
     uda = sub.add_parser("udacity", help="the Udacity simulator, through the socket bridge",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    uda.add_argument("--policy", required=True, help="checkpoint folder of a Udacity policy (config.json + weights)")
+    uda.add_argument("--policy", default=None,
+                     help="checkpoint folder of a Udacity policy (default: the shipped PilotNet+NAC policy)")
     uda.add_argument("--host", default="127.0.0.1", help="address to bind (the simulator connects to it)")
     uda.add_argument("--port", type=int, default=4567, help="port the simulator connects to")
     uda.add_argument("--speed", type=float, default=9.0, help="set speed for the PI throttle controller (mph)")
@@ -115,7 +116,7 @@ def run_udacity(args: argparse.Namespace) -> int:
     from nac_drive.simulators.udacity_bridge import drive_udacity
 
     try:
-        policy = load_policy(args.policy)
+        policy = load_policy(args.policy, task="udacity")
     except (ValueError, FileNotFoundError) as e:
         print(f"drive: {e}", file=sys.stderr)
         return 2
