@@ -110,6 +110,16 @@ class ArchiveReader:
         if not ok:
             raise ArchiveError(self.path, field, why)
 
+    def header(self, fmt: str, version: int) -> int:
+        """Check the metadata's format and version; returns its ``num_steps``."""
+        meta = self.metadata
+        self.require(meta.get("format") == fmt, METADATA_MEMBER, f"format is {meta.get('format')!r}, not {fmt!r}")
+        self.require(meta.get("version") == version, METADATA_MEMBER,
+                     f"version {meta.get('version')!r} is not supported (this reader reads {version})")
+        n = meta.get("num_steps")
+        self.require(isinstance(n, int) and n >= 0, METADATA_MEMBER, f"num_steps must be an integer >= 0, got {n!r}")
+        return n
+
     def close(self) -> None:
         self._npz.close()
 

@@ -244,11 +244,7 @@ def load_saliency(path: str | os.PathLike, num_steps: int | None = None) -> RunS
     if path.is_dir() or path.suffix != ".npz":
         path = path / SALIENCY_FILE
     with ArchiveReader(path) as r:
-        meta = r.metadata
-        r.require(meta.get("format") == FORMAT, "metadata.json", f"format is {meta.get('format')!r}, not {FORMAT!r}")
-        r.require(meta.get("version") == VERSION, "metadata.json", f"version {meta.get('version')!r} is not supported")
-        n = meta.get("num_steps")
-        r.require(isinstance(n, int) and n >= 0, "metadata.json", f"num_steps must be an integer >= 0, got {n!r}")
+        meta, n = r.metadata, r.header(FORMAT, VERSION)
         r.require(num_steps is None or n == num_steps, "metadata.json",
                   f"num_steps is {n} but the run's trace has {num_steps} steps (recompute the saliency)")
         maps = r.array("maps", "u", 3)

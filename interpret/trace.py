@@ -207,12 +207,7 @@ def load_trace(path: str | os.PathLike) -> RunTrace:
     if path.is_dir() or path.suffix != ".npz":
         path = path / TRACE_FILE
     with ArchiveReader(path) as r:
-        meta = r.metadata
-        r.require(meta.get("format") == FORMAT, "metadata.json", f"format is {meta.get('format')!r}, not {FORMAT!r}")
-        r.require(meta.get("version") == VERSION, "metadata.json",
-                  f"version {meta.get('version')!r} is not supported (this reader reads {VERSION})")
-        n = meta.get("num_steps")
-        r.require(isinstance(n, int) and n >= 0, "metadata.json", f"num_steps must be an integer >= 0, got {n!r}")
+        meta, n = r.metadata, r.header(FORMAT, VERSION)
         frames, offsets = check_jpeg_pack(r, "frames_jpeg", "frame_offsets", n)
         values: dict[str, np.ndarray] = {}
         sizes: dict[str, int] = {"N": n}
