@@ -215,8 +215,11 @@ def train(args: TrainArgs) -> Path:
             policy.save_pretrained(run_dir / "best")
         policy.save_pretrained(run_dir / "last")
         save_optimizer(run_dir / "last", optimizer, {"epoch": epoch, "best_val_loss": best})
-        print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f}, val loss {val['loss']:.4f}, "
-              f"val acc {val['accuracy']:.3f}, {row['frames_per_s']:.0f} frames/s", flush=True)
+        shown = [f"train loss {row['train_loss']:.4f}"] + [
+            f"{label} {value:.{digits}f}" for label, value, digits in
+            (("val loss", val["loss"], 4), ("val acc", val["accuracy"], 3), ("val MAE", val["mae"], 4))
+            if value == value]   # NaN: no validation set, or not this kind of action
+        print(f"epoch {epoch + 1}: {', '.join(shown)}, {row['frames_per_s']:.0f} frames/s", flush=True)
     if writer:
         writer.close()
     if world > 1:
