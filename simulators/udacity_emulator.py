@@ -293,7 +293,10 @@ class UdacityEmulator:
                     return reason
                 if self.cfg.realtime:
                     time.sleep(max(0.0, self._t0 + r.commands * self.cfg.dt - time.perf_counter()))
-                self._send_telemetry()
+                try:
+                    self._send_telemetry()
+                except (websocket.WebSocketConnectionClosedException, ConnectionError, OSError):
+                    return "server_closed"   # the server went away between its answer and our next frame
 
     def _parse_event(self, payload: str):
         """(steering, throttle) for steer, None for manual, False for anything else."""
