@@ -173,6 +173,18 @@ def overlay(frame: np.ndarray, saliency: np.ndarray, alpha: float = 0.45, colorm
     return np.uint8(np.clip((1 - alpha) * frame.astype(np.float32) + alpha * heat, 0, 255).round())
 
 
+def _overlay_region(frame: np.ndarray, saliency: np.ndarray, alpha: float,
+                    region: tuple[int, int] | None) -> np.ndarray:
+    """:func:`overlay` on the rows ``top .. H - bottom`` only (the model's view), if given."""
+    if region is None:
+        return overlay(frame, saliency, alpha)
+    top, bottom = region
+    out = frame.copy()
+    out[top:frame.shape[0] - bottom] = overlay(np.ascontiguousarray(frame[top:frame.shape[0] - bottom]), saliency,
+                                               alpha)
+    return out
+
+
 def default_preprocess(frame: np.ndarray) -> torch.Tensor:
     """uint8 RGB ``[H, W, 3]`` -> float ``[3, H, W]`` in [0, 1]."""
     return torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1).float() / 255.0
@@ -182,13 +194,16 @@ def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Calla
                          preprocess: Callable[[np.ndarray], torch.Tensor] = default_preprocess,
                          target: int | str | Callable[[int], int | str] = "predicted", method: str = "gradcam",
                          target_layer: nn.Module | str | None = None, steer_index: int = 0, alpha: float = 0.45,
-                         jpeg_quality: int = 85, progress: bool = True) -> Path:
+                         jpeg_quality: int = 85, progress: bool = True,
+                         input_region: tuple[int, int] | None = None) -> Path:
     """Saliency for every frame of the run in ``run_dir``; writes ``RUN_DIR/saliency.npz``.
 
     frame_model_for_step(i): the image model for step i (the policy with step i's
     temporal context held fixed). preprocess(frame): the model input ``[C, H, W]``
     for a recorded RGB frame. target: a target spec (module docstring) or a function
     of the step returning one. target_layer: None (last Conv2d), a dotted name or the module.
+    input_region: ``(top, bottom)`` rows cropped off the frame by ``preprocess``
+    (Udacity: 60, 25), so the overlay lands on the part of the frame the model saw.
     """
     from tqdm import tqdm
 
@@ -206,7 +221,7 @@ def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Calla
         spec = target(i) if callable(target) else target
         m = saliency_maps(model, preprocess(frame)[None], spec, method, target_layer, steer_index)[0]
         maps.append(np.uint8(np.round(255 * m)))
-        overlays.append(encode_jpeg(overlay(frame, m, alpha), jpeg_quality))
+        overlays.append(encode_jpeg(_overlay_region(frame, m, alpha, input_region), jpeg_quality))
     arrays: dict[str, np.ndarray] = {}
     arrays["maps"] = np.stack(maps) if maps else np.zeros((0, 0, 0), dtype=np.uint8)
     arrays["overlay_jpeg"], arrays["overlay_offsets"] = pack_jpegs(overlays)

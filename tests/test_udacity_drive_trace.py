@@ -32,3 +32,14 @@ def test_drive_udacity_with_a_checkpoint_records_the_nac_trace(tmp_path):
     steering = trace.policy_action[:, 0]
     assert np.all(np.abs(steering) <= 1.0) and np.isfinite(steering).all()
     assert trace.key_age.max() == 15          # the window of 16 frames filled up
+
+    # Grad-CAM for the run: the overlay covers only the rows the model sees (60:-25)
+    from nac_drive.interpret.policy_saliency import policy_saliency
+    from nac_drive.interpret.saliency import load_saliency
+    from nac_drive.policy import DrivingPolicy
+
+    policy_saliency(DrivingPolicy.from_pretrained(checkpoint), run, progress=False)
+    sal = load_saliency(run, trace.num_steps)
+    frame, over = trace.frame(5).astype(float), sal.overlay(5).astype(float)
+    assert np.abs(frame[:60] - over[:60]).mean() < 4 and np.abs(frame[-25:] - over[-25:]).mean() < 4
+    assert np.abs(frame[60:-25] - over[60:-25]).mean() > 10
