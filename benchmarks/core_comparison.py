@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-from pathlib import Path
 
 CORE_CHOICES = ("nac-exact", "nac-euler", "nac-steady", "lstm", "gru", "cfc", "ltc", "mha")
 
@@ -43,7 +42,7 @@ def main() -> None:
         best = min(rows, key=lambda r: float(r["val_loss"]))
         ret = ""
         if args.episodes > 0:
-            s = drive_carracing(run / "best", args.episodes, seed_base=900_000, progress=False)
+            s = drive_carracing(run / "best", args.episodes, progress=False)
             ret = f"{s['mean_return']:.1f} +- {s['std_return']:.1f} ({s['episodes']})"
         print(f"| {name} | {float(best['val_accuracy']):.3f} | {float(best['val_loss']):.3f} | {ret} |", flush=True)
 

@@ -35,10 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-# The PilotNet input transform lives with the augmentations; re-exported here because the
-# policy loads it as ``udacity_log.preprocess`` (frames and their log come together).
-from nac_drive.data_collection.udacity_augment import preprocess  # noqa: F401
-
 HEADER = ("center", "left", "right", "steering", "throttle", "brake", "speed")
 # Plausible value ranges, used to validate rows and to split unquoted decimal commas.
 _RANGES = {

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-_EVAL_SEED_BASE = 900_000  # nac_drive.simulators.carracing.EVAL_SEED_BASE (not imported: keeps --help fast)
+from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
 def add_parser(subparsers) -> None:
@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
 def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help="checkpoint folder (default: the shipped CNN+NAC policy)")
     parser.add_argument("--episodes", type=int, default=20, help="number of tracks")
-    parser.add_argument("--seed-base", type=int, default=_EVAL_SEED_BASE, help="seed of the first track")
+    parser.add_argument("--seed-base", type=int, default=EVAL_SEED_BASE, help="seed of the first track")
     parser.add_argument("--max-steps", type=int, default=None, help="cap each episode (env frames; default 1000)")
     parser.add_argument("--render", choices=["human"], default=None, help="show a window while driving")
     parser.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
@@ -51,8 +51,8 @@ def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="end the output with one line of JSON")
 
 
-def drive_carracing(policy_path, episodes: int, seed_base: int, max_steps=None, render=None, video=None,
-                    trace_dir=None, progress: bool = True) -> dict:
+def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
+                    video=None, trace_dir=None, progress: bool = True) -> dict:
     """Drive and score a policy on CarRacing; returns the summary dict."""
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.simulators.carracing import eval_seeds, run_episodes

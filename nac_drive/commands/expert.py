@@ -13,8 +13,7 @@ import argparse
 import json
 import sys
 
-# Mirrors nac_drive.simulators.carracing.EVAL_SEED_BASE (not imported: keeps --help fast).
-_EVAL_SEED_BASE = 900_000
+from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
 def add_parser(subparsers) -> None:
@@ -39,7 +38,7 @@ def add_parser(subparsers) -> None:
                     help="SB3 zip of a PPO expert, 'teacher' (privileged, continuous) or "
                          "'teacher-discrete'; default: the shipped PPO expert")
     ev.add_argument("--episodes", type=int, default=20, help="number of tracks")
-    ev.add_argument("--seed-base", type=int, default=_EVAL_SEED_BASE,
+    ev.add_argument("--seed-base", type=int, default=EVAL_SEED_BASE,
                     help="seed of the first track (held-out tracks start at 900000)")
     ev.add_argument("--max-steps", type=int, default=None,
                     help="cap each episode at this many env frames (default: the env's 1000)")

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             policy_path = _collect_and_train(args, out)
         print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
               f"held-out tracks ...", flush=True)
-        summary = drive_carracing(policy_path, args.episodes, seed_base=900_000, max_steps=args.max_steps,
+        summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
                                   video=str(out / "drive.mp4"), trace_dir=str(out / "run"), progress=not args.json)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"quickstart: {e}", file=sys.stderr)
