@@ -92,6 +92,27 @@ class NACCache:
         return pos.clamp(min=-1)
 
 
+@dataclass
+class _Weights:
+    """The layer's effective (masked, packed) weights, as its computations consume them.
+
+    qkv ``[3*d_model, input_dim]`` and ``[3*d_model]``: the three sensory gates stacked;
+    query_side, key_side ``[H, depth, n_inter + 2]``: the query and key halves of the
+    backbone's first layer and of the time affine (query_bias ``[H, n_inter + 2]``);
+    command, motor ``[H, in, out]`` with biases ``[H, out]``.
+    """
+
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor
+    query_side: torch.Tensor
+    query_bias: torch.Tensor
+    key_side: torch.Tensor
+    command: torch.Tensor
+    command_bias: torch.Tensor
+    motor: torch.Tensor
+    motor_bias: torch.Tensor
+
+
 def _gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x ``[B, H, Tk, F]`` at idx ``[B, H, Tq, K]`` (all >= 0) -> ``[B, H, Tq, K, F]``."""
     B, H, Tk, F_ = x.shape
@@ -172,6 +193,7 @@ class NAC(nn.Module):
             self.time_bias = nn.Parameter(torch.zeros(num_heads, 2))
             self.out_proj = nn.Linear(d_model, d_model)
         self.attn_dropout = nn.Dropout(dropout)
+        self._weights_cache: tuple[tuple, _Weights] | None = None
 
     @property
     def backbone_wiring(self) -> BackboneWiring:
@@ -179,32 +201,58 @@ class NAC(nn.Module):
         return BackboneWiring(*(m.mask.detach().cpu().numpy() for m in (self.inter, self.command, self.motor)))
 
     # ----------------------------------------------------------------- helpers
+    def _weights(self) -> _Weights:
+        """Masked and packed weights. Without autograd (inference, streaming) they are
+        built once and reused until a parameter or mask changes (in place or replaced):
+        a ``step()`` would otherwise spend a third of its time re-masking."""
+        # The tensors _build_weights reads, fetched directly: iterating self.parameters()
+        # would cost more than the masking it saves.
+        wired = (self.q_gate, self.k_gate, self.v_gate, self.inter, self.command, self.motor)
+        tensors = [t for m in wired for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+        tensors += [self.time_weight, self.time_bias]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self._build_weights()
+        key = tuple((t.data_ptr(), t._version) for t in tensors)
+        if self._weights_cache is None or self._weights_cache[0] != key:
+            self._weights_cache = (key, self._build_weights())
+        return self._weights_cache[1]
+
+    def _build_weights(self) -> _Weights:
+        gates = (self.q_gate, self.k_gate, self.v_gate)
+        inter, d = self.inter.effective_weight, self.depth
+        return _Weights(
+            qkv_weight=torch.cat([g.effective_weight for g in gates]),
+            qkv_bias=torch.cat([g.bias for g in gates]),
+            query_side=torch.cat([inter[:, :d], self.time_weight[:, :d]], dim=-1),
+            query_bias=torch.cat([self.inter.bias, self.time_bias], dim=-1),
+            key_side=torch.cat([inter[:, d:], self.time_weight[:, d:]], dim=-1),
+            command=self.command.effective_weight, command_bias=self.command.bias,
+            motor=self.motor.effective_weight, motor_bias=self.motor.bias)
+
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, d_model] -> [B, H, T, depth]"""
         B, T, _ = x.shape
         return x.view(B, T, self.num_heads, self.depth).transpose(1, 2)
 
-    def _sensory(self, x: torch.Tensor):
-        """x [B, T, input_dim] -> q, k, v [B, T, d_model]"""
-        return self.q_gate(x), self.k_gate(x), self.v_gate(x)
+    def _sensory(self, x: torch.Tensor, w: _Weights):
+        """x [B, T, input_dim] -> q, k, v [B, T, d_model] (the three gates in one product)"""
+        return F.linear(x, w.qkv_weight, w.qkv_bias).split(self.d_model, dim=-1)
 
-    def _key_features(self, kh: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None) -> torch.Tensor:
+    def _key_features(self, kh: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
+                      w: _Weights) -> torch.Tensor:
         """Everything a query gathers from a key, packed so one gather serves all.
 
-        kh, vh [B, H, Tk, depth], times [B, Tk] or None -> [B, H, Tk, n_inter + 2 + depth + 1]:
+        kh, vh [B, H, Tk, depth], times [B, Tk] or None -> [B, H, Tk, n_inter + 2 + 1 + depth]:
         the key half of the backbone's first layer (W_k k), of the time affine (a, b),
         the key's timestamp, and the value.
         """
         B, H, Tk, _ = kh.shape
-        w_k = torch.cat([self.inter.effective_weight[:, self.depth:], self.time_weight[:, self.depth:]], dim=-1)
         stamp = kh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
-        return torch.cat([kh @ w_k, stamp, vh], dim=-1)
+        return torch.cat([kh @ w.key_side, stamp, vh], dim=-1)
 
-    def _query_side(self, qh: torch.Tensor):
-        """qh [B, H, T, depth] -> (W_q q + b) [B, H, T, n_inter], time affine part [B, H, T, 2]"""
-        q_inter = qh @ self.inter.effective_weight[:, :self.depth] + self.inter.bias[:, None, :]
-        q_time = qh @ self.time_weight[:, :self.depth] + self.time_bias[:, None, :]
-        return q_inter, q_time
+    def _query_side(self, qh: torch.Tensor, w: _Weights) -> torch.Tensor:
+        """qh [B, H, T, depth] -> [B, H, T, n_inter + 2]: W_q q + b, then the time affine's query part"""
+        return qh @ w.query_side + w.query_bias[:, None, :]
 
     def _logits(self, phi: torch.Tensor, tau: torch.Tensor, t_interp: torch.Tensor) -> torch.Tensor:
         if self.mode == "steady":                                          # eq. 18
@@ -217,29 +265,29 @@ class NAC(nn.Module):
             logit = logit + dt * (phi - tau * logit)
         return logit
 
-    def _attend(self, q_inter: torch.Tensor, q_time: torch.Tensor, q_times: torch.Tensor | None,
-                key_feats: torch.Tensor, idx: torch.Tensor, want_trace: bool):
+    def _attend(self, q_side: torch.Tensor, q_times: torch.Tensor | None, key_feats: torch.Tensor,
+                idx: torch.Tensor, w: _Weights, want_trace: bool):
         """Backbone, logits and weighted values for selected pairs.
 
-        q_inter [B,H,Tq,n_inter], q_time [B,H,Tq,2], q_times [B,Tq] or None,
+        q_side [B,H,Tq,n_inter+2] from :meth:`_query_side`, q_times [B,Tq] or None,
         key_feats [B,H,Tk,F] from :meth:`_key_features`, idx [B,H,Tq,K] into it
         (-1: empty) -> out [B,H,Tq,depth], parts.
         """
         B, H, Tq, K = idx.shape
-        n_inter = q_inter.shape[-1]
+        n_inter = q_side.shape[-1] - 2
         valid = idx != NO_KEY
         gathered = _gather_keys(key_feats, idx.clamp(min=0))                                # [B,H,Tq,K,F]
-        k_inter, k_time = gathered[..., :n_inter], gathered[..., n_inter:n_inter + 2]
+        pair = q_side[:, :, :, None] + gathered[..., :n_inter + 2]                         # [B,H,Tq,K,ni+2]
         key_times, values = gathered[..., n_inter + 2], gathered[..., n_inter + 3:n_inter + 3 + self.depth]
 
-        inter = torch.tanh(q_inter[:, :, :, None] + k_inter)                               # [B,H,Tq,K,ni]
-        command = torch.tanh(self.command(inter.view(B, H, Tq * K, -1)))                  # [B,H,TqK,nc]
-        motor = torch.tanh(self.motor(command))                                           # [B,H,TqK,nm]
+        inter = torch.tanh(pair[..., :n_inter])                                            # [B,H,Tq,K,ni]
+        command = torch.tanh(inter.view(B, H, Tq * K, -1) @ w.command + w.command_bias[:, None])  # [B,H,TqK,nc]
+        motor = torch.tanh(command @ w.motor + w.motor_bias[:, None])                      # [B,H,TqK,nm]
         heads = motor @ self.gate_weight + self.gate_bias[:, None, :]                      # [B,H,TqK,2]
         phi = torch.sigmoid(heads[..., 0]).view(B, H, Tq, K)
         tau = (F.softplus(heads[..., 1]) + self.tau_eps).view(B, H, Tq, K)
 
-        affine = q_time[:, :, :, None] + k_time                                            # [B,H,Tq,K,2]
+        affine = pair[..., n_inter:]                                                       # [B,H,Tq,K,2]
         if self.time_input == "elapsed":
             t_in = q_times[:, None, :, None] - key_times
         elif q_times is None:
@@ -273,7 +321,8 @@ class NAC(nn.Module):
         -> y ``[B, T, d_model]`` (and a :class:`NACTrace` if ``return_trace``)."""
         _check_sequence_inputs(x, t, mask, self.input_dim)
         B, T, _ = x.shape
-        q, k, v = self._sensory(x)
+        w = self._weights()
+        q, k, v = self._sensory(x, w)
         qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
         vis = Visibility(self.causal, self.window, mask)
         with torch.no_grad():
@@ -286,8 +335,8 @@ class NAC(nn.Module):
         times = t.to(x.dtype) if t is not None else None
         if times is None and self.time_input == "elapsed":
             times = torch.arange(T, dtype=x.dtype, device=x.device).expand(B, T)
-        q_inter, q_time = self._query_side(qh)
-        out, parts = self._attend(q_inter, q_time, times, self._key_features(kh, vh, times), idx, return_trace)
+        out, parts = self._attend(self._query_side(qh, w), times, self._key_features(kh, vh, times, w), idx, w,
+                                  return_trace)
         y = self._output(out)
         if not return_trace:
             return y
@@ -320,11 +369,12 @@ class NAC(nn.Module):
         if t is not None and tuple(t.shape) != (B,):
             raise ValueError(f"t: expected [B={B}], got {list(t.shape)}")
 
-        q, k, v = self._sensory(x_t[:, None])
+        w = self._weights()
+        q, k, v = self._sensory(x_t[:, None], w)
         qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
         now = t.to(x_t.dtype) if t is not None else torch.full((B,), float(cache.steps), dtype=x_t.dtype,
                                                                 device=x_t.device)
-        new = torch.cat([self._key_features(kh, vh, now[:, None]), kh], dim=-1)        # [B,H,1,F+depth]
+        new = torch.cat([self._key_features(kh, vh, now[:, None], w), kh], dim=-1)     # [B,H,1,F+depth]
         cache = _push(cache, new, self.window)
         C = cache.feats.shape[2]
         slots = torch.arange(C, device=x_t.device)
@@ -335,9 +385,8 @@ class NAC(nn.Module):
             else:
                 scores = qh @ cache.feats[..., -self.depth:].transpose(-1, -2)              # [B,H,1,C]
                 idx = topk_positions(scores.masked_fill(empty, float("-inf")), slots, self.topk)
-        q_inter, q_time = self._query_side(qh)
         q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
-        out, parts = self._attend(q_inter, q_time, q_times, cache.feats, idx, return_trace)
+        out, parts = self._attend(self._query_side(qh, w), q_times, cache.feats, idx, w, return_trace)
         y = self._output(out)[:, 0]
         if not return_trace:
             return y, cache

@@ -1,5 +1,8 @@
 """The NAC layer: equations, sparsity, causality, masking, streaming, gradients, validation."""
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -268,6 +271,44 @@ def test_block_selection_respects_causality_and_window():
     assert torch.all(ok[..., 0])  # every query at least sees itself
 
 
+def _block_selection_by_hand(q, k, topk, causal, window, key_valid):
+    """Alg. 2 one query at a time: own block + the best-centroid visible blocks, exact Top-K inside."""
+    B, H, T, _ = q.shape
+    size = math.ceil(math.sqrt(T))
+    blocks = [range(s, min(s + size, T)) for s in range(0, T, size)]
+    n_pick = min(len(blocks), math.ceil(topk / size) + 1)
+    out = torch.full((B, H, T, topk), NO_KEY)
+    for b, h, i in itertools.product(range(B), range(H), range(T)):
+        def visible(j):
+            return ((not causal or j <= i) and (window is None or i - window < j)
+                    and (window is None or causal or j < i + window))
+        own = i // size
+        ranked = []
+        for n, blk in enumerate(blocks):
+            keys = [j for j in blk if key_valid[b, j]]
+            past = not causal or blk[-1] < own * size
+            if n != own and keys and past and any(visible(j) for j in blk):
+                centroid = k[b, h, keys].mean(0)
+                ranked.append((float(q[b, h, i] @ centroid), n))
+        chosen = [own] + [n for _, n in sorted(ranked, reverse=True)[:n_pick - 1]]
+        cand = [j for n in chosen for j in blocks[n] if visible(j) and key_valid[b, j]]
+        cand.sort(key=lambda j: -float(q[b, h, i] @ k[b, h, j]))
+        out[b, h, i, :len(cand[:topk])] = torch.tensor(cand[:topk], dtype=torch.long)
+    return out
+
+
+@pytest.mark.parametrize("causal,window,masked", [(True, None, False), (True, 7, True), (False, None, True),
+                                                   (False, 5, False)])
+def test_block_selection_matches_the_algorithm_done_by_hand(causal, window, masked):
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(2, 2, 30, 4, generator=g), torch.randn(2, 2, 30, 4, generator=g)
+    key_valid = torch.rand(2, 30, generator=g) > 0.25 if masked else torch.ones(2, 30, dtype=torch.bool)
+    for topk in (3, 9):
+        got = select_block(q, k, topk, Visibility(causal, window, key_valid if masked else None))
+        want = _block_selection_by_hand(q, k, topk, causal, window, key_valid)
+        assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
 class _LargestTensor(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -325,6 +366,28 @@ def test_settings_do_not_change_the_parameters():
         b.euler_steps = a.euler_steps
         a.mode = mode
         torch.testing.assert_close(a(inputs()), b(inputs()))
+
+
+@pytest.mark.parametrize("change", ["in_place", "load_state_dict", "replace_parameter", "dtype"])
+def test_inference_reuses_masked_weights_only_while_parameters_are_unchanged(change):
+    layer, other, x = make().eval(), make(seed=3).eval(), inputs()
+    with torch.no_grad():
+        layer(x)                                   # builds the cached inference weights
+        if change == "in_place":
+            layer.k_gate.weight.mul_(-2.0)
+        elif change == "load_state_dict":
+            layer.load_state_dict(other.state_dict())
+        elif change == "replace_parameter":
+            layer.command.weight = torch.nn.Parameter(other.command.weight.clone())
+        else:
+            layer.double()
+            x = x.double()
+        cached = layer(x)
+    layer._weights_cache = None                    # what a fresh computation gives
+    with torch.no_grad():
+        fresh = layer(x)
+    torch.testing.assert_close(cached, fresh, rtol=0, atol=0)
+    assert not torch.allclose(cached.float(), make().eval()(inputs()).detach())
 
 
 def test_seed_makes_the_layer_reproducible():
