@@ -26,6 +26,10 @@ NO_KEY = -1
 # Score-matrix elements per chunk of queries (per batch element and head). Bounds the
 # memory of exact and block selection to O(T) instead of O(T^2).
 CHUNK_ELEMENTS = 1 << 16
+# Block selection scores batches of (query group x block) products; a batch holds up to
+# this many scores per query (B*H*T queries), so memory stays O(T) while long sequences
+# still run in few, large batches.
+PIECE_SCORES_PER_QUERY = 16
 
 
 @dataclass(frozen=True)
@@ -66,17 +70,23 @@ class Visibility:
 
 
 def topk_positions(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> torch.Tensor:
-    """Top-K of ``scores [B,H,C,N]`` (-inf = not allowed) -> global positions ``[B,H,C,topk]``.
+    """Top-K of ``scores [..., N]`` (-inf = not allowed) -> key positions ``[..., topk]``.
 
     ``positions`` ``[..., N]`` (broadcastable) maps a candidate column to its key position.
     """
+    return _topk(scores, positions, topk)[1]
+
+
+def _topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk_positions` that also returns the scores ``[..., topk]`` (-inf where empty)."""
     k = min(topk, scores.shape[-1])
     best, col = scores.topk(k, dim=-1)
     pos = torch.gather(positions.expand(scores.shape), -1, col)
     pos = pos.masked_fill(best == float("-inf"), NO_KEY)
     if k < topk:
+        best = torch.nn.functional.pad(best, (0, topk - k), value=float("-inf"))
         pos = torch.nn.functional.pad(pos, (0, topk - k), value=NO_KEY)
-    return pos
+    return best, pos
 
 
 def _query_chunks(num_queries: int, per_query: int, window: int | None = None):
@@ -153,16 +163,23 @@ def select_block(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -
     weight = key_ok.view(B, 1, n_blocks, size, 1).to(k.dtype)
     count = weight.sum(dim=3)                                                         # [B,1,nb,1]
     centroids = (k_blocks * weight).sum(dim=3) / count.clamp(min=1)                   # [B,H,nb,D]
-    block_has_keys = count[:, 0, :, 0] > 0                                            # [B, nb]
-    block_first = torch.arange(n_blocks, device=k.device) * size                      # [nb]
-    block_last = block_first + size - 1
     n_pick = min(n_blocks, math.ceil(topk / size) + 1)
-    k_flat = k_blocks.view(B, H, n_blocks * size, D)
-    in_block = torch.arange(size, device=k.device)
+    picks = _pick_blocks(q, centroids, count[:, 0, :, 0] > 0, size, n_pick, vis)      # [B,H,T,n_pick]
+    best, pos = _score_picked_blocks(q, k_blocks, key_ok, picks, topk, vis)           # [B,H,T,n_pick,K]
+    return topk_positions(best.flatten(-2), pos.flatten(-2), topk)
 
+
+def _pick_blocks(q: torch.Tensor, centroids: torch.Tensor, block_has_keys: torch.Tensor, size: int,
+                 n_pick: int, vis: Visibility) -> torch.Tensor:
+    """Each query's own block plus the ``n_pick - 1`` visible blocks whose centroid scores
+    best. q ``[B,H,T,D]``, centroids ``[B,H,nb,D]``, block_has_keys ``[B,nb]``
+    -> block indices ``[B,H,T,n_pick]``, ``-1`` where fewer blocks qualify."""
+    B, H, T, _ = q.shape
+    n_blocks = centroids.shape[2]
+    block_first = torch.arange(n_blocks, device=q.device) * size                      # [nb]
+    block_last = block_first + size - 1
     out = []
-    for start, end in _query_chunks(T, n_blocks + n_pick * size):
-        q_c = q[:, :, start:end]                                                      # [B,H,C,D]
+    for start, end in _query_chunks(T, n_blocks):
         q_pos = torch.arange(start, end, device=q.device)[:, None]                    # [C,1]
         own = q_pos // size                                                           # [C,1]
         # A block may be ranked if it overlaps the query's visible key interval; under
@@ -173,18 +190,65 @@ def select_block(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -
         else:
             hi = q_pos + vis.window - 1 if vis.window is not None else torch.full_like(q_pos, T - 1)
         rankable = (block_last >= lo) & (block_first <= hi)                           # [C,nb]
-        block_scores = (q_c @ centroids.transpose(-1, -2))                            # [B,H,C,nb]
-        block_scores = block_scores.masked_fill(~(rankable & block_has_keys[:, None, None, :]), float("-inf"))
-        is_own = torch.arange(n_blocks, device=q.device) == own                       # [C,nb]
-        block_scores = block_scores.masked_fill(is_own, float("inf"))
-        top_scores, blocks = block_scores.topk(n_pick, dim=-1)                        # [B,H,C,n_pick]
-        cand = (blocks[..., None] * size + in_block).flatten(-2)                      # [B,H,C,n_pick*size]
-        cand_block_ok = (top_scores > float("-inf"))[..., None].expand(*blocks.shape, size).flatten(-2)
-        cand_keys = torch.gather(k_flat[:, :, None].expand(B, H, end - start, n_blocks * size, D), 3,
-                                 cand[..., None].expand(*cand.shape, D))
-        scores = (cand_keys @ q_c[..., None])[..., 0]                                 # [B,H,C,n_pick*size]
-        ok = cand_block_ok & vis.allowed(q_pos, cand) & (cand < T)
-        ok &= torch.gather(key_ok[:, None, None, :].expand(B, H, end - start, -1), 3, cand)
-        scores = scores.masked_fill(~ok, float("-inf"))
-        out.append(topk_positions(scores, cand, topk))
+        scores = q[:, :, start:end] @ centroids.transpose(-1, -2)                     # [B,H,C,nb]
+        scores = scores.masked_fill(~(rankable & block_has_keys[:, None, None, :]), float("-inf"))
+        scores = scores.masked_fill(torch.arange(n_blocks, device=q.device) == own, float("inf"))
+        top, blocks = scores.topk(n_pick, dim=-1)                                     # [B,H,C,n_pick]
+        out.append(blocks.masked_fill(top == float("-inf"), NO_KEY))
     return torch.cat(out, dim=2)
+
+
+def _score_picked_blocks(q: torch.Tensor, k_blocks: torch.Tensor, key_ok: torch.Tensor, picks: torch.Tensor,
+                         topk: int, vis: Visibility) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact Top-K of each query inside each of its picked blocks.
+
+    q ``[B,H,T,D]``, k_blocks ``[B,H,nb,size,D]``, key_ok ``[B,nb*size]``, picks
+    ``[B,H,T,n_pick]`` -> scores and key positions ``[B,H,T,n_pick,topk]``.
+
+    The (query, block) pairs are grouped by block and each group is scored with one
+    matrix product against that block's keys, in a batch of groups of ``size`` queries:
+    every block's keys are read once per group instead of once per query.
+    """
+    B, H, T, D = q.shape
+    n_blocks, size = k_blocks.shape[2], k_blocks.shape[3]
+    dev = q.device
+    best = torch.full((*picks.shape, topk), float("-inf"), dtype=q.dtype, device=dev)
+    pos = torch.full((*picks.shape, topk), NO_KEY, dtype=torch.long, device=dev)
+    best_rows, pos_rows = best.view(-1, topk), pos.view(-1, topk)
+
+    # One entry per valid (query, picked block); a group is one block of one (batch, head).
+    entry = (picks >= 0).flatten().nonzero()[:, 0]                                    # rows of best_rows
+    query_row = entry // picks.shape[-1]                                              # rows of q [B*H*T, D]
+    group = (query_row // T) * n_blocks + picks.flatten()[entry]
+    group, order = group.sort(stable=True)
+    entry, query_row = entry[order], query_row[order]
+    counts = torch.bincount(group, minlength=B * H * n_blocks)
+    rank = torch.arange(len(group), device=dev) - (counts.cumsum(0) - counts)[group]
+    pieces = (counts + size - 1) // size                                              # per group
+    piece = (pieces.cumsum(0) - pieces)[group] + rank // size                        # per entry, sorted
+    slot = rank % size
+    piece_group = torch.repeat_interleave(torch.arange(len(counts), device=dev), pieces)
+
+    q_rows, key_rows = q.reshape(-1, D), k_blocks.reshape(-1, size, D)
+    key_ok_blocks = key_ok.view(B, n_blocks, size)
+    in_block = torch.arange(size, device=dev)
+    per_chunk = max(1, max(CHUNK_ELEMENTS, PIECE_SCORES_PER_QUERY * B * H * T) // (size * size))
+    firsts = range(0, len(piece_group), per_chunk)
+    bounds = torch.searchsorted(piece, torch.tensor([*firsts, len(piece_group)], device=dev)).tolist()
+    for first, e0, e1 in zip(firsts, bounds, bounds[1:]):
+        here = piece_group[first:first + per_chunk]                                   # [S'] groups
+        b, blk = here // (H * n_blocks), here % n_blocks
+        p, s = piece[e0:e1] - first, slot[e0:e1]                                      # entry -> (piece, slot)
+        queries = q.new_zeros(len(here), size, D)
+        queries[p, s] = q_rows[query_row[e0:e1]]
+        q_pos = torch.zeros(len(here), size, dtype=torch.long, device=dev)
+        q_pos[p, s] = query_row[e0:e1] % T
+        k_pos = blk[:, None] * size + in_block                                        # [S', size]
+        scores = queries @ key_rows[here].transpose(1, 2)                              # [S', size, size]
+        ok = vis.allowed(q_pos[:, :, None], k_pos[:, None, :]) & key_ok_blocks[b, blk][:, None, :]
+        scores = scores.masked_fill_(~ok, float("-inf"))[p, s]                       # [E', size]
+        val, col = scores.topk(min(topk, size), dim=-1)
+        best_rows[entry[e0:e1], :val.shape[-1]] = val
+        pos_rows[entry[e0:e1], :val.shape[-1]] = (blk[p][:, None] * size + col).masked_fill(val == float("-inf"),
+                                                                                            NO_KEY)
+    return best, pos
