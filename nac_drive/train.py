@@ -56,6 +56,8 @@ class EpochSampler(torch.utils.data.Sampler):
 
 
 def class_weights(actions: np.ndarray, num_classes: int, how: str) -> torch.Tensor | None:
+    if how not in ("none", "balanced"):
+        raise ValueError(f'class_weighting: must be "none" or "balanced", got {how!r}')
     if how == "none":
         return None
     counts = np.bincount(actions, minlength=num_classes).astype(np.float64)

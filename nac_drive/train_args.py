@@ -29,8 +29,9 @@ class TrainArgs:
     batch_size: int = arg(32, 'windows per optimiser step (per process under torchrun).')
     lr: float = arg(1e-3, 'peak learning rate (AdamW), reached after a 5% warm-up, then cosine decay.')
     weight_decay: float = arg(1e-4, 'AdamW weight decay.')
-    class_weighting: str = arg("balanced", 'discrete actions: "balanced" (inverse frequency, clipped to 10x) '
-                                            'or "none".')
+    class_weighting: str = arg("none", 'discrete actions: "none", or "balanced" (inverse frequency, clipped '
+                                        'to 10x). Balanced weights make a CarRacing policy brake and coast '
+                                        'too often (BENCHMARKS.md section 3).')
     val_fraction: float = arg(0.15, 'share of episodes held out for validation (at least one when there '
                                     'are two).')
     val_windows: int = arg(1024, 'validation windows evaluated per epoch (0: all).')

@@ -110,6 +110,8 @@ def test_sampler_and_class_weights():
     w = class_weights(np.array([0, 0, 0, 1]), 3, "balanced")
     assert w[1] == pytest.approx(3 * w[0]) and w[2] <= 10 * w.min()
     assert class_weights(np.array([0, 1]), 2, "none") is None
+    with pytest.raises(ValueError, match="class_weighting"):
+        class_weights(np.array([0, 1]), 2, "balance")
 
 
 def test_training_learns_and_resumes(dataset, tmp_path):
