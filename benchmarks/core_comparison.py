@@ -4,7 +4,7 @@
     python benchmarks/core_comparison.py --data runs/demos --cores nac-exact lstm --episodes 0   # accuracy only
 
 For each core: train with identical arguments (``--epochs`` x ``--windows-per-epoch``
-windows of 16 frames, seed 0, the same held-out episodes), report the held-out action
+windows of 16 frames, one ``--seed``, the same held-out episodes), report the held-out action
 accuracy of the best checkpoint, then (with ``--episodes N``) the closed-loop mean return
 on the first N held-out tracks (seeds 900000, ...). Prints one markdown row per core as
 soon as it is done, so two invocations with different ``--cores`` can share two CPUs.
@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--windows-per-epoch", type=int, default=2048)
     parser.add_argument("--episodes", type=int, default=20, help="held-out tracks to drive (0: skip)")
+    parser.add_argument("--class-weighting", default=TrainArgs.class_weighting, choices=["none", "balanced"])
+    parser.add_argument("--seed", type=int, default=0, help="training seed (split, sampling, initialisation)")
     args = parser.parse_args()
 
     print("| core | held-out action accuracy | held-out loss | mean return +- std (tracks) |\n|---|---|---|---|",
@@ -37,7 +39,8 @@ def main() -> None:
     for name in args.cores:
         core, _, mode = name.partition("-")
         run = train(TrainArgs(data=args.data, out=args.out, run_name=name, core=core, mode=mode or "exact",
-                              epochs=args.epochs, windows_per_epoch=args.windows_per_epoch, seed=0, progress=False))
+                              epochs=args.epochs, windows_per_epoch=args.windows_per_epoch, seed=args.seed,
+                              class_weighting=args.class_weighting, progress=False))
         rows = list(csv.DictReader(open(run / "metrics.csv")))
         best = min(rows, key=lambda r: float(r["val_loss"]))
         ret = ""
