@@ -137,6 +137,16 @@ def train(args: TrainArgs) -> Path:
         policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units])),
         tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0,
     )
+    if args.init_from:
+        start, continuous = load_policy(args.init_from)
+        if continuous != args.continuous:
+            raise ValueError(f"init_from: {args.init_from} has {'continuous' if continuous else 'discrete'} "
+                             f"actions, this run {'continuous' if args.continuous else 'discrete'} ones")
+        try:
+            model.policy.load_state_dict(start.state_dict())
+        except RuntimeError as exc:
+            raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
+                             f"(--frame-stack, --head-units): {exc}") from exc
     agent_steps = args.total_frames // args.action_repeat
     eval_freq = max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
     callback = FixedSeedEval(

@@ -37,6 +37,8 @@ class TrainArgs:
     head_units: int = arg(256, "units of the hidden layer of the policy and value heads")
     negative_patience: int = arg(
         25, "training-only truncation after this many agent steps of negative reward")
+    init_from: str = arg("", "start from this expert zip's policy weights (fine-tuning: e.g. a lower "
+                             "--learning-rate on new --seed tracks); read without unpickling")
     eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames")
     eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)")
     eval_seed: int = arg(EXPERT_TRAIN_SEED_BASE + 50_000,

@@ -306,3 +306,23 @@ def test_cli_eval_bad_expert_path_names_it(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="nope.zip"):
         main(["expert", "eval", "--expert", str(tmp_path / "nope.zip"), "--episodes", "1"])
+
+
+def test_expert_training_starts_from_init_from(tmp_path):
+    import torch
+
+    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.ppo_expert_args import TrainArgs
+
+    tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
+                eval_every_frames=10**9, progress_bar=False)
+    # learning rate 0: the run's weights stay exactly those it started from
+    final = train(TrainArgs(run_name="ft", init_from=str(shipped_expert_path()), learning_rate=0.0, **tiny))
+    trained, _ = load_policy(final)
+    shipped, _ = load_policy(shipped_expert_path())
+    for name, tensor in shipped.state_dict().items():
+        assert torch.equal(trained.state_dict()[name], tensor), name
+    fresh, _ = load_policy(train(TrainArgs(run_name="fresh", learning_rate=0.0, **tiny)))
+    assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
+    with pytest.raises(ValueError, match="init_from"):
+        train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
