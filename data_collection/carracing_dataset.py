@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,7 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
     import minari
     from minari.data_collector import EpisodeBuffer
 
-    root = Path(root)
+    root = Path(root).resolve()   # Minari joins a relative root onto itself when it sizes the file
     target = root / f"{name}-v0"
     if target.exists():
         raise FileExistsError(f"{target}: a dataset of that name exists; choose another --out or remove it")
@@ -92,13 +93,17 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
                              infos={"timestamp": np.asarray(ep["timestamps"], np.float64)})
                for i, ep in enumerate(episodes)]
     root.mkdir(parents=True, exist_ok=True)
-    with _minari_root(root), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`(author_email|eval_env|code_permalink)` is set to None")
-        dataset = minari.create_dataset_from_buffers(
-            f"{name}-v0", buffers, env=env, algorithm_name=expert, author="nac-drive",
-            description=description, jpeg_encoding=False)
-        dataset.storage.update_episode_metadata([{"seed": ep["seed"], "expert": expert} for ep in episodes],
-                                                episode_indices=range(len(episodes)))
+    try:
+        with _minari_root(root), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`(author_email|eval_env|code_permalink)` is set to None")
+            dataset = minari.create_dataset_from_buffers(
+                f"{name}-v0", buffers, env=env, algorithm_name=expert, author="nac-drive",
+                description=description, jpeg_encoding=False)
+            dataset.storage.update_episode_metadata([{"seed": ep["seed"], "expert": expert} for ep in episodes],
+                                                    episode_indices=range(len(episodes)))
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)   # never leave a half-written dataset to be loaded later
+        raise
     return target
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive.data_collection.carracing_dataset import (DatasetError, WindowDataset, load_episodes,
+from nac_drive.data_collection.carracing_dataset import (DatasetError, WindowDataset, find_datasets, load_episodes,
                                                          split_by_episode, write_dataset)
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
 from nac_drive.train import EpochSampler, class_weights, train
@@ -52,6 +52,25 @@ def test_dataset_round_trip(dataset):
         assert ep.seed == src["seed"] and ep.expert == "bands"
     with pytest.raises(FileExistsError):
         write_dataset(dataset, "synthetic", synthetic_episodes(1), "CarRacing-v3", expert="x", description="")
+
+
+def test_dataset_under_a_relative_folder_and_no_half_written_dataset(tmp_path, monkeypatch):
+    import minari
+
+    monkeypatch.chdir(tmp_path)
+    path = write_dataset("demos", "rel", synthetic_episodes(1, 20), "CarRacing-v3", expert="x", description="")
+    assert path.is_absolute() and len(load_episodes("demos")) == 1
+
+    real = minari.create_dataset_from_buffers
+
+    def dies_after_writing(dataset_id, *args, **kwargs):
+        real(dataset_id, *args, **kwargs)
+        raise KeyboardInterrupt   # e.g. Ctrl-C while the metadata is being written
+    monkeypatch.setattr(minari, "create_dataset_from_buffers", dies_after_writing)
+    with pytest.raises(KeyboardInterrupt):
+        write_dataset("demos", "killed", synthetic_episodes(1, 20), "CarRacing-v3", expert="x", description="")
+    assert not (tmp_path / "demos" / "killed-v0").exists()
+    assert [p.name for p in find_datasets("demos")] == ["rel-v0"]
 
 
 def test_corrupt_and_inconsistent_files_are_named(tmp_path):
