@@ -40,6 +40,13 @@ def _build(impl: str, T: int, B: int, d: int, H: int, K: int, mode: str, select:
         layer = torch.nn.MultiheadAttention(d, H, batch_first=True)
         mask = torch.nn.Transformer.generate_square_subsequent_mask(T)
         return layer.eval(), (lambda x: layer(x, x, x, attn_mask=mask, need_weights=False, is_causal=True)[0])
+    if impl == "topk-floor":  # what exact causal selection costs before any NAC work: scores + torch.topk
+        def run(x):
+            n = x.shape[1]
+            qk = x.view(B, n, H, d // H).transpose(1, 2)
+            future = torch.ones(n, n, dtype=torch.bool).triu(1)
+            return (qk @ qk.transpose(-1, -2)).masked_fill(future, float("-inf")).topk(K, dim=-1)
+        return None, run
     raise ValueError(impl)
 
 
@@ -118,10 +125,12 @@ def main() -> None:
     for mode in ("exact", "euler", "steady"):
         ref = measure(impl="torch-nac", T=1024, mode=mode, causal=False)
         print(_row(f"torch-nac 0.0.2, {mode}", ref))
-        for select, causal in (("block", False), ("exact", False), ("exact", True)):
+        for select, causal in (("block", False), ("block", True), ("exact", False), ("exact", True)):
             r = measure(impl="nac", T=1024, mode=mode, select=select, causal=causal)
             print(_row(f"nac-drive, {mode}, select={select}, {'causal' if causal else 'non-causal'}", r, ref))
     print(_row("causal nn.MultiheadAttention", measure(impl="mha", T=1024)))
+    print(_row("floor of exact causal selection in eager torch: scores + torch.topk only",
+               measure(impl="topk-floor", T=1024)))
 
     print("\n### Driving configuration: T=16, B=32, d=64, H=4, K=8 (1 thread)\n")
     print(header)
