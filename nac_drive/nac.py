@@ -259,10 +259,12 @@ class NAC(nn.Module):
             return phi / tau
         if self.mode == "exact":                                           # eq. 3
             return phi / tau * -torch.expm1(-tau * t_interp)
-        logit = torch.zeros_like(phi)                                      # eq. 2, from a(0) = 0
+        # eq. 2 from a(0) = 0: a <- a + dt (phi - tau a) = a (1 - dt tau) + dt phi, one fused op a step
         dt = t_interp / self.euler_steps
-        for _ in range(self.euler_steps):
-            logit = logit + dt * (phi - tau * logit)
+        decay, drive = 1.0 - dt * tau, dt * phi
+        logit = drive
+        for _ in range(self.euler_steps - 1):
+            logit = torch.addcmul(drive, logit, decay)
         return logit
 
     def _attend(self, q_side: torch.Tensor, q_times: torch.Tensor | None, key_feats: torch.Tensor,
