@@ -247,8 +247,7 @@ def _score_picked_blocks(q: torch.Tensor, k_blocks: torch.Tensor, key_ok: torch.
         scores = queries @ key_rows[here].transpose(1, 2)                              # [S', size, size]
         ok = vis.allowed(q_pos[:, :, None], k_pos[:, None, :]) & key_ok_blocks[b, blk][:, None, :]
         scores = scores.masked_fill_(~ok, float("-inf"))[p, s]                       # [E', size]
-        val, col = scores.topk(min(topk, size), dim=-1)
-        best_rows[entry[e0:e1], :val.shape[-1]] = val
-        pos_rows[entry[e0:e1], :val.shape[-1]] = (blk[p][:, None] * size + col).masked_fill(val == float("-inf"),
-                                                                                            NO_KEY)
+        val, col = _topk(scores, in_block, topk)                                      # col: offset in block
+        best_rows[entry[e0:e1]] = val
+        pos_rows[entry[e0:e1]] = torch.where(col == NO_KEY, NO_KEY, blk[p][:, None] * size + col)
     return best, pos
