@@ -21,7 +21,7 @@ CORE_CHOICES = ("nac-exact", "nac-euler", "nac-steady", "lstm", "gru", "cfc", "l
 def main() -> None:
     from nac_drive.commands.drive import drive_carracing
     from nac_drive.train import train
-    from nac_drive.train_args import TrainArgs
+    from nac_drive.train_args import CLASS_WEIGHTINGS, TrainArgs
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="CarRacing demonstrations (Minari)")
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--windows-per-epoch", type=int, default=2048)
     parser.add_argument("--episodes", type=int, default=20, help="held-out tracks to drive (0: skip)")
-    parser.add_argument("--class-weighting", default=TrainArgs.class_weighting, choices=["none", "balanced"])
+    parser.add_argument("--class-weighting", default=TrainArgs.class_weighting, choices=CLASS_WEIGHTINGS)
     parser.add_argument("--seed", type=int, default=0, help="training seed (split, sampling, initialisation)")
     args = parser.parse_args()
 

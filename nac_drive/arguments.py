@@ -8,11 +8,13 @@ import dataclasses
 from typing import Any
 
 
-def arg(default: Any, help: str, **kwargs) -> Any:
-    """A dataclass field with a help text, for :func:`add_dataclass_arguments`."""
+def arg(default: Any, help: str, choices: tuple | None = None, **kwargs) -> Any:
+    """A dataclass field with a help text (and optional allowed values), for
+    :func:`add_dataclass_arguments`."""
+    metadata = {"help": help, "choices": choices}
     if isinstance(default, (list, dict, set)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
@@ -27,7 +29,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             kind = type(default) if isinstance(default, (int, float, str)) else str
-            parser.add_argument(flag, type=kind, default=default, help=help_text)
+            parser.add_argument(flag, type=kind, default=default, help=help_text, choices=f.metadata.get("choices"))
 
 
 def from_namespace(cls, namespace: argparse.Namespace, **overrides):

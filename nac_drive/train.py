@@ -30,7 +30,7 @@ from tqdm import tqdm
 from nac_drive.checkpoint import load_optimizer, load_state_into, read_tensors, save_optimizer, write_json
 from nac_drive.cores import CORES, CoreConfig
 from nac_drive.policy import DrivingPolicy, PolicyConfig
-from nac_drive.train_args import TrainArgs, add_arguments, args_from_namespace
+from nac_drive.train_args import CLASS_WEIGHTINGS, TrainArgs, add_arguments, args_from_namespace
 
 
 def run_name(args: TrainArgs, task: str) -> str:
@@ -56,8 +56,8 @@ class EpochSampler(torch.utils.data.Sampler):
 
 
 def class_weights(actions: np.ndarray, num_classes: int, how: str) -> torch.Tensor | None:
-    if how not in ("none", "balanced"):
-        raise ValueError(f'class_weighting: must be "none" or "balanced", got {how!r}')
+    if how not in CLASS_WEIGHTINGS:
+        raise ValueError(f"class_weighting: must be one of {CLASS_WEIGHTINGS}, got {how!r}")
     if how == "none":
         return None
     counts = np.bincount(actions, minlength=num_classes).astype(np.float64)

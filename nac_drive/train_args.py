@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from nac_drive.arguments import add_dataclass_arguments, arg, from_namespace
 
+CLASS_WEIGHTINGS = ("none", "balanced")
+
 
 @dataclass
 class TrainArgs:
@@ -31,7 +33,7 @@ class TrainArgs:
     weight_decay: float = arg(1e-4, 'AdamW weight decay.')
     class_weighting: str = arg("none", 'discrete actions: "none", or "balanced" (inverse frequency, clipped '
                                         'to 10x). Balanced weights make a CarRacing policy brake and coast '
-                                        'too often (BENCHMARKS.md section 3).')
+                                        'too often (BENCHMARKS.md section 3).', choices=CLASS_WEIGHTINGS)
     val_fraction: float = arg(0.15, 'share of episodes held out for validation (at least one when there '
                                     'are two).')
     val_windows: int = arg(1024, 'validation windows evaluated per epoch (0: all).')

@@ -1,5 +1,6 @@
 """Demonstration datasets (Minari), windows, and behaviour-cloning training."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from nac_drive.data_collection.carracing_dataset import (DatasetError, WindowDat
                                                          split_by_episode, write_dataset)
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
 from nac_drive.train import EpochSampler, class_weights, train
-from nac_drive.train_args import TrainArgs
+from nac_drive.train_args import TrainArgs, add_arguments
 
 torch.set_num_threads(1)
 
@@ -131,6 +132,11 @@ def test_sampler_and_class_weights():
     assert class_weights(np.array([0, 1]), 2, "none") is None
     with pytest.raises(ValueError, match="class_weighting"):
         class_weights(np.array([0, 1]), 2, "balance")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)   # the flag offers exactly the accepted values
+    assert parser.parse_args(["--class-weighting", "balanced"]).class_weighting == "balanced"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--class-weighting", "balance"])
 
 
 def test_training_learns_and_resumes(dataset, tmp_path):
