@@ -59,9 +59,9 @@ def worker(spec: dict) -> dict:
     x = torch.randn(spec["B"], spec["T"], spec["d"])
     _, run = _build(spec["impl"], spec["T"], spec["B"], spec["d"], spec["H"], spec["K"], spec["mode"],
                     spec["select"], spec["causal"], spec["window"])
+    if spec["impl"] == "nac" and spec.get("step"):
+        return _measure_step(spec, x)
     with torch.no_grad():
-        if spec["impl"] == "nac" and spec.get("step"):
-            return _measure_step(spec, x)
         if spec["impl"] != "mha":  # load every kernel once on a tiny input: not the forward's memory
             run(x[:, :16])
         rss_before = _rss_mb()
@@ -79,18 +79,21 @@ def worker(spec: dict) -> dict:
 
 
 def _measure_step(spec: dict, x) -> dict:
+    """ms per ``step()`` under ``spec["grad_mode"]`` (the layer is built outside it, as a policy is)."""
+    import torch
     from nac_drive import NAC
 
     layer = NAC(spec["d"], d_model=spec["d"], num_heads=spec["H"], topk=spec["K"], mode=spec["mode"],
                 select=spec["select"], window=spec["window"], seed=0).eval()
-    cache = layer.init_cache(1)
     frame = x[:1, 0]
-    for _ in range(2 * spec["window"]):
-        _, cache = layer.step(frame, cache)
     n = 2000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        _, cache = layer.step(frame, cache)
+    with getattr(torch, spec["grad_mode"])():
+        cache = layer.init_cache(1)
+        for _ in range(2 * spec["window"]):
+            _, cache = layer.step(frame, cache)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            _, cache = layer.step(frame, cache)
     return {"ms": 1e3 * (time.perf_counter() - t0) / n, "mem_mb": float("nan")}
 
 
@@ -114,14 +117,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--long", type=int, nargs="*", default=[1024, 4096, 16384], help="T for the long runs")
+    parser.add_argument("--sections", nargs="*", choices=SECTIONS, default=list(SECTIONS),
+                        help="which tables to measure (default: all)")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if "paper" in args.sections:
+        _paper_configuration()
+    if "driving" in args.sections:
+        _driving_configuration()
+    if "long" in args.sections:
+        _long_sequences(args.long)
+    if "step" in args.sections:
+        _streaming_step()
 
-    header = "| implementation | ms / forward | forward peak RSS (MB) | speed-up vs torch-nac | memory vs torch-nac |\n|---|---|---|---|---|"
-    print("### Paper configuration: T=1024, B=1, d=64, H=4, K=8 (1 thread)\n")
-    print(header)
+
+SECTIONS = ("paper", "driving", "long", "step")
+HEADER = ("| implementation | ms / forward | forward peak RSS (MB) | speed-up vs torch-nac | memory vs torch-nac |"
+          "\n|---|---|---|---|---|")
+
+
+def _paper_configuration() -> None:
+    print("\n### Paper configuration: T=1024, B=1, d=64, H=4, K=8 (1 thread)\n")
+    print(HEADER)
     for mode in ("exact", "euler", "steady"):
         ref = measure(impl="torch-nac", T=1024, mode=mode, causal=False)
         print(_row(f"torch-nac 0.0.2, {mode}", ref))
@@ -132,24 +151,32 @@ def main() -> None:
     print(_row("exact causal key selection alone (scores + torch.topk, no NAC work)",
                measure(impl="selection-only", T=1024)))
 
+
+def _driving_configuration() -> None:
     print("\n### Driving configuration: T=16, B=32, d=64, H=4, K=8 (1 thread)\n")
-    print(header)
+    print(HEADER)
     ref = measure(impl="torch-nac", T=16, B=32, causal=False)
     print(_row("torch-nac 0.0.2, exact", ref))
     print(_row("nac-drive, exact, causal, window=16", measure(impl="nac", T=16, B=32, window=16), ref))
     print(_row("causal nn.MultiheadAttention", measure(impl="mha", T=16, B=32), ref))
 
+
+def _long_sequences(lengths: list[int]) -> None:
     print("\n### Long sequences, B=1, select=block, causal (1 thread)\n")
     print("| T | nac-drive ms | nac-drive MB | MHA ms | MHA MB | NAC speed-up vs MHA |\n|---|---|---|---|---|---|")
-    for T in args.long:
+    for T in lengths:
         n, m = measure(impl="nac", T=T, select="block", repeats=5), measure(impl="mha", T=T, repeats=5)
         print(f"| {T} | {n['ms']:.1f} | {n['mem_mb']:.1f} | {m['ms']:.1f} | {m['mem_mb']:.1f} | {m['ms'] / n['ms']:.2f}x |")
 
+
+def _streaming_step() -> None:
     print("\n### Streaming `step()`: window 16, d=64, H=4, K=8, B=1 (1 thread)\n")
-    print("| mode | ms / step |\n|---|---|")
+    print("| mode | ms / step, torch.no_grad | ms / step, torch.inference_mode (as DrivingPolicy streams) |")
+    print("|---|---|---|")
     for mode in ("exact", "euler", "steady"):
-        r = measure(impl="nac", T=1, mode=mode, window=16, step=True)
-        print(f"| {mode} | {r['ms']:.3f} |")
+        r = {grad: measure(impl="nac", T=1, mode=mode, window=16, step=True, grad_mode=grad)
+             for grad in ("no_grad", "inference_mode")}
+        print(f"| {mode} | {r['no_grad']['ms']:.3f} | {r['inference_mode']['ms']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -212,7 +212,10 @@ class NAC(nn.Module):
         tensors += [self.time_weight, self.time_bias]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._build_weights()
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
+        try:
+            key = tuple((t.data_ptr(), t._version) for t in tensors)
+        except RuntimeError:  # inference tensors (a layer built under inference_mode) have no version
+            return self._build_weights()
         if self._weights_cache is None or self._weights_cache[0] != key:
             self._weights_cache = (key, self._build_weights())
         return self._weights_cache[1]

@@ -143,7 +143,7 @@ class DrivingPolicy(nn.Module):
                              f"got {image.shape[0]}x{image.shape[1]}")
         return frame, timestamp
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step_output(self, obs) -> torch.Tensor:
         """Consume one observation; returns the head's raw output ``[num_outputs]``."""
         frame, timestamp = self.observation_to_frame(obs)

@@ -390,6 +390,35 @@ def test_inference_reuses_masked_weights_only_while_parameters_are_unchanged(cha
     assert not torch.allclose(cached.float(), make().eval()(inputs()).detach())
 
 
+def _stream(layer, x):
+    """Step ``layer`` through ``x [B, T, F]``; outputs ``[B, T, d_model]``."""
+    cache, ys = layer.init_cache(x.shape[0]), []
+    for i in range(x.shape[1]):
+        y, cache = layer.step(x[:, i], cache)
+        ys.append(y)
+    return torch.stack(ys, dim=1)
+
+
+def test_inference_mode_streams_like_no_grad():
+    layer, x = make(window=4).eval(), inputs()
+    with torch.no_grad():
+        expected = _stream(layer, x)
+    with torch.inference_mode():
+        torch.testing.assert_close(_stream(layer, x), expected, rtol=0, atol=0)
+
+
+def test_a_layer_built_under_inference_mode_never_serves_stale_weights():
+    with torch.inference_mode():     # its parameters are inference tensors: no version counter
+        layer, x = make(window=4).eval(), inputs()
+        before = _stream(layer, x)
+        layer.k_gate.weight.mul_(-2.0)
+        after = _stream(layer, x)
+    assert not torch.allclose(before, after)
+    with torch.inference_mode():
+        layer._weights_cache = None
+        torch.testing.assert_close(after, _stream(layer, x), rtol=0, atol=0)
+
+
 def test_seed_makes_the_layer_reproducible():
     assert all(torch.equal(p, q) for p, q in zip(make(seed=5).state_dict().values(),
                                                   make(seed=5).state_dict().values()))
