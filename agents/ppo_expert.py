@@ -1,7 +1,7 @@
 """The PPO expert (stable-baselines3): training, and an adapter that drives the raw env.
 
-The expert sees grayscale 64x64 frames, acts every 4 env frames and stacks its last
-2 observations. :class:`PPOExpert` does all of that itself from the raw RGB frames
+The expert sees grayscale 64x64 frames, acts every ``action_repeat`` env frames (stored
+in its zip) and stacks its last 2 observations. :class:`PPOExpert` does all of that itself from the raw RGB frames
 the student sees, so a recording has one row per env frame.
 
 Training recipe (measured on a 2-core CPU, see :class:`TrainArgs`): PPO with
@@ -137,8 +137,10 @@ def train(args: TrainArgs) -> Path:
         policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units])),
         tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0,
     )
+    # Saved into the zip's JSON `data`, so every reader acts at the rate the expert was trained at.
+    model.action_repeat = args.action_repeat
     if args.init_from:
-        start, continuous = load_policy(args.init_from)
+        start, continuous, _ = load_policy(args.init_from)
         if continuous != args.continuous:
             raise ValueError(f"init_from: {args.init_from} has {'continuous' if continuous else 'discrete'} "
                              f"actions, this run {'continuous' if args.continuous else 'discrete'} ones")
@@ -189,8 +191,9 @@ class PPOExpert:
     """Drives the raw env with a PPO expert trained by :func:`train`.
 
     ``act(obs)`` takes the raw RGB frame ``uint8 [96, 96, 3]`` every env frame. Every
-    ``action_repeat`` frames it pushes :func:`preprocess` of the frame onto its frame
-    stack (zeros after ``reset()``, as SB3's VecFrameStack) and picks a new action; in
+    ``action_repeat`` frames (read from the zip, where training stores it; 4 in zips
+    older than that) it pushes :func:`preprocess` of the frame onto its frame stack
+    (zeros after ``reset()``, as SB3's VecFrameStack) and picks a new action; in
     between it repeats the last one, exactly as the training env did.
 
     Loading reads only the zip's JSON ``data`` and its ``policy.pth`` weights (with
@@ -199,13 +202,13 @@ class PPOExpert:
     """
 
     def __init__(self, path: str | Path | None = None, deterministic: bool = True,
-                 action_repeat: int = ACTION_REPEAT):
+                 action_repeat: int | None = None):
         import torch
 
         self.path = Path(path) if path is not None else shipped_expert_path()
-        self.policy, self.continuous = load_policy(self.path)
+        self.policy, self.continuous, trained_repeat = load_policy(self.path)
         self.deterministic = deterministic
-        self.action_repeat = action_repeat
+        self.action_repeat = action_repeat or trained_repeat
         self.frame_stack = int(self.policy.observation_space.shape[0])
         self.name = f"ppo:{self.path.stem}"
         self._torch = torch
@@ -246,7 +249,7 @@ class PPOExpert:
 def load_policy(path: str | Path):
     """Build the SB3 actor-critic of an expert zip without unpickling anything.
 
-    Returns ``(policy, continuous)``. Raises ``ValueError`` naming the file and field
+    Returns ``(policy, continuous, action_repeat)``. Raises ``ValueError`` naming the file and field
     when the zip is not a CarRacing expert of this project.
     """
     import torch
@@ -280,6 +283,9 @@ def load_policy(path: str | Path):
     else:
         raise ValueError(f"{path}: field 'action_space' is {act_type or 'missing'}, "
                          "expected Discrete(5) or Box(3)")
+    action_repeat = data.get("action_repeat", ACTION_REPEAT)  # zips from before it was stored: 4
+    if not (isinstance(action_repeat, int) and action_repeat >= 1):
+        raise ValueError(f"{path}: field 'action_repeat' is {action_repeat!r}, expected an integer >= 1")
     kwargs = data.get("policy_kwargs", {})
     if not isinstance(kwargs, dict) or ":serialized:" in kwargs:
         raise ValueError(f"{path}: field 'policy_kwargs' is not plain JSON")
@@ -288,7 +294,7 @@ def load_policy(path: str | Path):
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     policy.load_state_dict(state)
     policy.set_training_mode(False)
-    return policy, continuous
+    return policy, continuous, action_repeat
 
 
 class FixedSeedEval(EvalCallback):

@@ -6,6 +6,7 @@ CarRacing steps cost ~15 ms, so every test caps its episodes with ``max_steps``.
 from __future__ import annotations
 
 import json
+import zipfile
 
 import gymnasium as gym
 import numpy as np
@@ -228,6 +229,15 @@ def test_load_policy_rejects_bad_files(tmp_path):
         load_policy(bad)
     with pytest.raises(FileNotFoundError, match="missing.zip"):
         load_policy(tmp_path / "missing.zip")
+    # a zip whose stored action repeat is not a positive integer
+    with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(tmp_path / "rep.zip", "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "data":
+                data = json.dumps({**json.loads(data), "action_repeat": 0}).encode()
+            dst.writestr(item, data)
+    with pytest.raises(ValueError, match="rep.zip.*action_repeat"):
+        load_policy(tmp_path / "rep.zip")
 
 
 @pytest.mark.slow
@@ -318,11 +328,15 @@ def test_expert_training_starts_from_init_from(tmp_path):
                 eval_every_frames=10**9, progress_bar=False)
     # learning rate 0: the run's weights stay exactly those it started from
     final = train(TrainArgs(run_name="ft", init_from=str(shipped_expert_path()), learning_rate=0.0, **tiny))
-    trained, _ = load_policy(final)
-    shipped, _ = load_policy(shipped_expert_path())
+    trained, _, _ = load_policy(final)
+    shipped, _, _ = load_policy(shipped_expert_path())
     for name, tensor in shipped.state_dict().items():
         assert torch.equal(trained.state_dict()[name], tensor), name
-    fresh, _ = load_policy(train(TrainArgs(run_name="fresh", learning_rate=0.0, **tiny)))
+    fresh_zip = train(TrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2, **tiny))
+    fresh, _, fresh_repeat = load_policy(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
+    # the zip carries the rate it was trained at, and the adapter acts at it
+    assert fresh_repeat == 2 and PPOExpert(fresh_zip).action_repeat == 2
+    assert PPOExpert(final).action_repeat == 4
     with pytest.raises(ValueError, match="init_from"):
         train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
