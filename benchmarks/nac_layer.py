@@ -5,13 +5,15 @@
 
 One thread, forward only, no grad, median of --repeats runs after one warm-up. Memory
 is the forward's peak-RSS increase over the process's RSS once model and input exist;
-every measurement runs in its own process so peaks do not mix.
+every measurement runs in its own process so peaks do not mix. Rows marked "eager"
+run the layer with its numba kernels off (``NAC_DRIVE_KERNELS=0``): the torch code alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -40,7 +42,7 @@ def _build(impl: str, T: int, B: int, d: int, H: int, K: int, mode: str, select:
         layer = torch.nn.MultiheadAttention(d, H, batch_first=True)
         mask = torch.nn.Transformer.generate_square_subsequent_mask(T)
         return layer.eval(), (lambda x: layer(x, x, x, attn_mask=mask, need_weights=False, is_causal=True)[0])
-    if impl == "selection-only":  # the layer's exact causal key selection alone, on ready q and k
+    if impl == "selection-only":  # the layer's exact causal key selection alone, on ready q and k (kernel or eager)
         from nac_drive.key_selection import Visibility, select_exact
 
         def run(x):
@@ -102,10 +104,13 @@ def _measure_step(spec: dict, x) -> dict:
     return {"ms": 1e3 * (time.perf_counter() - t0) / n, "mem_mb": float("nan")}
 
 
-def measure(**spec) -> dict:
+def measure(eager: bool = False, **spec) -> dict:
+    """Run one configuration in a fresh process; ``eager`` turns the layer's numba kernels off."""
     spec = {"B": 1, "d": 64, "H": 4, "K": 8, "mode": "exact", "select": "exact", "causal": True,
             "window": None, "repeats": 10, **spec}
-    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True)
+    env = {**os.environ, "NAC_DRIVE_KERNELS": "0" if eager else "1"}
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
+                         env=env)
     if out.returncode != 0:
         return {"ms": float("nan"), "mem_mb": float("nan"), "error": out.stderr.strip().splitlines()[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -150,11 +155,16 @@ def _paper_configuration() -> None:
         ref = measure(impl="torch-nac", T=1024, mode=mode, causal=False)
         print(_row(f"torch-nac 0.0.2, {mode}", ref))
         for select, causal in (("block", False), ("block", True), ("exact", False), ("exact", True)):
-            r = measure(impl="nac", T=1024, mode=mode, select=select, causal=causal)
-            print(_row(f"nac-drive, {mode}, select={select}, {'causal' if causal else 'non-causal'}", r, ref))
+            name = f"nac-drive, {mode}, select={select}, {'causal' if causal else 'non-causal'}"
+            print(_row(name, measure(impl="nac", T=1024, mode=mode, select=select, causal=causal), ref))
+            if mode == "exact":
+                print(_row(name + ", eager", measure(True, impl="nac", T=1024, mode=mode, select=select,
+                                                     causal=causal), ref))
     print(_row("causal nn.MultiheadAttention", measure(impl="mha", T=1024)))
-    print(_row("exact causal key selection alone (scores + torch.topk, no NAC work)",
+    print(_row("exact causal key selection alone (numba kernel, no NAC work)",
                measure(impl="selection-only", T=1024)))
+    print(_row("exact causal key selection alone, eager (scores + torch.topk)",
+               measure(True, impl="selection-only", T=1024)))
     print(_row("all T^2 scores in one product + one pass over them (amax): any exact selection's floor",
                measure(impl="scores-pass", T=1024)))
 
@@ -165,25 +175,31 @@ def _driving_configuration() -> None:
     ref = measure(impl="torch-nac", T=16, B=32, causal=False)
     print(_row("torch-nac 0.0.2, exact", ref))
     print(_row("nac-drive, exact, causal, window=16", measure(impl="nac", T=16, B=32, window=16), ref))
+    print(_row("nac-drive, exact, causal, window=16, eager", measure(True, impl="nac", T=16, B=32, window=16), ref))
     print(_row("causal nn.MultiheadAttention", measure(impl="mha", T=16, B=32), ref))
 
 
 def _long_sequences(lengths: list[int]) -> None:
     print("\n### Long sequences, B=1, select=block, causal (1 thread)\n")
-    print("| T | nac-drive ms | nac-drive MB | MHA ms | MHA MB | NAC speed-up vs MHA |\n|---|---|---|---|---|---|")
+    print("| T | nac-drive ms | nac-drive MB | eager ms | MHA ms | MHA MB | NAC speed-up vs MHA |"
+          "\n|---|---|---|---|---|---|---|")
     for T in lengths:
         n, m = measure(impl="nac", T=T, select="block", repeats=5), measure(impl="mha", T=T, repeats=5)
-        print(f"| {T} | {n['ms']:.1f} | {n['mem_mb']:.1f} | {m['ms']:.1f} | {m['mem_mb']:.1f} | {m['ms'] / n['ms']:.2f}x |")
+        e = measure(True, impl="nac", T=T, select="block", repeats=5)
+        print(f"| {T} | {n['ms']:.1f} | {n['mem_mb']:.1f} | {e['ms']:.1f} | {m['ms']:.1f} | {m['mem_mb']:.1f} | "
+              f"{m['ms'] / n['ms']:.2f}x |")
 
 
 def _streaming_step() -> None:
     print("\n### Streaming `step()`: window 16, d=64, H=4, K=8, B=1 (1 thread)\n")
-    print("| mode | ms / step, torch.no_grad | ms / step, torch.inference_mode (as DrivingPolicy streams) |")
-    print("|---|---|---|")
+    print("| mode | ms / step, torch.no_grad | ms / step, torch.inference_mode (as DrivingPolicy streams) "
+          "| inference_mode, eager |")
+    print("|---|---|---|---|")
     for mode in ("exact", "euler", "steady"):
         r = {grad: measure(impl="nac", T=1, mode=mode, window=16, step=True, grad_mode=grad)
              for grad in ("no_grad", "inference_mode")}
-        print(f"| {mode} | {r['no_grad']['ms']:.3f} | {r['inference_mode']['ms']:.3f} |")
+        e = measure(True, impl="nac", T=1, mode=mode, window=16, step=True, grad_mode="inference_mode")
+        print(f"| {mode} | {r['no_grad']['ms']:.3f} | {r['inference_mode']['ms']:.3f} | {e['ms']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ a causal prefix, a padding mask). Which keys a query may see is decided by
   ``ceil(sqrt(Tk))`` blocks, queries scored against block centroids, exact scoring
   inside the best blocks only. Subquadratic time, linear memory.
 * :func:`select_all`: every visible key (NAC-PW); K = Tk, or the window's span.
+
+On CPU, exact and block selection run as numba kernels (:mod:`nac_drive.nac_kernels`)
+that return the same keys; the torch code below is their reference and the GPU path.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from nac_drive import nac_kernels
 
 NO_KEY = -1
 
@@ -106,6 +111,8 @@ def select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility,
     ``q_offset`` is the position of the first query (queries are keys' positions
     ``q_offset .. q_offset + Tq - 1``).
     """
+    if nac_kernels.handles_selection(q):
+        return nac_kernels.select_exact(q, k, topk, vis, q_offset)
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     out = []
@@ -153,20 +160,45 @@ def select_block(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -
     lie wholly in its past, so no centroid mixes in a future key. Returns the exact
     Top-K whenever the best keys lie in the chosen blocks.
     """
-    B, H, T, D = q.shape
-    size = max(1, math.ceil(math.sqrt(T)))
-    n_blocks = math.ceil(T / size)
-    pad = n_blocks * size - T
-    key_ok = torch.ones(B, T, dtype=torch.bool, device=k.device) if vis.key_valid is None else vis.key_valid
-    key_ok = torch.nn.functional.pad(key_ok, (0, pad), value=False)                  # [B, T']
-    k_blocks = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(B, H, n_blocks, size, D)
-    weight = key_ok.view(B, 1, n_blocks, size, 1).to(k.dtype)
-    count = weight.sum(dim=3)                                                         # [B,1,nb,1]
-    centroids = (k_blocks * weight).sum(dim=3) / count.clamp(min=1)                   # [B,H,nb,D]
-    n_pick = min(n_blocks, math.ceil(topk / size) + 1)
-    picks = _pick_blocks(q, centroids, count[:, 0, :, 0] > 0, size, n_pick, vis)      # [B,H,T,n_pick]
-    best, pos = _score_picked_blocks(q, k_blocks, key_ok, picks, topk, vis)           # [B,H,T,n_pick,K]
+    part = BlockPartition.of(k, topk, vis.key_valid)
+    if nac_kernels.handles_selection(q):
+        return nac_kernels.select_block(q, part, topk, vis)
+    picks = _pick_blocks(q, part.centroids, part.count > 0, part.size, part.n_pick, vis)   # [B,H,T,n_pick]
+    best, pos = _score_picked_blocks(q, part.k_blocks, part.key_ok, picks, topk, vis)     # [B,H,T,n_pick,K]
     return topk_positions(best.flatten(-2), pos.flatten(-2), topk)
+
+
+@dataclass(frozen=True)
+class BlockPartition:
+    """The keys of :func:`select_block` cut into ``n_blocks`` blocks of ``size``.
+
+    key_ok ``[B, n_blocks*size]`` (False for padding and invalid keys), k_blocks
+    ``[B, H, n_blocks, size, D]`` (zero padded), count ``[B, n_blocks]`` valid keys per
+    block, centroids ``[B, H, n_blocks, D]`` (mean valid key), n_pick blocks per query.
+    """
+
+    size: int
+    n_blocks: int
+    n_pick: int
+    key_ok: torch.Tensor
+    k_blocks: torch.Tensor
+    count: torch.Tensor
+    centroids: torch.Tensor
+
+    @classmethod
+    def of(cls, k: torch.Tensor, topk: int, key_valid: torch.Tensor | None) -> "BlockPartition":
+        B, H, T, D = k.shape
+        size = max(1, math.ceil(math.sqrt(T)))
+        n_blocks = math.ceil(T / size)
+        pad = n_blocks * size - T
+        key_ok = torch.ones(B, T, dtype=torch.bool, device=k.device) if key_valid is None else key_valid
+        key_ok = torch.nn.functional.pad(key_ok, (0, pad), value=False)               # [B, T']
+        k_blocks = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(B, H, n_blocks, size, D)
+        weight = key_ok.view(B, 1, n_blocks, size, 1).to(k.dtype)
+        count = weight.sum(dim=3)                                                      # [B,1,nb,1]
+        centroids = (k_blocks * weight).sum(dim=3) / count.clamp(min=1)                # [B,H,nb,D]
+        return cls(size, n_blocks, min(n_blocks, math.ceil(topk / size) + 1), key_ok, k_blocks,
+                   count[:, 0, :, 0], centroids)
 
 
 def _pick_blocks(q: torch.Tensor, centroids: torch.Tensor, block_has_keys: torch.Tensor, size: int,

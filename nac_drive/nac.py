@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nac_drive import nac_kernels
 from nac_drive.key_selection import NO_KEY, Visibility, select_all, select_block, select_exact, topk_positions
 from nac_drive.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
 from nac_drive.wiring import BackboneWiring, sensory_gate_mask
@@ -97,9 +98,11 @@ class _Weights:
     """The layer's effective (masked, packed) weights, as its computations consume them.
 
     qkv ``[3*d_model, input_dim]`` and ``[3*d_model]``: the three sensory gates stacked;
-    query_side, key_side ``[H, depth, n_inter + 2]``: the query and key halves of the
-    backbone's first layer and of the time affine (query_bias ``[H, n_inter + 2]``);
-    command, motor ``[H, in, out]`` with biases ``[H, out]``.
+    query_side, key_side ``[d_model, H*(n_inter + 2)]``: the query and key halves of the
+    backbone's first layer and of the time affine, block-diagonal over the heads so all
+    heads take one product (query_bias ``[H*(n_inter + 2)]``); command, motor
+    ``[H, in, out]`` with biases ``[H, out]``; gate ``[H, n_motor, 2]`` and ``[H, 2]``:
+    the phi and tau heads.
     """
 
     qkv_weight: torch.Tensor
@@ -111,6 +114,8 @@ class _Weights:
     command_bias: torch.Tensor
     motor: torch.Tensor
     motor_bias: torch.Tensor
+    gate: torch.Tensor
+    gate_bias: torch.Tensor
 
 
 def _gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -209,7 +214,7 @@ class NAC(nn.Module):
         # would cost more than the masking it saves.
         wired = (self.q_gate, self.k_gate, self.v_gate, self.inter, self.command, self.motor)
         tensors = [t for m in wired for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
-        tensors += [self.time_weight, self.time_bias]
+        tensors += [self.time_weight, self.time_bias, self.gate_weight, self.gate_bias]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._build_weights()
         try:
@@ -223,39 +228,42 @@ class NAC(nn.Module):
     def _build_weights(self) -> _Weights:
         gates = (self.q_gate, self.k_gate, self.v_gate)
         inter, d = self.inter.effective_weight, self.depth
+        query_side = torch.cat([inter[:, :d], self.time_weight[:, :d]], dim=-1)    # [H, depth, P]
+        key_side = torch.cat([inter[:, d:], self.time_weight[:, d:]], dim=-1)
         return _Weights(
             qkv_weight=torch.cat([g.effective_weight for g in gates]),
             qkv_bias=torch.cat([g.bias for g in gates]),
-            query_side=torch.cat([inter[:, :d], self.time_weight[:, :d]], dim=-1),
-            query_bias=torch.cat([self.inter.bias, self.time_bias], dim=-1),
-            key_side=torch.cat([inter[:, d:], self.time_weight[:, d:]], dim=-1),
+            query_side=torch.block_diag(*query_side),
+            query_bias=torch.cat([self.inter.bias, self.time_bias], dim=-1).flatten(),
+            key_side=torch.block_diag(*key_side),
             command=self.command.effective_weight, command_bias=self.command.bias,
-            motor=self.motor.effective_weight, motor_bias=self.motor.bias)
+            motor=self.motor.effective_weight, motor_bias=self.motor.bias,
+            gate=self.gate_weight, gate_bias=self.gate_bias)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, d_model] -> [B, H, T, depth]"""
+        """[B, T, H * n] -> [B, H, T, n] (a view)"""
         B, T, _ = x.shape
-        return x.view(B, T, self.num_heads, self.depth).transpose(1, 2)
+        return x.view(B, T, self.num_heads, -1).transpose(1, 2)
 
     def _sensory(self, x: torch.Tensor, w: _Weights):
         """x [B, T, input_dim] -> q, k, v [B, T, d_model] (the three gates in one product)"""
         return F.linear(x, w.qkv_weight, w.qkv_bias).split(self.d_model, dim=-1)
 
-    def _key_features(self, kh: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
+    def _key_features(self, k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
                       w: _Weights) -> torch.Tensor:
         """Everything a query gathers from a key, packed so one gather serves all.
 
-        kh, vh [B, H, Tk, depth], times [B, Tk] or None -> [B, H, Tk, n_inter + 2 + 1 + depth]:
-        the key half of the backbone's first layer (W_k k), of the time affine (a, b),
-        the key's timestamp, and the value.
+        k [B, Tk, d_model], vh [B, H, Tk, depth], times [B, Tk] or None
+        -> [B, H, Tk, n_inter + 2 + 1 + depth]: the key half of the backbone's first layer
+        (W_k k), of the time affine (a, b), the key's timestamp, and the value.
         """
-        B, H, Tk, _ = kh.shape
-        stamp = kh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
-        return torch.cat([kh @ w.key_side, stamp, vh], dim=-1)
+        B, H, Tk, _ = vh.shape
+        stamp = vh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
+        return torch.cat([self._heads(k @ w.key_side), stamp, vh], dim=-1)
 
-    def _query_side(self, qh: torch.Tensor, w: _Weights) -> torch.Tensor:
-        """qh [B, H, T, depth] -> [B, H, T, n_inter + 2]: W_q q + b, then the time affine's query part"""
-        return qh @ w.query_side + w.query_bias[:, None, :]
+    def _query_side(self, q: torch.Tensor, w: _Weights) -> torch.Tensor:
+        """q [B, T, d_model] -> [B, H, T, n_inter + 2]: W_q q + b, then the time affine's query part"""
+        return self._heads(torch.addmm(w.query_bias, q.flatten(0, 1), w.query_side).view(*q.shape[:2], -1))
 
     def _logits(self, phi: torch.Tensor, tau: torch.Tensor, t_interp: torch.Tensor) -> torch.Tensor:
         if self.mode == "steady":                                          # eq. 18
@@ -277,7 +285,17 @@ class NAC(nn.Module):
         q_side [B,H,Tq,n_inter+2] from :meth:`_query_side`, q_times [B,Tq] or None,
         key_feats [B,H,Tk,F] from :meth:`_key_features`, idx [B,H,Tq,K] into it
         (-1: empty) -> out [B,H,Tq,depth], parts.
+
+        On CPU, when nothing needs a gradient, a trace or dropout, the fused kernel of
+        :mod:`nac_drive.nac_kernels` computes ``out`` instead of the code below.
         """
+        if nac_kernels.handles_pairs(q_side, key_feats, w.command, w.motor, w.gate,
+                                     training_dropout=self.training and self.attn_dropout.p > 0,
+                                     want_trace=want_trace):
+            out = nac_kernels.attend(q_side, q_times, key_feats, idx, w, depth=self.depth, mode=self.mode, euler_steps=self.euler_steps,
+                                     tau_eps=self.tau_eps, time_input=self.time_input,
+                                     time_weighted_values=self.time_weighted_values)
+            return out, None
         B, H, Tq, K = idx.shape
         n_inter = q_side.shape[-1] - 2
         valid = idx != NO_KEY
@@ -286,9 +304,9 @@ class NAC(nn.Module):
         key_times, values = gathered[..., n_inter + 2], gathered[..., n_inter + 3:n_inter + 3 + self.depth]
 
         inter = torch.tanh(pair[..., :n_inter])                                            # [B,H,Tq,K,ni]
-        command = torch.tanh(inter.view(B, H, Tq * K, -1) @ w.command + w.command_bias[:, None])  # [B,H,TqK,nc]
+        command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ w.command + w.command_bias[:, None])  # [B,H,TqK,nc]
         motor = torch.tanh(command @ w.motor + w.motor_bias[:, None])                      # [B,H,TqK,nm]
-        heads = motor @ self.gate_weight + self.gate_bias[:, None, :]                      # [B,H,TqK,2]
+        heads = motor @ w.gate + w.gate_bias[:, None, :]                      # [B,H,TqK,2]
         phi = torch.sigmoid(heads[..., 0]).view(B, H, Tq, K)
         tau = (F.softplus(heads[..., 1]) + self.tau_eps).view(B, H, Tq, K)
 
@@ -340,7 +358,7 @@ class NAC(nn.Module):
         times = t.to(x.dtype) if t is not None else None
         if times is None and self.time_input == "elapsed":
             times = torch.arange(T, dtype=x.dtype, device=x.device).expand(B, T)
-        out, parts = self._attend(self._query_side(qh, w), times, self._key_features(kh, vh, times, w), idx, w,
+        out, parts = self._attend(self._query_side(q, w), times, self._key_features(k, vh, times, w), idx, w,
                                   return_trace)
         y = self._output(out)
         if not return_trace:
@@ -379,7 +397,7 @@ class NAC(nn.Module):
         qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
         now = t.to(x_t.dtype) if t is not None else torch.full((B,), float(cache.steps), dtype=x_t.dtype,
                                                                 device=x_t.device)
-        new = torch.cat([self._key_features(kh, vh, now[:, None], w), kh], dim=-1)     # [B,H,1,F+depth]
+        new = torch.cat([self._key_features(k, vh, now[:, None], w), kh], dim=-1)     # [B,H,1,F+depth]
         cache = _push(cache, new, self.window)
         C = cache.feats.shape[2]
         slots = torch.arange(C, device=x_t.device)
@@ -391,7 +409,7 @@ class NAC(nn.Module):
                 scores = qh @ cache.feats[..., -self.depth:].transpose(-1, -2)              # [B,H,1,C]
                 idx = topk_positions(scores.masked_fill(empty, float("-inf")), slots, self.topk)
         q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
-        out, parts = self._attend(self._query_side(qh, w), q_times, cache.feats, idx, w, return_trace)
+        out, parts = self._attend(self._query_side(q, w), q_times, cache.feats, idx, w, return_trace)
         y = self._output(out)[:, 0]
         if not return_trace:
             return y, cache

@@ -1,0 +1,419 @@
+"""numba kernels behind :mod:`nac_drive.nac_kernels` (imported on first use only).
+
+Shapes are those of :mod:`nac_drive.key_selection` and :meth:`nac_drive.nac.NAC._attend`
+with batch and heads flattened where noted. Everything here is plain loops that LLVM
+vectorises: the pair stage works on tiles of pairs laid out feature-major
+(``[feature, pair]``), so each step is one loop over the pairs of a tile.
+
+libm's exp/tanh/log1p are scalar calls that stop that vectorisation (3-17 ns each
+here, and a pair needs ~20 of them), so the pair stage evaluates them from
+:func:`_exp_into`: exp by range reduction ``x = n ln2 + r``, a Taylor polynomial
+in r and the power 2^n written into a float's exponent bits in a second pass (relative error
+< 3e-7 in float32); tanh, sigmoid, softplus and 1 - exp(-y) are built on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+_JIT = dict(nogil=True, cache=True, error_model="numpy",
+            # No 'nnan'/'ninf': -inf and empty slots are meaningful here.
+            fastmath={"contract", "reassoc", "arcp", "nsz"})
+
+NO_KEY = -1
+TILE_PAIRS = 256         # (query, key) pairs per tile of the pair stage
+
+f32 = np.float32
+# Loop indices that are offsets are unsigned: numba wraps negative signed indices, and
+# that check stops LLVM from vectorising a loop (5x slower measured here).
+U = np.uint64
+_LOG2E = f32(1.0 / math.log(2.0))
+_LN2_HI = f32(0.693359375)                     # ln 2 split so that n * _LN2_HI is exact
+_LN2_LO = f32(math.log(2.0) - 0.693359375)
+# Taylor coefficients 1/i! (of e^r, and of 1 - e^-y) and 1/(2i+1) (of atanh)
+_F2, _F3, _F4, _F5, _F6, _F7, _F8, _F9, _F10 = (f32(1.0 / math.factorial(i)) for i in range(2, 11))
+_A3, _A5, _A7, _A9, _A11, _A13, _A15, _A17 = (f32(1.0 / i) for i in range(3, 18, 2))
+
+
+# ------------------------------------------------------------------------ key selection
+@njit(**_JIT)
+def _visible_range(pos, num_keys, causal, window):
+    """Half-open range of key positions query ``pos`` may see (Visibility.allowed)."""
+    lo = 0 if window < 0 else max(0, pos - window + 1)
+    if causal:
+        hi = pos + 1
+    elif window < 0:
+        hi = num_keys
+    else:
+        hi = pos + window
+    return lo, min(hi, num_keys)
+
+
+@njit(inline="always", **_JIT)
+def _insert(score, key, n, topk, best, out):
+    """Insert (score, key) into the descending buffer best[:n] / out[:n]; returns the new n.
+
+    Strictly greater scores move ahead, so among equal scores the earlier key stays first.
+    """
+    p = n if n < topk else topk - 1
+    if n == topk and not score > best[p]:
+        return n
+    while p > 0 and best[p - 1] < score:
+        best[p] = best[p - 1]
+        out[p] = out[p - 1]
+        p -= 1
+    best[p] = score
+    out[p] = key
+    return n + 1 if n < topk else n
+
+
+# Selection compares finite scores only (`empty`, the dtype's lowest finite value, marks
+# a key that may not be chosen), so it can use full fast-math: max reductions vectorise.
+_SELECT_JIT = dict(_JIT, fastmath=True)
+_CHUNK = 16  # scores per chunk when looking for the Top-K
+
+
+@njit(**_SELECT_JIT)
+def _top_of(scores, keys, n, empty, best, row, chunk_max):
+    """row[:K] = the keys of the K largest of scores[:n] (those above ``empty``), best
+    first; NO_KEY in the slots left over. ``best``, ``row`` K-slot buffers, ``chunk_max``
+    an n-slot scratch buffer.
+
+    Most scores cannot make the Top-K: the K-th largest chunk maximum is a lower bound
+    of the K-th largest score (K distinct scores reach it), so only the chunks whose
+    maximum reaches it are searched score by score.
+    """
+    topk = row.shape[0]
+    size = U(max(1, min(_CHUNK, n // topk)))
+    n = U(n)
+    n_chunks = (n + size - U(1)) // size
+    threshold = empty
+    if n > topk:
+        for k in range(n_chunks):
+            top = scores[k * size]
+            for c in range(k * size + U(1), min(n, k * size + size)):
+                top = max(top, scores[c])
+            chunk_max[k] = top
+        found = 0
+        for k in range(n_chunks):
+            found = _insert(chunk_max[k], k, found, topk, best, row)
+        threshold = best[topk - 1]
+    found = 0
+    for k in range(n_chunks):
+        if n <= topk or chunk_max[k] >= threshold:
+            for c in range(k * size, min(n, k * size + size)):
+                s = scores[c]
+                if s >= threshold and s > empty:
+                    found = _insert(s, keys[c], found, topk, best, row)
+    for p in range(found, topk):
+        row[p] = NO_KEY
+
+
+@njit(**_SELECT_JIT)
+def select_exact(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
+    """Exact Top-K by q . k over each query's visible keys.
+
+    q ``[BH, Tq, D]``, kT ``[BH, D, Tk]`` (keys transposed), key_valid ``[B, Tk]`` bool,
+    window < 0 for none -> out ``[BH, Tq, K]`` key positions, best first, ``NO_KEY`` in
+    empty slots.
+    """
+    BH, Tq, D = q.shape
+    Tk = kT.shape[2]
+    topk = out.shape[2]
+    scores = np.empty(Tk, q.dtype)
+    keys = np.empty(Tk, np.int64)
+    chunk_max = np.empty(Tk, q.dtype)
+    best = np.empty(topk, q.dtype)
+    row = np.empty(topk, np.int64)
+    for bh in range(BH):
+        b = bh // heads
+        for i in range(Tq):
+            lo, hi = _visible_range(q_offset + i, Tk, causal, window)
+            n, lo = U(max(hi - lo, 0)), U(lo)
+            scores[:n] = 0.0
+            for d in range(D):
+                qd = q[bh, i, d]
+                for c in range(n):
+                    scores[c] += qd * kT[bh, d, lo + c]
+            for c in range(n):
+                keys[c] = lo + c
+                if not key_valid[b, lo + c]:
+                    scores[c] = empty
+            _top_of(scores, keys, n, empty, best, row, chunk_max)
+            for p in range(topk):
+                out[bh, i, p] = row[p]
+
+
+@njit(**_SELECT_JIT)
+def select_block(q, kT, key_ok, count, block_scores, heads, causal, window, size, n_pick, empty, out):
+    """Square-root partitioned Top-K (paper Alg. 2), as :func:`key_selection.select_block`.
+
+    q ``[BH, T, D]``; the keys cut into blocks of ``size``: kT ``[BH, D, n_blocks*size]``
+    (transposed, zero padded), key_ok ``[B, n_blocks*size]``, count ``[B, n_blocks]``
+    valid keys per block, block_scores ``[BH, T, n_blocks]`` (q . centroid) -> out
+    ``[BH, T, K]``. Each query keeps its own block plus the ``n_pick - 1`` rankable
+    blocks that score best, then takes the exact Top-K of its visible, valid keys in them.
+    """
+    BH, T, D = q.shape
+    topk = out.shape[2]
+    n_blocks = count.shape[1]
+    others = np.empty(max(n_pick - 1, 1), np.int64)
+    other_scores = np.empty(max(n_pick - 1, 1), q.dtype)
+    cand = np.empty(n_pick * size, q.dtype)
+    cand_keys = np.empty(n_pick * size, np.int64)
+    chunk_max = np.empty(n_pick * size, q.dtype)
+    best = np.empty(topk, q.dtype)
+    row = np.empty(topk, np.int64)
+    size_u = U(size)
+    for bh in range(BH):
+        b = bh // heads
+        for i in range(T):
+            own = i // size
+            # rankable blocks overlap the visible interval [lo, hi]; under causality
+            # they lie wholly before the query's own block
+            lo = 0 if window < 0 else i - window + 1
+            if causal:
+                hi = own * size - 1
+            elif window < 0:
+                hi = T - 1
+            else:
+                hi = i + window - 1
+            n_others = 0
+            if n_pick > 1:
+                for blk in range(n_blocks):
+                    if blk != own and count[b, blk] > 0 and blk * size + size - 1 >= lo and blk * size <= hi:
+                        n_others = _insert(block_scores[bh, i, blk], blk, n_others, n_pick - 1, other_scores,
+                                           others)
+            lo_key, hi_key = _visible_range(i, T, causal, window)
+            lo_key, hi_key = U(lo_key), U(hi_key)
+            n = U(0)
+            for p in range(1 + n_others):
+                first = U((own if p == 0 else others[p - 1]) * size)
+                cand[n:n + size_u] = 0.0
+                for d in range(D):
+                    qd = q[bh, i, d]
+                    for c in range(size_u):
+                        cand[n + c] += qd * kT[bh, d, first + c]
+                for c in range(size_u):
+                    j = first + c
+                    cand_keys[n + c] = j
+                    ok = key_ok[b, j] and j >= lo_key and j < hi_key
+                    cand[n + c] = cand[n + c] if ok else empty
+                n += size_u
+            _top_of(cand, cand_keys, n, empty, best, row, chunk_max)
+            for p in range(topk):
+                out[bh, i, p] = row[p]
+
+
+# --------------------------------------------------------------------------- pair math
+@njit(inline="always", **_JIT)
+def _exp_into(x, out, n, bits, bits_as_float):
+    """out[:n] = exp(x[:n]) (x may be out). ``bits`` int32 scratch, ``bits_as_float`` its float32 view."""
+    for p in range(n):
+        v = min(max(x[p], f32(-87.0)), f32(88.0))
+        m = np.int32(v * _LOG2E + f32(128.5)) - 128            # round(v / ln2), as floor(. + 0.5)
+        r = (v - f32(m) * _LN2_HI) - f32(m) * _LN2_LO           # |r| <= ln2 / 2
+        out[p] = ((((((_F7 * r + _F6) * r + _F5) * r + _F4) * r + _F3) * r + _F2) * r + f32(1.0)) * r + f32(1.0)
+        bits[p] = (m + 127) << 23                                # 2^m as float32 bits
+    for p in range(n):
+        out[p] *= bits_as_float[p]
+
+
+@njit(inline="always", **_JIT)
+def _one_minus_exp_neg_into(y, out, n, tmp, bits, bits_as_float):
+    """out[:n] = 1 - exp(-y) = -expm1(-y) for y >= 0, accurate relative to itself
+    near 0 (Taylor series below 0.5, where 1 - exp(-y) would cancel)."""
+    for p in range(n):
+        tmp[p] = -y[p]
+    _exp_into(tmp, tmp, n, bits, bits_as_float)
+    for p in range(n):
+        v = y[p]
+        # sum_{i=1..10} (-1)^(i+1) v^i / i!  (the first omitted term is < 3e-10 at v = 0.5)
+        series = f32(1.0) - v * (_F2 - v * (_F3 - v * (_F4 - v * (_F5 - v * (_F6 - v * (_F7 - v * (
+            _F8 - v * (_F9 - v * _F10))))))))
+        out[p] = v * series if v < f32(0.5) else f32(1.0) - tmp[p]
+
+
+@njit(inline="always", **_JIT)
+def _tanh_into(x, out, n, tmp, bits, bits_as_float):
+    """out[:n] = tanh(x[:n]) = sign(x) E / (2 - E), E = 1 - exp(-2|x|) (relative accuracy
+    kept near 0, where the backbone's pre-activations often are). out must not be x."""
+    for p in range(n):
+        out[p] = f32(2.0) * abs(x[p])
+    _one_minus_exp_neg_into(out, out, n, tmp, bits, bits_as_float)
+    for p in range(n):
+        t = out[p] / (f32(2.0) - out[p])
+        out[p] = t if x[p] >= 0 else -t
+
+
+@njit(inline="always", **_JIT)
+def _sigmoid_into(x, out, n, tmp, bits, bits_as_float):
+    """out[:n] = 1 / (1 + exp(-x[:n]))"""
+    for p in range(n):
+        tmp[p] = -x[p]
+    _exp_into(tmp, tmp, n, bits, bits_as_float)
+    for p in range(n):
+        out[p] = f32(1.0) / (f32(1.0) + tmp[p])
+
+
+@njit(inline="always", **_JIT)
+def _softplus_into(x, out, n, tmp, bits, bits_as_float):
+    """out[:n] = log(1 + exp(x)) = max(x, 0) + log1p(z), z = exp(-|x|) in (0, 1];
+    log1p(z) = 2 atanh(s), s = z / (2 + z) <= 1/3, by its odd series to s^17."""
+    for p in range(n):
+        tmp[p] = -abs(x[p])
+    _exp_into(tmp, tmp, n, bits, bits_as_float)
+    for p in range(n):
+        s = tmp[p] / (f32(2.0) + tmp[p])
+        s2 = s * s
+        series = (((((((_A17 * s2 + _A15) * s2 + _A13) * s2 + _A11) * s2 + _A9) * s2 + _A7) * s2 + _A5) * s2
+                  + _A3) * s2 + f32(1.0)
+        out[p] = max(x[p], f32(0.0)) + f32(2.0) * s * series
+
+
+# --------------------------------------------------------------------------- pair stage
+MODE_EXACT, MODE_EULER, MODE_STEADY = 0, 1, 2
+TIME_ONE, TIME_QUERY, TIME_ELAPSED = 0, 1, 2
+
+
+@njit(**_JIT)
+def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_b, mot_w, mot_b, gate_w,
+           gate_b, mode, euler_steps, tau_eps, time_weighted, out):
+    """The NAC pair stage: backbone, phi/tau heads, time vector, logits, softmax, values.
+
+    q_side_t ``[B, H, P, Tq]`` (P = n_inter + 2: W_q q + b, then the time affine's query
+    part, feature-major), key_side_t ``[B, H, P + 1, Tk]`` (the key side and timestamp,
+    feature-major), key_feats ``[B, H, Tk, >= P + 1 + depth]`` (the same rows, then the
+    value), idx ``[B, H, Tq, K]`` (NO_KEY: empty), q_times ``[B, Tq]``; weights as in
+    ``_Weights`` (cmd_w ``[H, n_inter, n_cmd]``, mot_w ``[H, n_cmd, n_motor]``, gate_w
+    ``[H, n_motor, 2]``) -> out ``[B, H, Tq, depth]``. float32.
+    """
+    B, H, P, Tq = q_side_t.shape
+    K = idx.shape[3]
+    depth = out.shape[3]
+    n_inter, n_cmd, n_motor = cmd_w.shape[1], cmd_w.shape[2], mot_w.shape[2]
+    queries_per_tile = max(1, TILE_PAIRS // K)
+    tile = queries_per_tile * K
+    pre = np.empty((P, tile), np.float32)          # pair pre-activations, feature-major
+    inter = np.empty((n_inter, tile), np.float32)
+    cmd = np.empty((n_cmd, tile), np.float32)
+    motor = np.empty((n_motor, tile), np.float32)
+    acc = np.empty(tile, np.float32)
+    t_in = np.empty(tile, np.float32)
+    phi = np.empty(tile, np.float32)
+    tau = np.empty(tile, np.float32)
+    t_interp = np.empty(tile, np.float32)
+    logit = np.empty(tile, np.float32)
+    tmp = np.empty(tile, np.float32)
+    bits = np.empty(tile, np.int32)
+    bits_as_float = bits.view(np.float32)
+    keys = np.empty(tile, np.int64)
+    rows = np.empty(tile, np.uint64)
+    safe = np.empty(tile, np.uint64)             # keys[p], or 0 for an empty slot
+    for b in range(B):
+        for h in range(H):
+            qs_t, kf_t, kf, ix, ob = q_side_t[b, h], key_side_t[b, h], key_feats[b, h], idx[b, h], out[b, h]
+            for i0 in range(0, Tq, queries_per_tile):
+                nq = min(queries_per_tile, Tq - i0)
+                n = nq * K
+                # gather: pre = query side + key side of every selected pair
+                for qi in range(nq):
+                    for kk in range(K):
+                        rows[qi * K + kk] = i0 + qi
+                        keys[qi * K + kk] = ix[i0 + qi, kk]
+                        safe[qi * K + kk] = max(ix[i0 + qi, kk], 0)
+                for u in range(P):
+                    for p in range(n):
+                        pre[u, p] = qs_t[u, rows[p]] + kf_t[u, safe[p]]
+                for p in range(n):
+                    if time_kind == TIME_ELAPSED:
+                        t_in[p] = q_times[b, rows[p]] - kf_t[P, safe[p]]
+                    elif time_kind == TIME_QUERY:
+                        t_in[p] = q_times[b, rows[p]]
+                    else:
+                        t_in[p] = 1.0
+                # backbone (eq. 14): inter -> command -> motor, each tanh
+                for u in range(n_inter):
+                    _tanh_into(pre[u], inter[u], n, tmp, bits, bits_as_float)
+                for c in range(n_cmd):
+                    acc[:n] = cmd_b[h, c]
+                    for u in range(n_inter):
+                        w = cmd_w[h, u, c]
+                        if w != 0.0:  # a missing synapse of the wiring
+                            for p in range(n):
+                                acc[p] += w * inter[u, p]
+                    _tanh_into(acc, cmd[c], n, tmp, bits, bits_as_float)
+                for m in range(n_motor):
+                    acc[:n] = mot_b[h, m]
+                    for c in range(n_cmd):
+                        w = mot_w[h, c, m]
+                        if w != 0.0:
+                            for p in range(n):
+                                acc[p] += w * cmd[c, p]
+                    _tanh_into(acc, motor[m], n, tmp, bits, bits_as_float)
+                # heads (eqs. 15, 16): phi = sigmoid(.), tau = softplus(.) + eps
+                for head in range(2):
+                    acc[:n] = gate_b[h, head]
+                    for m in range(n_motor):
+                        w = gate_w[h, m, head]
+                        for p in range(n):
+                            acc[p] += w * motor[m, p]
+                    if head == 0:
+                        _sigmoid_into(acc, phi, n, tmp, bits, bits_as_float)
+                    else:
+                        _softplus_into(acc, tau, n, tmp, bits, bits_as_float)
+                for p in range(n):
+                    tau[p] += tau_eps
+                    acc[p] = pre[n_inter, p] * t_in[p] + pre[n_inter + 1, p]
+                _sigmoid_into(acc, t_interp, n, tmp, bits, bits_as_float)
+                # logits (eqs. 2, 3, 18)
+                if mode == MODE_STEADY:
+                    for p in range(n):
+                        logit[p] = phi[p] / tau[p]
+                elif mode == MODE_EXACT:
+                    for p in range(n):
+                        acc[p] = tau[p] * t_interp[p]
+                    _one_minus_exp_neg_into(acc, acc, n, tmp, bits, bits_as_float)
+                    for p in range(n):
+                        logit[p] = phi[p] / tau[p] * acc[p]
+                else:
+                    for p in range(n):
+                        dt = t_interp[p] / f32(euler_steps)
+                        decay, drive = f32(1.0) - dt * tau[p], dt * phi[p]
+                        a = drive
+                        for _ in range(euler_steps - 1):
+                            a = drive + a * decay
+                        logit[p] = a
+                # softmax over each query's valid keys (empty: weight 0), then eq. 19
+                for qi in range(nq):
+                    i = i0 + qi
+                    base = qi * K
+                    top = f32(-np.inf)
+                    for kk in range(K):
+                        if keys[base + kk] != NO_KEY:
+                            top = max(top, logit[base + kk])
+                    for kk in range(K):
+                        tmp[base + kk] = logit[base + kk] - top if keys[base + kk] != NO_KEY else f32(-87.0)
+                _exp_into(tmp, acc, n, bits, bits_as_float)
+                for qi in range(nq):
+                    base = qi * K
+                    total = f32(0.0)
+                    for kk in range(K):
+                        if keys[base + kk] != NO_KEY:
+                            total += acc[base + kk]
+                    i = i0 + qi
+                    for d in range(depth):
+                        ob[i, d] = 0.0
+                    if total > 0:
+                        for kk in range(K):
+                            p = base + kk
+                            j = keys[p]
+                            if j != NO_KEY:
+                                coef = acc[p] / total
+                                if time_weighted:
+                                    coef *= t_interp[p]
+                                for d in range(U(depth)):
+                                    ob[i, d] += coef * kf[j, U(P + 1) + d]

@@ -1,0 +1,191 @@
+"""The numba kernels of the NAC layer give what the eager torch code gives.
+
+The eager code is the reference (autograd differentiates it, GPUs run it); on CPU the
+layer takes the kernels for key selection always, and for the pair stage whenever
+no gradient, trace or dropout is needed.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nac_drive import NAC, nac_kernels
+from nac_drive.key_selection import NO_KEY, Visibility, select_block, select_exact
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.skipif(not nac_kernels.available(), reason="numba kernels unavailable")
+
+SETTINGS = list(itertools.product(["exact", "euler", "steady"], ["exact", "block", "all"], [True, False],
+                                  [None, 5], ["query", "elapsed"]))
+
+
+def _eager(fn):
+    with nac_kernels.disabled():
+        return fn()
+
+
+@pytest.mark.parametrize("mode,select,causal,window,time_input", SETTINGS)
+def test_kernel_forward_equals_the_eager_forward(mode, select, causal, window, time_input):
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, select=select, causal=causal, window=window,
+                time_input=time_input, seed=0).eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 23, 6, generator=g)
+    t = torch.rand(3, 23, generator=g).cumsum(1)
+    mask = torch.rand(3, 23, generator=g) > 0.2
+    mask[2] = False                                   # a sequence with no valid step at all
+    for stamps, valid in ((None, None), (t, mask)):
+        with torch.no_grad():
+            fast = layer(x, t=stamps, mask=valid)
+            reference = _eager(lambda: layer(x, t=stamps, mask=valid))
+        torch.testing.assert_close(fast, reference, atol=2e-6, rtol=1e-5)
+    # the kernel did run: outside no_grad the layer needs autograd and takes the eager code
+    assert not fast.requires_grad and layer(x).requires_grad
+
+
+@pytest.mark.parametrize("mode", ["exact", "euler", "steady"])
+def test_kernel_step_equals_the_eager_step_and_the_forward(mode):
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, window=5, time_input="elapsed", seed=0).eval()
+    g = torch.Generator().manual_seed(2)
+    x, t = torch.randn(2, 12, 6, generator=g), torch.rand(2, 12, generator=g).cumsum(1)
+    with torch.inference_mode():
+        y = _eager(lambda: layer(x, t=t))
+        fast, eager = layer.init_cache(2), layer.init_cache(2)
+        for i in range(12):
+            y_fast, fast = layer.step(x[:, i], fast, t=t[:, i])
+            y_eager, eager = _eager(lambda: layer.step(x[:, i], eager, t=t[:, i]))
+            torch.testing.assert_close(y_fast, y_eager, atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(y_fast, y[:, i], atol=2e-6, rtol=1e-5)
+
+
+def test_saturated_gates_match():
+    """Large weights push tanh, sigmoid and softplus deep into saturation (tau from ~0 to
+    ~30). Mode exact keeps the logits in [0, phi t], so the comparison stays well posed:
+    in steady mode phi / tau with tau ~ 1e-6 turns float rounding into a different argmax."""
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode="exact", select="all", seed=0).eval()
+    x = torch.randn(2, 15, 6, generator=torch.Generator().manual_seed(4)) * 4
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.mul_(25.0)
+        layer.gate_bias.zero_()
+        _, trace = _eager(lambda: layer(x, return_trace=True))
+        assert trace.tau.min() < 1e-3 and trace.tau.max() > 20 and (trace.inter.abs() > 0.999).float().mean() > 0.5
+        torch.testing.assert_close(layer(x), _eager(lambda: layer(x)), atol=1e-5, rtol=1e-5)
+
+
+def test_the_pair_stage_takes_the_eager_path_when_it_must():
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, dropout=0.5, seed=0)
+    x = torch.randn(1, 9, 6)
+    w = layer._weights()
+    args = (torch.zeros(1, 2, 9, 10), torch.zeros(1, 2, 9, 19), w.command)
+    with torch.no_grad():
+        assert nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=False)
+        assert not nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=True)
+        assert not nac_kernels.handles_pairs(*args, training_dropout=True, want_trace=False)
+        assert not nac_kernels.handles_pairs(*(a.double() for a in args), training_dropout=False,
+                                             want_trace=False)
+        with nac_kernels.disabled():
+            assert not nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=False)
+        # in training mode dropout acts: two calls differ (the eager path ran)
+        layer.train()
+        assert not torch.equal(layer(x), layer(x))
+    assert not nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=False)  # w needs grad
+
+
+# ------------------------------------------------------------------------- key selection
+def _random_qk(B, H, T, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)
+
+
+def _same_sets(a, b):
+    return torch.equal(a.sort(-1).values, b.sort(-1).values)
+
+
+@pytest.mark.parametrize("causal,window,masked", list(itertools.product([True, False], [None, 1, 6], [False, True])))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_selection_kernels_choose_the_reference_keys(causal, window, masked, dtype):
+    q, k = (t.to(dtype) for t in _random_qk(2, 3, 41, 8, seed=5))
+    valid = torch.rand(2, 41, generator=torch.Generator().manual_seed(6)) > 0.3 if masked else None
+    vis = Visibility(causal, window, valid)
+    for topk in (1, 4, 12):
+        for select in (select_exact, select_block):
+            got = select(q, k, topk, vis)
+            want = _eager(lambda: select(q, k, topk, vis))
+            assert got.dtype == torch.long and got.shape == want.shape
+            assert _same_sets(got, want), (select.__name__, topk)
+            # best first, like torch.topk: the scores of the chosen keys never increase
+            scores = (q.unsqueeze(-2) @ k.transpose(-1, -2).unsqueeze(2)).squeeze(-2)   # [B,H,T,T]
+            chosen = torch.gather(scores, -1, got.clamp(min=0)).masked_fill(got == NO_KEY, -math.inf)
+            assert torch.all(chosen[..., 1:] <= chosen[..., :-1])
+
+
+def test_exact_selection_kernel_with_a_query_offset():
+    q, k = _random_qk(1, 2, 30, 4, seed=9)
+    vis = Visibility(causal=True, window=7)
+    got = select_exact(q[:, :, 20:], k, 5, vis, q_offset=20)
+    assert _same_sets(got, _eager(lambda: select_exact(q[:, :, 20:], k, 5, vis, q_offset=20)))
+    assert torch.all((got <= torch.arange(20, 30)[:, None]) & (got > torch.arange(20, 30)[:, None] - 7))
+
+
+def test_exact_selection_kernel_on_long_sequences():
+    q, k = _random_qk(1, 2, 700, 16, seed=11)
+    for causal in (True, False):
+        vis = Visibility(causal)
+        assert _same_sets(select_exact(q, k, 8, vis), _eager(lambda: select_exact(q, k, 8, vis)))
+
+
+# ------------------------------------------------------------------------ the math inside
+@pytest.fixture(scope="module")
+def math_kernels():
+    from numba import njit
+
+    from nac_drive import _nac_numba as nb
+
+    def wrap(helper, with_tmp):
+        if with_tmp:
+            @njit
+            def run(x):
+                out, tmp = np.empty_like(x), np.empty_like(x)
+                bits = np.empty(x.size, np.int32)
+                helper(x, out, x.size, tmp, bits, bits.view(np.float32))
+                return out
+        else:
+            @njit
+            def run(x):
+                out = np.empty_like(x)
+                bits = np.empty(x.size, np.int32)
+                helper(x, out, x.size, bits, bits.view(np.float32))
+                return out
+        return run
+
+    return {"exp": wrap(nb._exp_into, False), "tanh": wrap(nb._tanh_into, True),
+            "sigmoid": wrap(nb._sigmoid_into, True), "softplus": wrap(nb._softplus_into, True),
+            "one_minus_exp_neg": wrap(nb._one_minus_exp_neg_into, True)}
+
+
+def test_vectorised_transcendentals_are_accurate(math_kernels):
+    x = np.concatenate([np.linspace(-90, 90, 20001), np.linspace(-1e-3, 1e-3, 2001),
+                        np.geomspace(1e-12, 1e-2, 200), -np.geomspace(1e-12, 1e-2, 200)]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    exact = {
+        "exp": np.exp(np.clip(x64, -87, 88)),
+        "tanh": np.tanh(x64),
+        "sigmoid": 1 / (1 + np.exp(-x64)),
+        "softplus": np.logaddexp(0, x64),
+    }
+    for name, want in exact.items():
+        got = math_kernels[name](x).astype(np.float64)
+        err = np.abs(got - want) / np.maximum(np.abs(want), 1e-30 if name == "exp" else 1.0)
+        assert err.max() < 1e-6, (name, err.max(), x64[err.argmax()])
+    # tanh keeps its relative accuracy near 0 (the backbone sees small pre-activations)
+    small = x64[np.abs(x64) < 1e-3]
+    got = math_kernels["tanh"](small.astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got - np.tanh(small)) / np.maximum(np.abs(small), 1e-30)) < 1e-6
+    # 1 - exp(-y) for y >= 0, relative to itself even for tiny y (exact mode, small tau * t)
+    y = np.concatenate([np.geomspace(1e-12, 80, 5000), [0.0]]).astype(np.float32)
+    got = math_kernels["one_minus_exp_neg"](y).astype(np.float64)
+    want = -np.expm1(-y.astype(np.float64))
+    assert np.max(np.abs(got - want) / np.maximum(want, 1e-30)) < 1e-6 and got[-1] == 0.0
