@@ -90,8 +90,10 @@ def _keys_transposed(k: torch.Tensor, length: int) -> np.ndarray:
 
 
 def _empty_score(x: torch.Tensor):
-    """The score that marks a key which may not be chosen: the dtype's lowest finite value."""
-    return torch.finfo(x.dtype).min
+    """The score that marks a key which may not be chosen: the dtype's lowest finite value
+    (as a numpy scalar of that dtype, so the kernel compares in it)."""
+    dtype = np.float32 if x.dtype == torch.float32 else np.float64
+    return dtype(torch.finfo(x.dtype).min)
 
 
 def _key_valid(vis: "Visibility", batch: int, num_keys: int) -> np.ndarray:
