@@ -53,15 +53,20 @@ def _visible_range(pos, num_keys, causal, window):
 
 
 @njit(inline="always", **_JIT)
-def _insert(score, key, n, topk, best, out):
-    """Insert (score, key) into the descending buffer best[:n] / out[:n]; returns the new n.
+def _ahead(score, key, other_score, other_key):
+    """Ranking of candidates: the higher score, and among equal scores the newer key
+    (a car standing still sends identical frames; the newest of them is the one to read)."""
+    return score > other_score or (score == other_score and key > other_key)
 
-    Strictly greater scores move ahead, so among equal scores the earlier key stays first.
-    """
+
+@njit(inline="always", **_JIT)
+def _insert(score, key, n, topk, best, out):
+    """Insert (score, key) into the buffer best[:n] / out[:n], kept in :func:`_ahead`
+    order; returns the new n (at most topk: a full buffer drops its last entry)."""
     p = n if n < topk else topk - 1
-    if n == topk and not score > best[p]:
+    if n == topk and not _ahead(score, key, best[p], out[p]):
         return n
-    while p > 0 and best[p - 1] < score:
+    while p > 0 and _ahead(score, key, best[p - 1], out[p - 1]):
         best[p] = best[p - 1]
         out[p] = out[p - 1]
         p -= 1
@@ -407,7 +412,7 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                     i = i0 + qi
                     for d in range(depth):
                         ob[i, d] = 0.0
-                    if total > 0:
+                    if total != 0:  # 0: no valid key (weights 0); NaN logits give NaN, as the eager code does
                         for kk in range(K):
                             p = base + kk
                             j = keys[p]

@@ -111,18 +111,18 @@ def select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility,
     ``q_offset`` is the position of the first query (queries are keys' positions
     ``q_offset .. q_offset + Tq - 1``).
     """
-    if nac_kernels.handles_selection(q):
+    if nac_kernels.handles_selection(q, k):
         return nac_kernels.select_exact(q, k, topk, vis, q_offset)
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     out = []
     for start, end in _query_chunks(Tq, Tk, vis.window):
         lo, hi = vis.key_range(q_offset + start, q_offset + end, Tk)
-        q_pos = torch.arange(q_offset + start, q_offset + end, device=q.device)[:, None]
-        k_pos = torch.arange(lo, hi, device=q.device)
         if hi <= lo:
             out.append(torch.full((B, H, end - start, topk), NO_KEY, dtype=torch.long, device=q.device))
             continue
+        q_pos = torch.arange(q_offset + start, q_offset + end, device=q.device)[:, None]
+        k_pos = torch.arange(lo, hi, device=q.device)
         scores = q[:, :, start:end] @ k[:, :, lo:hi].transpose(-1, -2)   # [B,H,C,hi-lo]
         allowed = vis.allowed(q_pos, k_pos)                                # [C, hi-lo]
         if vis.key_valid is not None:
@@ -161,7 +161,7 @@ def select_block(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -
     Top-K whenever the best keys lie in the chosen blocks.
     """
     part = BlockPartition.of(k, topk, vis.key_valid)
-    if nac_kernels.handles_selection(q):
+    if nac_kernels.handles_selection(q, k):
         return nac_kernels.select_block(q, part, topk, vis)
     picks = _pick_blocks(q, part.centroids, part.count > 0, part.size, part.n_pick, vis)   # [B,H,T,n_pick]
     best, pos = _score_picked_blocks(q, part.k_blocks, part.key_ok, picks, topk, vis)     # [B,H,T,n_pick,K]

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nac_drive import nac_kernels
-from nac_drive.key_selection import NO_KEY, Visibility, select_all, select_block, select_exact, topk_positions
+from nac_drive.key_selection import NO_KEY, Visibility, select_all, select_block, select_exact
 from nac_drive.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
 from nac_drive.wiring import BackboneWiring, sensory_gate_mask
 
@@ -405,9 +405,9 @@ class NAC(nn.Module):
         with torch.no_grad():
             if self.select == "all":
                 idx = slots.masked_fill(empty, NO_KEY).expand(B, self.num_heads, 1, C)
-            else:
-                scores = qh @ cache.feats[..., -self.depth:].transpose(-1, -2)              # [B,H,1,C]
-                idx = topk_positions(scores.masked_fill(empty, float("-inf")), slots, self.topk)
+            else:  # the forward's exact Top-K (and tie rule) over the slots, which are all in the past
+                idx = select_exact(qh, cache.feats[..., -self.depth:], self.topk,
+                                   Visibility(causal=False, key_valid=(~empty).expand(B, C)))
         q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
         out, parts = self._attend(self._query_side(q, w), q_times, cache.feats, idx, w, return_trace)
         y = self._output(out)[:, 0]

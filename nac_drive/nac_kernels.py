@@ -61,19 +61,31 @@ def disabled():
         _enabled = before
 
 
-def handles_selection(q: torch.Tensor) -> bool:
-    """Whether :func:`select_exact` / :func:`select_block` serve these queries."""
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and available()
+def _scripting() -> bool:
+    """torch.jit.trace / torch.compile see tensors only: numba calls cannot be traced."""
+    return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)()
+
+
+def _finite(*tensors: torch.Tensor) -> bool:
+    """No NaN anywhere. The kernels compare with fast-math and clamp before exp, so NaN
+    inputs take the eager code, which lets the NaN through as torch does."""
+    return not any(bool(torch.isnan(t).any()) for t in tensors)
+
+
+def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether :func:`select_exact` / :func:`select_block` serve these queries and keys."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and available()
+            and not _scripting() and _finite(q, k))
 
 
 def handles_pairs(*tensors: torch.Tensor, training_dropout: bool, want_trace: bool) -> bool:
     """Whether :func:`attend` serves a pair stage on these tensors: CPU, float32, and
     no gradient, trace or active dropout needed."""
-    if want_trace or training_dropout or not available():
+    if want_trace or training_dropout or not available() or _scripting():
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and _finite(*tensors)
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
@@ -97,9 +109,15 @@ def _empty_score(x: torch.Tensor):
 
 
 def _key_valid(vis: "Visibility", batch: int, num_keys: int) -> np.ndarray:
+    """The key validity mask as bool ``[batch, num_keys]`` (broadcast as torch would; the
+    kernels do not check bounds, so a mask of another shape is refused here)."""
     if vis.key_valid is None:
         return np.ones((batch, num_keys), np.bool_)
-    return vis.key_valid.detach().cpu().numpy().astype(np.bool_, copy=False)
+    try:
+        valid = torch.broadcast_to(vis.key_valid.detach().to(torch.bool), (batch, num_keys))
+    except RuntimeError as exc:
+        raise ValueError(f"key_valid: expected [B={batch}, Tk={num_keys}], got {list(vis.key_valid.shape)}") from exc
+    return valid.contiguous().numpy()
 
 
 def select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visibility",
@@ -136,6 +154,8 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_feats: torch.
     nb = _kernels()
     B, H, Tq, P = q_side.shape
     if time_input == "elapsed":
+        if q_times is None:
+            raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
         time_kind = nb.TIME_ELAPSED
     elif q_times is None:
         time_kind = nb.TIME_ONE

@@ -82,6 +82,8 @@ def test_the_pair_stage_takes_the_eager_path_when_it_must():
     args = (torch.zeros(1, 2, 9, 10), torch.zeros(1, 2, 9, 19), w.command)
     with torch.no_grad():
         assert nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=False)
+        assert not nac_kernels.handles_pairs(torch.full((1, 2, 9, 10), math.nan), *args[1:],
+                                             training_dropout=False, want_trace=False)
         assert not nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=True)
         assert not nac_kernels.handles_pairs(*args, training_dropout=True, want_trace=False)
         assert not nac_kernels.handles_pairs(*(a.double() for a in args), training_dropout=False,
@@ -189,3 +191,59 @@ def test_vectorised_transcendentals_are_accurate(math_kernels):
     got = math_kernels["one_minus_exp_neg"](y).astype(np.float64)
     want = -np.expm1(-y.astype(np.float64))
     assert np.max(np.abs(got - want) / np.maximum(want, 1e-30)) < 1e-6 and got[-1] == 0.0
+
+
+# ------------------------------------------------------------------ edge cases of review
+def test_tied_scores_pick_the_newest_keys_in_forward_and_step():
+    """A car standing still sends identical frames: their keys tie exactly. Forward and
+    step() must pick the same ones (the newest), or driving differs from training."""
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, time_input="elapsed", seed=0).eval()
+    x = torch.randn(1, 20, 5, generator=torch.Generator().manual_seed(0))
+    x[:, 3:12] = x[:, 3:4]
+    with torch.inference_mode():
+        y, trace = layer(x, return_trace=True)
+        cache = layer.init_cache(1)
+        for i in range(20):
+            y_i, cache = layer.step(x[:, i], cache)
+            torch.testing.assert_close(y_i, y[:, i], atol=2e-6, rtol=1e-5)
+    # at query 8 keys 3..8 are the same frame: those chosen among them are the newest
+    for h in range(2):
+        tied = {j for j in trace.topk_idx[0, h, 8].tolist() if 3 <= j <= 8}
+        assert tied and tied == set(range(9 - len(tied), 9)), (h, trace.topk_idx[0, h, 8])
+
+
+def test_a_broadcast_mask_is_read_as_torch_reads_it_and_a_wrong_one_is_refused():
+    q, k = _random_qk(4, 2, 6, 3, seed=1)
+    row = torch.tensor([[True, False, True, False, True, True]])
+    vis = Visibility(False, None, row)
+    got = select_exact(q, k, 6, vis)
+    assert _same_sets(got, _eager(lambda: select_exact(q, k, 6, vis)))
+    assert torch.all((got == NO_KEY).sum(-1) == 2)
+    with pytest.raises(ValueError, match="key_valid"):
+        select_exact(q, k, 6, Visibility(False, None, torch.ones(4, 5, dtype=torch.bool)))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::torch.jit.TracerWarning")
+def test_tracing_a_layer_takes_the_eager_path():
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, seed=0).eval()
+    x = torch.randn(1, 12, 5)
+    traced = torch.jit.trace(layer, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), layer(x), atol=2e-6, rtol=1e-5)
+
+
+def test_nan_inputs_give_nan_like_the_eager_code():
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, seed=0).eval()
+    x = torch.randn(1, 8, 5)
+    x[0, 2] = float("nan")
+    with torch.no_grad():
+        fast, reference = layer(x), _eager(lambda: layer(x))
+    assert torch.equal(fast.isnan().any(-1), reference.isnan().any(-1)) and fast[0, 2].isnan().any()
+
+
+def test_queries_past_every_visible_key_get_empty_slots_in_both_paths():
+    q, k = _random_qk(1, 2, 8, 4, seed=2)
+    vis = Visibility(causal=True, window=1)
+    for fn in (lambda: select_exact(q, k[:, :, :5], 3, vis, q_offset=7),
+               lambda: _eager(lambda: select_exact(q, k[:, :, :5], 3, vis, q_offset=7))):
+        assert torch.all(fn() == NO_KEY)
