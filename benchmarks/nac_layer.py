@@ -86,22 +86,26 @@ def worker(spec: dict) -> dict:
 
 
 def _measure_step(spec: dict, x) -> dict:
-    """ms per ``step()`` under ``spec["grad_mode"]`` (the layer is built outside it, as a policy is)."""
+    """ms per ``step()`` under ``spec["grad_mode"]``: median over ``repeats`` runs of 200 calls (the layer
+    is built outside the grad mode, as a policy is)."""
     import torch
     from nac_drive import NAC
 
     layer = NAC(spec["d"], d_model=spec["d"], num_heads=spec["H"], topk=spec["K"], mode=spec["mode"],
                 select=spec["select"], window=spec["window"], seed=0).eval()
     frame = x[:1, 0]
-    n = 2000
+    calls_per_run = 200
+    runs = []
     with getattr(torch, spec["grad_mode"])():
         cache = layer.init_cache(1)
         for _ in range(2 * spec["window"]):
             _, cache = layer.step(frame, cache)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            _, cache = layer.step(frame, cache)
-    return {"ms": 1e3 * (time.perf_counter() - t0) / n, "mem_mb": float("nan")}
+        for _ in range(spec["repeats"]):
+            t0 = time.perf_counter()
+            for _ in range(calls_per_run):
+                _, cache = layer.step(frame, cache)
+            runs.append((time.perf_counter() - t0) / calls_per_run)
+    return {"ms": 1e3 * sorted(runs)[len(runs) // 2], "mem_mb": float("nan")}
 
 
 def measure(eager: bool = False, **spec) -> dict:

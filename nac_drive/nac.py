@@ -289,7 +289,7 @@ class NAC(nn.Module):
         On CPU, when nothing needs a gradient, a trace or dropout, the fused kernel of
         :mod:`nac_drive.nac_kernels` computes ``out`` instead of the code below.
         """
-        if nac_kernels.handles_pairs(q_side, key_feats, w.command, w.motor, w.gate,
+        if nac_kernels.handles_pairs(q_side, key_feats, w,
                                      training_dropout=self.training and self.attn_dropout.p > 0,
                                      want_trace=want_trace):
             out = nac_kernels.attend(q_side, q_times, key_feats, idx, w, depth=self.depth, mode=self.mode, euler_steps=self.euler_steps,

@@ -78,14 +78,27 @@ def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
             and not _scripting() and _finite(q, k))
 
 
-def handles_pairs(*tensors: torch.Tensor, training_dropout: bool, want_trace: bool) -> bool:
-    """Whether :func:`attend` serves a pair stage on these tensors: CPU, float32, and
-    no gradient, trace or active dropout needed."""
+def handles_pairs(q_side: torch.Tensor, key_feats: torch.Tensor, w, *, training_dropout: bool,
+                  want_trace: bool) -> bool:
+    """Whether :func:`attend` serves a pair stage on these inputs and ``nac._Weights``:
+    CPU, float32, and no gradient, trace or active dropout needed."""
     if want_trace or training_dropout or not available() or _scripting():
         return False
+    weights = (w.command, w.command_bias, w.motor, w.motor_bias, w.gate, w.gate_bias)
+    tensors = (q_side, key_feats, *weights)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and _finite(*tensors)
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and _finite(q_side, key_feats) and _weights_finite(w, weights))
+
+
+def _weights_finite(w, weights: tuple) -> bool:
+    """:func:`_finite` for the weights, checked once per ``_Weights`` (the layer rebuilds
+    it whenever a parameter changes), not on every streamed step."""
+    finite = getattr(w, "_kernel_finite", None)
+    if finite is None:
+        finite = w._kernel_finite = _finite(*weights)
+    return finite
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:

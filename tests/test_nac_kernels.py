@@ -79,21 +79,38 @@ def test_the_pair_stage_takes_the_eager_path_when_it_must():
     layer = NAC(6, d_model=16, num_heads=2, topk=4, dropout=0.5, seed=0)
     x = torch.randn(1, 9, 6)
     w = layer._weights()
-    args = (torch.zeros(1, 2, 9, 10), torch.zeros(1, 2, 9, 19), w.command)
+    args = (torch.zeros(1, 2, 9, 10), torch.zeros(1, 2, 9, 19))
     with torch.no_grad():
-        assert nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=False)
-        assert not nac_kernels.handles_pairs(torch.full((1, 2, 9, 10), math.nan), *args[1:],
+        assert nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=False)
+        assert not nac_kernels.handles_pairs(torch.full((1, 2, 9, 10), math.nan), args[1], w,
                                              training_dropout=False, want_trace=False)
-        assert not nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=True)
-        assert not nac_kernels.handles_pairs(*args, training_dropout=True, want_trace=False)
-        assert not nac_kernels.handles_pairs(*(a.double() for a in args), training_dropout=False,
+        assert not nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=True)
+        assert not nac_kernels.handles_pairs(*args, w, training_dropout=True, want_trace=False)
+        assert not nac_kernels.handles_pairs(*(a.double() for a in args), w, training_dropout=False,
                                              want_trace=False)
         with nac_kernels.disabled():
-            assert not nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=False)
+            assert not nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=False)
         # in training mode dropout acts: two calls differ (the eager path ran)
         layer.train()
         assert not torch.equal(layer(x), layer(x))
-    assert not nac_kernels.handles_pairs(*args, training_dropout=False, want_trace=False)  # w needs grad
+    assert not nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=False)  # w needs grad
+
+
+@pytest.mark.parametrize("name", ["command", "motor_bias", "gate_bias"])
+def test_a_nan_weight_takes_the_eager_path_even_after_finite_calls(name):
+    """The weights' finiteness is checked once per built ``_Weights``; a parameter changed in
+    place rebuilds them, so a NaN put there later is still seen."""
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode="exact", seed=0).eval()
+    x = torch.randn(1, 9, 6)
+    with torch.no_grad():
+        assert torch.isfinite(layer(x)).all()
+        param = {"command": layer.command.weight, "motor_bias": layer.motor.bias, "gate_bias": layer.gate_bias}[name]
+        param.view(-1)[0] = math.nan
+        w = layer._weights()
+        assert not nac_kernels.handles_pairs(torch.zeros(1, 2, 9, 10), torch.zeros(1, 2, 9, 19), w,
+                                             training_dropout=False, want_trace=False)
+        y = layer(x)
+        torch.testing.assert_close(y, _eager(lambda: layer(x)), equal_nan=True)
 
 
 # ------------------------------------------------------------------------- key selection
