@@ -118,11 +118,13 @@ def _load_udacity(args: TrainArgs, seed: int):
         "val_segments": len(val_segs), "frames": sum(len(s.rows) for s in segments)}
 
 
-def _distributed() -> tuple[int, int]:
+def _distributed() -> tuple[int, int, bool]:
+    """(rank, world size, whether this call started the process group)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
+    started = world > 1 and not dist.is_initialized()
+    if started:
         dist.init_process_group("gloo")
-    return (dist.get_rank(), world) if world > 1 else (0, 1)
+    return (dist.get_rank(), world, started) if world > 1 else (0, 1, False)
 
 
 def train(args: TrainArgs) -> Path:
@@ -130,7 +132,7 @@ def train(args: TrainArgs) -> Path:
     torch.set_num_threads(1)
     if args.core not in CORES:
         raise ValueError(f"core: must be one of {CORES}, got {args.core!r}")
-    rank, world = _distributed()
+    rank, world, started_group = _distributed()
     torch.manual_seed(args.seed)
     config, train_set, val_set, actions, data_info = _load_data(args, args.seed)
     if len(train_set) == 0:
@@ -226,6 +228,8 @@ def train(args: TrainArgs) -> Path:
         writer.close()
     if world > 1:
         _record_rank_agreement(policy, run_dir, rank, world)
+    if started_group:  # gloo's threads left running at interpreter exit can abort the process
+        dist.destroy_process_group()
     return run_dir
 
 
