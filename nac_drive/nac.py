@@ -292,9 +292,9 @@ class NAC(nn.Module):
         if nac_kernels.handles_pairs(q_side, key_feats, w,
                                      training_dropout=self.training and self.attn_dropout.p > 0,
                                      want_trace=want_trace):
-            out = nac_kernels.attend(q_side, q_times, key_feats, idx, w, depth=self.depth, mode=self.mode, euler_steps=self.euler_steps,
-                                     tau_eps=self.tau_eps, time_input=self.time_input,
-                                     time_weighted_values=self.time_weighted_values)
+            out = nac_kernels.attend(q_side, q_times, key_feats, idx, w, depth=self.depth, mode=self.mode,
+                                     euler_steps=self.euler_steps, tau_eps=self.tau_eps,
+                                     time_input=self.time_input, time_weighted_values=self.time_weighted_values)
             return out, None
         B, H, Tq, K = idx.shape
         n_inter = q_side.shape[-1] - 2
@@ -306,7 +306,7 @@ class NAC(nn.Module):
         inter = torch.tanh(pair[..., :n_inter])                                            # [B,H,Tq,K,ni]
         command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ w.command + w.command_bias[:, None])  # [B,H,TqK,nc]
         motor = torch.tanh(command @ w.motor + w.motor_bias[:, None])                      # [B,H,TqK,nm]
-        heads = motor @ w.gate + w.gate_bias[:, None, :]                      # [B,H,TqK,2]
+        heads = motor @ w.gate + w.gate_bias[:, None, :]                                   # [B,H,TqK,2]
         phi = torch.sigmoid(heads[..., 0]).view(B, H, Tq, K)
         tau = (F.softplus(heads[..., 1]) + self.tau_eps).view(B, H, Tq, K)
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _enabled = os.environ.get("NAC_DRIVE_KERNELS", "1") != "0"
 
 MODE_CODES = {"exact": 0, "euler": 1, "steady": 2}
+_PAIR_WEIGHTS = ("command", "command_bias", "motor", "motor_bias", "gate", "gate_bias")  # of nac._Weights
 
 
 @functools.cache
@@ -66,17 +67,17 @@ def _scripting() -> bool:
     return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)()
 
 
-def _finite(*tensors: torch.Tensor) -> bool:
-    """No NaN anywhere in these CPU tensors. The kernels compare with fast-math and clamp
-    before exp, so NaN inputs take the eager code, which lets the NaN through as torch does.
-    (numpy's check costs a third of torch's on the small tensors a streamed step has.)"""
-    return not any(np.isnan(t.detach().numpy()).any() for t in tensors)
+def _finite(*arrays: np.ndarray) -> bool:
+    """No NaN anywhere. The kernels compare with fast-math and clamp before exp, so NaN
+    inputs take the eager code, which lets the NaN through as torch does. (Checked in
+    numpy: a third of torch's cost on the small tensors a streamed step has.)"""
+    return not any(np.isnan(a).any() for a in arrays)
 
 
 def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether :func:`select_exact` / :func:`select_block` serve these queries and keys."""
     return (q.device.type == k.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-            and available() and not _scripting() and _finite(q, k))
+            and available() and not _scripting() and _finite(q.detach().numpy(), k.detach().numpy()))
 
 
 def handles_pairs(q_side: torch.Tensor, key_feats: torch.Tensor, w, *, training_dropout: bool,
@@ -85,21 +86,11 @@ def handles_pairs(q_side: torch.Tensor, key_feats: torch.Tensor, w, *, training_
     CPU, float32, and no gradient, trace or active dropout needed."""
     if want_trace or training_dropout or not available() or _scripting():
         return False
-    weights = (w.command, w.command_bias, w.motor, w.motor_bias, w.gate, w.gate_bias)
-    tensors = (q_side, key_feats, *weights)
+    tensors = (q_side, key_feats, *(getattr(w, name) for name in _PAIR_WEIGHTS))
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and _finite(q_side, key_feats) and _weights_finite(w, weights))
-
-
-def _weights_finite(w, weights: tuple) -> bool:
-    """:func:`_finite` for the weights, checked once per ``_Weights`` (the layer rebuilds
-    it whenever a parameter changes), not on every streamed step."""
-    finite = getattr(w, "_kernel_finite", None)
-    if finite is None:
-        finite = w._kernel_finite = _finite(*weights)
-    return finite
+            and _finite(q_side.detach().numpy(), key_feats.detach().numpy()) and _weight_arrays(w)[1])
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
@@ -107,12 +98,9 @@ def _flat(x: torch.Tensor) -> np.ndarray:
     return x.detach().reshape(-1, *x.shape[2:]).contiguous().numpy()
 
 
-def _keys_transposed(k: torch.Tensor, length: int) -> np.ndarray:
-    """k [B, H, Tk, D] -> numpy [B*H, D, length] (zero padded past Tk)."""
-    B, H, Tk, D = k.shape
-    kT = torch.zeros(B * H, D, length, dtype=k.dtype)
-    kT[:, :, :Tk] = k.detach().reshape(B * H, Tk, D).transpose(1, 2)
-    return kT.numpy()
+def _keys_transposed(k: torch.Tensor) -> np.ndarray:
+    """k [B, H, Tk, D] -> contiguous numpy [B*H, D, Tk]."""
+    return k.detach().flatten(0, 1).transpose(1, 2).contiguous().numpy()
 
 
 def _empty_score(x: torch.Tensor):
@@ -141,7 +129,7 @@ def select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visibility",
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     out = np.empty((B * H, Tq, topk), np.int64)
-    _kernels().select_exact(_flat(q), _keys_transposed(k, Tk), _key_valid(vis, B, Tk), H, vis.causal,
+    _kernels().select_exact(_flat(q), _keys_transposed(k), _key_valid(vis, B, Tk), H, vis.causal,
                             _window(vis), q_offset, _empty_score(q), out)
     return torch.from_numpy(out).view(B, H, Tq, topk)
 
@@ -152,9 +140,9 @@ def select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visib
     batched product here; the kernel picks the blocks and searches them."""
     B, H, T, D = q.shape
     block_scores = (q @ part.centroids.transpose(-1, -2)).detach()                    # [B,H,T,nb]
-    keys = part.k_blocks.detach().reshape(B * H, part.n_blocks * part.size, D).transpose(1, 2).contiguous()
+    keys = part.k_blocks.flatten(2, 3)                                                # [B,H,nb*size,D]
     out = np.empty((B * H, T, topk), np.int64)
-    _kernels().select_block(_flat(q), keys.numpy(), part.key_ok.cpu().numpy(), part.count.cpu().numpy(),
+    _kernels().select_block(_flat(q), _keys_transposed(keys), part.key_ok.cpu().numpy(), part.count.cpu().numpy(),
                             _flat(block_scores), H, vis.causal, _window(vis), part.size, part.n_pick,
                             _empty_score(q), out)
     return torch.from_numpy(out).view(B, H, T, topk)
@@ -176,9 +164,10 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_feats: torch.
     else:
         time_kind = nb.TIME_QUERY
     times = _ZERO_TIMES if q_times is None else _array(q_times)
+    weights, _ = _weight_arrays(w)
     out = torch.empty(B, H, Tq, depth, dtype=torch.float32)
     nb.attend(_array(q_side.transpose(-1, -2)), _array(key_feats[..., :P + 1].transpose(-1, -2)),
-              _array(key_feats), _array(idx), times, time_kind, *_weight_arrays(w), MODE_CODES[mode],
+              _array(key_feats), _array(idx), times, time_kind, *weights, MODE_CODES[mode],
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy())
     return out
 
@@ -190,14 +179,15 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def _weight_arrays(w) -> tuple:
-    """The pair stage's weights of a ``nac._Weights`` as numpy arrays, made once per
-    ``_Weights`` (the layer rebuilds it whenever a parameter changes)."""
-    arrays = getattr(w, "_kernel_arrays", None)
-    if arrays is None:
-        arrays = tuple(_array(t) for t in (w.command, w.command_bias, w.motor, w.motor_bias, w.gate, w.gate_bias))
-        w._kernel_arrays = arrays
-    return arrays
+def _weight_arrays(w) -> tuple[tuple[np.ndarray, ...], bool]:
+    """The pair stage's weights of a ``nac._Weights`` as numpy arrays, and whether they are
+    free of NaN: made once per ``_Weights`` (the layer rebuilds it whenever a parameter
+    changes), not on every streamed step."""
+    cached = getattr(w, "_kernel_arrays", None)
+    if cached is None:
+        arrays = tuple(_array(getattr(w, name)) for name in _PAIR_WEIGHTS)
+        cached = w._kernel_arrays = (arrays, _finite(*arrays))
+    return cached
 
 
 def _window(vis: "Visibility") -> int:
