@@ -8,6 +8,7 @@ import torch
 
 from nac_drive.checkpoint import CheckpointError
 from nac_drive.cores import CORES, CoreConfig
+from nac_drive.encoders import ENCODERS
 from nac_drive.policy import DrivingPolicy, PolicyConfig
 
 torch.set_num_threads(1)
@@ -134,3 +135,21 @@ def test_frame_model_answers_like_the_next_step():
     expected = policy.step_output(x[0, 3].permute(1, 2, 0).numpy())
     torch.testing.assert_close(out[0], expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(twice[1], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+def test_encoders_convolve_channels_last_whatever_the_input_layout(encoder):
+    """NCHW and HWC-permuted frames give the same features, both through channels-last convs
+    (the fast layout on CPU: benchmarks/policy_speed.py)."""
+    torch.manual_seed(0)
+    model = ENCODERS[encoder]()
+    layouts = []
+    model.convs[0].register_forward_pre_hook(
+        lambda _, args: layouts.append(args[0].is_contiguous(memory_format=torch.channels_last)))
+    c, h, w = model.frame_shape
+    hwc = torch.randint(0, 256, (4, h, w, c), dtype=torch.uint8)
+    from_hwc = model(hwc.permute(0, 3, 1, 2))
+    from_nchw = model(hwc.permute(0, 3, 1, 2).contiguous())
+    torch.testing.assert_close(from_nchw, from_hwc)
+    torch.testing.assert_close(model(hwc.permute(0, 3, 1, 2).float() / 255), from_hwc)
+    assert layouts == [True, True, True]
