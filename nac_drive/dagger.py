@@ -4,9 +4,12 @@ Each round drives the current policy on fresh collection tracks while the pure-p
 teacher answers, for every state the student reached, what it would have done; those
 labels join the dataset as a new Minari dataset (``dagger-r<round>-s<seed>``) and the
 policy is fine-tuned on everything. Student mistakes thus become training data, which
-plain behaviour cloning never sees.
+plain behaviour cloning never sees. ``--disturb-rate`` adds DART-style disturbances
+(Laskey et al. 2017): bursts of a random action push the car off its line, and the teacher
+labels how to recover, which a good student alone rarely shows it.
 
     nac-drive dagger --policy runs/train/<run>/best --data runs/demos --rounds 3 --episodes 5
+    nac-drive dagger ... --disturb-rate 0.01 --disturb-frames 10
 """
 
 from __future__ import annotations
@@ -20,13 +23,18 @@ DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive
 
 
 def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int, train_args: TrainArgs,
-           seed: int = 0, max_steps: int | None = None, progress: bool = True) -> Path:
-    """Run ``rounds`` of DAgger from ``policy_path``; returns the final checkpoint folder."""
+           seed: int = 0, max_steps: int | None = None, progress: bool = True,
+           disturb_rate: float = 0.0, disturb_frames: int = 10) -> Path:
+    """Run ``rounds`` of DAgger from ``policy_path``; returns the final checkpoint folder.
+
+    ``disturb_rate`` > 0 wraps the student's env in :class:`ActionBursts` (the chance per
+    frame that a ``disturb_frames``-frame burst of one random action starts).
+    """
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.data_collection.carracing_dataset import write_dataset
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
-    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, FPS, make_carracing, run_episodes
+    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, FPS, ActionBursts, make_carracing, run_episodes
     from nac_drive.train import train
 
     if rounds < 1 or episodes < 1:
@@ -36,13 +44,18 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         policy = load_policy(policy_path)
         continuous = policy.config.action == "continuous"
         teacher = PurePursuitTeacher(continuous=continuous)
-        env = RecordEpisodes(make_carracing(continuous=continuous), fps=FPS, labeler=teacher.action_for)
         first = COLLECT_SEED_BASE + DAGGER_SEED_OFFSET + 1000 * seed + episodes * r
+        env = make_carracing(continuous=continuous)
+        if disturb_rate > 0:
+            env = ActionBursts(env, disturb_rate, disturb_frames, seed=first)
+        env = RecordEpisodes(env, fps=FPS, labeler=teacher.action_for)
         try:
             results = run_episodes(PolicyDriver(policy), list(range(first, first + episodes)), continuous=continuous,
                                    max_steps=max_steps, env=env, progress=progress)
             write_dataset(data, f"dagger-r{r}-s{seed}", env.take_episodes(), env.unwrapped, expert=teacher.name,
-                          description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled")
+                          description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled"
+                          + (f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame"
+                             if disturb_rate > 0 else ""))
         finally:
             env.close()
         print(f"DAgger round {r}: the student drove {results.format()}", flush=True)

@@ -115,6 +115,40 @@ def _no_render(mode: str) -> None:
     return None
 
 
+class ActionBursts(gym.Wrapper):
+    """DART-style disturbances (Laskey et al. 2017) for DAgger: with probability ``rate``
+    per frame a burst starts in which one random action replaces the agent's for
+    ``frames`` frames.
+
+    The agent still sees every frame; only what the car does changes. A student that
+    drives well rarely leaves the road by itself, so without disturbances its teacher
+    would label few recoveries. ``info["disturbed"]`` says whether the frame's action
+    was replaced.
+    """
+
+    def __init__(self, env: gym.Env, rate: float, frames: int = 10, seed: int = 0):
+        super().__init__(env)
+        if not 0.0 <= rate <= 1.0 or frames < 1:
+            raise ValueError(f"ActionBursts: rate must be in [0, 1] and frames >= 1, got {rate} and {frames}")
+        self.rate, self.frames = rate, frames
+        self.rng = np.random.default_rng(seed)
+        self.action_space.seed(int(self.rng.integers(2**31)))
+        self._left, self._action = 0, None
+
+    def reset(self, **kwargs):
+        self._left = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        if self._left == 0 and self.rng.random() < self.rate:
+            self._left, self._action = self.frames, self.action_space.sample()
+        disturbed = self._left > 0
+        if disturbed:
+            action, self._left = self._action, self._left - 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, {**info, "disturbed": disturbed}
+
+
 class Actor(Protocol):
     """What :func:`run_episodes` drives: anything with ``reset()`` and ``act(obs)``.
 

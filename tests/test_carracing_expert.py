@@ -20,6 +20,7 @@ from nac_drive.simulators.carracing import (
     EXPERT_TRAIN_SEED_BASE,
     GAS,
     NOOP,
+    ActionBursts,
     ActionRepeat,
     EpisodeResults,
     eval_seeds,
@@ -79,6 +80,79 @@ def test_action_repeat_skip_render_matches_stock_env():
     finally:
         fast.close()
         stock.close()
+
+
+class _ActionLog(gym.Env):
+    """A stand-in env with CarRacing's discrete action space that logs the actions it gets."""
+
+    action_space = gym.spaces.Discrete(5)
+    observation_space = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
+
+    def __init__(self):
+        self.executed: list[int] = []
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros((96, 96, 3), np.uint8), {}
+
+    def step(self, action):
+        self.executed.append(int(action))
+        return np.zeros((96, 96, 3), np.uint8), 0.0, False, False, {}
+
+
+def _drive_bursts(rate, frames, steps, seed=0, action=NOOP):
+    env = ActionBursts(_ActionLog(), rate, frames, seed=seed)
+    env.reset()
+    disturbed = [env.step(action)[4]["disturbed"] for _ in range(steps)]
+    return np.array(env.unwrapped.executed), np.array(disturbed)
+
+
+def test_action_bursts_replace_the_agents_action_for_whole_bursts():
+    executed, disturbed = _drive_bursts(rate=0.0, frames=5, steps=300)
+    assert not disturbed.any() and (executed == NOOP).all()      # rate 0: the agent drives
+
+    executed, disturbed = _drive_bursts(rate=1.0, frames=4, steps=400)
+    assert disturbed.all()
+    blocks = executed.reshape(100, 4)
+    assert (blocks == blocks[:, :1]).all()                       # one action held per burst
+    assert set(blocks[:, 0]) == set(range(5))                    # drawn from the whole space
+
+    executed, disturbed = _drive_bursts(rate=0.1, frames=5, steps=6000)
+    # idle frames before a burst are geometric with mean (1 - p) / p = 9, then 5 disturbed
+    assert disturbed.mean() == pytest.approx(5 / 14, abs=0.04)
+    assert (executed[~disturbed] == NOOP).all()
+    starts = np.flatnonzero(disturbed & ~np.r_[False, disturbed[:-1]])
+    assert all(disturbed[s:s + 5].all() for s in starts if s + 5 <= len(disturbed))
+
+    again, _ = _drive_bursts(rate=0.1, frames=5, steps=6000)
+    other, _ = _drive_bursts(rate=0.1, frames=5, steps=6000, seed=1)
+    assert np.array_equal(again, executed) and not np.array_equal(other, executed)
+
+
+def test_action_bursts_end_at_reset_and_check_arguments():
+    env = ActionBursts(_ActionLog(), rate=1.0, frames=1000)
+    env.reset()
+    env.step(NOOP)
+    env.rate = 0.0
+    env.reset()
+    assert env.step(GAS)[4]["disturbed"] is False and env.unwrapped.executed[-1] == GAS
+    for rate, frames in ((-0.1, 5), (1.5, 5), (0.1, 0)):
+        with pytest.raises(ValueError, match="ActionBursts"):
+            ActionBursts(_ActionLog(), rate, frames)
+
+
+def test_dagger_labels_are_the_teachers_under_disturbance():
+    """As `nac-drive dagger --disturb-rate` wraps them: the recorder stores the labeller's
+    action for every frame, whatever the burst made the car do."""
+    from nac_drive.data_collection.episode_recorder import RecordEpisodes
+
+    env = RecordEpisodes(ActionBursts(_ActionLog(), rate=0.2, frames=3), fps=50, labeler=lambda e: GAS)
+    env.reset(seed=1)
+    for _ in range(200):
+        env.step(NOOP)
+    (episode,) = env.take_episodes()
+    executed = np.array(env.unwrapped.executed)
+    assert (np.array(episode["actions"]) == GAS).all()
+    assert (executed != NOOP).any() and (executed == NOOP).any()
 
 
 class _ConstantActor:

@@ -64,7 +64,8 @@ def test_collect_train_drive(tmp_path):
 
     # One DAgger round: the student drives, the teacher labels, the student is fine-tuned.
     out = cli("dagger", "--policy", str(best), "--data", str(demos), "--out", str(train_dir), "--run-name", "dg",
-              "--rounds", "1", "--episodes", "1", "--max-steps", "40", "--window", "8", "--epochs", "1",
+              "--rounds", "1", "--episodes", "1", "--max-steps", "40", "--disturb-rate", "0.05",
+              "--window", "8", "--epochs", "1",
               "--windows-per-epoch", "64", "--batch-size", "16", "--val-fraction", "0", "--no-progress")
     final = train_dir / "dg-r0" / "best"
     assert f"final checkpoint: {final}" in out

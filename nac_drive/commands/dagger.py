@@ -14,6 +14,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=3, help="DAgger rounds (default 3)")
     p.add_argument("--episodes", type=int, default=5, help="student episodes per round (default 5)")
     p.add_argument("--max-steps", type=int, default=None, help="cap each student episode (env frames)")
+    p.add_argument("--disturb-rate", type=float, default=0.0,
+                   help="chance per frame that a burst of one random action replaces the student's "
+                        "(DART-style disturbances; default 0: none)")
+    p.add_argument("--disturb-frames", type=int, default=10, help="frames per disturbance burst (default 10)")
     train_args.add_arguments(p)   # --data, --out, --epochs, ... for each round's fine-tuning
     p.set_defaults(func=run)
 
@@ -28,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
-                       seed=args.seed, max_steps=args.max_steps, progress=args.progress)
+                       seed=args.seed, max_steps=args.max_steps, progress=args.progress,
+                       disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames)
     except (CheckpointError, DatasetError, ValueError) as e:
         print(f"dagger: {e}", file=sys.stderr)
         return 2
