@@ -46,7 +46,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         teacher = PurePursuitTeacher(continuous=continuous)
         first = COLLECT_SEED_BASE + DAGGER_SEED_OFFSET + 1000 * seed + episodes * r
         env = make_carracing(continuous=continuous)
-        if disturb_rate > 0:
+        if disturb_rate:  # ActionBursts refuses a rate outside [0, 1] before anything is driven
             env = ActionBursts(env, disturb_rate, disturb_frames, seed=first)
         env = RecordEpisodes(env, fps=FPS, labeler=teacher.action_for)
         try:
@@ -55,10 +55,11 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
             write_dataset(data, f"dagger-r{r}-s{seed}", env.take_episodes(), env.unwrapped, expert=teacher.name,
                           description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled"
                           + (f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame"
-                             if disturb_rate > 0 else ""))
+                             if disturb_rate else ""))
         finally:
             env.close()
-        print(f"DAgger round {r}: the student drove {results.format()}", flush=True)
+        disturbed = " (with random-action bursts)" if disturb_rate else ""
+        print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
         run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
                                             run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
         policy_path = run_dir / "best"

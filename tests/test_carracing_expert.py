@@ -414,3 +414,13 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert PPOExpert(final).action_repeat == 4
     with pytest.raises(ValueError, match="init_from"):
         train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
+
+
+def test_cli_dagger_refuses_a_bad_disturb_rate_before_driving(tmp_path, capsys):
+    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.cli import main
+
+    assert main(["dagger", "--policy", str(shipped_policy_path()), "--data", str(tmp_path / "demos"),
+                 "--out", str(tmp_path / "train"), "--disturb-rate", "1.5", "--no-progress"]) == 2
+    assert "rate must be in [0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "demos").exists() and not (tmp_path / "train").exists()   # nothing written
