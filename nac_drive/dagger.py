@@ -4,9 +4,9 @@ Each round drives the current policy on fresh collection tracks while the pure-p
 teacher answers, for every state the student reached, what it would have done; those
 labels join the dataset as a new Minari dataset (``dagger-r<round>-s<seed>``) and the
 policy is fine-tuned on everything. Student mistakes thus become training data, which
-plain behaviour cloning never sees. ``--disturb-rate`` adds DART-style disturbances
-(Laskey et al. 2017): bursts of a random action push the car off its line, and the teacher
-labels how to recover, which a good student alone rarely shows it.
+plain behaviour cloning never sees. ``--disturb-rate`` adds bursts of a random action
+(after DART, Laskey et al. 2017) that push the car off its line; the teacher then labels
+how to recover, a state a good student rarely reaches by itself.
 
     nac-drive dagger --policy runs/train/<run>/best --data runs/demos --rounds 3 --episodes 5
     nac-drive dagger ... --disturb-rate 0.01 --disturb-frames 10
@@ -28,27 +28,26 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     """Run ``rounds`` of DAgger from ``policy_path``; returns the final checkpoint folder.
 
     ``disturb_rate`` > 0 wraps the student's env in :class:`ActionBursts` (the chance per
-    frame that a ``disturb_frames``-frame burst of one random action starts).
+    undisturbed frame that a ``disturb_frames``-frame burst of one random action starts).
     """
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.data_collection.carracing_dataset import write_dataset
-    from nac_drive.data_collection.episode_recorder import RecordEpisodes
-    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, FPS, ActionBursts, make_carracing, run_episodes
+    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, run_episodes
     from nac_drive.train import train
 
     if rounds < 1 or episodes < 1:
         raise ValueError(f"rounds and episodes must be >= 1, got {rounds} and {episodes}")
+    if not 0.0 <= disturb_rate <= 1.0 or disturb_frames < 1:
+        raise ValueError(f"--disturb-rate must be in [0, 1] and --disturb-frames >= 1, "
+                         f"got {disturb_rate} and {disturb_frames}")
     policy_path = Path(policy_path)
     for r in range(rounds):
         policy = load_policy(policy_path)
         continuous = policy.config.action == "continuous"
         teacher = PurePursuitTeacher(continuous=continuous)
         first = COLLECT_SEED_BASE + DAGGER_SEED_OFFSET + 1000 * seed + episodes * r
-        env = make_carracing(continuous=continuous)
-        if disturb_rate:  # ActionBursts refuses a rate outside [0, 1] before anything is driven
-            env = ActionBursts(env, disturb_rate, disturb_frames, seed=first)
-        env = RecordEpisodes(env, fps=FPS, labeler=teacher.action_for)
+        env = student_env(teacher, continuous, disturb_rate, disturb_frames, seed=first)
         try:
             results = run_episodes(PolicyDriver(policy), list(range(first, first + episodes)), continuous=continuous,
                                    max_steps=max_steps, env=env, progress=progress)
@@ -64,3 +63,15 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
                                             run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
         policy_path = run_dir / "best"
     return policy_path
+
+
+def student_env(teacher, continuous: bool, disturb_rate: float = 0.0, disturb_frames: int = 10, seed: int = 0):
+    """The env a DAgger round drives: CarRacing, with random-action bursts if
+    ``disturb_rate`` > 0, recorded with ``teacher.action_for`` as every frame's label."""
+    from nac_drive.data_collection.episode_recorder import RecordEpisodes
+    from nac_drive.simulators.carracing import FPS, ActionBursts, make_carracing
+
+    env = make_carracing(continuous=continuous)
+    if disturb_rate:
+        env = ActionBursts(env, disturb_rate, disturb_frames, seed=seed)
+    return RecordEpisodes(env, fps=FPS, labeler=teacher.action_for)

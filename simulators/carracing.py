@@ -11,6 +11,7 @@ training or collection.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,35 +117,47 @@ def _no_render(mode: str) -> None:
 
 
 class ActionBursts(gym.Wrapper):
-    """DART-style disturbances (Laskey et al. 2017) for DAgger: with probability ``rate``
-    per frame a burst starts in which one random action replaces the agent's for
-    ``frames`` frames.
+    """Random-action bursts for DAgger (after DART, Laskey et al. 2017, which disturbs the
+    demonstrator instead): in each undisturbed frame a burst starts with probability
+    ``rate``, and one random action then replaces the agent's for ``burst_frames`` frames,
+    so a share ``F p / (F p + 1 - p)`` of the frames is disturbed (9% at p 0.01, F 10).
 
     The agent still sees every frame; only what the car does changes. A student that
     drives well rarely leaves the road by itself, so without disturbances its teacher
-    would label few recoveries. ``info["disturbed"]`` says whether the frame's action
-    was replaced.
+    would label few recoveries. The burst's action is uniform over the action space: one of
+    the 5 discrete actions, or uniform (steer, gas, brake) for the continuous env.
+    ``info["disturbed"]`` says whether the frame's action was replaced. The bursts of an
+    episode depend only on ``seed`` and the episode's ``reset`` seed.
     """
 
-    def __init__(self, env: gym.Env, rate: float, frames: int = 10, seed: int = 0):
+    def __init__(self, env: gym.Env, rate: float, burst_frames: int = 10, seed: int = 0):
         super().__init__(env)
-        if not 0.0 <= rate <= 1.0 or frames < 1:
-            raise ValueError(f"ActionBursts: rate must be in [0, 1] and frames >= 1, got {rate} and {frames}")
-        self.rate, self.frames = rate, frames
-        self.rng = np.random.default_rng(seed)
-        self.action_space.seed(int(self.rng.integers(2**31)))
-        self._left, self._action = 0, None
+        if not 0.0 <= rate <= 1.0 or burst_frames < 1:
+            raise ValueError(f"ActionBursts: rate must be in [0, 1] and burst_frames >= 1, "
+                             f"got {rate} and {burst_frames}")
+        self.rate, self.burst_frames, self.base_seed = rate, burst_frames, seed
+        self._burst_space = copy.deepcopy(env.action_space)  # never draws from the env's own space
+        self._reseed(None)
 
-    def reset(self, **kwargs):
-        self._left = 0
-        return self.env.reset(**kwargs)
+    def _reseed(self, episode_seed: int | None) -> None:
+        # a stream of its own: SeedSequence([seed, episode_seed]) differs from the env's SeedSequence(episode_seed)
+        entropy = [self.base_seed] if episode_seed is None else [self.base_seed, episode_seed]
+        self.rng = np.random.default_rng(entropy)
+        self._burst_space.seed(int(self.rng.integers(2**31)))
+        self._burst_left, self._burst_action = 0, None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self._reseed(seed)
+        self._burst_left = 0
+        return self.env.reset(seed=seed, options=options)
 
     def step(self, action):
-        if self._left == 0 and self.rng.random() < self.rate:
-            self._left, self._action = self.frames, self.action_space.sample()
-        disturbed = self._left > 0
+        if self._burst_left == 0 and self.rng.random() < self.rate:
+            self._burst_left, self._burst_action = self.burst_frames, self._burst_space.sample()
+        disturbed = self._burst_left > 0
         if disturbed:
-            action, self._left = self._action, self._left - 1
+            action, self._burst_left = self._burst_action, self._burst_left - 1
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, reward, terminated, truncated, {**info, "disturbed": disturbed}
 

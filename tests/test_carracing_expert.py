@@ -83,76 +83,109 @@ def test_action_repeat_skip_render_matches_stock_env():
 
 
 class _ActionLog(gym.Env):
-    """A stand-in env with CarRacing's discrete action space that logs the actions it gets."""
+    """A stand-in env that logs the actions it gets (CarRacing's discrete space by default)."""
 
-    action_space = gym.spaces.Discrete(5)
     observation_space = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
 
-    def __init__(self):
-        self.executed: list[int] = []
+    def __init__(self, action_space=None):
+        self.action_space = action_space or gym.spaces.Discrete(5)
+        self.executed: list = []
+        self.reset_seeds: list = []
 
     def reset(self, *, seed=None, options=None):
+        self.reset_seeds.append(seed)
         return np.zeros((96, 96, 3), np.uint8), {}
 
     def step(self, action):
-        self.executed.append(int(action))
-        return np.zeros((96, 96, 3), np.uint8), 0.0, False, False, {}
+        self.executed.append(action)
+        return np.zeros((96, 96, 3), np.uint8), 0.0, False, False, {"inner": True}
 
 
-def _drive_bursts(rate, frames, steps, seed=0, action=NOOP):
-    env = ActionBursts(_ActionLog(), rate, frames, seed=seed)
-    env.reset()
-    disturbed = [env.step(action)[4]["disturbed"] for _ in range(steps)]
-    return np.array(env.unwrapped.executed), np.array(disturbed)
+def _drive_bursts(rate, burst_frames, steps, seed=0, action=NOOP, env=None, episode_seed=None):
+    env = env or ActionBursts(_ActionLog(), rate, burst_frames, seed=seed)
+    env.reset(seed=episode_seed)
+    infos = [env.step(action)[4] for _ in range(steps)]
+    assert all(info["inner"] for info in infos)                  # the inner env's info is kept
+    return np.array(env.unwrapped.executed[-steps:]), np.array([info["disturbed"] for info in infos])
 
 
 def test_action_bursts_replace_the_agents_action_for_whole_bursts():
-    executed, disturbed = _drive_bursts(rate=0.0, frames=5, steps=300)
+    executed, disturbed = _drive_bursts(rate=0.0, burst_frames=5, steps=300)
     assert not disturbed.any() and (executed == NOOP).all()      # rate 0: the agent drives
 
-    executed, disturbed = _drive_bursts(rate=1.0, frames=4, steps=400)
+    executed, disturbed = _drive_bursts(rate=1.0, burst_frames=4, steps=400)
     assert disturbed.all()
     blocks = executed.reshape(100, 4)
     assert (blocks == blocks[:, :1]).all()                       # one action held per burst
     assert set(blocks[:, 0]) == set(range(5))                    # drawn from the whole space
 
-    executed, disturbed = _drive_bursts(rate=0.1, frames=5, steps=6000)
+    executed, disturbed = _drive_bursts(rate=0.1, burst_frames=5, steps=6000)
     # idle frames before a burst are geometric with mean (1 - p) / p = 9, then 5 disturbed
-    assert disturbed.mean() == pytest.approx(5 / 14, abs=0.04)
+    assert disturbed.mean() == pytest.approx(5 / 14, abs=0.02)
     assert (executed[~disturbed] == NOOP).all()
-    starts = np.flatnonzero(disturbed & ~np.r_[False, disturbed[:-1]])
-    assert all(disturbed[s:s + 5].all() for s in starts if s + 5 <= len(disturbed))
+    edges = np.flatnonzero(np.diff(np.r_[0, disturbed.astype(int), 0]))
+    runs = edges[1::2] - edges[::2]                               # back-to-back bursts make longer runs
+    assert (runs[:-1] % 5 == 0).all() and len(runs) > 300
 
-    again, _ = _drive_bursts(rate=0.1, frames=5, steps=6000)
-    other, _ = _drive_bursts(rate=0.1, frames=5, steps=6000, seed=1)
+    again, _ = _drive_bursts(rate=0.1, burst_frames=5, steps=6000)
+    other, _ = _drive_bursts(rate=0.1, burst_frames=5, steps=6000, seed=1)
     assert np.array_equal(again, executed) and not np.array_equal(other, executed)
 
 
-def test_action_bursts_end_at_reset_and_check_arguments():
-    env = ActionBursts(_ActionLog(), rate=1.0, frames=1000)
+def test_action_bursts_are_reproducible_per_episode_and_leave_the_envs_space_alone():
+    env = ActionBursts(_ActionLog(), rate=0.2, burst_frames=3, seed=4)
+    env.unwrapped.action_space.seed(123)
+    _drive_bursts(0.2, 3, 137, env=env, episode_seed=5)          # an earlier episode of some length
+    later, _ = _drive_bursts(0.2, 3, 200, env=env, episode_seed=7)
+    alone, _ = _drive_bursts(0.2, 3, 200, seed=4, episode_seed=7)
+    assert np.array_equal(later, alone)
+    assert env.unwrapped.reset_seeds == [5, 7]                    # the seed reaches the env
+    fresh = gym.spaces.Discrete(5, seed=123)
+    assert [env.unwrapped.action_space.sample() for _ in range(20)] == [fresh.sample() for _ in range(20)]
+
+
+def test_action_bursts_in_a_continuous_space_and_bad_arguments():
+    box = gym.spaces.Box(np.array([-1, 0, 0], np.float32), np.array([1, 1, 1], np.float32))
+    executed, disturbed = _drive_bursts(1.0, 2, 40, env=ActionBursts(_ActionLog(box), 1.0, 2),
+                                        action=np.zeros(3, np.float32))
+    assert disturbed.all() and executed.shape == (40, 3)
+    assert ((executed >= box.low) & (executed <= box.high)).all()
+    assert np.array_equal(executed[0::2], executed[1::2]) and len(np.unique(executed[:, 0])) == 20
+
+    env = ActionBursts(_ActionLog(), rate=1.0, burst_frames=1000)
     env.reset()
     env.step(NOOP)
     env.rate = 0.0
-    env.reset()
+    env.reset()                                                    # ends the burst under way
     assert env.step(GAS)[4]["disturbed"] is False and env.unwrapped.executed[-1] == GAS
-    for rate, frames in ((-0.1, 5), (1.5, 5), (0.1, 0)):
+    for rate, burst_frames in ((-0.1, 5), (1.5, 5), (0.1, 0)):
         with pytest.raises(ValueError, match="ActionBursts"):
-            ActionBursts(_ActionLog(), rate, frames)
+            ActionBursts(_ActionLog(), rate, burst_frames)
 
 
-def test_dagger_labels_are_the_teachers_under_disturbance():
-    """As `nac-drive dagger --disturb-rate` wraps them: the recorder stores the labeller's
-    action for every frame, whatever the burst made the car do."""
-    from nac_drive.data_collection.episode_recorder import RecordEpisodes
+class _GasTeacher:
+    def action_for(self, env):
+        assert env.unwrapped.car is not None                       # the labeller sees the real env
+        return GAS
 
-    env = RecordEpisodes(ActionBursts(_ActionLog(), rate=0.2, frames=3), fps=50, labeler=lambda e: GAS)
-    env.reset(seed=1)
-    for _ in range(200):
-        env.step(NOOP)
-    (episode,) = env.take_episodes()
-    executed = np.array(env.unwrapped.executed)
-    assert (np.array(episode["actions"]) == GAS).all()
-    assert (executed != NOOP).any() and (executed == NOOP).any()
+
+def test_dagger_student_env_records_the_teachers_labels_under_bursts():
+    from nac_drive.dagger import student_env
+
+    env = student_env(_GasTeacher(), continuous=False, disturb_rate=1.0, disturb_frames=5, seed=0)
+    try:
+        assert isinstance(env.env, ActionBursts)
+        env.reset(seed=COLLECT_SEED_BASE)
+        assert all(env.step(NOOP)[4]["disturbed"] for _ in range(20))
+        (episode,) = env.take_episodes()
+        assert list(episode["actions"]) == [GAS] * 20                  # labels, not what the car did
+    finally:
+        env.close()
+    plain = student_env(_GasTeacher(), continuous=False)
+    try:
+        assert not isinstance(plain.env, ActionBursts)
+    finally:
+        plain.close()
 
 
 class _ConstantActor:
@@ -422,5 +455,5 @@ def test_cli_dagger_refuses_a_bad_disturb_rate_before_driving(tmp_path, capsys):
 
     assert main(["dagger", "--policy", str(shipped_policy_path()), "--data", str(tmp_path / "demos"),
                  "--out", str(tmp_path / "train"), "--disturb-rate", "1.5", "--no-progress"]) == 2
-    assert "rate must be in [0, 1]" in capsys.readouterr().err
+    assert "--disturb-rate must be in [0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "demos").exists() and not (tmp_path / "train").exists()   # nothing written

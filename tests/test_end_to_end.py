@@ -69,6 +69,7 @@ def test_collect_train_drive(tmp_path):
               "--windows-per-epoch", "64", "--batch-size", "16", "--val-fraction", "0", "--no-progress")
     final = train_dir / "dg-r0" / "best"
     assert f"final checkpoint: {final}" in out
+    assert "DAgger round 0: the student drove (with random-action bursts)" in out
     labelled = [e for e in load_episodes(demos) if e.source.count("dagger-r0-s0")]
     assert len(labelled) == 1 and len(labelled[0]) == 40 and labelled[0].expert == "teacher-discrete"
     assert labelled[0].seed == 150_000                                 # collection range, never evaluation

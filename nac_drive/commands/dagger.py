@@ -15,8 +15,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--episodes", type=int, default=5, help="student episodes per round (default 5)")
     p.add_argument("--max-steps", type=int, default=None, help="cap each student episode (env frames)")
     p.add_argument("--disturb-rate", type=float, default=0.0,
-                   help="chance per frame that a burst of one random action replaces the student's "
-                        "(DART-style disturbances; default 0: none)")
+                   help="chance per undisturbed frame that a burst of one random action replaces the "
+                        "student's, so the teacher labels recoveries (after DART; default 0: none)")
     p.add_argument("--disturb-frames", type=int, default=10, help="frames per disturbance burst (default 10)")
     train_args.add_arguments(p)   # --data, --out, --epochs, ... for each round's fine-tuning
     p.set_defaults(func=run)
