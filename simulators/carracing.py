@@ -137,6 +137,7 @@ class ActionBursts(gym.Wrapper):
                              f"got {rate} and {burst_frames}")
         self.rate, self.burst_frames, self.base_seed = rate, burst_frames, seed
         self._burst_space = copy.deepcopy(env.action_space)  # never draws from the env's own space
+        self._burst_left, self._burst_action = 0, None
         self._reseed(None)
 
     def _reseed(self, episode_seed: int | None) -> None:
@@ -144,7 +145,6 @@ class ActionBursts(gym.Wrapper):
         entropy = [self.base_seed] if episode_seed is None else [self.base_seed, episode_seed]
         self.rng = np.random.default_rng(entropy)
         self._burst_space.seed(int(self.rng.integers(2**31)))
-        self._burst_left, self._burst_action = 0, None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:
