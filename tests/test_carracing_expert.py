@@ -101,8 +101,12 @@ class _ActionLog(gym.Env):
         return np.zeros((96, 96, 3), np.uint8), 0.0, False, False, {"inner": True}
 
 
-def _drive_bursts(rate, burst_frames, steps, seed=0, action=NOOP, env=None, episode_seed=None):
-    env = env or ActionBursts(_ActionLog(), rate, burst_frames, seed=seed)
+def _bursts(rate, burst_frames, seed=0, action_space=None):
+    return ActionBursts(_ActionLog(action_space), rate, burst_frames, seed=seed)
+
+
+def _drive(env, steps, action=NOOP, episode_seed=None):
+    """One episode of ``steps`` frames: (actions the inner env executed, disturbed flags)."""
     env.reset(seed=episode_seed)
     infos = [env.step(action)[4] for _ in range(steps)]
     assert all(info["inner"] for info in infos)                  # the inner env's info is kept
@@ -110,16 +114,16 @@ def _drive_bursts(rate, burst_frames, steps, seed=0, action=NOOP, env=None, epis
 
 
 def test_action_bursts_replace_the_agents_action_for_whole_bursts():
-    executed, disturbed = _drive_bursts(rate=0.0, burst_frames=5, steps=300)
+    executed, disturbed = _drive(_bursts(0.0, 5), 300)
     assert not disturbed.any() and (executed == NOOP).all()      # rate 0: the agent drives
 
-    executed, disturbed = _drive_bursts(rate=1.0, burst_frames=4, steps=400)
+    executed, disturbed = _drive(_bursts(1.0, 4), 400)
     assert disturbed.all()
     blocks = executed.reshape(100, 4)
     assert (blocks == blocks[:, :1]).all()                       # one action held per burst
     assert set(blocks[:, 0]) == set(range(5))                    # drawn from the whole space
 
-    executed, disturbed = _drive_bursts(rate=0.1, burst_frames=5, steps=6000)
+    executed, disturbed = _drive(_bursts(0.1, 5), 6000)
     # idle frames before a burst are geometric with mean (1 - p) / p = 9, then 5 disturbed
     assert disturbed.mean() == pytest.approx(5 / 14, abs=0.02)
     assert (executed[~disturbed] == NOOP).all()
@@ -127,17 +131,17 @@ def test_action_bursts_replace_the_agents_action_for_whole_bursts():
     runs = edges[1::2] - edges[::2]                               # back-to-back bursts make longer runs
     assert (runs[:-1] % 5 == 0).all() and len(runs) > 300
 
-    again, _ = _drive_bursts(rate=0.1, burst_frames=5, steps=6000)
-    other, _ = _drive_bursts(rate=0.1, burst_frames=5, steps=6000, seed=1)
+    again, _ = _drive(_bursts(0.1, 5), 6000)
+    other, _ = _drive(_bursts(0.1, 5, seed=1), 6000)
     assert np.array_equal(again, executed) and not np.array_equal(other, executed)
 
 
 def test_action_bursts_are_reproducible_per_episode_and_leave_the_envs_space_alone():
-    env = ActionBursts(_ActionLog(), rate=0.2, burst_frames=3, seed=4)
+    env = _bursts(0.2, 3, seed=4)
     env.unwrapped.action_space.seed(123)
-    _drive_bursts(0.2, 3, 137, env=env, episode_seed=5)          # an earlier episode of some length
-    later, _ = _drive_bursts(0.2, 3, 200, env=env, episode_seed=7)
-    alone, _ = _drive_bursts(0.2, 3, 200, seed=4, episode_seed=7)
+    _drive(env, 137, episode_seed=5)                             # an earlier episode of some length
+    later, _ = _drive(env, 200, episode_seed=7)
+    alone, _ = _drive(_bursts(0.2, 3, seed=4), 200, episode_seed=7)
     assert np.array_equal(later, alone)
     assert env.unwrapped.reset_seeds == [5, 7]                    # the seed reaches the env
     fresh = gym.spaces.Discrete(5, seed=123)
@@ -146,13 +150,12 @@ def test_action_bursts_are_reproducible_per_episode_and_leave_the_envs_space_alo
 
 def test_action_bursts_in_a_continuous_space_and_bad_arguments():
     box = gym.spaces.Box(np.array([-1, 0, 0], np.float32), np.array([1, 1, 1], np.float32))
-    executed, disturbed = _drive_bursts(1.0, 2, 40, env=ActionBursts(_ActionLog(box), 1.0, 2),
-                                        action=np.zeros(3, np.float32))
+    executed, disturbed = _drive(_bursts(1.0, 2, action_space=box), 40, action=np.zeros(3, np.float32))
     assert disturbed.all() and executed.shape == (40, 3)
     assert ((executed >= box.low) & (executed <= box.high)).all()
     assert np.array_equal(executed[0::2], executed[1::2]) and len(np.unique(executed[:, 0])) == 20
 
-    env = ActionBursts(_ActionLog(), rate=1.0, burst_frames=1000)
+    env = _bursts(1.0, 1000)
     env.reset()
     env.step(NOOP)
     env.rate = 0.0

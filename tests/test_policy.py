@@ -140,7 +140,7 @@ def test_frame_model_answers_like_the_next_step():
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
 def test_encoders_convolve_channels_last_whatever_the_input_layout(encoder):
     """NCHW and HWC-permuted frames give the same features, both through channels-last convs
-    (the fast layout on CPU: benchmarks/policy_speed.py)."""
+    (the fast layout on CPU: BENCHMARKS.md section 2)."""
     torch.manual_seed(0)
     model = ENCODERS[encoder]()
     layouts = []
