@@ -134,21 +134,15 @@ def train(args: TrainArgs) -> Path:
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
         gamma=args.gamma, gae_lambda=args.gae_lambda, clip_range=args.clip_range,
         ent_coef=args.ent_coef,
-        policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units])),
+        policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units]),
+                           **({"log_std_init": args.log_std_init} if args.continuous else {})),
         tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0,
     )
     # Saved into the zip's JSON `data`, so every reader acts at the rate the expert was trained at.
     model.action_repeat = args.action_repeat
     if args.init_from:
-        start, continuous, _ = load_policy(args.init_from)
-        if continuous != args.continuous:
-            raise ValueError(f"init_from: {args.init_from} has {'continuous' if continuous else 'discrete'} "
-                             f"actions, this run {'continuous' if args.continuous else 'discrete'} ones")
-        try:
-            model.policy.load_state_dict(start.state_dict())
-        except RuntimeError as exc:
-            raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
-                             f"(--frame-stack, --head-units): {exc}") from exc
+        _start_from(model.policy, args, venv)
+        model.save(run_dir / "init_model.zip")
     agent_steps = args.total_frames // args.action_repeat
     eval_freq = max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
     callback = FixedSeedEval(
@@ -162,6 +156,31 @@ def train(args: TrainArgs) -> Path:
     eval_env.close()
     best = run_dir / "best_model.zip"
     return best if best.exists() else run_dir / "final_model.zip"
+
+
+def _start_from(policy, args: TrainArgs, venv) -> None:
+    """Load ``args.init_from`` into ``policy``. A discrete expert can start a continuous
+    run: its behaviour is carried over (see :mod:`nac_drive.agents.discrete_to_continuous`)
+    and the fit is printed."""
+    start, continuous, _ = load_policy(args.init_from)
+    if continuous and not args.continuous:
+        raise ValueError(f"init_from: {args.init_from} has continuous actions; a discrete run "
+                         "can only start from a discrete expert")
+    try:
+        if continuous == args.continuous:
+            policy.load_state_dict(start.state_dict())
+            return
+        from nac_drive.agents.discrete_to_continuous import (
+            collect_states, copy_shared_weights, fit_mean_head)
+
+        copy_shared_weights(start, policy)
+    except RuntimeError as exc:
+        raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
+                         f"(--frame-stack, --head-units): {exc}") from exc
+    states = collect_states(start, venv, args.transfer_steps)
+    r2 = fit_mean_head(start, policy, states)
+    print(f"init_from: continuous head fitted to the discrete expert on {len(states)} states, "
+          f"R^2 {r2:.3f}")
 
 
 def export_for_shipping(src: str | Path, dst: str | Path) -> Path:

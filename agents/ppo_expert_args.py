@@ -38,7 +38,13 @@ class TrainArgs:
     negative_patience: int = arg(
         25, "training-only truncation after this many agent steps of negative reward")
     init_from: str = arg("", "start from this expert zip's policy weights (fine-tuning: e.g. a lower "
-                             "--learning-rate on new --seed tracks); read without unpickling")
+                             "--learning-rate on new --seed tracks); read without unpickling. A "
+                             "discrete zip can start a --continuous run (its behaviour is carried over)")
+    transfer_steps: int = arg(
+        500, "discrete --init-from into a --continuous run: agent steps per worker driven by the "
+             "discrete expert to fit the continuous action head on")
+    log_std_init: float = arg(
+        0.0, "continuous runs: initial log standard deviation of the Gaussian policy (SB3's default 0)")
     eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames")
     eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)")
     eval_seed: int = arg(EXPERT_TRAIN_SEED_BASE + 50_000,

@@ -452,6 +452,69 @@ def test_expert_training_starts_from_init_from(tmp_path):
         train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 
 
+def test_each_discrete_action_is_its_continuous_row():
+    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS
+
+    def hull_path(continuous, actions):
+        env = make_carracing(continuous=continuous)
+        env.reset(seed=EXPERT_TRAIN_SEED_BASE)
+        path = []
+        for action in actions:
+            env.step(action)
+            hull = env.unwrapped.car.hull
+            path.append([*hull.position, hull.angle, *hull.linearVelocity])
+        env.close()
+        return np.array(path)
+
+    # gas first so that steering and braking act on a moving car; 0.6 in float32 differs by 2e-8
+    plan = [3] * 40 + [1] * 10 + [3] * 5 + [2] * 10 + [4] * 5 + [0] * 5
+    discrete = hull_path(False, plan)
+    assert np.ptp(discrete[:, 2]) > 0.05  # the car really turned
+    np.testing.assert_allclose(hull_path(True, DISCRETE_AS_CONTINUOUS[plan]), discrete, atol=1e-4)
+
+
+def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
+    import torch
+
+    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS, collect_states
+    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.ppo_expert_args import TrainArgs
+
+    tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
+                eval_every_frames=10**9, progress_bar=False, continuous=True, learning_rate=0.0)
+    zip_path = train(TrainArgs(run_name="c", init_from=str(shipped_expert_path()), transfer_steps=300,
+                               log_std_init=-1.5, **tiny))
+    continuous, is_continuous, _ = load_policy(zip_path)
+    discrete, _, _ = load_policy(shipped_expert_path())
+    assert is_continuous
+    shared = discrete.state_dict()
+    for name, tensor in continuous.state_dict().items():
+        if name.startswith("action_net") or name == "log_std":
+            continue
+        assert torch.equal(tensor, shared[name]), name
+    assert torch.allclose(continuous.log_std, torch.full((3,), -1.5))
+
+    # On states the head was not fitted on, its mean is the discrete policy's expected action.
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecTransposeImage
+
+    from nac_drive.agents.ppo_expert import _make_train_env
+
+    venv = DummyVecEnv([_make_train_env(True, 4, None, True)])
+    venv.seed(EVAL_SEED_BASE)
+    states = torch.as_tensor(collect_states(discrete, VecTransposeImage(VecFrameStack(
+        venv, 2, channels_order="last")), 60))
+    with torch.no_grad():
+        expected = discrete.get_distribution(states).distribution.probs @ torch.as_tensor(DISCRETE_AS_CONTINUOUS)
+        mean = continuous.get_distribution(states).get_actions(deterministic=True)
+    assert (mean - expected).abs().mean() < 0.03
+    assert expected[:, 0].std() > 0.1  # the states ask for both steering directions and more
+
+    with pytest.raises(ValueError, match="continuous actions"):
+        train(TrainArgs(**{**tiny, "continuous": False}, run_name="bad", init_from=str(zip_path)))
+    fresh = train(TrainArgs(run_name="fresh", **tiny))  # no --init-from: SB3's own initialisation
+    assert not torch.allclose(load_policy(fresh)[0].action_net.weight, continuous.action_net.weight)
+
+
 def test_cli_dagger_refuses_a_bad_disturb_rate_before_driving(tmp_path, capsys):
     from nac_drive.agents.driver import shipped_policy_path
     from nac_drive.cli import main

@@ -1,0 +1,78 @@
+"""Start a continuous-action PPO expert from a discrete one.
+
+The discrete CarRacing car can only press gas at 0.2 and cannot steer and accelerate at
+once, so a discrete expert runs out of frames before the lap on many tracks. A
+continuous one can do better, but learning it from scratch costs far more frames than
+fine-tuning. This module gives a continuous policy the discrete expert's behaviour:
+
+1. every weight the two networks share (the CNN, the policy and value MLPs, the value
+   head) is copied;
+2. the Gaussian mean head, the only new layer, is fitted by least squares so that on
+   states the discrete expert visits, its mean is the expected continuous action of the
+   discrete policy, ``sum_i p_i(obs) * DISCRETE_AS_CONTINUOUS[i]``.
+
+PPO then fine-tunes the result as usual.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# gymnasium's CarRacing: discrete actions call steer(-0.6 | +0.6), gas(0.2), brake(0.8);
+# continuous ones call steer(-a[0]), gas(a[1]), brake(a[2]). So discrete action i is the
+# continuous action in row i.
+DISCRETE_AS_CONTINUOUS = np.array([
+    [0.0, 0.0, 0.0],   # 0 no-op
+    [0.6, 0.0, 0.0],   # 1 steer right
+    [-0.6, 0.0, 0.0],  # 2 steer left
+    [0.0, 0.2, 0.0],   # 3 gas
+    [0.0, 0.0, 0.8],   # 4 brake
+], np.float32)
+
+
+def copy_shared_weights(discrete, continuous) -> list[str]:
+    """Copy every tensor of ``discrete`` whose name and shape ``continuous`` also has.
+
+    Returns the names of ``continuous``'s tensors left untouched (its action head)."""
+    source = discrete.state_dict()
+    target = continuous.state_dict()
+    kept = [name for name, tensor in target.items()
+            if name not in source or source[name].shape != tensor.shape]
+    continuous.load_state_dict({**target, **{n: t for n, t in source.items() if n not in kept}})
+    return kept
+
+
+def collect_states(discrete, venv, steps_per_env: int) -> np.ndarray:
+    """Drive ``venv`` (continuous actions) with the discrete policy's deterministic choices.
+
+    Returns the observations it saw, ``uint8 [steps_per_env * n_envs, stack, 64, 64]``."""
+    obs = venv.reset()
+    seen = []
+    for _ in range(steps_per_env):
+        seen.append(obs)
+        with torch.no_grad():
+            choice = discrete.get_distribution(torch.as_tensor(obs)).get_actions(deterministic=True)
+        obs, _, _, _ = venv.step(DISCRETE_AS_CONTINUOUS[choice.numpy()])
+    return np.concatenate(seen)
+
+
+def fit_mean_head(discrete, continuous, states: np.ndarray, ridge: float = 1e-3) -> float:
+    """Fit ``continuous.action_net`` to the discrete policy's expected continuous action.
+
+    ``states``: ``uint8 [N, stack, 64, 64]``. Both policies must share their feature
+    extractor and policy MLP (see :func:`copy_shared_weights`). Returns the fit's R^2.
+    """
+    with torch.no_grad():
+        x = torch.as_tensor(states)
+        probs = discrete.get_distribution(x).distribution.probs              # [N, 5]
+        target = probs @ torch.as_tensor(DISCRETE_AS_CONTINUOUS)              # [N, 3]
+        latent = continuous.mlp_extractor.forward_actor(continuous.extract_features(x))
+        design = torch.cat([latent, torch.ones(len(latent), 1)], dim=1).double()  # [N, 257]
+        gram = design.T @ design + ridge * len(design) * torch.eye(design.shape[1], dtype=torch.float64)
+        solution = torch.linalg.solve(gram, design.T @ target.double())         # [257, 3]
+        head = continuous.action_net
+        head.weight.copy_(solution[:-1].T.float())
+        head.bias.copy_(solution[-1].float())
+        residual = target - head(latent)
+        return float(1.0 - residual.pow(2).sum() / (target - target.mean(0)).pow(2).sum())
