@@ -166,17 +166,19 @@ def _start_from(policy, args: TrainArgs, venv) -> None:
     if continuous and not args.continuous:
         raise ValueError(f"init_from: {args.init_from} has continuous actions; a discrete run "
                          "can only start from a discrete expert")
-    try:
-        if continuous == args.continuous:
+    misfit = f"init_from: {args.init_from} does not fit this run's network (--frame-stack, --head-units)"
+    if continuous == args.continuous:
+        try:
             policy.load_state_dict(start.state_dict())
-            return
-        from nac_drive.agents.discrete_to_continuous import (
-            collect_states, copy_shared_weights, fit_mean_head)
+        except RuntimeError as exc:
+            raise ValueError(f"{misfit}: {exc}") from exc
+        return
+    from nac_drive.agents.discrete_to_continuous import (
+        collect_states, copy_shared_weights, fit_mean_head)
 
-        copy_shared_weights(start, policy)
-    except RuntimeError as exc:
-        raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
-                         f"(--frame-stack, --head-units): {exc}") from exc
+    fresh = copy_shared_weights(start, policy)
+    if set(fresh) != {"action_net.weight", "action_net.bias", "log_std"}:
+        raise ValueError(f"{misfit}: {', '.join(fresh)} differ")
     states = collect_states(start, venv, args.transfer_steps)
     r2 = fit_mean_head(start, policy, states)
     print(f"init_from: continuous head fitted to the discrete expert on {len(states)} states, "

@@ -511,6 +511,8 @@ def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
 
     with pytest.raises(ValueError, match="continuous actions"):
         train(TrainArgs(**{**tiny, "continuous": False}, run_name="bad", init_from=str(zip_path)))
+    with pytest.raises(ValueError, match="does not fit"):
+        train(TrainArgs(**tiny, run_name="small", init_from=str(shipped_expert_path()), head_units=32))
     fresh = train(TrainArgs(run_name="fresh", **tiny))  # no --init-from: SB3's own initialisation
     assert not torch.allclose(load_policy(fresh)[0].action_net.weight, continuous.action_net.weight)
 
