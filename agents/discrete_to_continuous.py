@@ -31,16 +31,16 @@ DISCRETE_AS_CONTINUOUS = np.array([
 ], np.float32)
 
 
-def copy_shared_weights(discrete, continuous) -> list[str]:
-    """Copy every tensor of ``discrete`` whose name and shape ``continuous`` also has.
+# The tensors of SB3's continuous actor-critic that a discrete one lacks or shapes otherwise.
+ACTION_HEAD = ("action_net.weight", "action_net.bias", "log_std")
 
-    Returns the names of ``continuous``'s tensors left untouched (its action head)."""
-    source = discrete.state_dict()
-    target = continuous.state_dict()
-    kept = [name for name, tensor in target.items()
-            if name not in source or source[name].shape != tensor.shape]
-    continuous.load_state_dict({**target, **{n: t for n, t in source.items() if n not in kept}})
-    return kept
+
+def copy_shared_weights(discrete, continuous) -> None:
+    """Copy every tensor of ``discrete`` into ``continuous`` except the :data:`ACTION_HEAD`.
+
+    Raises torch's ``RuntimeError`` (naming the tensors) if the networks differ elsewhere."""
+    shared = {name: t for name, t in discrete.state_dict().items() if name not in ACTION_HEAD}
+    continuous.load_state_dict({**continuous.state_dict(), **shared})
 
 
 def collect_states(discrete, venv, steps_per_env: int) -> np.ndarray:

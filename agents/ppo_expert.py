@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import EvalCallback
 
-from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, TrainArgs
+from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_STACK, TrainArgs
 from nac_drive.simulators.carracing import ActionRepeat, make_carracing
 
 FRAME_SIZE = 64
@@ -98,12 +98,33 @@ def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
     return thunk
 
 
+def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_REPEAT,
+                 frame_stack: int = FRAME_STACK, patience: int | None = None, skip_render: bool = True,
+                 reward_gamma: float | None = None):
+    """CarRacing as the expert sees it, an SB3 VecEnv of observations
+    ``uint8 [n_envs, frame_stack, 64, 64]``.
+
+    ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
+    as the env gives them (evaluation). Both kinds have the same wrappers, so PPO's
+    evaluation callback accepts them as one env type.
+    """
+    from stable_baselines3.common.vec_env import (
+        DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
+
+    fns = [_make_train_env(continuous, action_repeat, patience, skip_render) for _ in range(n_envs)]
+    venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
+    venv = VecFrameStack(venv, frame_stack, channels_order="last")
+    if reward_gamma is None:
+        venv = VecNormalize(venv, training=False, norm_obs=False, norm_reward=False)
+    else:
+        venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=reward_gamma)
+    return VecTransposeImage(venv)  # explicit, so that both kinds are wrapped identically
+
+
 def train(args: TrainArgs) -> Path:
     """Train a PPO expert; returns the path of the best checkpoint's zip."""
     import torch
     from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import (
-        DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
 
     torch.set_num_threads(1)
     kind = "continuous" if args.continuous else "discrete"
@@ -113,19 +134,12 @@ def train(args: TrainArgs) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2))
 
-    train_fns = [_make_train_env(args.continuous, args.action_repeat, args.negative_patience,
-                                 args.skip_render) for _ in range(args.n_envs)]
-    venv = SubprocVecEnv(train_fns) if args.n_envs > 1 else DummyVecEnv(train_fns)
+    view = dict(continuous=args.continuous, action_repeat=args.action_repeat,
+                frame_stack=args.frame_stack, skip_render=args.skip_render)
+    venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
+                        **view)
     venv.seed(args.seed)
-    venv = VecFrameStack(venv, args.frame_stack, channels_order="last")
-    venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
-    venv = VecTransposeImage(venv)  # explicit, so the eval env can be wrapped identically
-
-    eval_env = DummyVecEnv([_make_train_env(args.continuous, args.action_repeat, None,
-                                            args.skip_render)])
-    eval_env = VecFrameStack(eval_env, args.frame_stack, channels_order="last")
-    eval_env = VecNormalize(eval_env, training=False, norm_obs=False, norm_reward=False)
-    eval_env = VecTransposeImage(eval_env)
+    eval_env = make_vec_env(**view)
 
     lr0 = args.learning_rate
     model = PPO(
@@ -166,19 +180,17 @@ def _start_from(policy, args: TrainArgs, venv) -> None:
     if continuous and not args.continuous:
         raise ValueError(f"init_from: {args.init_from} has continuous actions; a discrete run "
                          "can only start from a discrete expert")
-    misfit = f"init_from: {args.init_from} does not fit this run's network (--frame-stack, --head-units)"
-    if continuous == args.continuous:
-        try:
-            policy.load_state_dict(start.state_dict())
-        except RuntimeError as exc:
-            raise ValueError(f"{misfit}: {exc}") from exc
-        return
     from nac_drive.agents.discrete_to_continuous import (
         collect_states, copy_shared_weights, fit_mean_head)
 
-    fresh = copy_shared_weights(start, policy)
-    if set(fresh) != {"action_net.weight", "action_net.bias", "log_std"}:
-        raise ValueError(f"{misfit}: {', '.join(fresh)} differ")
+    try:
+        if continuous == args.continuous:
+            policy.load_state_dict(start.state_dict())
+            return
+        copy_shared_weights(start, policy)
+    except RuntimeError as exc:
+        raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
+                         f"(--frame-stack, --head-units): {exc}") from exc
     states = collect_states(start, venv, args.transfer_steps)
     r2 = fit_mean_head(start, policy, states)
     print(f"init_from: continuous head fitted to the discrete expert on {len(states)} states, "

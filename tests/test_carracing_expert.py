@@ -305,13 +305,11 @@ def test_expert_repeats_actions_and_stacks_frames(expert, monkeypatch):
 def test_expert_matches_sb3_on_the_training_env(expert):
     """The adapter on the raw env picks the actions SB3 picks on the training wrappers."""
     from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecTransposeImage
 
-    from nac_drive.agents.ppo_expert import _NO_SCHEDULES, _make_train_env
+    from nac_drive.agents.ppo_expert import _NO_SCHEDULES, make_vec_env
 
     model = PPO.load(expert.path, device="cpu", custom_objects=_NO_SCHEDULES)
-    venv = VecTransposeImage(VecFrameStack(
-        DummyVecEnv([_make_train_env(False, 4, None, True)]), 2, channels_order="last"))
+    venv = make_vec_env(continuous=False)
     venv.seed(900_003)
     vec_obs = venv.reset()
     raw = make_carracing()
@@ -476,8 +474,8 @@ def test_each_discrete_action_is_its_continuous_row():
 def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
     import torch
 
-    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS, collect_states
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.discrete_to_continuous import ACTION_HEAD, DISCRETE_AS_CONTINUOUS, collect_states
+    from nac_drive.agents.ppo_expert import make_vec_env, train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
@@ -489,20 +487,15 @@ def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
     assert is_continuous
     shared = discrete.state_dict()
     for name, tensor in continuous.state_dict().items():
-        if name.startswith("action_net") or name == "log_std":
+        if name in ACTION_HEAD:
             continue
         assert torch.equal(tensor, shared[name]), name
     assert torch.allclose(continuous.log_std, torch.full((3,), -1.5))
 
     # On states the head was not fitted on, its mean is the discrete policy's expected action.
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecTransposeImage
-
-    from nac_drive.agents.ppo_expert import _make_train_env
-
-    venv = DummyVecEnv([_make_train_env(True, 4, None, True)])
+    venv = make_vec_env(continuous=True)
     venv.seed(EVAL_SEED_BASE)
-    states = torch.as_tensor(collect_states(discrete, VecTransposeImage(VecFrameStack(
-        venv, 2, channels_order="last")), 60))
+    states = torch.as_tensor(collect_states(discrete, venv, 60))
     with torch.no_grad():
         expected = discrete.get_distribution(states).distribution.probs @ torch.as_tensor(DISCRETE_AS_CONTINUOUS)
         mean = continuous.get_distribution(states).get_actions(deterministic=True)
