@@ -9,9 +9,13 @@ fine-tuning. This module gives a continuous policy the discrete expert's behavio
    head) is copied;
 2. the Gaussian mean head, the only new layer, is fitted by least squares so that on
    states the discrete expert visits, its mean is the expected continuous action of the
-   discrete policy, ``sum_i p_i(obs) * DISCRETE_AS_CONTINUOUS[i]``.
+   discrete policy, ``sum_i p_i(obs) * fit_targets(released_brake)[i]``.
 
-PPO then fine-tunes the result as usual.
+PPO then fine-tunes the result as usual. Its rollouts add Gaussian noise to the mean, and
+the env clips the brake to [0, 1] and brakes at any value above 0: with the brake's mean
+at 0 half of all steps would brake. So the fit can put "brake released" at a negative
+value (``released_brake``), far enough below 0 that the noise does not reach it; the
+mean then brakes only where the discrete expert mostly would.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ DISCRETE_AS_CONTINUOUS = np.array([
     [0.0, 0.2, 0.0],   # 3 gas
     [0.0, 0.0, 0.8],   # 4 brake
 ], np.float32)
+
+
+def fit_targets(released_brake: float = 0.0) -> np.ndarray:
+    """:data:`DISCRETE_AS_CONTINUOUS` with brake ``released_brake`` (<= 0) in the rows that
+    do not brake; the env clips it to 0, so each row still drives as its discrete action."""
+    if released_brake > 0:
+        raise ValueError(f"released_brake must be <= 0 (the env brakes above 0), got {released_brake}")
+    targets = DISCRETE_AS_CONTINUOUS.copy()
+    targets[targets[:, 2] == 0, 2] = released_brake
+    return targets
 
 
 # The tensors of SB3's continuous actor-critic that a discrete one lacks or shapes otherwise.
@@ -57,8 +71,10 @@ def collect_states(discrete, venv, steps_per_env: int) -> np.ndarray:
     return np.concatenate(seen)
 
 
-def fit_mean_head(discrete, continuous, states: np.ndarray, ridge: float = 1e-3) -> float:
-    """Fit ``continuous.action_net`` to the discrete policy's expected continuous action.
+def fit_mean_head(discrete, continuous, states: np.ndarray, released_brake: float = 0.0,
+                  ridge: float = 1e-3) -> float:
+    """Fit ``continuous.action_net`` to the discrete policy's expected continuous action,
+    ``probs @ fit_targets(released_brake)``.
 
     ``states``: ``uint8 [N, stack, 64, 64]``. Both policies must share their feature
     extractor and policy MLP (see :func:`copy_shared_weights`). Returns the fit's R^2.
@@ -66,7 +82,7 @@ def fit_mean_head(discrete, continuous, states: np.ndarray, ridge: float = 1e-3)
     with torch.no_grad():
         x = torch.as_tensor(states)
         probs = discrete.get_distribution(x).distribution.probs              # [N, 5]
-        target = probs @ torch.as_tensor(DISCRETE_AS_CONTINUOUS)              # [N, 3]
+        target = probs @ torch.as_tensor(fit_targets(released_brake))         # [N, 3]
         latent = continuous.mlp_extractor.forward_actor(continuous.extract_features(x))
         design = torch.cat([latent, torch.ones(len(latent), 1)], dim=1).double()  # [N, 257]
         gram = design.T @ design + ridge * len(design) * torch.eye(design.shape[1], dtype=torch.float64)

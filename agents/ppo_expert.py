@@ -181,7 +181,9 @@ def _start_from(policy, args: TrainArgs, venv) -> None:
         raise ValueError(f"init_from: {args.init_from} has continuous actions; a discrete run "
                          "can only start from a discrete expert")
     from nac_drive.agents.discrete_to_continuous import (
-        collect_states, copy_shared_weights, fit_mean_head)
+        collect_states, copy_shared_weights, fit_mean_head, fit_targets)
+
+    fit_targets(args.released_brake)  # refuses a bad value before any driving
 
     try:
         if continuous == args.continuous:
@@ -192,7 +194,7 @@ def _start_from(policy, args: TrainArgs, venv) -> None:
         raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
                          f"(--frame-stack, --head-units): {exc}") from exc
     states = collect_states(start, venv, args.transfer_steps)
-    r2 = fit_mean_head(start, policy, states)
+    r2 = fit_mean_head(start, policy, states, released_brake=args.released_brake)
     print(f"init_from: continuous head fitted to the discrete expert on {len(states)} states, "
           f"R^2 {r2:.3f}")
 

@@ -43,6 +43,9 @@ class TrainArgs:
     transfer_steps: int = arg(
         500, "discrete --init-from into a --continuous run: agent steps per worker driven by the "
              "discrete expert to fit the continuous action head on")
+    released_brake: float = arg(
+        -1.0, "discrete --init-from into a --continuous run: the brake value the fitted head gives "
+              "for 'not braking' (<= 0; below 0 keeps PPO's exploration noise off the brake)")
     log_std_init: float = arg(
         0.0, "continuous runs: initial log standard deviation of the Gaussian policy (SB3's default 0)")
     eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames")

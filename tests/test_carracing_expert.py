@@ -471,10 +471,20 @@ def test_each_discrete_action_is_its_continuous_row():
     np.testing.assert_allclose(hull_path(True, DISCRETE_AS_CONTINUOUS[plan]), discrete, atol=1e-4)
 
 
+def test_released_brake_targets_drive_as_the_discrete_actions():
+    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS, fit_targets
+
+    targets = fit_targets(-1.0)
+    np.testing.assert_array_equal(targets[:4, 2], -1.0)   # no-op, steering and gas release the brake
+    np.testing.assert_array_equal(np.clip(targets, [-1, 0, 0], [1, 1, 1]), DISCRETE_AS_CONTINUOUS)
+    with pytest.raises(ValueError, match="released_brake must be <= 0"):
+        fit_targets(0.5)
+
+
 def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
     import torch
 
-    from nac_drive.agents.discrete_to_continuous import ACTION_HEAD, DISCRETE_AS_CONTINUOUS, collect_states
+    from nac_drive.agents.discrete_to_continuous import ACTION_HEAD, collect_states, fit_targets
     from nac_drive.agents.ppo_expert import make_vec_env, train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
@@ -497,15 +507,22 @@ def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
     venv.seed(EVAL_SEED_BASE)
     states = torch.as_tensor(collect_states(discrete, venv, 60))
     with torch.no_grad():
-        expected = discrete.get_distribution(states).distribution.probs @ torch.as_tensor(DISCRETE_AS_CONTINUOUS)
+        probs = discrete.get_distribution(states).distribution.probs
+        expected = probs @ torch.as_tensor(fit_targets(TrainArgs().released_brake))
         mean = continuous.get_distribution(states).get_actions(deterministic=True)
+        sampled = continuous.get_distribution(states).get_actions(deterministic=False)
     assert (mean - expected).abs().mean() < 0.03
     assert expected[:, 0].std() > 0.1  # the states ask for both steering directions and more
+    # PPO's exploration noise (std 0.22 here) does not press the brake where the expert would not
+    rarely_brakes = probs[:, 4] < 0.1
+    assert rarely_brakes.sum() > 30 and (sampled[rarely_brakes, 2] > 0).float().mean() < 0.01
 
     with pytest.raises(ValueError, match="continuous actions"):
         train(TrainArgs(**{**tiny, "continuous": False}, run_name="bad", init_from=str(zip_path)))
     with pytest.raises(ValueError, match="does not fit"):
         train(TrainArgs(**tiny, run_name="small", init_from=str(shipped_expert_path()), head_units=32))
+    with pytest.raises(ValueError, match="released_brake must be <= 0"):
+        train(TrainArgs(**tiny, run_name="brake", init_from=str(shipped_expert_path()), released_brake=0.5))
     fresh = train(TrainArgs(run_name="fresh", **tiny))  # no --init-from: SB3's own initialisation
     assert not torch.allclose(load_policy(fresh)[0].action_net.weight, continuous.action_net.weight)
 
