@@ -24,7 +24,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.callbacks import EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
 from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_STACK, TrainArgs
 from nac_drive.simulators.carracing import ActionRepeat, make_carracing
@@ -162,7 +162,9 @@ def train(args: TrainArgs) -> Path:
     callback = FixedSeedEval(
         eval_env, seed=args.eval_seed, n_eval_episodes=args.eval_episodes,
         eval_freq=eval_freq, best_model_save_path=str(run_dir), log_path=str(run_dir / "eval"),
-        deterministic=True, verbose=1)
+        deterministic=True, verbose=1,
+        callback_after_eval=KeepEvaluated(run_dir / "evaluated", args.action_repeat)
+        if args.keep_evaluated else None)
     model.learn(agent_steps, callback=callback, tb_log_name=run_name,
                 progress_bar=args.progress_bar)
     model.save(run_dir / "final_model.zip")
@@ -344,3 +346,22 @@ class FixedSeedEval(EvalCallback):
         if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
             self.eval_env.seed(self.seed)
         return super()._on_step()
+
+
+class KeepEvaluated(BaseCallback):
+    """Run after each evaluation: keeps the evaluated policy as ``folder/frames_<env frames>.zip``.
+
+    The evaluation tracks are few and returns vary a lot between tracks, so its best
+    checkpoint is a noisy pick; kept checkpoints can be compared later on more tracks.
+    """
+
+    def __init__(self, folder: Path, action_repeat: int):
+        super().__init__()
+        self.folder = Path(folder)
+        self.action_repeat = action_repeat
+
+    def _on_step(self) -> bool:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        frames = self.num_timesteps * self.action_repeat  # num_timesteps counts agent steps of all workers
+        self.model.save(self.folder / f"frames_{frames}.zip")
+        return True

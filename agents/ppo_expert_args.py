@@ -49,6 +49,8 @@ class TrainArgs:
     log_std_init: float = arg(
         0.0, "continuous runs: initial log standard deviation of the Gaussian policy (SB3's default 0)")
     eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames")
+    keep_evaluated: bool = arg(
+        True, "keep every evaluated checkpoint as evaluated/frames_<N>.zip (to compare on more tracks later)")
     eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)")
     eval_seed: int = arg(EXPERT_TRAIN_SEED_BASE + 50_000,
                           "seed of the validation tracks (inside the training seed range)")

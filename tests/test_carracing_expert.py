@@ -440,7 +440,14 @@ def test_expert_training_starts_from_init_from(tmp_path):
     shipped, _, _ = load_policy(shipped_expert_path())
     for name, tensor in shipped.state_dict().items():
         assert torch.equal(trained.state_dict()[name], tensor), name
-    fresh_zip = train(TrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2, **tiny))
+    # evaluated every 16 frames (8 agent steps at repeat 2): both checkpoints are kept
+    fresh_zip = train(TrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2,
+                                **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
+    kept = sorted(p.name for p in (tmp_path / "fresh" / "evaluated").iterdir())
+    assert kept == ["frames_16.zip", "frames_32.zip"] and fresh_zip.name == "best_model.zip"
+    assert torch.equal(load_policy(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
+                       load_policy(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
+    assert not (tmp_path / "ft" / "evaluated").exists()   # never evaluated
     fresh, _, fresh_repeat = load_policy(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
