@@ -27,6 +27,7 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
 from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_STACK, TrainArgs
+from nac_drive.atomic import atomic_write
 from nac_drive.simulators.carracing import ActionRepeat, make_carracing
 
 FRAME_SIZE = 64
@@ -121,8 +122,11 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
     return VecTransposeImage(venv)  # explicit, so that both kinds are wrapped identically
 
 
-def train(args: TrainArgs) -> Path:
-    """Train a PPO expert; returns the path of the best checkpoint's zip."""
+def train(args: TrainArgs, resume: bool = False) -> Path:
+    """Train a PPO expert; returns the path of the best checkpoint's zip.
+
+    ``resume``: continue the run ``args.out/args.run_name`` from its last kept checkpoint
+    (see :func:`resume`) instead of starting one."""
     import torch
     from stable_baselines3 import PPO
 
@@ -131,14 +135,14 @@ def train(args: TrainArgs) -> Path:
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(args.out) / run_name
+    start = _last_kept(run_dir / "evaluated") if resume else None
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2))
+    atomic_write(run_dir / "args.json", lambda tmp: Path(tmp).write_text(json.dumps(asdict(args), indent=2)))
 
     view = dict(continuous=args.continuous, action_repeat=args.action_repeat,
                 frame_stack=args.frame_stack, skip_render=args.skip_render)
     venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
                         **view)
-    venv.seed(args.seed)
     eval_env = make_vec_env(**view)
 
     lr0 = args.learning_rate
@@ -154,24 +158,82 @@ def train(args: TrainArgs) -> Path:
     )
     # Saved into the zip's JSON `data`, so every reader acts at the rate the expert was trained at.
     model.action_repeat = args.action_repeat
-    if args.init_from:
-        _start_from(model.policy, args, venv)
-        model.save(run_dir / "init_model.zip")
-    agent_steps = args.total_frames // args.action_repeat
     eval_freq = max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
     callback = FixedSeedEval(
         eval_env, seed=args.eval_seed, n_eval_episodes=args.eval_episodes,
         eval_freq=eval_freq, best_model_save_path=str(run_dir), log_path=str(run_dir / "eval"),
         deterministic=True, verbose=1,
         callback_after_eval=KeepEvaluated(run_dir / "evaluated", args.action_repeat)
-        if args.keep_evaluated else None)
-    model.learn(agent_steps, callback=callback, tb_log_name=run_name,
-                progress_bar=args.progress_bar)
+        if args.keep_evaluated or resume else None)
+    if start is not None:
+        _restore(model, start, callback)
+    elif args.init_from:
+        _start_from(model.policy, args, venv)
+        model.save(run_dir / "init_model.zip")
+    venv.seed(args.seed + model.num_timesteps)  # a resumed run drives new tracks
+    agent_steps = args.total_frames // args.action_repeat
+    if agent_steps <= model.num_timesteps:
+        raise ValueError(f"resume: {start} is at {model.num_timesteps * args.action_repeat} frames "
+                         f"already; ask for more with --total-frames (now {args.total_frames})")
+    model.learn(agent_steps - model.num_timesteps, callback=callback, tb_log_name=run_name,
+                reset_num_timesteps=start is None, progress_bar=args.progress_bar)
     model.save(run_dir / "final_model.zip")
     venv.close()
     eval_env.close()
     best = run_dir / "best_model.zip"
     return best if best.exists() else run_dir / "final_model.zip"
+
+
+def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
+    """Continue a run killed or finished early (one session is rarely enough for millions
+    of frames) from the last checkpoint it kept at an evaluation: weights, optimizer state,
+    reward normalisation, frame count (so the learning-rate schedule goes on where it
+    was), evaluation history and best score. Every argument comes from the run's
+    ``args.json``; ``total_frames`` can raise the run's target. Returns the best zip."""
+    run_dir = Path(run_dir)
+    saved = run_dir / "args.json"
+    if not saved.is_file():
+        raise FileNotFoundError(f"resume: {saved} not found (is {run_dir} a run folder of `expert train`?)")
+    args = TrainArgs(**{**json.loads(saved.read_text()), "out": str(run_dir.parent),
+                        "run_name": run_dir.name})
+    if total_frames is not None:
+        args.total_frames = total_frames
+    return train(args, resume=True)
+
+
+def _last_kept(folder: Path) -> Path:
+    """The kept checkpoint with the most frames (kept files are written atomically)."""
+    kept = sorted(folder.glob("frames_*.zip"), key=lambda p: int(p.stem.removeprefix("frames_")))
+    if not kept:
+        raise FileNotFoundError(f"resume: no checkpoint in {folder} (a run keeps one at each evaluation)")
+    return kept[-1]
+
+
+def _restore(model, kept: Path, callback: EvalCallback) -> None:
+    """Put ``model`` and ``callback`` back in the state they were in when ``kept`` was saved."""
+    import torch
+
+    policy, _, _ = load_policy(kept)
+    try:
+        model.policy.load_state_dict(policy.state_dict())
+    except RuntimeError as exc:
+        raise ValueError(f"resume: {kept} does not fit the run's args.json: {exc}") from exc
+    with zipfile.ZipFile(kept) as zf:
+        model.num_timesteps = int(json.loads(zf.read("data"))["num_timesteps"])
+        optimizer = torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)
+    model.policy.optimizer.load_state_dict(optimizer)
+    rms = model.get_vec_normalize_env().ret_rms
+    stats = json.loads(kept.with_suffix(".reward_norm.json").read_text())
+    rms.mean, rms.var, rms.count = (np.float64(stats[k]) for k in ("mean", "var", "count"))
+    history = Path(callback.log_path).with_suffix(".npz")
+    if history.is_file():
+        with np.load(history) as log:
+            done = log["timesteps"] <= model.num_timesteps
+            callback.evaluations_timesteps = list(log["timesteps"][done])
+            callback.evaluations_results = [list(r) for r in log["results"][done]]
+            callback.evaluations_length = [list(n) for n in log["ep_lengths"][done]]
+        callback.best_mean_reward = max(float(np.mean(r)) for r in callback.evaluations_results)
+    print(f"resume: from {kept.name}, {model.num_timesteps} agent steps done")
 
 
 def _start_from(policy, args: TrainArgs, venv) -> None:
@@ -361,7 +423,13 @@ class KeepEvaluated(BaseCallback):
         self.action_repeat = action_repeat
 
     def _on_step(self) -> bool:
-        self.folder.mkdir(parents=True, exist_ok=True)
         frames = self.num_timesteps * self.action_repeat  # num_timesteps counts agent steps of all workers
-        self.model.save(self.folder / f"frames_{frames}.zip")
+        zip_path = self.folder / f"frames_{frames}.zip"
+        # With it, the reward normalisation, so that `expert resume` can go on from here. JSON
+        # rather than VecNormalize.save's pickle: loading it runs no code.
+        rms = self.model.get_vec_normalize_env().ret_rms
+        stats = {"mean": float(rms.mean), "var": float(rms.var), "count": float(rms.count)}
+        atomic_write(zip_path.with_suffix(".reward_norm.json"),
+                     lambda tmp: Path(tmp).write_text(json.dumps(stats)))
+        atomic_write(zip_path, self.model.save)  # last: a kept zip has its statistics
         return True

@@ -5,6 +5,7 @@ CarRacing steps cost ~15 ms, so every test caps its episodes with ``max_steps``.
 
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 
@@ -443,7 +444,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
     # evaluated every 16 frames (8 agent steps at repeat 2): both checkpoints are kept
     fresh_zip = train(TrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2,
                                 **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
-    kept = sorted(p.name for p in (tmp_path / "fresh" / "evaluated").iterdir())
+    kept = sorted(p.name for p in (tmp_path / "fresh" / "evaluated").glob("*.zip"))
     assert kept == ["frames_16.zip", "frames_32.zip"] and fresh_zip.name == "best_model.zip"
     assert torch.equal(load_policy(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
                        load_policy(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
@@ -455,6 +456,49 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert PPOExpert(final).action_repeat == 4
     with pytest.raises(ValueError, match="init_from"):
         train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
+
+
+def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path):
+    import torch
+
+    from nac_drive.agents.ppo_expert import resume, train
+    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.cli import main
+
+    # 32 agent steps (repeat 2) in rollouts of 8; evaluated and kept at 16 and 32 steps
+    train(TrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
+                    total_frames=64, action_repeat=2, eval_every_frames=32, eval_episodes=1,
+                    progress_bar=False))
+    kept = tmp_path / "r" / "evaluated"
+    assert sorted(p.name for p in kept.glob("*.zip")) == ["frames_32.zip", "frames_64.zip"]
+
+    def adam_steps(zip_path):
+        with zipfile.ZipFile(zip_path) as zf:
+            state = torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)["state"]
+        return {int(s["step"]) for s in state.values()}
+
+    def norm_count(frames):
+        return json.loads((kept / f"frames_{frames}.reward_norm.json").read_text())["count"]
+
+    # as if killed after the first evaluation
+    assert adam_steps(kept / "frames_32.zip") == {1}    # one update (of the first rollout) done
+    count_at_32 = norm_count(32)
+    for late in kept.glob("frames_64*"):
+        late.unlink()
+    assert main(["expert", "resume", str(tmp_path / "r")]) == 0
+
+    # the optimizer went on (fresh it would be at 2), the statistics too, and the
+    # evaluation history holds each evaluation once
+    assert adam_steps(tmp_path / "r" / "final_model.zip") == {3}
+    assert norm_count(64) > count_at_32
+    with np.load(tmp_path / "r" / "eval" / "evaluations.npz") as log:
+        assert log["timesteps"].tolist() == [16, 32]
+    with zipfile.ZipFile(tmp_path / "r" / "final_model.zip") as zf:
+        assert json.loads(zf.read("data"))["num_timesteps"] == 32
+    with pytest.raises(ValueError, match="already"):
+        resume(tmp_path / "r")                                  # the target is reached
+    with pytest.raises(FileNotFoundError, match="args.json"):
+        resume(tmp_path / "nowhere")
 
 
 def test_each_discrete_action_is_its_continuous_row():

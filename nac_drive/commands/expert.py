@@ -1,6 +1,7 @@
 """``nac-drive expert``: train a PPO expert on CarRacing, or evaluate an expert.
 
     nac-drive expert train [--continuous] [--total-frames N] [--seed S] [--out DIR] ...
+    nac-drive expert resume RUN_DIR [--total-frames N]
     nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--json]
 
 ``eval`` scores on the held-out tracks (seeds 900000, 900001, ...) by default and
@@ -32,6 +33,15 @@ def add_parser(subparsers) -> None:
                        help="also write the best checkpoint, without optimizer state, to ZIP")
     train.set_defaults(func=_train)
 
+    res = sub.add_parser("resume", help="continue a training run from its last kept checkpoint",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    res.add_argument("run_dir", help="the run's folder (with args.json and evaluated/)")
+    res.add_argument("--total-frames", type=int, default=None,
+                     help="new target of the run in env frames (default: the one it was started with)")
+    res.add_argument("--ship", metavar="ZIP", default=None,
+                     help="also write the best checkpoint, without optimizer state, to ZIP")
+    res.set_defaults(func=_resume)
+
     ev = sub.add_parser("eval", help="evaluate an expert on held-out tracks",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--expert", default=None,
@@ -51,15 +61,26 @@ def add_parser(subparsers) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nac_drive.agents.ppo_expert import export_for_shipping, train
+    from nac_drive.agents.ppo_expert import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
     from nac_drive.arguments import from_namespace
 
-    best = train(from_namespace(TrainArgs, args))
+    return _report(train(from_namespace(TrainArgs, args)), args.ship)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from nac_drive.agents.ppo_expert import resume
+
+    return _report(resume(args.run_dir, args.total_frames), args.ship)
+
+
+def _report(best, ship: str | None) -> int:
+    from nac_drive.agents.ppo_expert import export_for_shipping
+
     print(f"best checkpoint: {best}")
-    if args.ship:
-        export_for_shipping(best, args.ship)
-        print(f"shipped copy: {args.ship}")
+    if ship:
+        export_for_shipping(best, ship)
+        print(f"shipped copy: {ship}")
     return 0
 
 
