@@ -223,7 +223,11 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
         optimizer = torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)
     model.policy.optimizer.load_state_dict(optimizer)
     rms = model.get_vec_normalize_env().ret_rms
-    stats = json.loads(kept.with_suffix(".reward_norm.json").read_text())
+    stats_path = kept.with_suffix(".reward_norm.json")
+    if not stats_path.is_file():
+        raise FileNotFoundError(f"resume: {stats_path} not found: without the reward normalisation "
+                                f"{kept.name} cannot be resumed (start a run from it with --init-from)")
+    stats = json.loads(stats_path.read_text())
     rms.mean, rms.var, rms.count = (np.float64(stats[k]) for k in ("mean", "var", "count"))
     history = Path(callback.log_path).with_suffix(".npz")
     if history.is_file():
