@@ -499,6 +499,9 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path):
         resume(tmp_path / "r")                                  # the target is reached
     with pytest.raises(FileNotFoundError, match="args.json"):
         resume(tmp_path / "nowhere")
+    (kept / "frames_64.reward_norm.json").unlink()
+    with pytest.raises(FileNotFoundError, match="reward normalisation"):
+        resume(tmp_path / "r", total_frames=128)
 
 
 def test_each_discrete_action_is_its_continuous_row():
