@@ -11,11 +11,11 @@ fine-tuning. This module gives a continuous policy the discrete expert's behavio
    states the discrete expert visits, its mean is the expected continuous action of the
    discrete policy, ``sum_i p_i(obs) * fit_targets(released_brake)[i]``.
 
-PPO then fine-tunes the result as usual. Its rollouts add Gaussian noise to the mean, and
-the env clips the brake to [0, 1] and brakes at any value above 0: with the brake's mean
-at 0 half of all steps would brake. So the fit can put "brake released" at a negative
-value (``released_brake``), far enough below 0 that the noise does not reach it; the
-mean then brakes only where the discrete expert mostly would.
+PPO then fine-tunes the result as usual. Its rollouts add Gaussian noise to the mean, SB3
+clips the result to the action space (brake in [0, 1]), and the env brakes at any value
+above 0: with the brake's mean at 0, half of all steps would brake. So the fit can put
+"brake released" at a negative value (``released_brake``), far enough below 0 that the
+noise does not reach it; the mean then brakes only where the discrete expert mostly would.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ DISCRETE_AS_CONTINUOUS = np.array([
 
 def fit_targets(released_brake: float = 0.0) -> np.ndarray:
     """:data:`DISCRETE_AS_CONTINUOUS` with brake ``released_brake`` (<= 0) in the rows that
-    do not brake; the env clips it to 0, so each row still drives as its discrete action."""
-    if released_brake > 0:
+    do not brake; clipped to the action space it is 0, so each row still drives as its
+    discrete action."""
+    if not released_brake <= 0:  # NaN too
         raise ValueError(f"released_brake must be <= 0 (the env brakes above 0), got {released_brake}")
     targets = DISCRETE_AS_CONTINUOUS.copy()
     targets[targets[:, 2] == 0, 2] = released_brake

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 import zipfile
 from dataclasses import asdict
@@ -122,11 +123,11 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
     return VecTransposeImage(venv)  # explicit, so that both kinds are wrapped identically
 
 
-def train(args: TrainArgs, resume: bool = False) -> Path:
+def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     """Train a PPO expert; returns the path of the best checkpoint's zip.
 
-    ``resume``: continue the run ``args.out/args.run_name`` from its last kept checkpoint
-    (see :func:`resume`) instead of starting one."""
+    ``from_checkpoint``: a checkpoint the run ``args.out/args.run_name`` kept at an
+    evaluation, to go on from (see :func:`resume`) instead of starting."""
     import torch
     from stable_baselines3 import PPO
 
@@ -135,7 +136,6 @@ def train(args: TrainArgs, resume: bool = False) -> Path:
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(args.out) / run_name
-    start = _last_kept(run_dir / "evaluated") if resume else None
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "args.json", lambda tmp: Path(tmp).write_text(json.dumps(asdict(args), indent=2)))
 
@@ -143,6 +143,7 @@ def train(args: TrainArgs, resume: bool = False) -> Path:
                 frame_stack=args.frame_stack, skip_render=args.skip_render)
     venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
                         **view)
+    venv.seed(args.seed)
     eval_env = make_vec_env(**view)
 
     lr0 = args.learning_rate
@@ -158,25 +159,21 @@ def train(args: TrainArgs, resume: bool = False) -> Path:
     )
     # Saved into the zip's JSON `data`, so every reader acts at the rate the expert was trained at.
     model.action_repeat = args.action_repeat
-    eval_freq = max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
     callback = FixedSeedEval(
         eval_env, seed=args.eval_seed, n_eval_episodes=args.eval_episodes,
-        eval_freq=eval_freq, best_model_save_path=str(run_dir), log_path=str(run_dir / "eval"),
-        deterministic=True, verbose=1,
+        eval_freq=_eval_freq(args), log_path=str(run_dir / "eval"), deterministic=True, verbose=1,
+        callback_on_new_best=SaveAtomically(run_dir / "best_model.zip"),
         callback_after_eval=KeepEvaluated(run_dir / "evaluated", args.action_repeat)
-        if args.keep_evaluated or resume else None)
-    if start is not None:
-        _restore(model, start, callback)
+        if args.keep_evaluated or from_checkpoint else None)
+    if from_checkpoint is not None:
+        _restore(model, from_checkpoint, callback)
+        model.set_random_seed(resume_seed(args, model.num_timesteps))
     elif args.init_from:
         _start_from(model.policy, args, venv)
         model.save(run_dir / "init_model.zip")
-    venv.seed(args.seed + model.num_timesteps)  # a resumed run drives new tracks
-    agent_steps = args.total_frames // args.action_repeat
-    if agent_steps <= model.num_timesteps:
-        raise ValueError(f"resume: {start} is at {model.num_timesteps * args.action_repeat} frames "
-                         f"already; ask for more with --total-frames (now {args.total_frames})")
-    model.learn(agent_steps - model.num_timesteps, callback=callback, tb_log_name=run_name,
-                reset_num_timesteps=start is None, progress_bar=args.progress_bar)
+    model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=callback,
+                tb_log_name=run_name, reset_num_timesteps=from_checkpoint is None,
+                progress_bar=args.progress_bar)
     model.save(run_dir / "final_model.zip")
     venv.close()
     eval_env.close()
@@ -184,12 +181,20 @@ def train(args: TrainArgs, resume: bool = False) -> Path:
     return best if best.exists() else run_dir / "final_model.zip"
 
 
+def _eval_freq(args: TrainArgs) -> int:
+    """Agent steps per worker between evaluations."""
+    return max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
+
+
 def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
-    """Continue a run killed or finished early (one session is rarely enough for millions
-    of frames) from the last checkpoint it kept at an evaluation: weights, optimizer state,
-    reward normalisation, frame count (so the learning-rate schedule goes on where it
-    was), evaluation history and best score. Every argument comes from the run's
-    ``args.json``; ``total_frames`` can raise the run's target. Returns the best zip."""
+    """Continue a run that was stopped (one session is rarely enough for millions of
+    frames) from the last checkpoint it kept at an evaluation: weights, Adam state, reward
+    normalisation, frame count, evaluation history and best score. What it did after that
+    evaluation is lost, ``final_model.zip`` included.
+
+    Every argument comes from the run's ``args.json``; ``total_frames`` sets a new target
+    (written back to it). The learning rate decays linearly to 0 at the target, so it
+    goes on where it was only if the target is unchanged. Returns the best zip."""
     run_dir = Path(run_dir)
     saved = run_dir / "args.json"
     if not saved.is_file():
@@ -198,21 +203,50 @@ def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
                         "run_name": run_dir.name})
     if total_frames is not None:
         args.total_frames = total_frames
-    return train(args, resume=True)
+    kept = _last_kept(run_dir / "evaluated")
+    with zipfile.ZipFile(kept) as zf:
+        done = int(json.loads(zf.read("data"))["num_timesteps"]) * args.action_repeat
+    if done >= args.total_frames:
+        raise ValueError(f"resume: {kept} is at {done} frames, the run's target is {args.total_frames}; "
+                         "set a larger one with --total-frames")
+    return train(args, from_checkpoint=kept)
+
+
+def resume_seed(args: TrainArgs, agent_steps_done: int) -> int:
+    """Seed of a run resumed after ``agent_steps_done``: new tracks and new noise for each
+    evaluation interval, inside the training seed range and clear of the validation tracks."""
+    from nac_drive.simulators.carracing import COLLECT_SEED_BASE
+
+    interval = agent_steps_done // (_eval_freq(args) * args.n_envs)
+    seed = args.seed + args.n_envs * interval
+    if seed <= args.eval_seed < seed + args.n_envs:  # worker i is seeded with seed + i
+        seed = args.eval_seed + 1
+    if seed + args.n_envs > COLLECT_SEED_BASE:
+        raise ValueError(f"resume: seed {seed} would leave the training seed range [0, {COLLECT_SEED_BASE})")
+    return seed
+
+
+_KEPT = re.compile(r"frames_(\d+)\.zip")
 
 
 def _last_kept(folder: Path) -> Path:
     """The kept checkpoint with the most frames (kept files are written atomically)."""
-    kept = sorted(folder.glob("frames_*.zip"), key=lambda p: int(p.stem.removeprefix("frames_")))
+    kept = [(int(m.group(1)), p) for p in folder.glob("frames_*.zip") if (m := _KEPT.fullmatch(p.name))]
     if not kept:
-        raise FileNotFoundError(f"resume: no checkpoint in {folder} (a run keeps one at each evaluation)")
-    return kept[-1]
+        raise FileNotFoundError(f"resume: no kept checkpoint in {folder} (runs keep one at each "
+                                "evaluation unless started with --no-keep-evaluated)")
+    return max(kept)[1]
 
 
 def _restore(model, kept: Path, callback: EvalCallback) -> None:
     """Put ``model`` and ``callback`` back in the state they were in when ``kept`` was saved."""
     import torch
 
+    state_path = kept.with_suffix(".json")
+    if not state_path.is_file():
+        raise FileNotFoundError(f"resume: {state_path} not found: without it {kept.name} cannot be "
+                                "resumed (start a new run from it with --init-from)")
+    state = json.loads(state_path.read_text())
     policy, _, _ = load_policy(kept)
     try:
         model.policy.load_state_dict(policy.state_dict())
@@ -223,20 +257,10 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
         optimizer = torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)
     model.policy.optimizer.load_state_dict(optimizer)
     rms = model.get_vec_normalize_env().ret_rms
-    stats_path = kept.with_suffix(".reward_norm.json")
-    if not stats_path.is_file():
-        raise FileNotFoundError(f"resume: {stats_path} not found: without the reward normalisation "
-                                f"{kept.name} cannot be resumed (start a run from it with --init-from)")
-    stats = json.loads(stats_path.read_text())
-    rms.mean, rms.var, rms.count = (np.float64(stats[k]) for k in ("mean", "var", "count"))
-    history = Path(callback.log_path).with_suffix(".npz")
-    if history.is_file():
-        with np.load(history) as log:
-            done = log["timesteps"] <= model.num_timesteps
-            callback.evaluations_timesteps = list(log["timesteps"][done])
-            callback.evaluations_results = [list(r) for r in log["results"][done]]
-            callback.evaluations_length = [list(n) for n in log["ep_lengths"][done]]
-        callback.best_mean_reward = max(float(np.mean(r)) for r in callback.evaluations_results)
+    rms.mean, rms.var, rms.count = (np.float64(state["reward_norm"][k]) for k in ("mean", "var", "count"))
+    for name in ("evaluations_timesteps", "evaluations_results", "evaluations_length"):
+        setattr(callback, name, state[name])
+    callback.best_mean_reward = state["best_mean_reward"]
     print(f"resume: from {kept.name}, {model.num_timesteps} agent steps done")
 
 
@@ -414,11 +438,27 @@ class FixedSeedEval(EvalCallback):
         return super()._on_step()
 
 
-class KeepEvaluated(BaseCallback):
-    """Run after each evaluation: keeps the evaluated policy as ``folder/frames_<env frames>.zip``.
+class SaveAtomically(BaseCallback):
+    """Saves the model to ``path`` whenever it is called (by EvalCallback on a new best),
+    atomically: a run killed while saving keeps its previous best."""
 
-    The evaluation tracks are few and returns vary a lot between tracks, so its best
-    checkpoint is a noisy pick; kept checkpoints can be compared later on more tracks.
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = Path(path)
+
+    def _on_step(self) -> bool:
+        atomic_write(self.path, self.model.save)
+        return True
+
+
+class KeepEvaluated(BaseCallback):
+    """Run after each evaluation: keeps what :func:`resume` needs to go on from there.
+
+    ``folder/frames_<env frames>.zip``: the evaluated model with its Adam state (about
+    10 MB); ``folder/frames_<env frames>.json``: the reward normalisation and the
+    evaluation history. Both are written atomically, the zip last. The evaluation tracks
+    are few and returns vary a lot between tracks, so the best checkpoint is a noisy pick;
+    kept checkpoints can also be compared later on more tracks.
     """
 
     def __init__(self, folder: Path, action_repeat: int):
@@ -429,11 +469,16 @@ class KeepEvaluated(BaseCallback):
     def _on_step(self) -> bool:
         frames = self.num_timesteps * self.action_repeat  # num_timesteps counts agent steps of all workers
         zip_path = self.folder / f"frames_{frames}.zip"
-        # With it, the reward normalisation, so that `expert resume` can go on from here. JSON
-        # rather than VecNormalize.save's pickle: loading it runs no code.
+        evaluation = self.parent  # the EvalCallback that just evaluated
         rms = self.model.get_vec_normalize_env().ret_rms
-        stats = {"mean": float(rms.mean), "var": float(rms.var), "count": float(rms.count)}
-        atomic_write(zip_path.with_suffix(".reward_norm.json"),
-                     lambda tmp: Path(tmp).write_text(json.dumps(stats)))
-        atomic_write(zip_path, self.model.save)  # last: a kept zip has its statistics
+        # JSON rather than VecNormalize.save's pickle: reading it runs no code.
+        state = {
+            "reward_norm": {"mean": float(rms.mean), "var": float(rms.var), "count": float(rms.count)},
+            "evaluations_timesteps": [int(t) for t in evaluation.evaluations_timesteps],
+            "evaluations_results": [[float(r) for r in rs] for rs in evaluation.evaluations_results],
+            "evaluations_length": [[int(n) for n in ns] for ns in evaluation.evaluations_length],
+            "best_mean_reward": float(evaluation.best_mean_reward),
+        }
+        atomic_write(zip_path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(state)))
+        atomic_write(zip_path, self.model.save)  # last: a kept zip has its state beside it
         return True

@@ -458,8 +458,9 @@ def test_expert_training_starts_from_init_from(tmp_path):
         train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 
 
-def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path):
+def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeypatch):
     import torch
+    from stable_baselines3 import PPO
 
     from nac_drive.agents.ppo_expert import resume, train
     from nac_drive.agents.ppo_expert_args import TrainArgs
@@ -469,39 +470,69 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path):
     train(TrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
                     total_frames=64, action_repeat=2, eval_every_frames=32, eval_episodes=1,
                     progress_bar=False))
-    kept = tmp_path / "r" / "evaluated"
+    run, kept = tmp_path / "r", tmp_path / "r" / "evaluated"
     assert sorted(p.name for p in kept.glob("*.zip")) == ["frames_32.zip", "frames_64.zip"]
 
-    def adam_steps(zip_path):
+    def optimizer_state(zip_path):
         with zipfile.ZipFile(zip_path) as zf:
-            state = torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)["state"]
-        return {int(s["step"]) for s in state.values()}
+            return torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)["state"]
 
-    def norm_count(frames):
-        return json.loads((kept / f"frames_{frames}.reward_norm.json").read_text())["count"]
+    def state(frames):
+        return json.loads((kept / f"frames_{frames}.json").read_text())
 
-    # as if killed after the first evaluation
-    assert adam_steps(kept / "frames_32.zip") == {1}    # one update (of the first rollout) done
-    count_at_32 = norm_count(32)
-    for late in kept.glob("frames_64*"):
+    at_32 = state(32)
+    assert {int(s["step"]) for s in optimizer_state(kept / "frames_32.zip").values()} == {1}  # one update
+    assert at_32["evaluations_timesteps"] == [16] and at_32["best_mean_reward"] == np.mean(at_32["evaluations_results"][0])
+    for late in kept.glob("frames_64*"):   # as if killed after the first evaluation
         late.unlink()
-    assert main(["expert", "resume", str(tmp_path / "r")]) == 0
 
-    # the optimizer went on (fresh it would be at 2), the statistics too, and the
-    # evaluation history holds each evaluation once
-    assert adam_steps(tmp_path / "r" / "final_model.zip") == {3}
-    assert norm_count(64) > count_at_32
-    with np.load(tmp_path / "r" / "eval" / "evaluations.npz") as log:
-        assert log["timesteps"].tolist() == [16, 32]
-    with zipfile.ZipFile(tmp_path / "r" / "final_model.zip") as zf:
+    # What training goes on from: the kept weights, Adam state, step count and statistics.
+    started = {}
+
+    def record_start(model, total_timesteps, **kwargs):
+        started.update(weights=model.policy.state_dict(), steps=model.num_timesteps, todo=total_timesteps,
+                       adam=model.policy.optimizer.state_dict()["state"], count=model.get_vec_normalize_env().ret_rms.count)
+        return model
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PPO, "learn", record_start)
+        resume(run)
+    kept_policy, _, _ = load_policy(kept / "frames_32.zip")   # one Adam step from the fresh weights
+    for name, tensor in kept_policy.state_dict().items():
+        assert torch.equal(started["weights"][name], tensor), name
+    for key, value in optimizer_state(kept / "frames_32.zip").items():
+        assert torch.equal(started["adam"][key]["exp_avg"], value["exp_avg"])
+    assert started["steps"] == 16 and started["todo"] == 16 and started["count"] == at_32["reward_norm"]["count"]
+
+    assert main(["expert", "resume", str(run)]) == 0
+    # the optimizer and the statistics went on; the evaluation history holds each evaluation once
+    assert {int(s["step"]) for s in optimizer_state(run / "final_model.zip").values()} == {3}  # fresh: 2
+    assert state(64)["reward_norm"]["count"] == pytest.approx(at_32["reward_norm"]["count"] + 16)
+    assert state(64)["evaluations_timesteps"] == [16, 32]
+    with zipfile.ZipFile(run / "final_model.zip") as zf:
         assert json.loads(zf.read("data"))["num_timesteps"] == 32
-    with pytest.raises(ValueError, match="already"):
-        resume(tmp_path / "r")                                  # the target is reached
+    with pytest.raises(ValueError, match="--total-frames"):
+        resume(run)                                              # the target is reached
+    assert json.loads((run / "args.json").read_text())["total_frames"] == 64
     with pytest.raises(FileNotFoundError, match="args.json"):
         resume(tmp_path / "nowhere")
-    (kept / "frames_64.reward_norm.json").unlink()
-    with pytest.raises(FileNotFoundError, match="reward normalisation"):
-        resume(tmp_path / "r", total_frames=128)
+    (kept / "frames_64.json").unlink()
+    with pytest.raises(FileNotFoundError, match="frames_64.json"):
+        resume(run, total_frames=128)
+
+
+def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
+    from nac_drive.agents.ppo_expert import resume_seed
+    from nac_drive.agents.ppo_expert_args import TrainArgs
+
+    args = TrainArgs(seed=20, n_envs=2, action_repeat=4, eval_every_frames=200_000, eval_seed=62_000)
+    per_eval = 200_000 // 4   # agent steps of both workers between evaluations
+    seeds = [resume_seed(args, k * per_eval) for k in range(1, 200)]
+    assert seeds[:2] == [22, 24] and len(set(seeds)) == len(seeds)   # each interval its own tracks
+    near_validation = resume_seed(TrainArgs(seed=61_998, n_envs=2, eval_seed=62_000), 12_500)
+    assert near_validation == 62_001                                # workers 62001, 62002: not 62000
+    with pytest.raises(ValueError, match="training seed range"):
+        resume_seed(TrainArgs(seed=99_999, n_envs=2), 12_500)
 
 
 def test_each_discrete_action_is_its_continuous_row():

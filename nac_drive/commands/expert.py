@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     res.add_argument("run_dir", help="the run's folder (with args.json and evaluated/)")
     res.add_argument("--total-frames", type=int, default=None,
-                     help="new target of the run in env frames (default: the one it was started with)")
+                     help="new target of the run in env frames (default: the one in its args.json)")
     res.add_argument("--ship", metavar="ZIP", default=None,
                      help="also write the best checkpoint, without optimizer state, to ZIP")
     res.set_defaults(func=_resume)
