@@ -35,7 +35,7 @@ DISCRETE_AS_CONTINUOUS = np.array([
 ], np.float32)
 
 
-def fit_targets(released_brake: float = 0.0) -> np.ndarray:
+def fit_targets(released_brake: float) -> np.ndarray:
     """:data:`DISCRETE_AS_CONTINUOUS` with brake ``released_brake`` (<= 0) in the rows that
     do not brake; clipped to the action space it is 0, so each row still drives as its
     discrete action."""
@@ -72,7 +72,7 @@ def collect_states(discrete, venv, steps_per_env: int) -> np.ndarray:
     return np.concatenate(seen)
 
 
-def fit_mean_head(discrete, continuous, states: np.ndarray, released_brake: float = 0.0,
+def fit_mean_head(discrete, continuous, states: np.ndarray, *, released_brake: float,
                   ridge: float = 1e-3) -> float:
     """Fit ``continuous.action_net`` to the discrete policy's expected continuous action,
     ``probs @ fit_targets(released_brake)``.

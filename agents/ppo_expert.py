@@ -204,8 +204,7 @@ def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
     if total_frames is not None:
         args.total_frames = total_frames
     kept = _last_kept(run_dir / "evaluated")
-    with zipfile.ZipFile(kept) as zf:
-        done = int(json.loads(zf.read("data"))["num_timesteps"]) * args.action_repeat
+    done = _agent_steps(kept) * args.action_repeat
     if done >= args.total_frames:
         raise ValueError(f"resume: {kept} is at {done} frames, the run's target is {args.total_frames}; "
                          "set a larger one with --total-frames")
@@ -227,6 +226,16 @@ def resume_seed(args: TrainArgs, agent_steps_done: int) -> int:
 
 
 _KEPT = re.compile(r"frames_(\d+)\.zip")
+# What a kept checkpoint's JSON holds besides the best score: VecNormalize's reward
+# statistics, and EvalCallback's history.
+_REWARD_NORM = ("mean", "var", "count")
+_EVAL_HISTORY = ("evaluations_timesteps", "evaluations_results", "evaluations_length")
+
+
+def _agent_steps(zip_path: Path) -> int:
+    """Agent steps (of all workers) an SB3 zip had trained for, from its JSON ``data``."""
+    with zipfile.ZipFile(zip_path) as zf:
+        return int(json.loads(zf.read("data"))["num_timesteps"])
 
 
 def _last_kept(folder: Path) -> Path:
@@ -252,13 +261,14 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
         model.policy.load_state_dict(policy.state_dict())
     except RuntimeError as exc:
         raise ValueError(f"resume: {kept} does not fit the run's args.json: {exc}") from exc
+    model.num_timesteps = _agent_steps(kept)
     with zipfile.ZipFile(kept) as zf:
-        model.num_timesteps = int(json.loads(zf.read("data"))["num_timesteps"])
         optimizer = torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)
     model.policy.optimizer.load_state_dict(optimizer)
     rms = model.get_vec_normalize_env().ret_rms
-    rms.mean, rms.var, rms.count = (np.float64(state["reward_norm"][k]) for k in ("mean", "var", "count"))
-    for name in ("evaluations_timesteps", "evaluations_results", "evaluations_length"):
+    for name in _REWARD_NORM:
+        setattr(rms, name, np.float64(state["reward_norm"][name]))
+    for name in _EVAL_HISTORY:
         setattr(callback, name, state[name])
     callback.best_mean_reward = state["best_mean_reward"]
     print(f"resume: from {kept.name}, {model.num_timesteps} agent steps done")
@@ -473,10 +483,8 @@ class KeepEvaluated(BaseCallback):
         rms = self.model.get_vec_normalize_env().ret_rms
         # JSON rather than VecNormalize.save's pickle: reading it runs no code.
         state = {
-            "reward_norm": {"mean": float(rms.mean), "var": float(rms.var), "count": float(rms.count)},
-            "evaluations_timesteps": [int(t) for t in evaluation.evaluations_timesteps],
-            "evaluations_results": [[float(r) for r in rs] for rs in evaluation.evaluations_results],
-            "evaluations_length": [[int(n) for n in ns] for ns in evaluation.evaluations_length],
+            "reward_norm": {name: float(getattr(rms, name)) for name in _REWARD_NORM},
+            **{name: np.asarray(getattr(evaluation, name)).tolist() for name in _EVAL_HISTORY},
             "best_mean_reward": float(evaluation.best_mean_reward),
         }
         atomic_write(zip_path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(state)))
