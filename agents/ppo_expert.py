@@ -21,7 +21,7 @@ import time
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -85,12 +85,17 @@ class NegativeRewardTruncation(gym.Wrapper):
 
 
 def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
-                    skip_render: bool):
-    """One worker env: raw env -> action repeat -> (truncation) -> Monitor -> gray 64x64."""
+                    skip_render: bool, combined: bool):
+    """One worker env: raw env -> (combined actions) -> action repeat -> (truncation) ->
+    Monitor -> gray 64x64."""
     from stable_baselines3.common.monitor import Monitor
 
     def thunk():
-        env = make_carracing(continuous=continuous)
+        env = make_carracing(continuous=continuous or combined)
+        if combined:
+            from nac_drive.agents.combined_actions import CombinedActions
+
+            env = CombinedActions(env)
         env = ActionRepeat(env, action_repeat, skip_render=skip_render)
         if patience:
             env = NegativeRewardTruncation(env, patience)
@@ -102,9 +107,10 @@ def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
 
 def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_REPEAT,
                  frame_stack: int = FRAME_STACK, patience: int | None = None, skip_render: bool = True,
-                 reward_gamma: float | None = None):
+                 reward_gamma: float | None = None, combined: bool = False):
     """CarRacing as the expert sees it, an SB3 VecEnv of observations
-    ``uint8 [n_envs, frame_stack, 64, 64]``.
+    ``uint8 [n_envs, frame_stack, 64, 64]``; ``combined`` plays
+    :data:`~nac_drive.agents.combined_actions.COMBINED_ACTIONS` through the continuous env.
 
     ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
     as the env gives them (evaluation). Both kinds have the same wrappers, so PPO's
@@ -113,7 +119,8 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
     from stable_baselines3.common.vec_env import (
         DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
 
-    fns = [_make_train_env(continuous, action_repeat, patience, skip_render) for _ in range(n_envs)]
+    fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined)
+           for _ in range(n_envs)]
     venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
     venv = VecFrameStack(venv, frame_stack, channels_order="last")
     if reward_gamma is None:
@@ -132,14 +139,14 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     from stable_baselines3 import PPO
 
     torch.set_num_threads(1)
-    kind = "continuous" if args.continuous else "discrete"
+    kind = _action_kind(args)
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(args.out) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "args.json", lambda tmp: Path(tmp).write_text(json.dumps(asdict(args), indent=2)))
 
-    view = dict(continuous=args.continuous, action_repeat=args.action_repeat,
+    view = dict(continuous=args.continuous, combined=args.combined_actions, action_repeat=args.action_repeat,
                 frame_stack=args.frame_stack, skip_render=args.skip_render)
     venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
                         **view)
@@ -159,6 +166,10 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     )
     # Saved into the zip's JSON `data`, so every reader acts at the rate the expert was trained at.
     model.action_repeat = args.action_repeat
+    if args.combined_actions:
+        from nac_drive.agents.combined_actions import COMBINED_ACTIONS
+
+        model.action_table = COMBINED_ACTIONS.tolist()
     callback = FixedSeedEval(
         eval_env, seed=args.eval_seed, n_eval_episodes=args.eval_episodes,
         eval_freq=_eval_freq(args), log_path=str(run_dir / "eval"), deterministic=True, verbose=1,
@@ -179,6 +190,13 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     eval_env.close()
     best = run_dir / "best_model.zip"
     return best if best.exists() else run_dir / "final_model.zip"
+
+
+def _action_kind(args: TrainArgs) -> str:
+    """"discrete", "continuous" or "combined": the actions a run's policy chooses from."""
+    if args.continuous and args.combined_actions:
+        raise ValueError("--continuous and --combined-actions exclude each other")
+    return "continuous" if args.continuous else "combined" if args.combined_actions else "discrete"
 
 
 def _eval_freq(args: TrainArgs) -> int:
@@ -256,7 +274,7 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
         raise FileNotFoundError(f"resume: {state_path} not found: without it {kept.name} cannot be "
                                 "resumed (start a new run from it with --init-from)")
     state = json.loads(state_path.read_text())
-    policy, _, _ = load_policy(kept)
+    policy = load_policy(kept).policy
     try:
         model.policy.load_state_dict(policy.state_dict())
     except RuntimeError as exc:
@@ -275,21 +293,28 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
 
 
 def _start_from(policy, args: TrainArgs, venv) -> None:
-    """Load ``args.init_from`` into ``policy``. A discrete expert can start a continuous
-    run: its behaviour is carried over (see :mod:`nac_drive.agents.discrete_to_continuous`)
-    and the fit is printed."""
-    start, continuous, _ = load_policy(args.init_from)
-    if continuous and not args.continuous:
-        raise ValueError(f"init_from: {args.init_from} has continuous actions; a discrete run "
-                         "can only start from a discrete expert")
+    """Load ``args.init_from`` into ``policy``. A 5-action discrete expert can also start a
+    continuous run (its behaviour is carried over, see
+    :mod:`nac_drive.agents.discrete_to_continuous`, and the fit is printed) or a
+    combined-action run (widened, see :mod:`nac_drive.agents.combined_actions`)."""
+    start = load_policy(args.init_from)
+    run_kind, start_kind = _action_kind(args), start.action_kind
+    if start_kind != run_kind and start_kind != "discrete":
+        raise ValueError(f"init_from: {args.init_from} has {start_kind} actions; a {run_kind} run "
+                         f"can only start from a {run_kind} or a 5-action discrete expert")
+    from nac_drive.agents.combined_actions import widen_action_head
     from nac_drive.agents.discrete_to_continuous import (
         collect_states, copy_shared_weights, fit_mean_head, fit_targets)
 
     fit_targets(args.released_brake)  # refuses a bad value before any driving
 
+    start = start.policy
     try:
-        if continuous == args.continuous:
+        if start_kind == run_kind:
             policy.load_state_dict(start.state_dict())
+            return
+        if run_kind == "combined":
+            widen_action_head(start, policy)
             return
         copy_shared_weights(start, policy)
     except RuntimeError as exc:
@@ -327,7 +352,8 @@ _NO_SCHEDULES = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range
 class PPOExpert:
     """Drives the raw env with a PPO expert trained by :func:`train`.
 
-    ``act(obs)`` takes the raw RGB frame ``uint8 [96, 96, 3]`` every env frame. Every
+    ``continuous``: whether it drives the continuous env (continuous and combined-action
+    experts do). ``act(obs)`` takes the raw RGB frame ``uint8 [96, 96, 3]`` every env frame. Every
     ``action_repeat`` frames (read from the zip, where training stores it; 4 in zips
     older than that) it pushes :func:`preprocess` of the frame onto its frame stack
     (zeros after ``reset()``, as SB3's VecFrameStack) and picks a new action; in
@@ -343,7 +369,7 @@ class PPOExpert:
         import torch
 
         self.path = Path(path) if path is not None else shipped_expert_path()
-        self.policy, self.continuous, trained_repeat = load_policy(self.path)
+        self.policy, self.continuous, trained_repeat, self.action_table = load_policy(self.path)
         self.deterministic = deterministic
         self.action_repeat = action_repeat or trained_repeat
         self.frame_stack = int(self.policy.observation_space.shape[0])
@@ -377,17 +403,35 @@ class PPOExpert:
             x = torch.as_tensor(stack[None])  # [1, stack, 64, 64]; SB3 scales by 1/255
             action = self.policy.get_distribution(x).get_actions(
                 deterministic=self.deterministic)[0].numpy()
+        if self.action_table is not None:
+            return self.action_table[int(action)].copy()
         if self.continuous:
             space = self.policy.action_space
             return np.clip(action, space.low, space.high).astype(np.float32)
         return int(action)
 
 
-def load_policy(path: str | Path):
+class LoadedPolicy(NamedTuple):
+    """An expert zip's policy and how it drives the raw env."""
+
+    policy: Any  # SB3 ActorCriticCnnPolicy
+    continuous: bool  # drives the continuous env (continuous and combined-action experts)
+    action_repeat: int
+    action_table: np.ndarray | None  # combined actions: row i is action i as float32 [3]
+
+    @property
+    def action_kind(self) -> str:
+        """"discrete" (the env's 5), "continuous" or "combined"."""
+        if self.action_table is not None:
+            return "combined"
+        return "continuous" if self.continuous else "discrete"
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
     """Build the SB3 actor-critic of an expert zip without unpickling anything.
 
-    Returns ``(policy, continuous, action_repeat)``. Raises ``ValueError`` naming the file and field
-    when the zip is not a CarRacing expert of this project.
+    Raises ``ValueError`` naming the file and field when the zip is not a CarRacing expert
+    of this project.
     """
     import torch
     from stable_baselines3.common.policies import ActorCriticCnnPolicy
@@ -409,14 +453,25 @@ def load_policy(path: str | Path):
                          f"[frame_stack, {FRAME_SIZE}, {FRAME_SIZE}]")
     act = data.get("action_space", {})
     act_type = str(act.get(":type:", ""))
+    box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
+    table = None
     if "Discrete" in act_type:
-        if int(act.get("n", -1)) != 5:
+        n = int(act.get("n", -1))
+        if "action_table" in data:  # combined actions, played through the continuous env
+            from nac_drive.agents.combined_actions import check_action_table
+
+            try:
+                table = check_action_table(data["action_table"], box)
+            except ValueError as exc:
+                raise ValueError(f"{path}: field 'action_table': {exc}") from exc
+            if len(table) != n:
+                raise ValueError(f"{path}: field 'action_table' has {len(table)} rows, the "
+                                 f"action space {n} actions")
+        elif n != 5:
             raise ValueError(f"{path}: field 'action_space' has n={act.get('n')}, expected 5")
-        action_space, continuous = gym.spaces.Discrete(5), False
+        action_space, continuous = gym.spaces.Discrete(n), table is not None
     elif "Box" in act_type:
-        action_space = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32),
-                                      np.array([1.0, 1.0, 1.0], np.float32))
-        continuous = True
+        action_space, continuous = box, True
     else:
         raise ValueError(f"{path}: field 'action_space' is {act_type or 'missing'}, "
                          "expected Discrete(5) or Box(3)")
@@ -431,7 +486,7 @@ def load_policy(path: str | Path):
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     policy.load_state_dict(state)
     policy.set_training_mode(False)
-    return policy, continuous, action_repeat
+    return LoadedPolicy(policy, continuous, action_repeat, table)
 
 
 class FixedSeedEval(EvalCallback):

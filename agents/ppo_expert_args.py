@@ -20,6 +20,10 @@ class TrainArgs:
         None, "subfolder name; default ppo_{discrete|continuous}_s{seed}_{kframes}kf_{time}")
     continuous: bool = arg(
         False, "train on continuous actions (steer, gas, brake) instead of the 5 discrete ones")
+    combined_actions: bool = arg(
+        False, "discrete actions that can also steer while pressing gas: the env's 5 plus steer "
+               "right/left + gas, played through the continuous env (agents/combined_actions.py); "
+               "a 5-action --init-from expert is widened to them with its behaviour unchanged")
     total_frames: int = arg(1_000_000, "env frames to train for (agent steps x action_repeat)")
     seed: int = arg(EXPERT_TRAIN_SEED_BASE,
                      "seed of the training tracks, the network init and PPO's sampling")

@@ -437,8 +437,8 @@ def test_expert_training_starts_from_init_from(tmp_path):
                 eval_every_frames=10**9, progress_bar=False)
     # learning rate 0: the run's weights stay exactly those it started from
     final = train(TrainArgs(run_name="ft", init_from=str(shipped_expert_path()), learning_rate=0.0, **tiny))
-    trained, _, _ = load_policy(final)
-    shipped, _, _ = load_policy(shipped_expert_path())
+    trained = load_policy(final).policy
+    shipped = load_policy(shipped_expert_path()).policy
     for name, tensor in shipped.state_dict().items():
         assert torch.equal(trained.state_dict()[name], tensor), name
     # evaluated every 16 frames (8 agent steps at repeat 2): both checkpoints are kept
@@ -449,7 +449,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert torch.equal(load_policy(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
                        load_policy(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
     assert not (tmp_path / "ft" / "evaluated").exists()   # never evaluated
-    fresh, _, fresh_repeat = load_policy(fresh_zip)
+    fresh, _, fresh_repeat, _ = load_policy(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
     assert fresh_repeat == 2 and PPOExpert(fresh_zip).action_repeat == 2
@@ -497,7 +497,7 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     with monkeypatch.context() as patch:
         patch.setattr(PPO, "learn", record_start)
         resume(run)
-    kept_policy, _, _ = load_policy(kept / "frames_32.zip")   # one Adam step from the fresh weights
+    kept_policy = load_policy(kept / "frames_32.zip").policy   # one Adam step from the fresh weights
     for name, tensor in kept_policy.state_dict().items():
         assert torch.equal(started["weights"][name], tensor), name
     for key, value in optimizer_state(kept / "frames_32.zip").items():
@@ -577,8 +577,8 @@ def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
                 eval_every_frames=10**9, progress_bar=False, continuous=True, learning_rate=0.0)
     zip_path = train(TrainArgs(run_name="c", init_from=str(shipped_expert_path()), transfer_steps=300,
                                log_std_init=-1.5, **tiny))
-    continuous, is_continuous, _ = load_policy(zip_path)
-    discrete, _, _ = load_policy(shipped_expert_path())
+    continuous, is_continuous, _, _ = load_policy(zip_path)
+    discrete = load_policy(shipped_expert_path()).policy
     assert is_continuous
     shared = discrete.state_dict()
     for name, tensor in continuous.state_dict().items():
