@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_expert(spec: str | None = None, deterministic: bool = True) -> tuple[Any, bool]:
+def load_expert(spec: str | None = None, deterministic: bool = True, seed: int = 0) -> tuple[Any, bool]:
     """Return ``(actor, continuous)`` for ``spec``.
 
     ``spec``: ``None`` or ``"ppo"`` (the shipped PPO expert), a path to an SB3 zip,
     ``"teacher"`` (privileged pure pursuit, continuous actions) or ``"teacher-discrete"``
     (the same, mapped to the 5 discrete actions). For a PPO zip, ``continuous`` comes
-    from the zip. ``deterministic`` applies to PPO (most likely action vs sampling).
+    from the zip. ``deterministic`` applies to PPO (most likely action vs sampling), and
+    ``seed`` to its sampling.
     """
     if spec in ("teacher", "teacher-discrete"):
         from nac_drive.agents.teacher import PurePursuitTeacher
@@ -20,5 +21,5 @@ def load_expert(spec: str | None = None, deterministic: bool = True) -> tuple[An
         return PurePursuitTeacher(continuous=cont), cont
     from nac_drive.agents.ppo_expert import PPOExpert
 
-    actor = PPOExpert(None if spec in (None, "ppo") else spec, deterministic=deterministic)
+    actor = PPOExpert(None if spec in (None, "ppo") else spec, deterministic=deterministic, seed=seed)
     return actor, actor.continuous

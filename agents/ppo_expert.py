@@ -365,7 +365,7 @@ class PPOExpert:
     """
 
     def __init__(self, path: str | Path | None = None, deterministic: bool = True,
-                 action_repeat: int | None = None):
+                 action_repeat: int | None = None, seed: int = 0):
         import torch
 
         self.path = Path(path) if path is not None else shipped_expert_path()
@@ -373,8 +373,11 @@ class PPOExpert:
         self.deterministic = deterministic
         self.action_repeat = action_repeat or trained_repeat
         self.frame_stack = int(self.policy.observation_space.shape[0])
-        self.name = f"ppo:{self.path.stem}"
+        self.name = f"ppo:{self.path.stem}" + ("" if deterministic else f":sampled-s{seed}")
+        self.seed = seed
         self._torch = torch
+        self._generator = torch.Generator()
+        self._reseed(None)
         self.reset()
 
     def reset(self) -> None:
@@ -382,6 +385,16 @@ class PPOExpert:
         self._stack = np.zeros((self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
         self._frame = 0
         self._action: Any = None
+
+    def reset_env(self, env: gym.Env) -> None:
+        """After the env's reset: a sampling expert draws this episode's actions from a
+        stream of their own, seeded by its ``seed`` and the track's, so a track's
+        episode is the same whatever ran before it (and in whichever process)."""
+        self._reseed(env.unwrapped.np_random_seed)
+
+    def _reseed(self, track_seed: int | None) -> None:
+        entropy = [self.seed] if track_seed is None else [self.seed, int(track_seed)]
+        self._generator.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
         """Push one raw frame onto the stack; returns the stack ``uint8 [stack, 64, 64]``."""
@@ -401,14 +414,31 @@ class PPOExpert:
         torch = self._torch
         with torch.no_grad():
             x = torch.as_tensor(stack[None])  # [1, stack, 64, 64]; SB3 scales by 1/255
-            action = self.policy.get_distribution(x).get_actions(
-                deterministic=self.deterministic)[0].numpy()
+            dist = self.policy.get_distribution(x)
+            if self.deterministic:
+                action = dist.get_actions(deterministic=True)[0].numpy()
+            else:
+                action = sample_action(dist, self._generator)[0].numpy()
         if self.action_table is not None:
             return self.action_table[int(action)].copy()
         if self.continuous:
             space = self.policy.action_space
             return np.clip(action, space.low, space.high).astype(np.float32)
         return int(action)
+
+
+def sample_action(dist, generator):
+    """Draw from an SB3 action distribution (categorical or diagonal Gaussian) with
+    ``generator``, which SB3's own ``sample()`` cannot take. Returns ``[batch]`` action
+    ids or ``[batch, dim]`` unclipped continuous actions."""
+    import torch
+
+    inner = dist.distribution
+    if isinstance(inner, torch.distributions.Categorical):
+        return torch.multinomial(inner.probs, 1, generator=generator)[:, 0]
+    if isinstance(inner, torch.distributions.Normal):
+        return inner.mean + inner.stddev * torch.randn(inner.mean.shape, generator=generator)
+    raise TypeError(f"sample_action: cannot sample a {type(inner).__name__} distribution")
 
 
 class LoadedPolicy(NamedTuple):

@@ -331,6 +331,51 @@ def test_expert_matches_sb3_on_the_training_env(expert):
         raw.close()
 
 
+def test_sample_action_follows_the_distribution():
+    import torch
+    from stable_baselines3.common.distributions import (
+        BernoulliDistribution, CategoricalDistribution, DiagGaussianDistribution)
+
+    from nac_drive.agents.ppo_expert import sample_action
+
+    generator = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.1, 0.6, 0.0, 0.3])
+    categorical = CategoricalDistribution(4).proba_distribution(probs.log().expand(20_000, 4))
+    counts = torch.bincount(sample_action(categorical, generator), minlength=4) / 20_000
+    assert torch.allclose(counts, probs, atol=0.015) and counts[2] == 0
+
+    mean, log_std = torch.tensor([[0.5, -1.0, 2.0]]), torch.tensor([-2.0, 0.0, 1.0])
+    gaussian = DiagGaussianDistribution(3).proba_distribution(mean.expand(20_000, 3), log_std)
+    drawn = sample_action(gaussian, generator)
+    assert torch.allclose(drawn.mean(0), mean[0], atol=0.06)
+    assert torch.allclose(drawn.std(0), log_std.exp(), rtol=0.03)
+    # one generator state, one draw: the generator is what makes a run reproducible
+    again = sample_action(categorical, torch.Generator().manual_seed(0))
+    assert torch.equal(again, sample_action(categorical, torch.Generator().manual_seed(0)))
+    with pytest.raises(TypeError, match="Bernoulli"):
+        sample_action(BernoulliDistribution(2).proba_distribution(torch.zeros(1, 2)), generator)
+
+
+def test_sampling_expert_reproduces_each_track_whatever_ran_before():
+    """A stochastic expert differs from its most likely actions, and a track's episode
+    depends only on the expert's seed and the track's, not on the episodes before it."""
+    sampled = PPOExpert(deterministic=False, seed=3)
+    assert sampled.name.endswith(":sampled-s3")
+
+    def actions(actor, seeds, frames=160):
+        per_track = {}
+        run_episodes(actor, seeds, max_steps=frames,
+                     on_step=lambda ep, i, obs, a, r, info: per_track.setdefault(seeds[ep], []).append(a))
+        return per_track
+
+    both = actions(sampled, [70_001, 70_002])
+    alone = actions(sampled, [70_002])
+    assert both[70_002] == alone[70_002]
+    other_seed = actions(PPOExpert(deterministic=False, seed=4), [70_002])
+    greedy = actions(PPOExpert(), [70_002])
+    assert both[70_002] != other_seed[70_002] and both[70_002] != greedy[70_002]
+
+
 def test_load_policy_rejects_bad_files(tmp_path):
     bad = tmp_path / "bad.zip"
     bad.write_text("not a zip")

@@ -54,6 +54,9 @@ def add_parser(subparsers) -> None:
                     help="cap each episode at this many env frames (default: the env's 1000)")
     ev.add_argument("--stochastic", action="store_true",
                     help="sample PPO actions instead of taking the most likely one")
+    ev.add_argument("--sample-seed", type=int, default=0,
+                    help="--stochastic: seed of the sampling (each track's episode draws from "
+                         "its own stream of this seed and the track's)")
     ev.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
     ev.add_argument("--json", action="store_true",
                     help="end the output with one line of JSON (mean_return, std_return, ...)")
@@ -91,7 +94,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         print(f"expert eval: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
         return 2
-    actor, continuous = load_expert(args.expert, deterministic=not args.stochastic)
+    actor, continuous = load_expert(args.expert, deterministic=not args.stochastic, seed=args.sample_seed)
     seeds = eval_seeds(args.episodes, base=args.seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps,
                            video_path=args.video, progress=not args.json)
