@@ -64,11 +64,19 @@ class GrayObservation(gym.ObservationWrapper):
 
 
 class NegativeRewardTruncation(gym.Wrapper):
-    """Training only: truncate after ``patience`` consecutive agent steps with reward < 0."""
+    """Training only: end the episode after ``patience`` consecutive agent steps with
+    reward < 0 (no new road tile: stuck on the grass, or driving back along the road).
 
-    def __init__(self, env: gym.Env, patience: int = 25):
+    By default the end is a truncation, which PPO bootstraps with the value of the last
+    state: being stuck then costs only the rewards missed during the streak. With
+    ``terminate`` it is a termination (value 0 after it), so getting stuck costs every
+    reward the rest of the lap would have given.
+    """
+
+    def __init__(self, env: gym.Env, patience: int = 25, terminate: bool = False):
         super().__init__(env)
         self.patience = patience
+        self.terminate = terminate
         self._streak = 0
 
     def reset(self, **kwargs):
@@ -79,15 +87,18 @@ class NegativeRewardTruncation(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self._streak = self._streak + 1 if reward < 0 else 0
         if self._streak >= self.patience and not terminated:
-            truncated = True
-            info["negative_reward_truncation"] = True
+            if self.terminate:
+                terminated = True
+            else:
+                truncated = True
+            info["negative_reward_streak"] = True
         return obs, reward, terminated, truncated, info
 
 
 def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
-                    skip_render: bool, combined: bool):
-    """One worker env: raw env -> (combined actions) -> action repeat -> (truncation) ->
-    Monitor -> gray 64x64."""
+                    skip_render: bool, combined: bool, streak_terminates: bool):
+    """One worker env: raw env -> (combined actions) -> action repeat -> (negative-reward
+    streak end) -> Monitor -> gray 64x64."""
     from stable_baselines3.common.monitor import Monitor
 
     def thunk():
@@ -98,7 +109,7 @@ def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
             env = CombinedActions(env)
         env = ActionRepeat(env, action_repeat, skip_render=skip_render)
         if patience:
-            env = NegativeRewardTruncation(env, patience)
+            env = NegativeRewardTruncation(env, patience, terminate=streak_terminates)
         env = Monitor(env)  # episode return in raw env reward
         return GrayObservation(env)
 
@@ -107,10 +118,13 @@ def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
 
 def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_REPEAT,
                  frame_stack: int = FRAME_STACK, patience: int | None = None, skip_render: bool = True,
-                 reward_gamma: float | None = None, combined: bool = False):
+                 reward_gamma: float | None = None, combined: bool = False,
+                 streak_terminates: bool = False):
     """CarRacing as the expert sees it, an SB3 VecEnv of observations
     ``uint8 [n_envs, frame_stack, 64, 64]``; ``combined`` plays
     :data:`~nac_drive.agents.combined_actions.COMBINED_ACTIONS` through the continuous env.
+    ``patience`` and ``streak_terminates`` configure :class:`NegativeRewardTruncation`
+    (training only; ``None``: no such end).
 
     ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
     as the env gives them (evaluation). Both kinds have the same wrappers, so PPO's
@@ -119,7 +133,7 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
     from stable_baselines3.common.vec_env import (
         DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
 
-    fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined)
+    fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined, streak_terminates)
            for _ in range(n_envs)]
     venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
     venv = VecFrameStack(venv, frame_stack, channels_order="last")
@@ -149,7 +163,7 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     view = dict(continuous=args.continuous, combined=args.combined_actions, action_repeat=args.action_repeat,
                 frame_stack=args.frame_stack, skip_render=args.skip_render)
     venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
-                        **view)
+                        streak_terminates=args.negative_streak_terminates, **view)
     venv.seed(args.seed)
     eval_env = make_vec_env(**view)
 

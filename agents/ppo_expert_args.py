@@ -41,6 +41,9 @@ class TrainArgs:
     head_units: int = arg(256, "units of the hidden layer of the policy and value heads")
     negative_patience: int = arg(
         25, "training-only truncation after this many agent steps of negative reward")
+    negative_streak_terminates: bool = arg(
+        False, "end such a streak with a termination instead of a truncation: PPO then does not "
+               "bootstrap its value, so getting stuck costs the rest of the lap's reward")
     init_from: str = arg("", "start from this expert zip's policy weights (fine-tuning: e.g. a lower "
                              "--learning-rate on new --seed tracks); read without unpickling. A "
                              "discrete zip can start a --continuous run (its behaviour is carried over)")

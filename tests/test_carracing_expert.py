@@ -376,6 +376,29 @@ def test_sampling_expert_reproduces_each_track_whatever_ran_before():
     assert both[70_002] != other_seed[70_002] and both[70_002] != greedy[70_002]
 
 
+@pytest.mark.parametrize("terminate", [False, True])
+def test_negative_reward_streak_ends_the_episode_as_configured(terminate):
+    """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
+    episode ends, and PPO bootstraps its value only if the end is a truncation."""
+    from nac_drive.agents.ppo_expert import make_vec_env
+
+    venv = make_vec_env(continuous=False, patience=3, streak_terminates=terminate)
+    venv.seed(5)
+    venv.reset()
+    try:
+        rewards, done = [], [False]
+        while not done[0] and len(rewards) < 30:
+            _, reward, done, info = venv.step(np.array([NOOP]))
+            rewards.append(float(reward[0]))
+    finally:
+        venv.close()
+    # the start tile pays first; then it ends at exactly the third negative step
+    assert done[0] and rewards[0] > 0 and all(r < 0 for r in rewards[1:]) and len(rewards) == 4
+    assert info[0]["negative_reward_streak"]
+    # SB3's rollout collection adds gamma * V(terminal obs) exactly when this is True
+    assert info[0]["TimeLimit.truncated"] is (not terminate)
+
+
 def test_load_policy_rejects_bad_files(tmp_path):
     bad = tmp_path / "bad.zip"
     bad.write_text("not a zip")
