@@ -29,7 +29,7 @@ from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
 from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_STACK, TrainArgs
 from nac_drive.atomic import atomic_write
-from nac_drive.simulators.carracing import ActionRepeat, make_carracing
+from nac_drive.simulators.carracing import ActionRepeat, ConsecutiveTrackSeeds, make_carracing
 
 FRAME_SIZE = 64
 
@@ -96,13 +96,15 @@ class NegativeRewardTruncation(gym.Wrapper):
 
 
 def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
-                    skip_render: bool, combined: bool, streak_terminates: bool):
-    """One worker env: raw env -> (combined actions) -> action repeat -> (negative-reward
-    streak end) -> Monitor -> gray 64x64."""
+                    skip_render: bool, combined: bool, streak_terminates: bool, evaluation: bool):
+    """One worker env: raw env -> (consecutive track seeds, for evaluation) -> (combined
+    actions) -> action repeat -> (negative-reward streak end) -> Monitor -> gray 64x64."""
     from stable_baselines3.common.monitor import Monitor
 
     def thunk():
         env = make_carracing(continuous=continuous or combined)
+        if evaluation:
+            env = ConsecutiveTrackSeeds(env)
         if combined:
             from nac_drive.agents.combined_actions import CombinedActions
 
@@ -127,13 +129,16 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
     (training only; ``None``: no such end).
 
     ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
-    as the env gives them (evaluation). Both kinds have the same wrappers, so PPO's
+    as the env gives them (evaluation), and an evaluation env seeded with ``s`` drives the
+    tracks ``s, s + 1, ...`` (:class:`ConsecutiveTrackSeeds`), those of
+    ``expert eval --seed-base s``. Both kinds have the same VecEnv wrappers, so PPO's
     evaluation callback accepts them as one env type.
     """
     from stable_baselines3.common.vec_env import (
         DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
 
-    fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined, streak_terminates)
+    fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined, streak_terminates,
+                           evaluation=reward_gamma is None)
            for _ in range(n_envs)]
     venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
     venv = VecFrameStack(venv, frame_stack, channels_order="last")

@@ -116,6 +116,28 @@ def _no_render(mode: str) -> None:
     return None
 
 
+class ConsecutiveTrackSeeds(gym.Wrapper):
+    """A reset given no seed takes the next one: after ``reset(seed=s)`` the following
+    episodes run on tracks ``s + 1``, ``s + 2``, ...
+
+    An SB3 VecEnv seeds its envs only at their first reset and then resets them without a
+    seed, so its later episodes would run on tracks drawn from the generator's stream.
+    With this wrapper an evaluation seeded with ``s`` drives the tracks ``s, s + 1, ...``
+    that :func:`run_episodes` drives for ``eval_seeds(n, base=s)``.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._next_seed: int | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is None:
+            seed = self._next_seed
+        if seed is not None:
+            self._next_seed = int(seed) + 1
+        return self.env.reset(seed=seed, options=options)
+
+
 class ActionBursts(gym.Wrapper):
     """Random-action bursts for DAgger (after DART, Laskey et al. 2017, which disturbs the
     demonstrator instead): in each undisturbed frame a burst starts with probability

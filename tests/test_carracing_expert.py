@@ -376,6 +376,34 @@ def test_sampling_expert_reproduces_each_track_whatever_ran_before():
     assert both[70_002] != other_seed[70_002] and both[70_002] != greedy[70_002]
 
 
+def test_expert_evaluation_env_drives_consecutive_track_seeds():
+    """Seeded with s, the training's evaluation env drives tracks s, s+1, ... (those of
+    `expert eval --seed-base s`); a training env goes on with the generator's stream."""
+    from nac_drive.agents.ppo_expert import make_vec_env
+
+    def track(seed):
+        env = make_carracing()
+        env.reset(seed=seed)
+        try:
+            return _track(env)
+        finally:
+            env.close()
+
+    def second_track(venv):
+        venv.seed(62_000)
+        venv.reset()
+        venv.env_method("reset")  # what SB3's auto-reset does after an episode: no seed
+        return np.array(venv.get_attr("track")[0])
+
+    evaluation, training = make_vec_env(continuous=False), make_vec_env(continuous=False, reward_gamma=0.99)
+    try:
+        assert np.array_equal(second_track(evaluation), track(62_001))
+        assert not np.array_equal(second_track(training), track(62_001))
+    finally:
+        evaluation.close()
+        training.close()
+
+
 @pytest.mark.parametrize("terminate", [False, True])
 def test_negative_reward_streak_ends_the_episode_as_configured(terminate):
     """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
