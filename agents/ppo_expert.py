@@ -29,7 +29,7 @@ from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
 from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_STACK, TrainArgs
 from nac_drive.atomic import atomic_write
-from nac_drive.simulators.carracing import ActionRepeat, ConsecutiveTrackSeeds, make_carracing
+from nac_drive.simulators.carracing import ActionRepeat, ConsecutiveTrackSeeds, EpisodeResults, make_carracing
 
 FRAME_SIZE = 64
 
@@ -343,6 +343,44 @@ def _start_from(policy, args: TrainArgs, venv) -> None:
     r2 = fit_mean_head(start, policy, states, released_brake=args.released_brake)
     print(f"init_from: continuous head fitted to the discrete expert on {len(states)} states, "
           f"R^2 {r2:.3f}")
+
+
+def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> EpisodeResults:
+    """Drive an expert zip's most likely actions on tracks ``seed_base, seed_base + 1, ...``
+    in the training's evaluation env, for choosing among kept checkpoints.
+
+    Only the frames the expert sees are drawn, so this runs ~4x faster than
+    :func:`run_episodes` on the raw env with :class:`PPOExpert`, and gives the same
+    returns, lengths and laps (tested). Latencies are per decision (one policy forward).
+    """
+    import torch
+
+    if episodes < 1:
+        raise ValueError(f"score_checkpoint: episodes must be >= 1, got {episodes}")
+    loaded = load_policy(path)
+    venv = make_vec_env(continuous=loaded.action_kind == "continuous", combined=loaded.action_kind == "combined",
+                        action_repeat=loaded.action_repeat,
+                        frame_stack=int(loaded.policy.observation_space.shape[0]))
+    venv.seed(seed_base)
+    results = EpisodeResults()
+    try:
+        obs, total, frames = venv.reset(), 0.0, 0
+        while len(results.returns) < episodes:
+            start = time.perf_counter()
+            with torch.no_grad():
+                action, _ = loaded.policy.predict(obs, deterministic=True)
+            results.latencies_ms.append((time.perf_counter() - start) * 1e3)
+            obs, reward, done, info = venv.step(action)
+            total, frames = total + float(reward[0]), frames + info[0]["frames"]
+            if done[0]:
+                results.seeds.append(seed_base + len(results.returns))
+                results.returns.append(total)
+                results.lengths.append(frames)
+                results.laps.append(bool(info[0].get("lap_finished", False)))
+                total, frames = 0.0, 0
+    finally:
+        venv.close()
+    return results
 
 
 def export_for_shipping(src: str | Path, dst: str | Path) -> Path:

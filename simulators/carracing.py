@@ -92,6 +92,7 @@ class ActionRepeat(gym.Wrapper):
         self.skip_render = skip_render
 
     def step(self, action):
+        """Returns the last frame's ``info`` with ``info["frames"]``: env frames stepped."""
         base = self.env.unwrapped
         total = 0.0
         for i in range(self.repeat):
@@ -109,7 +110,7 @@ class ActionRepeat(gym.Wrapper):
         if obs is None:  # the episode ended on a frame that was not drawn
             obs = base._render("state_pixels")
             base.state = obs
-        return obs, total, terminated, truncated, info
+        return obs, total, terminated, truncated, {**info, "frames": i + 1}
 
 
 def _no_render(mode: str) -> None:

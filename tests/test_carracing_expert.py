@@ -404,6 +404,27 @@ def test_expert_evaluation_env_drives_consecutive_track_seeds():
         training.close()
 
 
+@pytest.mark.slow
+def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
+    """The fast path (training's evaluation env, undrawn frames skipped) drives the same
+    episodes as the raw env with PPOExpert: one lap finished early (70005), one not."""
+    from nac_drive.agents.ppo_expert import score_checkpoint
+    from nac_drive.cli import main
+
+    fast = score_checkpoint(expert.path, episodes=2, seed_base=70_004)
+    raw = run_episodes(expert, [70_004, 70_005])
+    assert fast.seeds == raw.seeds == [70_004, 70_005]
+    assert fast.lengths == raw.lengths and fast.laps == raw.laps == [False, True]
+    assert raw.lengths[1] < 1000
+    np.testing.assert_allclose(fast.returns, raw.returns, rtol=0, atol=1e-3)  # float32 rewards in the VecEnv
+
+    zip_path = str(expert.path)
+    assert main(["expert", "compare", zip_path, "--episodes", "1", "--seed-base", "70005", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(summary) == [zip_path] and summary[zip_path]["returns"] == [pytest.approx(raw.returns[1], abs=0.01)]
+    assert main(["expert", "compare", zip_path, "--episodes", "0"]) == 2
+
+
 @pytest.mark.parametrize("terminate", [False, True])
 def test_negative_reward_streak_ends_the_episode_as_configured(terminate):
     """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
