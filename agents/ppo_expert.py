@@ -96,7 +96,8 @@ class NegativeRewardTruncation(gym.Wrapper):
 
 
 def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
-                    skip_render: bool, combined: bool, streak_terminates: bool, evaluation: bool):
+                    skip_render: bool, combined: bool, streak_terminates: bool, evaluation: bool,
+                    n_envs: int):
     """One worker env: raw env -> (consecutive track seeds, for evaluation) -> (combined
     actions) -> action repeat -> (negative-reward streak end) -> Monitor -> gray 64x64."""
     from stable_baselines3.common.monitor import Monitor
@@ -104,7 +105,7 @@ def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
     def thunk():
         env = make_carracing(continuous=continuous or combined)
         if evaluation:
-            env = ConsecutiveTrackSeeds(env)
+            env = ConsecutiveTrackSeeds(env, stride=n_envs)
         if combined:
             from nac_drive.agents.combined_actions import CombinedActions
 
@@ -130,15 +131,15 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
 
     ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
     as the env gives them (evaluation), and an evaluation env seeded with ``s`` drives the
-    tracks ``s, s + 1, ...`` (:class:`ConsecutiveTrackSeeds`), those of
-    ``expert eval --seed-base s``. Both kinds have the same VecEnv wrappers, so PPO's
+    tracks ``s, s + 1, ...`` (:class:`ConsecutiveTrackSeeds`; worker i the tracks
+    ``s + i, s + i + n_envs, ...``), those of ``expert eval --seed-base s``. Both kinds have the same VecEnv wrappers, so PPO's
     evaluation callback accepts them as one env type.
     """
     from stable_baselines3.common.vec_env import (
         DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
 
     fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined, streak_terminates,
-                           evaluation=reward_gamma is None)
+                           evaluation=reward_gamma is None, n_envs=n_envs)
            for _ in range(n_envs)]
     venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
     venv = VecFrameStack(venv, frame_stack, channels_order="last")
@@ -255,8 +256,9 @@ def resume_seed(args: TrainArgs, agent_steps_done: int) -> int:
 
     interval = agent_steps_done // (_eval_freq(args) * args.n_envs)
     seed = args.seed + args.n_envs * interval
-    if seed <= args.eval_seed < seed + args.n_envs:  # worker i is seeded with seed + i
-        seed = args.eval_seed + 1
+    # worker i is seeded with seed + i; the validation tracks are eval_seed + j, j < eval_episodes
+    if seed < args.eval_seed + args.eval_episodes and args.eval_seed < seed + args.n_envs:
+        seed = args.eval_seed + args.eval_episodes
     if seed + args.n_envs > COLLECT_SEED_BASE:
         raise ValueError(f"resume: seed {seed} would leave the training seed range [0, {COLLECT_SEED_BASE})")
     return seed
@@ -267,6 +269,7 @@ _KEPT = re.compile(r"frames_(\d+)\.zip")
 # statistics, and EvalCallback's history.
 _REWARD_NORM = ("mean", "var", "count")
 _EVAL_HISTORY = ("evaluations_timesteps", "evaluations_results", "evaluations_length")
+_EVAL_TRACKS = "consecutive"  # evaluations on eval_seed, eval_seed + 1, ... (ConsecutiveTrackSeeds)
 
 
 def _agent_steps(zip_path: Path) -> int:
@@ -308,6 +311,11 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
     for name in _EVAL_HISTORY:
         setattr(callback, name, state[name])
     callback.best_mean_reward = state["best_mean_reward"]
+    if state.get("eval_tracks") != _EVAL_TRACKS:
+        # kept before evaluations drove consecutive track seeds: its scores are from other tracks
+        print(f"resume: {kept.name} was evaluated on other validation tracks; its best score "
+              f"({callback.best_mean_reward:.1f}) is not carried over")
+        callback.best_mean_reward = -np.inf
     print(f"resume: from {kept.name}, {model.num_timesteps} agent steps done")
 
 
@@ -364,20 +372,20 @@ def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> Episode
     venv.seed(seed_base)
     results = EpisodeResults()
     try:
-        obs, total, frames = venv.reset(), 0.0, 0
+        obs, frames = venv.reset(), 0
         while len(results.returns) < episodes:
             start = time.perf_counter()
             with torch.no_grad():
                 action, _ = loaded.policy.predict(obs, deterministic=True)
             results.latencies_ms.append((time.perf_counter() - start) * 1e3)
-            obs, reward, done, info = venv.step(action)
-            total, frames = total + float(reward[0]), frames + info[0]["frames"]
+            obs, _, done, info = venv.step(action)
+            frames += info[0]["frames"]
             if done[0]:
                 results.seeds.append(seed_base + len(results.returns))
-                results.returns.append(total)
+                results.returns.append(float(info[0]["episode"]["r"]))  # Monitor's float64 sum
                 results.lengths.append(frames)
                 results.laps.append(bool(info[0].get("lap_finished", False)))
-                total, frames = 0.0, 0
+                frames = 0
     finally:
         venv.close()
     return results
@@ -446,7 +454,11 @@ class PPOExpert:
     def reset_env(self, env: gym.Env) -> None:
         """After the env's reset: a sampling expert draws this episode's actions from a
         stream of their own, seeded by its ``seed`` and the track's, so a track's
-        episode is the same whatever ran before it (and in whichever process)."""
+        episode is the same whatever ran before it (and in whichever process).
+
+        The track's seed is the one the env was last reset with (gymnasium keeps it
+        across unseeded resets), so each episode's reset must be seeded, as
+        :func:`run_episodes` does; after an unseeded reset the stream starts again."""
         self._reseed(env.unwrapped.np_random_seed)
 
     def _reseed(self, track_seed: int | None) -> None:
@@ -628,6 +640,7 @@ class KeepEvaluated(BaseCallback):
             "reward_norm": {name: float(getattr(rms, name)) for name in _REWARD_NORM},
             **{name: np.asarray(getattr(evaluation, name)).tolist() for name in _EVAL_HISTORY},
             "best_mean_reward": float(evaluation.best_mean_reward),
+            "eval_tracks": _EVAL_TRACKS,
         }
         atomic_write(zip_path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(state)))
         atomic_write(zip_path, self.model.save)  # last: a kept zip has its state beside it

@@ -119,23 +119,27 @@ def _no_render(mode: str) -> None:
 
 class ConsecutiveTrackSeeds(gym.Wrapper):
     """A reset given no seed takes the next one: after ``reset(seed=s)`` the following
-    episodes run on tracks ``s + 1``, ``s + 2``, ...
+    episodes run on tracks ``s + stride``, ``s + 2 * stride``, ...
 
-    An SB3 VecEnv seeds its envs only at their first reset and then resets them without a
-    seed, so its later episodes would run on tracks drawn from the generator's stream.
-    With this wrapper an evaluation seeded with ``s`` drives the tracks ``s, s + 1, ...``
-    that :func:`run_episodes` drives for ``eval_seeds(n, base=s)``.
+    An SB3 VecEnv seeds its envs only at their first reset (env i with ``s + i``) and then
+    resets them without a seed, so its later episodes would run on tracks drawn from the
+    generator's stream. With this wrapper and ``stride`` = the number of envs, an evaluation
+    seeded with ``s`` drives the tracks ``s, s + 1, ...`` that :func:`run_episodes` drives
+    for ``eval_seeds(n, base=s)``.
     """
 
-    def __init__(self, env: gym.Env):
+    def __init__(self, env: gym.Env, stride: int = 1):
         super().__init__(env)
+        if stride < 1:
+            raise ValueError(f"ConsecutiveTrackSeeds: stride must be >= 1, got {stride}")
+        self.stride = stride
         self._next_seed: int | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is None:
             seed = self._next_seed
         if seed is not None:
-            self._next_seed = int(seed) + 1
+            self._next_seed = int(seed) + self.stride
         return self.env.reset(seed=seed, options=options)
 
 

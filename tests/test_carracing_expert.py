@@ -359,6 +359,8 @@ def test_sample_action_follows_the_distribution():
 def test_sampling_expert_reproduces_each_track_whatever_ran_before():
     """A stochastic expert differs from its most likely actions, and a track's episode
     depends only on the expert's seed and the track's, not on the episodes before it."""
+    import torch
+
     sampled = PPOExpert(deterministic=False, seed=3)
     assert sampled.name.endswith(":sampled-s3")
 
@@ -367,6 +369,13 @@ def test_sampling_expert_reproduces_each_track_whatever_ran_before():
         run_episodes(actor, seeds, max_steps=frames,
                      on_step=lambda ep, i, obs, a, r, info: per_track.setdefault(seeds[ep], []).append(a))
         return per_track
+
+    # the stream depends on the track's seed (not only on the expert's)
+    def first_draws(track_seed):
+        sampled.reset_env(make_carracing(seed=track_seed))
+        return torch.rand(4, generator=sampled._generator)
+
+    assert torch.equal(first_draws(7), first_draws(7)) and not torch.equal(first_draws(7), first_draws(8))
 
     both = actions(sampled, [70_001, 70_002])
     alone = actions(sampled, [70_002])
@@ -416,13 +425,16 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     assert fast.seeds == raw.seeds == [70_004, 70_005]
     assert fast.lengths == raw.lengths and fast.laps == raw.laps == [False, True]
     assert raw.lengths[1] < 1000
-    np.testing.assert_allclose(fast.returns, raw.returns, rtol=0, atol=1e-3)  # float32 rewards in the VecEnv
+    np.testing.assert_allclose(fast.returns, raw.returns, rtol=0, atol=1e-5)  # Monitor rounds to 6 decimals
 
     zip_path = str(expert.path)
     assert main(["expert", "compare", zip_path, "--episodes", "1", "--seed-base", "70005", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert list(summary) == [zip_path] and summary[zip_path]["returns"] == [pytest.approx(raw.returns[1], abs=0.01)]
     assert main(["expert", "compare", zip_path, "--episodes", "0"]) == 2
+    with pytest.raises(FileNotFoundError, match="nope.zip"):  # before the good zip is driven
+        main(["expert", "compare", zip_path, str(expert.path.parent / "nope.zip"), "--episodes", "1"])
+    assert "return" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("terminate", [False, True])
@@ -608,12 +620,19 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
 
     def record_start(model, total_timesteps, **kwargs):
         started.update(weights=model.policy.state_dict(), steps=model.num_timesteps, todo=total_timesteps,
-                       adam=model.policy.optimizer.state_dict()["state"], count=model.get_vec_normalize_env().ret_rms.count)
+                       adam=model.policy.optimizer.state_dict()["state"], count=model.get_vec_normalize_env().ret_rms.count,
+                       best=kwargs["callback"].best_mean_reward)
         return model
 
     with monkeypatch.context() as patch:
         patch.setattr(PPO, "learn", record_start)
+        # kept before evaluations drove consecutive tracks: its best score is not carried over
+        (kept / "frames_32.json").write_text(json.dumps({k: v for k, v in at_32.items() if k != "eval_tracks"}))
         resume(run)
+        assert started["best"] == -np.inf
+        (kept / "frames_32.json").write_text(json.dumps(at_32))
+        resume(run)
+        assert started["best"] == at_32["best_mean_reward"] and at_32["eval_tracks"] == "consecutive"
     kept_policy = load_policy(kept / "frames_32.zip").policy   # one Adam step from the fresh weights
     for name, tensor in kept_policy.state_dict().items():
         assert torch.equal(started["weights"][name], tensor), name
@@ -646,8 +665,12 @@ def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
     per_eval = 200_000 // 4   # agent steps of both workers between evaluations
     seeds = [resume_seed(args, k * per_eval) for k in range(1, 200)]
     assert seeds[:2] == [22, 24] and len(set(seeds)) == len(seeds)   # each interval its own tracks
-    near_validation = resume_seed(TrainArgs(seed=61_998, n_envs=2, eval_seed=62_000), 12_500)
-    assert near_validation == 62_001                                # workers 62001, 62002: not 62000
+    # workers 62000, 62001 would start on validation tracks (62000..62007): moved past them
+    near_validation = resume_seed(TrainArgs(seed=61_998, n_envs=2, eval_seed=62_000, eval_episodes=8), 12_500)
+    assert near_validation == 62_008
+    inside = resume_seed(TrainArgs(seed=62_003, n_envs=2, eval_seed=62_000, eval_episodes=8), 12_500)
+    assert inside == 62_008                                          # would have been 62005, 62006
+    assert resume_seed(TrainArgs(seed=61_996, n_envs=2, eval_seed=62_000), 12_500) == 61_998
     with pytest.raises(ValueError, match="training seed range"):
         resume_seed(TrainArgs(seed=99_999, n_envs=2), 12_500)
 

@@ -106,11 +106,13 @@ def _report(best, ship: str | None) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from nac_drive.agents.ppo_expert import score_checkpoint
+    from nac_drive.agents.ppo_expert import load_policy, score_checkpoint
 
     if args.episodes < 1:
         print(f"expert compare: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
         return 2
+    for path in args.zips:
+        load_policy(path)  # a bad zip fails before any other is driven
     summaries = {}
     for path in tqdm(args.zips, desc="zips", unit="zip", disable=args.json):
         results = score_checkpoint(path, args.episodes, args.seed_base)
@@ -127,6 +129,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         print(f"expert eval: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
+        return 2
+    if args.sample_seed < 0:
+        print(f"expert eval: --sample-seed must be >= 0, got {args.sample_seed}", file=sys.stderr)
         return 2
     actor, continuous = load_expert(args.expert, deterministic=not args.stochastic, seed=args.sample_seed)
     seeds = eval_seeds(args.episodes, base=args.seed_base)
