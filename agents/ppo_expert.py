@@ -365,6 +365,7 @@ def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> Episode
 
     if episodes < 1:
         raise ValueError(f"score_checkpoint: episodes must be >= 1, got {episodes}")
+    torch.set_num_threads(1)  # a small CNN: more threads only contend with the env
     loaded = load_policy(path)
     venv = make_vec_env(continuous=loaded.action_kind == "continuous", combined=loaded.action_kind == "combined",
                         action_repeat=loaded.action_repeat,
