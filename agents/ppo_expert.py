@@ -132,8 +132,8 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
     ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
     as the env gives them (evaluation), and an evaluation env seeded with ``s`` drives the
     tracks ``s, s + 1, ...`` (:class:`ConsecutiveTrackSeeds`; worker i the tracks
-    ``s + i, s + i + n_envs, ...``), those of ``expert eval --seed-base s``. Both kinds have the same VecEnv wrappers, so PPO's
-    evaluation callback accepts them as one env type.
+    ``s + i, s + i + n_envs, ...``), those of ``expert eval --seed-base s``. Both kinds
+    have the same VecEnv wrappers, so PPO's evaluation callback accepts them as one env type.
     """
     from stable_baselines3.common.vec_env import (
         DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
@@ -424,6 +424,9 @@ class PPOExpert:
     older than that) it pushes :func:`preprocess` of the frame onto its frame stack
     (zeros after ``reset()``, as SB3's VecFrameStack) and picks a new action; in
     between it repeats the last one, exactly as the training env did.
+
+    ``deterministic=False`` samples the policy instead, each episode from a stream of its
+    own seeded by ``seed`` and the track (:meth:`reset_env`).
 
     Loading reads only the zip's JSON ``data`` and its ``policy.pth`` weights (with
     ``torch.load(weights_only=True)``): nothing pickled in the zip is executed, and no
