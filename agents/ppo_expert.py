@@ -96,16 +96,16 @@ class NegativeRewardTruncation(gym.Wrapper):
 
 
 def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
-                    skip_render: bool, combined: bool, streak_terminates: bool, evaluation: bool,
-                    n_envs: int):
-    """One worker env: raw env -> (consecutive track seeds, for evaluation) -> (combined
-    actions) -> action repeat -> (negative-reward streak end) -> Monitor -> gray 64x64."""
+                    skip_render: bool, combined: bool, streak_terminates: bool, track_stride: int | None):
+    """One worker env: raw env -> (consecutive track seeds with ``track_stride``, for
+    evaluation) -> (combined actions) -> action repeat -> (negative-reward streak end) ->
+    Monitor -> gray 64x64."""
     from stable_baselines3.common.monitor import Monitor
 
     def thunk():
         env = make_carracing(continuous=continuous or combined)
-        if evaluation:
-            env = ConsecutiveTrackSeeds(env, stride=n_envs)
+        if track_stride:
+            env = ConsecutiveTrackSeeds(env, stride=track_stride)
         if combined:
             from nac_drive.agents.combined_actions import CombinedActions
 
@@ -139,7 +139,7 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
         DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
 
     fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined, streak_terminates,
-                           evaluation=reward_gamma is None, n_envs=n_envs)
+                           track_stride=n_envs if reward_gamma is None else None)
            for _ in range(n_envs)]
     venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
     venv = VecFrameStack(venv, frame_stack, channels_order="last")
