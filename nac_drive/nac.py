@@ -1,4 +1,4 @@
-"""The Neuronal Attention Circuit layer (paper §2, DESIGN.md §2).
+"""The Neuronal Attention Circuit layer (paper §2; docs/ARCHITECTURE.md §3 maps it to this code).
 
 For every query step i and each of its K selected keys j (per head):
 

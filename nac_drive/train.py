@@ -1,7 +1,7 @@
 """Behaviour cloning of a :class:`DrivingPolicy` on recorded demonstrations.
 
     nac-drive train --data runs/demos --core nac --window 16
-    torchrun --nproc-per-node 2 -m nac_drive.train --data runs/demos   # DistributedDataParallel
+    torchrun --nproc-per-node 2 --no-python nac-drive train --data runs/demos   # DistributedDataParallel
 
 The loss covers every position of every window (position p sees p+1 frames, like the
 first frames of an episode in closed loop). Validation uses held-out *episodes*. The
@@ -12,7 +12,6 @@ run folder holds ``best/`` (lowest validation loss; ``config.json`` +
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import os
@@ -30,7 +29,7 @@ from tqdm import tqdm
 from nac_drive.checkpoint import load_optimizer, load_state_into, read_tensors, save_optimizer, write_json
 from nac_drive.cores import CORES, CoreConfig
 from nac_drive.policy import DrivingPolicy, PolicyConfig
-from nac_drive.train_args import CLASS_WEIGHTINGS, TrainArgs, add_arguments, args_from_namespace
+from nac_drive.train_args import CLASS_WEIGHTINGS, TrainArgs
 
 
 def run_name(args: TrainArgs, task: str) -> str:
@@ -281,17 +280,3 @@ def _append_csv(path: Path, row: dict) -> None:
         writer.writerow(row)
         f.flush()
         os.fsync(f.fileno())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nac-drive train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    run_dir = train(args_from_namespace(parser.parse_args(argv)))
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"best checkpoint: {run_dir / 'best'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

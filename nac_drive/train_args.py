@@ -1,7 +1,7 @@
 """Arguments of ``nac-drive train`` (no heavy imports: the CLI builds its parser from them).
 
     nac-drive train --data runs/demos --core nac --window 16
-    torchrun --nproc-per-node 2 -m nac_drive.train --data runs/demos   # DistributedDataParallel
+    torchrun --nproc-per-node 2 --no-python nac-drive train --data runs/demos   # DistributedDataParallel
 """
 
 from __future__ import annotations

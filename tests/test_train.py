@@ -4,6 +4,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -159,12 +160,15 @@ def test_training_learns_and_resumes(dataset, tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_two_processes_end_with_identical_weights(dataset, tmp_path):
+    # the README's command: torchrun starts the installed `nac-drive train` twice
+    nac_drive_cli = str(Path(sys.executable).parent / "nac-drive")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
-           "-m", "nac_drive.train", "--data", str(dataset), "--out", str(tmp_path), "--window", "4",
+           "--no-python", nac_drive_cli, "train", "--data", str(dataset), "--out", str(tmp_path), "--window", "4",
            "--d-model", "16", "--num-heads", "2", "--topk", "3", "--epochs", "1", "--windows-per-epoch", "64",
            "--batch-size", "8", "--no-progress"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("best checkpoint:") == 1
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     ranks = json.loads((run / "ddp_ranks.json").read_text())
     assert ranks["world_size"] == 2

@@ -16,6 +16,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    import os
     import sys
 
     from nac_drive.checkpoint import CheckpointError
@@ -28,5 +29,6 @@ def run(args) -> int:
     except (DatasetError, CheckpointError, ValueError) as e:
         print(f"train: {e}", file=sys.stderr)
         return 2
-    print(f"best checkpoint: {run_dir / 'best'}")
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one line for the run, not one per process
+        print(f"best checkpoint: {run_dir / 'best'}")
     return 0
