@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nac_drive.arguments import arg
+from nac_drive.arguments import arg, check_fields
 from nac_drive.simulators.carracing import EXPERT_TRAIN_SEED_BASE
 
 ACTION_REPEAT = 4
@@ -24,23 +24,23 @@ class TrainArgs:
         False, "discrete actions that can also steer while pressing gas: the env's 5 plus steer "
                "right/left + gas, played through the continuous env (agents/combined_actions.py); "
                "a 5-action --init-from expert is widened to them with its behaviour unchanged")
-    total_frames: int = arg(1_000_000, "env frames to train for (agent steps x action_repeat)")
+    total_frames: int = arg(1_000_000, "env frames to train for (agent steps x action_repeat)", min=1)
     seed: int = arg(EXPERT_TRAIN_SEED_BASE,
-                     "seed of the training tracks, the network init and PPO's sampling")
-    n_envs: int = arg(2, "parallel SubprocVecEnv workers (one per core)")
-    action_repeat: int = arg(ACTION_REPEAT, "env frames per agent decision")
-    frame_stack: int = arg(FRAME_STACK, "observations stacked as channels")
-    n_steps: int = arg(256, "rollout length per worker")
-    batch_size: int = arg(128, "PPO minibatch size")
-    n_epochs: int = arg(4, "PPO epochs per rollout")
-    learning_rate: float = arg(3e-4, "initial learning rate, decayed linearly to 0")
-    ent_coef: float = arg(0.01, "entropy bonus")
-    gamma: float = arg(0.99, "discount (per agent step)")
-    gae_lambda: float = arg(0.95, "GAE lambda")
-    clip_range: float = arg(0.2, "PPO clip range")
-    head_units: int = arg(256, "units of the hidden layer of the policy and value heads")
+                     "seed of the training tracks, the network init and PPO's sampling", min=0)
+    n_envs: int = arg(2, "parallel SubprocVecEnv workers (one per core)", min=1)
+    action_repeat: int = arg(ACTION_REPEAT, "env frames per agent decision", min=1)
+    frame_stack: int = arg(FRAME_STACK, "observations stacked as channels", min=1)
+    n_steps: int = arg(256, "rollout length per worker", min=2)
+    batch_size: int = arg(128, "PPO minibatch size", min=2)
+    n_epochs: int = arg(4, "PPO epochs per rollout", min=1)
+    learning_rate: float = arg(3e-4, "initial learning rate, decayed linearly to 0", above=0)
+    ent_coef: float = arg(0.01, "entropy bonus", min=0)
+    gamma: float = arg(0.99, "discount (per agent step)", above=0, max=1)
+    gae_lambda: float = arg(0.95, "GAE lambda", min=0, max=1)
+    clip_range: float = arg(0.2, "PPO clip range", above=0)
+    head_units: int = arg(256, "units of the hidden layer of the policy and value heads", min=1)
     negative_patience: int = arg(
-        25, "training-only truncation after this many agent steps of negative reward")
+        25, "training-only truncation after this many agent steps of negative reward", min=1)
     negative_streak_terminates: bool = arg(
         False, "end such a streak with a termination instead of a truncation: PPO then does not "
                "bootstrap its value, so getting stuck costs the rest of the lap's reward")
@@ -49,18 +49,21 @@ class TrainArgs:
                              "discrete zip can start a --continuous run (its behaviour is carried over)")
     transfer_steps: int = arg(
         500, "discrete --init-from into a --continuous run: agent steps per worker driven by the "
-             "discrete expert to fit the continuous action head on")
+             "discrete expert to fit the continuous action head on", min=1)
     released_brake: float = arg(
         -1.0, "discrete --init-from into a --continuous run: the brake value the fitted head gives "
               "for 'not braking' (<= 0; below 0 keeps PPO's exploration noise off the brake)")
     log_std_init: float = arg(
         0.0, "continuous runs: initial log standard deviation of the Gaussian policy (SB3's default 0)")
-    eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames")
+    eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames", min=1)
     keep_evaluated: bool = arg(
         True, "keep every evaluated checkpoint as evaluated/frames_<N>.zip (to compare on more tracks later)")
-    eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)")
+    eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)", min=1)
     eval_seed: int = arg(EXPERT_TRAIN_SEED_BASE + 50_000,
-                          "seed of the validation tracks (inside the training seed range)")
+                          "seed of the validation tracks (inside the training seed range)", min=0)
     skip_render: bool = arg(
         True, "do not draw the frames the agent never sees (same observations, ~3x faster)")
     progress_bar: bool = arg(True, "show a progress bar")
+
+    def __post_init__(self):
+        check_fields(self)

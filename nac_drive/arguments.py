@@ -1,17 +1,62 @@
 """Dataclasses of arguments as command-line flags (CleanRL style: one documented field
-per flag). Kept free of heavy imports so that ``nac-drive --help`` stays fast."""
+per flag), and the checked number types every verb parses its flags with. Kept free of
+heavy imports so that ``nac-drive --help`` stays fast.
+
+A value outside its range is refused when the flags are parsed, before any work starts:
+``number(int, min=1)`` is an argparse ``type``; ``arg(..., min=1)`` gives a dataclass field
+the same check, both on the command line and when the dataclass is built in Python
+(:func:`check_fields`, called from ``__post_init__``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+import math
+from typing import Any, Callable
+
+BOUNDS = ("min", "max", "above", "below")
+
+
+def check_number(value: float, *, min=None, max=None, above=None, below=None) -> str | None:
+    """Why ``value`` is out of range (``None`` if it is fine); NaN and inf never are."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    for bound, ok, words in ((min, lambda b: value >= b, ">="), (max, lambda b: value <= b, "<="),
+                             (above, lambda b: value > b, ">"), (below, lambda b: value < b, "<")):
+        if bound is not None and not ok(bound):
+            return f"must be {words} {bound}, got {value}"
+    return None
+
+
+def number(kind: type = int, **bounds) -> Callable[[str], Any]:
+    """An argparse ``type``: parses ``kind`` (int or float) and applies :func:`check_number`."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        problem = check_number(value, **bounds)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+COUNT = number(int, min=1)             # episodes, epochs, frames: at least one
+SIZE = number(int, min=0)              # 0 allowed (e.g. "all windows")
+SEED = number(int, min=0)
+PORT = number(int, min=1, max=65535)
+SECONDS = number(float, above=0)
 
 
 def arg(default: Any, help: str, choices: tuple | None = None, **kwargs) -> Any:
-    """A dataclass field with a help text (and optional allowed values), for
-    :func:`add_dataclass_arguments`."""
-    metadata = {"help": help, "choices": choices}
+    """A dataclass field with a help text, optional allowed values and optional numeric
+    bounds (``min``, ``max``, ``above``, ``below``), for :func:`add_dataclass_arguments`."""
+    metadata = {"help": help, "choices": choices, **{b: kwargs.pop(b) for b in BOUNDS if b in kwargs}}
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
@@ -29,7 +74,28 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             kind = type(default) if isinstance(default, (int, float, str)) else str
+            if kind in (int, float):
+                kind = number(kind, **_bounds(f))
             parser.add_argument(flag, type=kind, default=default, help=help_text, choices=f.metadata.get("choices"))
+
+
+def _bounds(f: dataclasses.Field) -> dict:
+    return {b: f.metadata[b] for b in BOUNDS if f.metadata.get(b) is not None}
+
+
+def check_fields(instance) -> None:
+    """Raise ValueError naming the first field of a dataclass built with :func:`arg` whose
+    value is out of its bounds or not among its choices."""
+    for f in dataclasses.fields(instance):
+        value = getattr(instance, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise ValueError(f"{flag}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            problem = check_number(value, **_bounds(f))
+            if problem:
+                raise ValueError(f"{flag}: {problem}")
 
 
 def from_namespace(cls, namespace: argparse.Namespace, **overrides):

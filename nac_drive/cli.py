@@ -1,16 +1,23 @@
 """The ``nac-drive`` command line: one subcommand per verb.
 
 Each verb lives in ``nac_drive/commands/<verb>.py`` and exposes
-``add_parser(subparsers)``, which registers its arguments and sets ``func``. Verb
-modules import heavy libraries (torch, gymnasium) inside ``func`` so that
-``nac-drive --help`` stays fast.
+``add_parser(subparsers)``, which registers its arguments (with checked types from
+``nac_drive.arguments``, so a bad value is refused before any work) and sets ``func``.
+Verb modules import heavy libraries (torch, gymnasium) inside ``func`` so that
+``nac-drive --help`` stays fast. :func:`run_verb` runs every verb, so that every error
+ends the same way: one line on stderr and a non-zero exit, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# Exit codes: 0 done, 1 a bug (an unexpected exception), 2 bad input or an unusable file,
+# folder or port (argparse uses 2 for bad flags too), 130 interrupted.
+EXIT_BUG, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
 # Verb modules under nac_drive.commands, in the order --help lists them.
 COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "drive", "saliency", "dashboard", "expert", "sim", "record"]
@@ -37,7 +44,30 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(args.func(args) or 0)
+    return run_verb(args)
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Run the parsed verb. Bad input (``ValueError``, which every error class of the
+    package extends) and unusable files, folders or ports (``OSError``) end in one line and
+    exit 2; anything else is a bug and ends in one line and exit 1.
+    ``NAC_DRIVE_TRACEBACK=1`` lets the exception through, traceback and all."""
+    name = f"nac-drive {args.command}"
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        if os.environ.get("NAC_DRIVE_TRACEBACK") == "1":
+            raise
+        message = " ".join(str(e).split()) or type(e).__name__
+        if isinstance(e, (ValueError, OSError)):
+            print(f"{name}: error: {message}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"{name}: unexpected {type(e).__name__}: {message} (a bug: please report it; "
+              f"NAC_DRIVE_TRACEBACK=1 shows where it happened)", file=sys.stderr)
+        return EXIT_BUG
 
 
 if __name__ == "__main__":

@@ -106,8 +106,3 @@ def test_emulator_training_recording_three_cameras(tmp_path, capsys):
     frames, times, steer = UdacityWindowDataset(segments_from_log(out / "driving_log.csv"), window=8)[0]
     assert frames.shape == (8, 3, 66, 200) and times[-1] == pytest.approx(7 / 15, abs=0.01)
     assert steer.abs().max() <= 1.0 and steer.tolist() == pytest.approx([r.steering for r in rows[:8]])
-
-
-def test_sim_cli_rejects_unknown_track():
-    with pytest.raises(SystemExit, match="--track"):
-        cli_main(["sim", "udacity-emulator", "--track", "monaco"])

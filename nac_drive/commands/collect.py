@@ -10,7 +10,8 @@ observation the student will see and the expert's action.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from nac_drive.arguments import COUNT, SEED
 
 
 def add_parser(subparsers) -> None:
@@ -21,9 +22,9 @@ def add_parser(subparsers) -> None:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     car.add_argument("--expert", default="ppo",
                      help="'ppo' (the shipped PPO expert), a PPO zip path, 'teacher' or 'teacher-discrete'")
-    car.add_argument("--episodes", type=int, default=20, help="episodes (one track each)")
-    car.add_argument("--seed", type=int, default=0, help="first track is 100000 + SEED")
-    car.add_argument("--max-steps", type=int, default=None, help="cap each episode (env frames; default 1000)")
+    car.add_argument("--episodes", type=COUNT, default=20, help="episodes (one track each)")
+    car.add_argument("--seed", type=SEED, default=0, help="first track is 100000 + SEED")
+    car.add_argument("--max-steps", type=COUNT, default=None, help="cap each episode (env frames; default 1000)")
     car.add_argument("--out", default="runs/demos", help="dataset root folder")
     car.add_argument("--name", default=None, help="dataset name (default: carracing-<expert>-s<seed>)")
     car.set_defaults(func=run)
@@ -54,11 +55,7 @@ def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        path, results = collect_carracing(args.expert, args.episodes, args.seed, args.out, args.max_steps, args.name)
-    except (ValueError, FileExistsError, FileNotFoundError) as e:
-        print(f"collect: {e}", file=sys.stderr)
-        return 2
+    path, results = collect_carracing(args.expert, args.episodes, args.seed, args.out, args.max_steps, args.name)
     print(results.format())
     print(f"dataset: {path}")
     return 0

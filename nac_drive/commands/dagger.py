@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from nac_drive.arguments import COUNT, number
+
 
 def add_parser(subparsers) -> None:
     from nac_drive import dagger, train_args
@@ -11,31 +13,23 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("dagger", help="improve a policy with DAgger (teacher labels the student's states)",
                               description=dagger.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", required=True, help="checkpoint folder to start from")
-    p.add_argument("--rounds", type=int, default=3, help="DAgger rounds (default 3)")
-    p.add_argument("--episodes", type=int, default=5, help="student episodes per round (default 5)")
-    p.add_argument("--max-steps", type=int, default=None, help="cap each student episode (env frames)")
-    p.add_argument("--disturb-rate", type=float, default=0.0,
+    p.add_argument("--rounds", type=COUNT, default=3, help="DAgger rounds (default 3)")
+    p.add_argument("--episodes", type=COUNT, default=5, help="student episodes per round (default 5)")
+    p.add_argument("--max-steps", type=COUNT, default=None, help="cap each student episode (env frames)")
+    p.add_argument("--disturb-rate", type=number(float, min=0, max=1), default=0.0,
                    help="chance per undisturbed frame that a burst of one random action replaces the "
                         "student's, so the teacher labels recoveries (after DART; default 0: none)")
-    p.add_argument("--disturb-frames", type=int, default=10, help="frames per disturbance burst (default 10)")
+    p.add_argument("--disturb-frames", type=COUNT, default=10, help="frames per disturbance burst (default 10)")
     train_args.add_arguments(p)   # --data, --out, --epochs, ... for each round's fine-tuning
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from nac_drive.checkpoint import CheckpointError
     from nac_drive.dagger import dagger
-    from nac_drive.data_collection.carracing_dataset import DatasetError
     from nac_drive.train_args import args_from_namespace
 
-    try:
-        final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
-                       seed=args.seed, max_steps=args.max_steps, progress=args.progress,
-                       disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames)
-    except (CheckpointError, DatasetError, ValueError) as e:
-        print(f"dagger: {e}", file=sys.stderr)
-        return 2
+    final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
+                   seed=args.seed, max_steps=args.max_steps, progress=args.progress,
+                   disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames)
     print(f"final checkpoint: {final}")
     return 0

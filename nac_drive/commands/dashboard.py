@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from nac_drive.arguments import number
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -15,26 +17,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("-o", "--output", default=None, metavar="HTML",
                    help="output file (default: RUN_DIR/dashboard.html)")
     p.add_argument("--title", default=None, help="page title (default: the run directory's name)")
-    p.add_argument("--image-budget-mb", type=float, default=20.0,
+    p.add_argument("--image-budget-mb", type=number(float, above=0), default=20.0,
                    help="frames + overlays above this many MB (base64) are re-encoded smaller (default 20)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import os
-    import sys
 
-    from nac_drive.interpret.archive import ArchiveError
     from nac_drive.interpret.dashboard import build_dashboard
 
-    if args.image_budget_mb <= 0:
-        print(f"--image-budget-mb: must be > 0, got {args.image_budget_mb}", file=sys.stderr)
-        return 2
-    try:
-        path = build_dashboard(args.run_dir, args.output, image_budget=int(args.image_budget_mb * 1e6),
-                               title=args.title)
-    except ArchiveError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    path = build_dashboard(args.run_dir, args.output, image_budget=int(args.image_budget_mb * 1e6), title=args.title)
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
     return 0

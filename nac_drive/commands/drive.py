@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from nac_drive.arguments import COUNT, PORT, SEED, number
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
@@ -30,8 +31,8 @@ def add_parser(subparsers) -> None:
     uda.add_argument("--policy", default=None,
                      help="checkpoint folder of a Udacity policy (default: the shipped PilotNet+NAC policy)")
     uda.add_argument("--host", default="127.0.0.1", help="address to bind (the simulator connects to it)")
-    uda.add_argument("--port", type=int, default=4567, help="port the simulator connects to")
-    uda.add_argument("--speed", type=float, default=9.0, help="set speed for the PI throttle controller (mph)")
+    uda.add_argument("--port", type=PORT, default=4567, help="port the simulator connects to")
+    uda.add_argument("--speed", type=number(float, above=0), default=9.0, help="set speed for the PI throttle controller (mph)")
     uda.add_argument("--record", metavar="DIR", default=None, help="also record driving_log.csv + IMG/ to DIR")
     uda.add_argument("--trace", default=None, metavar="RUN_DIR",
                      help="record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard)")
@@ -41,9 +42,9 @@ def add_parser(subparsers) -> None:
 
 def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help="checkpoint folder (default: the shipped CNN+NAC policy)")
-    parser.add_argument("--episodes", type=int, default=20, help="number of tracks")
-    parser.add_argument("--seed-base", type=int, default=EVAL_SEED_BASE, help="seed of the first track")
-    parser.add_argument("--max-steps", type=int, default=None, help="cap each episode (env frames; default 1000)")
+    parser.add_argument("--episodes", type=COUNT, default=20, help="number of tracks")
+    parser.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE, help="seed of the first track")
+    parser.add_argument("--max-steps", type=COUNT, default=None, help="cap each episode (env frames; default 1000)")
     parser.add_argument("--render", choices=["human"], default=None, help="show a window while driving")
     parser.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
     parser.add_argument("--trace", default=None, metavar="RUN_DIR",
@@ -95,12 +96,8 @@ def _recorder(trace_dir, policy, policy_path, env: str, action_names: list[str])
 
 
 def run_carracing(args: argparse.Namespace) -> int:
-    try:
-        summary = drive_carracing(args.policy, args.episodes, args.seed_base, args.max_steps, args.render,
-                                  args.video, args.trace, progress=not args.json)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"drive: {e}", file=sys.stderr)
-        return 2
+    summary = drive_carracing(args.policy, args.episodes, args.seed_base, args.max_steps, args.render,
+                              args.video, args.trace, progress=not args.json)
     for seed, ret, n in zip(summary["seeds"], summary["returns"], summary["lengths"]):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}")
     print(summary.pop("text"))
@@ -115,14 +112,9 @@ def run_udacity(args: argparse.Namespace) -> int:
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.simulators.udacity_bridge import drive_udacity
 
-    try:
-        policy = load_policy(args.policy, task="udacity")
-    except (ValueError, FileNotFoundError) as e:
-        print(f"drive: {e}", file=sys.stderr)
-        return 2
+    policy = load_policy(args.policy, task="udacity")
     if policy.config.task != "udacity":
-        print(f"drive: {args.policy} is a {policy.config.task!r} policy, not a Udacity one", file=sys.stderr)
-        return 2
+        raise ValueError(f"{args.policy} is a {policy.config.task!r} policy, not a Udacity one")
     recorder = _recorder(args.trace, policy, args.policy, "udacity", ["steering"]) if args.trace else None
     driver = PolicyDriver(policy, recorder=recorder)
     try:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from nac_drive.arguments import COUNT, SEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
     res = sub.add_parser("resume", help="continue a training run from its last kept checkpoint",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     res.add_argument("run_dir", help="the run's folder (with args.json and evaluated/)")
-    res.add_argument("--total-frames", type=int, default=None,
+    res.add_argument("--total-frames", type=COUNT, default=None,
                      help="new target of the run in env frames (default: the one in its args.json)")
     res.add_argument("--ship", metavar="ZIP", default=None,
                      help="also write the best checkpoint, without optimizer state, to ZIP")
@@ -48,14 +48,14 @@ def add_parser(subparsers) -> None:
     ev.add_argument("--expert", default=None,
                     help="SB3 zip of a PPO expert, 'teacher' (privileged, continuous) or "
                          "'teacher-discrete'; default: the shipped PPO expert")
-    ev.add_argument("--episodes", type=int, default=20, help="number of tracks")
-    ev.add_argument("--seed-base", type=int, default=EVAL_SEED_BASE,
+    ev.add_argument("--episodes", type=COUNT, default=20, help="number of tracks")
+    ev.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE,
                     help="seed of the first track (held-out tracks start at 900000)")
-    ev.add_argument("--max-steps", type=int, default=None,
+    ev.add_argument("--max-steps", type=COUNT, default=None,
                     help="cap each episode at this many env frames (default: the env's 1000)")
     ev.add_argument("--stochastic", action="store_true",
                     help="sample PPO actions instead of taking the most likely one")
-    ev.add_argument("--sample-seed", type=int, default=0,
+    ev.add_argument("--sample-seed", type=SEED, default=0,
                     help="--stochastic: seed of the sampling (each track's episode draws from "
                          "its own stream of this seed and the track's)")
     ev.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
@@ -70,8 +70,8 @@ def add_parser(subparsers) -> None:
                                      "range, then check the choice once with 'expert eval'.",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     cmp.add_argument("zips", nargs="+", metavar="ZIP", help="SB3 zips of PPO experts")
-    cmp.add_argument("--episodes", type=int, default=20, help="number of tracks")
-    cmp.add_argument("--seed-base", type=int, default=70_000,
+    cmp.add_argument("--episodes", type=COUNT, default=20, help="number of tracks")
+    cmp.add_argument("--seed-base", type=SEED, default=70_000,
                      help="seed of the first track (inside the expert training range, clear of its "
                           "training and validation tracks)")
     cmp.add_argument("--json", action="store_true",
@@ -108,9 +108,6 @@ def _compare(args: argparse.Namespace) -> int:
 
     from nac_drive.agents.ppo_expert import load_policy, score_checkpoint
 
-    if args.episodes < 1:
-        print(f"expert compare: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
-        return 2
     for path in args.zips:
         load_policy(path)  # a bad zip fails before any other is driven
     summaries = {}
@@ -127,12 +124,6 @@ def _eval(args: argparse.Namespace) -> int:
     from nac_drive.agents.experts import load_expert
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
-    if args.episodes < 1:
-        print(f"expert eval: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
-        return 2
-    if args.sample_seed < 0:
-        print(f"expert eval: --sample-seed must be >= 0, got {args.sample_seed}", file=sys.stderr)
-        return 2
     actor, continuous = load_expert(args.expert, deterministic=not args.stochastic, seed=args.sample_seed)
     seeds = eval_seeds(args.episodes, base=args.seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps,

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
+
+from nac_drive.arguments import COUNT, SEED, SIZE
 
 
 def add_parser(subparsers) -> None:
@@ -23,16 +24,16 @@ def add_parser(subparsers) -> None:
                               "whole pipeline)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/quickstart", help="output folder (default runs/quickstart)")
-    p.add_argument("--episodes", type=int, default=3, help="held-out tracks to drive (default 3)")
-    p.add_argument("--max-steps", type=int, default=None, help="cap each driven episode (env frames)")
+    p.add_argument("--episodes", type=COUNT, default=3, help="held-out tracks to drive (default 3)")
+    p.add_argument("--max-steps", type=COUNT, default=None, help="cap each driven episode (env frames)")
     p.add_argument("--no-saliency", action="store_true", help="skip the Grad-CAM overlays")
     p.add_argument("--full", action="store_true", help="collect -> train -> drive instead of the shipped policy")
     p.add_argument("--expert", default="ppo", help="--full: expert for collection (ppo, teacher, teacher-discrete)")
-    p.add_argument("--collect-episodes", type=int, default=10, help="--full: demonstration episodes (default 10)")
+    p.add_argument("--collect-episodes", type=COUNT, default=10, help="--full: demonstration episodes (default 10)")
     p.add_argument("--core", default="nac", help="--full: temporal core (nac, lstm, gru, cfc, ltc, mha)")
-    p.add_argument("--epochs", type=int, default=10, help="--full: training epochs (default 10)")
-    p.add_argument("--windows-per-epoch", type=int, default=4096, help="--full: windows per epoch (default 4096)")
-    p.add_argument("--seed", type=int, default=0, help="--full: seed of collection and training (default 0)")
+    p.add_argument("--epochs", type=COUNT, default=10, help="--full: training epochs (default 10)")
+    p.add_argument("--windows-per-epoch", type=SIZE, default=4096, help="--full: windows per epoch (default 4096)")
+    p.add_argument("--seed", type=SEED, default=0, help="--full: seed of collection and training (default 0)")
     p.add_argument("--json", action="store_true", help="end the output with one line of JSON")
     p.set_defaults(func=run)
 
@@ -44,16 +45,12 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     policy_path = None
-    try:
-        if args.full:
-            policy_path = _collect_and_train(args, out)
-        print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
-              f"held-out tracks ...", flush=True)
-        summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
-                                  video=str(out / "drive.mp4"), trace_dir=str(out / "run"), progress=not args.json)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"quickstart: {e}", file=sys.stderr)
-        return 2
+    if args.full:
+        policy_path = _collect_and_train(args, out)
+    print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
+          f"held-out tracks ...", flush=True)
+    summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
+                              video=str(out / "drive.mp4"), trace_dir=str(out / "run"), progress=not args.json)
     print(summary.pop("text"))
     dashboard = _dashboard(policy_path, out, with_saliency=not args.no_saliency, progress=not args.json)
     summary.update(video=str(out / "drive.mp4"), trace=str(out / "run" / "trace.npz"), dashboard=str(dashboard),

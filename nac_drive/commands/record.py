@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from nac_drive.arguments import PORT
+
 
 def add_parser(subparsers) -> None:
     rec = subparsers.add_parser("record", help="record demonstrations (Udacity simulator pass-through)",
@@ -19,7 +21,7 @@ def add_parser(subparsers) -> None:
     p = kinds.add_parser("udacity", help="record a human driving the Udacity simulator")
     p.add_argument("--out", required=True, metavar="DIR", help="recording folder (driving_log.csv + IMG/)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=4567, help="port (default 4567, where the simulator connects)")
+    p.add_argument("--port", type=PORT, default=4567, help="port (default 4567, where the simulator connects)")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON line")
     p.add_argument("--exit-on-disconnect", action="store_true", help="stop when the simulator disconnects")
     p.set_defaults(func=run_record_udacity)

@@ -23,17 +23,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from nac_drive.agents.driver import load_policy
-    from nac_drive.checkpoint import CheckpointError
-    from nac_drive.interpret.archive import ArchiveError
     from nac_drive.interpret.policy_saliency import policy_saliency
 
-    try:
-        path = policy_saliency(load_policy(args.policy), args.run, args.method)
-    except (ArchiveError, CheckpointError, ValueError) as e:
-        print(f"saliency: {e}", file=sys.stderr)
-        return 2
+    path = policy_saliency(load_policy(args.policy), args.run, args.method)
     print(f"wrote {path}")
     return 0

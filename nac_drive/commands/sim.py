@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from nac_drive.arguments import COUNT, PORT, SECONDS, SEED, number
+
 
 def add_parser(subparsers) -> None:
     sim = subparsers.add_parser("sim", help="headless simulators (Udacity protocol emulator)",
@@ -19,24 +21,24 @@ def add_parser(subparsers) -> None:
     kinds = sim.add_subparsers(dest="simulator", metavar="SIMULATOR", required=True)
     p = kinds.add_parser("udacity-emulator", help="Udacity Term-1 simulator stand-in (procedural road)")
     p.add_argument("--host", default="127.0.0.1", help="bridge host (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=4567, help="bridge port (default 4567, as the simulator)")
+    p.add_argument("--port", type=PORT, default=4567, help="bridge port (default 4567, as the simulator)")
     p.add_argument("--track", default="lakeside",
                    help="gentle, lakeside, serpentine, canyon, or random-<seed> (default lakeside)")
-    p.add_argument("--frames", type=int, default=None,
+    p.add_argument("--frames", type=COUNT, default=None,
                    help="stop after N telemetry messages (live) / record N frames (--record; default 1000)")
-    p.add_argument("--laps", type=float, default=None, help="stop after this many laps (live)")
-    p.add_argument("--start", type=float, default=0.0, help="start position, metres along the track (live)")
+    p.add_argument("--laps", type=number(float, above=0), default=None, help="stop after this many laps (live)")
+    p.add_argument("--start", type=number(float), default=0.0, help="start position, metres along the track (live)")
     p.add_argument("--human", action="store_true",
                    help="a scripted human drives; empty telemetry {} while it holds the throttle key")
     p.add_argument("--decimal-comma", action="store_true", help="format numbers like a comma locale (12,3456)")
     p.add_argument("--stop-off-road", action="store_true", help="stop at the first off-road event")
     p.add_argument("--realtime", action="store_true",
                    help="one step per 1/15 s of wall clock, like the real simulator (default: as fast as answered)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    p.add_argument("--timeout", type=SECONDS, default=5.0, help="seconds to wait for an answer (default 5)")
     p.add_argument("--record", metavar="DIR", help="write a training-mode recording instead of connecting")
-    p.add_argument("--seed", type=int, default=0, help="recording: start position and steering noise seed")
-    p.add_argument("--noise", type=float, default=0.3, help="recording: steering noise of the scripted driver")
-    p.add_argument("--speed", type=float, default=9.0, help="recording/human: target speed (mph)")
+    p.add_argument("--seed", type=SEED, default=0, help="recording: start position and steering noise seed")
+    p.add_argument("--noise", type=number(float, min=0), default=0.3, help="recording: steering noise of the scripted driver")
+    p.add_argument("--speed", type=number(float, above=0), default=9.0, help="recording/human: target speed (mph)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.set_defaults(func=run_udacity_emulator)
 
@@ -56,11 +58,9 @@ def run_udacity_emulator(args) -> int:
     try:
         track_spec(args.track)
     except ValueError as e:
-        raise SystemExit(f"--track: {e}")
+        raise ValueError(f"--track: {e}") from None
     if args.record:
         frames = args.frames if args.frames is not None else 1000
-        if frames < 1:
-            raise SystemExit("--frames must be >= 1")
         summary = record_training(args.record, track=args.track, frames=frames, seed=args.seed,
                                   speed_mph=args.speed, noise=args.noise)
         _print(summary, args.json)
@@ -72,7 +72,7 @@ def run_udacity_emulator(args) -> int:
     try:
         report = run_emulator(cfg)
     except OSError as e:
-        raise SystemExit(f"cannot connect to a Udacity bridge at {args.host}:{args.port}: {e}")
+        raise OSError(f"cannot connect to a Udacity bridge at {args.host}:{args.port}: {e}") from None
     summary = report.as_dict()
     _print(summary, args.json)
     if report.no_answer:

@@ -17,18 +17,11 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     import os
-    import sys
 
-    from nac_drive.checkpoint import CheckpointError
-    from nac_drive.data_collection.carracing_dataset import DatasetError
     from nac_drive.train import train
     from nac_drive.train_args import args_from_namespace
 
-    try:
-        run_dir = train(args_from_namespace(args))
-    except (DatasetError, CheckpointError, ValueError) as e:
-        print(f"train: {e}", file=sys.stderr)
-        return 2
+    run_dir = train(args_from_namespace(args))
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one line for the run, not one per process
         print(f"best checkpoint: {run_dir / 'best'}")
     return 0

@@ -1,0 +1,125 @@
+"""Every verb answers nonsense with one line on stderr and exit 2, before doing any work,
+and never with a traceback (nac_drive.cli.run_verb, nac_drive.arguments)."""
+
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from nac_drive.arguments import check_number
+from nac_drive.train_args import TrainArgs
+
+NAC_DRIVE = str(Path(sys.executable).parent / "nac-drive")
+MISSING = "/nonexistent/nac-drive-test"
+
+# (arguments, a fragment the error line must hold)
+NONSENSE = [
+    (["train", "--val-fraction", "1.5"], "--val-fraction: must be < 1, got 1.5"),
+    (["train", "--epochs", "0"], "--epochs: must be >= 1"),
+    (["train", "--lr", "nan"], "--lr: must be a finite number"),
+    (["train", "--window", "-3"], "--window: must be >= 1"),
+    (["train", "--batch-size", "many"], "--batch-size: expected an integer, got 'many'"),
+    (["train", "--data", MISSING], MISSING),
+    (["collect", "carracing", "--episodes", "0"], "--episodes: must be >= 1"),
+    (["collect", "carracing", "--max-steps", "0"], "--max-steps: must be >= 1"),
+    (["collect", "carracing", "--seed", "-1"], "--seed: must be >= 0"),
+    (["collect", "carracing", "--expert", MISSING + ".zip", "--episodes", "1"], MISSING),
+    (["dagger", "--policy", MISSING, "--rounds", "0"], "--rounds: must be >= 1"),
+    (["dagger", "--policy", MISSING, "--disturb-rate", "1.5"], "--disturb-rate: must be <= 1"),
+    (["dagger", "--policy", MISSING], MISSING),
+    (["drive", "carracing", "--episodes", "0"], "--episodes: must be >= 1"),
+    (["drive", "carracing", "--max-steps", "0"], "--max-steps: must be >= 1"),
+    (["drive", "carracing", "--policy", MISSING], MISSING),
+    (["drive", "udacity", "--speed", "-5"], "--speed: must be > 0"),
+    (["drive", "udacity", "--port", "70000"], "--port: must be <= 65535"),
+    (["drive", "udacity", "--policy", MISSING], MISSING),
+    (["expert", "train", "--total-frames", "-5"], "--total-frames: must be >= 1"),
+    (["expert", "train", "--gamma", "2"], "--gamma: must be <= 1"),
+    (["expert", "train", "--n-envs", "0"], "--n-envs: must be >= 1"),
+    (["expert", "resume", MISSING], MISSING),
+    (["expert", "resume", MISSING, "--total-frames", "0"], "--total-frames: must be >= 1"),
+    (["expert", "eval", "--episodes", "0"], "--episodes: must be >= 1"),
+    (["expert", "eval", "--sample-seed", "-2"], "--sample-seed: must be >= 0"),
+    (["expert", "eval", "--expert", MISSING + ".zip"], MISSING),
+    (["expert", "compare", MISSING + ".zip"], MISSING),
+    (["expert", "compare", "x.zip", "--episodes", "0"], "--episodes: must be >= 1"),
+    (["quickstart", "--max-steps", "0"], "--max-steps: must be >= 1"),
+    (["quickstart", "--episodes", "-1"], "--episodes: must be >= 1"),
+    (["quickstart", "--full", "--epochs", "0"], "--epochs: must be >= 1"),
+    (["saliency", "--run", MISSING], MISSING),
+    (["dashboard", MISSING], MISSING),
+    (["dashboard", MISSING, "--image-budget-mb", "0"], "--image-budget-mb: must be > 0"),
+    (["record", "udacity", "--out", MISSING, "--port", "0"], "--port: must be >= 1"),
+    (["sim", "udacity-emulator", "--track", "monaco"], "--track"),
+    (["sim", "udacity-emulator", "--frames", "0"], "--frames: must be >= 1"),
+    (["sim", "udacity-emulator", "--timeout", "0"], "--timeout: must be > 0"),
+    (["sim", "udacity-emulator", "--port", "abc"], "--port: expected an integer, got 'abc'"),
+    (["sim", "udacity-emulator", "--laps", "inf"], "--laps: must be a finite number"),
+]
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([NAC_DRIVE, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_every_verb_refuses_nonsense_in_one_line(tmp_path):
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda case: run_cli(case[0], tmp_path), NONSENSE))
+    problems = []
+    for (args, fragment), out in zip(NONSENSE, results):
+        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
+        if out.returncode != 2 or "Traceback" in out.stderr or fragment not in last:
+            problems.append(f"nac-drive {' '.join(args)} -> exit {out.returncode}: {out.stderr[-600:]!r}")
+    assert not problems, "\n".join(problems)
+    # nothing was started: no run, dataset or output folder appeared where the verbs ran
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_port_in_use_and_an_unwritable_output_end_in_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run_cli(["drive", "udacity", "--port", str(port)], tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith("nac-drive drive: error:")
+
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a folder must go")
+    out = run_cli(["quickstart", "--episodes", "1", "--max-steps", "5", "--no-saliency", "--out",
+                   str(blocker / "out")], tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert str(blocker) in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_bug_is_one_line_and_exit_1_unless_a_traceback_is_asked_for(monkeypatch, capsys):
+    from nac_drive import cli
+
+    def broken(args):
+        raise KeyError("the bug")
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["dashboard", "somewhere"])
+    args.func = broken
+    assert cli.run_verb(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nac-drive dashboard: unexpected KeyError")
+    monkeypatch.setenv("NAC_DRIVE_TRACEBACK", "1")
+    with pytest.raises(KeyError):
+        cli.run_verb(args)
+
+
+def test_argument_dataclasses_check_their_bounds_in_python_too():
+    with pytest.raises(ValueError, match="--val-fraction: must be < 1, got 1.5"):
+        TrainArgs(val_fraction=1.5)
+    with pytest.raises(ValueError, match="--class-weighting: must be one of none, balanced"):
+        TrainArgs(class_weighting="balance")
+    from nac_drive.agents.ppo_expert_args import TrainArgs as ExpertTrainArgs
+
+    with pytest.raises(ValueError, match="--total-frames: must be >= 1, got -5"):
+        ExpertTrainArgs(total_frames=-5)
+    assert check_number(0.5, min=0, below=1) is None
+    assert check_number(float("-inf"), max=3) == "must be a finite number, got -inf"
