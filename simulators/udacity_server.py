@@ -8,8 +8,8 @@ it lets one connection drive at a time and refuses the others. Limits of this se
 
 - one Engine.IO message, on either transport (a websocket message however many fragments
   it comes in, or a polling POST), is at most ``MAX_MESSAGE_BYTES``; a telemetry is
-  ~20-50 kB. A larger one ends its connection (websocket close 1009, HTTP 400) before it
-  is buffered;
+  ~20-50 kB. A larger one is refused before it is buffered: a websocket is closed (1009),
+  a POST answered 413;
 - a connection that sends no request for ``IDLE_TIMEOUT_S`` is closed, and so is one that
   stalls ``IO_TIMEOUT_S`` inside a request; an open websocket gets engineio's ping timeout
   (60 s; the simulator pings every 25 s). At most ``MAX_CONNECTIONS`` at once, fewer when
@@ -109,12 +109,28 @@ class _BridgeSocketIO(socketio.Server):
         super()._handle_event(sid, namespace, id, data)
 
 
+def _post_too_large(environ) -> bool:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return True
+    return not 0 <= length <= MAX_MESSAGE_BYTES
+
+
 def _guarded(app, warn_once):
-    """The WSGI app, answering 400 to a websocket handshake that is no websocket upgrade,
-    and logging (once per kind) the errors eventlet then answers with a bare 500."""
+    """The WSGI app, answering two kinds of requests itself, and logging (once per kind)
+    the errors eventlet then answers with a bare 500.
+
+    A POST over ``MAX_MESSAGE_BYTES`` gets 413 before engineio sees it: engineio's own
+    check (``max_http_buffer_size``) then closes the session waiting for a poll that never
+    comes, which hangs that request for good. A websocket handshake that is no websocket
+    upgrade gets 400 (module docstring)."""
 
     def guarded_app(environ, start_response):
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
+        if environ.get("REQUEST_METHOD") == "POST" and _post_too_large(environ):
+            start_response("413 Payload Too Large", [("Content-Type", "text/plain")])
+            return [f"at most {MAX_MESSAGE_BYTES} bytes a message\n".encode()]
         if (query.get("transport", [""])[0] == "websocket" and "sid" not in query
                 and environ.get("HTTP_UPGRADE", "").lower() != "websocket"):
             start_response("400 Bad Request", [("Content-Type", "text/plain")])
