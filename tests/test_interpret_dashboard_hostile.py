@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import html
 import json
-import re
 
 import numpy as np
 import pytest
+
+from support.dashboard_pages import chromium_dashboard_page, run_data
 
 from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
 from nac_drive.interpret.dashboard import build_dashboard
@@ -81,12 +82,6 @@ def runs(tmp_path_factory):
     return continuous, discrete, classes
 
 
-def _data(page: str) -> dict:
-    m = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)
-    assert m, "the run data block is missing"
-    return json.loads(m.group(1))
-
-
 def test_no_payload_reaches_the_page_unescaped(runs, tmp_path):
     continuous, discrete, classes = runs
     for run_dir in (continuous, discrete):
@@ -95,7 +90,7 @@ def test_no_payload_reaches_the_page_unescaped(runs, tmp_path):
             assert payload not in page
         # one data block, one page script, plotly: nothing closed the data block early
         assert page.count("</script>") == 3
-        data = _data(page)                             # escaped losslessly
+        data = run_data(page)                             # escaped losslessly
         run = load_trace(run_dir)
         names = run.metadata["action_names"]
         if run_dir == discrete:
@@ -111,11 +106,7 @@ def test_no_payload_reaches_the_page_unescaped(runs, tmp_path):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_payloads_show_as_text_and_run_nothing_in_chromium(runs, tmp_path):
-    pytest.importorskip("playwright", reason="playwright-python is not installed (pip install nac-drive[dev])")
-    from nac_drive.interpret.browser import dashboard_page, find_chromium
-
-    if find_chromium() is None:
-        pytest.skip("no Chromium found: apt-get install chromium (or set NAC_DRIVE_CHROMIUM)")
+    dashboard_page = chromium_dashboard_page()
     continuous, discrete, classes = runs
     page_state = """() => ({
         pwned: window.__pwned === undefined ? null : String(window.__pwned),
