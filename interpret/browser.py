@@ -37,8 +37,8 @@ def dashboard_page(html_path: str | os.PathLike, viewport: tuple[int, int] = (14
     """Open ``html_path`` and wait until the page is interactive (the first screen's
     panels drawn) and, with ``wait_all``, until every panel is drawn.
 
-    Yields ``(page, problems)``: ``problems`` collects console errors and uncaught page
-    errors as strings, for the whole life of the page.
+    Yields ``(page, problems)``: ``problems`` collects console errors, uncaught page
+    errors and dialogs (dismissed) as strings, for the whole life of the page.
     """
     from playwright.sync_api import sync_playwright
 
@@ -53,6 +53,7 @@ def dashboard_page(html_path: str | os.PathLike, viewport: tuple[int, int] = (14
             page.on("console", lambda m: problems.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+            page.on("dialog", lambda d: (problems.append(f"dialog: {d.type} {d.message}"), d.dismiss()))
             page.goto(Path(html_path).resolve().as_uri())
             page.wait_for_function("window.__dashboardReady === true", timeout=timeout_s * 1000)
             if wait_all:

@@ -13,6 +13,12 @@ of the sensory q/k/v gates and of the backbone's inter/command/motor layers (mea
 the selected pairs, or the top-weighted pair); phi, tau, logits and t_interp over
 time per head (attention-weighted mean over the selected keys); attention weight by
 key age over time, per head. Every time panel carries a cursor at the current frame.
+
+Every string that comes from the run's files (action and class names, metadata, the
+run folder's name) reaches the page as text, never as markup: HTML-escaped in the page,
+escaped for plotly's own tags in figure text, ``<``, ``>`` and ``&`` escaped in the JSON
+block (so it cannot end its ``<script>`` element or open a comment), and placed with
+``textContent`` by the page script.
 """
 
 from __future__ import annotations
@@ -83,13 +89,29 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         data["backbone_z"] = {mode: [_packed(z) for z in _backbone_z(run, mode)] for mode in ("mean", "top")}
     page = _PAGE.format(title=html.escape(title or f"nac-drive run: {run.path.parent.name}"),
                         summary=_summary_html(run, saliency), plotly_js=get_plotlyjs(),
-                        data=json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/"),
+                        data=_script_json(data),
                         script=_SCRIPT, style=_STYLE)
     atomic_write(out_html, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return out_html
 
 
 # ------------------------------------------------------------------ data helpers
+def _script_json(value: Any) -> str:
+    """JSON for a ``<script>`` element: no ``<``, ``>`` or ``&`` (a string holding
+    ``</script>`` or ``<!--`` would end the element or change how it is parsed) and no
+    U+2028 / U+2029. The escapes are JSON's own, so ``JSON.parse`` reads the same data."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
+
+
+def _plotly_text(text: Any) -> str:
+    """A string shown by plotly as it is: plotly reads ``<b>``, ``<a href>``, ``<span
+    style>``... in titles and tick labels, and turns ``&lt;`` back into ``<``."""
+    return html.escape(str(text), quote=False)
+
+
 def _packed(a: np.ndarray) -> dict[str, Any]:
     """A float32 / int32 array as {dtype, shape, b64} for the page script (NaN kept)."""
     a = np.ascontiguousarray(a, dtype=np.int32 if a.dtype.kind in "iu" else np.float32)
@@ -207,7 +229,7 @@ def _actions_figure(run: RunTrace):
     classes = p_classes or e_classes
     shape = "hv" if classes else "linear"
     rows = max(A, E)
-    titles = [pn[j] if j < A else en[j] for j in range(rows)] + ["reward / cross-track error"]
+    titles = [_plotly_text(pn[j] if j < A else en[j]) for j in range(rows)] + ["reward / cross-track error"]
     fig = make_subplots(rows=rows + 1, cols=1, shared_xaxes=True, vertical_spacing=0.07, subplot_titles=titles)
     for j in range(rows):
         if j < A:
@@ -223,7 +245,8 @@ def _actions_figure(run: RunTrace):
     fig.add_trace(go.Scatter(x=steps, y=run.cross_track_error, name="cross-track error",
                              line=dict(color="#9467bd", width=1)), row=rows + 1, col=1)
     if classes:   # discrete actions: name the classes on the y axis
-        fig.update_yaxes(tickvals=list(range(len(classes))), ticktext=classes, range=[-0.5, len(classes) - 0.5],
+        fig.update_yaxes(tickvals=list(range(len(classes))), ticktext=[_plotly_text(c) for c in classes],
+                         range=[-0.5, len(classes) - 0.5],
                          row=1, col=1)
     fig.update_xaxes(title_text="step", row=rows + 1, col=1)
     _layout(fig, 130 + 110 * (rows + 1) + (20 * len(classes) if classes else 0), "Actions: policy vs expert",
@@ -485,14 +508,23 @@ _SCRIPT = r"""
   const config = {responsive: true, displaylogo: false};
   const state = {frame: 0, playing: false, timer: null, pending: null, backbone: "mean"};
 
+  // The names come from the run's files: text nodes only, never innerHTML.
   function renderReadout(i) {
-    let rows = "<table><tr><td></td>" + R.policy_names.map((n) => "<td><b>" + n + "</b></td>").join("") + "</tr>";
-    const cell = (x, classes) => "<td>" + (classes && Number.isInteger(x) && classes[x] !== undefined
-        ? classes[x] + " (" + x + ")" : fmt(x)) + "</td>";
-    rows += "<tr><td>policy</td>" + R.policy_names.map((_, j) => cell(policy[i * A + j], R.policy_classes)).join("") + "</tr>";
-    if (E) rows += "<tr><td>expert</td>" + R.expert_names.map((_, j) => cell(expert[i * E + j], R.expert_classes)).join("") + "</tr>";
-    rows += "</table>reward " + fmt(reward[i]) + " · cross-track error " + fmt(cte[i]);
-    readout.innerHTML = rows;
+    const table = document.createElement("table");
+    const addRow = (label, texts, bold) => {
+      const row = table.insertRow();
+      row.insertCell().textContent = label;
+      for (const text of texts) {
+        const cell = row.insertCell();
+        (bold ? cell.appendChild(document.createElement("b")) : cell).textContent = text;
+      }
+    };
+    const value = (x, classes) => (classes && Number.isInteger(x) && classes[x] !== undefined
+        ? classes[x] + " (" + x + ")" : fmt(x));
+    addRow("", R.policy_names, true);
+    addRow("policy", R.policy_names.map((_, j) => value(policy[i * A + j], R.policy_classes)));
+    if (E) addRow("expert", R.expert_names.map((_, j) => value(expert[i * E + j], R.expert_classes)));
+    readout.replaceChildren(table, "reward " + fmt(reward[i]) + " · cross-track error " + fmt(cte[i]));
   }
 
   function renderAttention(i) {

@@ -3,10 +3,11 @@
 The simulator is the Socket.IO *client*. It connects to
 ``ws://127.0.0.1:4567/socket.io/?EIO=4&transport=websocket``, sends ``telemetry`` once on
 connect and once after every ``steer``/``manual`` it receives (strict lockstep), and
-expects ``steer`` with *string* values. This module is the server: it decodes each frame,
-asks the policy for a steering value, controls the speed with a PI controller, answers
-every telemetry, optionally records the run in the simulator's training format, and
-survives malformed telemetry.
+expects ``steer`` with *string* values. This module is the protocol logic: it decodes each
+frame, asks the policy for a steering value, controls the speed with a PI controller,
+answers every telemetry, optionally records the run in the simulator's training format,
+and survives malformed telemetry. The server around it, and its limits against hostile
+clients, is :mod:`nac_drive.simulators.udacity_server`.
 
 Why python-socketio 4.6.x + python-engineio 3.13.x (the ``udacity`` extra) and not 5.x:
 the simulator's Unity client speaks Socket.IO v2 semantics. It never sends the namespace
@@ -22,9 +23,11 @@ Unity client does although it speaks Engine.IO v3; hence python-engineio < 3.14.
 Robustness: a malformed telemetry (not an object, bad base64, non-JPEG or truncated
 JPEG bytes, wrong image size, missing or non-numeric fields, NaN) is answered with a
 safe command (steer 0, full brake), logged once per kind, counted, and the bridge keeps
-going; so is a policy that raises or returns NaN. Numbers with a decimal comma ("12,5")
-are valid. A failing recording (e.g. a full disk) is logged once and driving goes on. A (re)connect of the simulator resets the policy and
-the speed controller.
+going; so is a policy that raises or returns NaN. The image size is read from the JPEG
+header before anything is decoded. Numbers with a decimal comma ("12,5") are valid. A
+failing recording (e.g. a full disk) is logged once and driving goes on. One connection
+drives at a time; others are refused while it does. A new driving connection starts
+from a reset policy and speed controller.
 
 The policy interface: an object with ``reset()`` and ``select_action(obs) -> float``
 (steering in [-1, 1], positive = right), ``obs = {"image": uint8 RGB [160, 320, 3],
@@ -40,8 +43,6 @@ import importlib
 import json
 import logging
 import math
-import signal
-import socket
 import sys
 import time
 from collections import Counter
@@ -50,12 +51,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nac_drive.data_collection.udacity_log import DrivingLogWriter, parse_decimal
+from nac_drive.jpeg import jpeg_size
 
 log = logging.getLogger("nac_drive.udacity_bridge")
 
 IMAGE_SHAPE = (160, 320, 3)
 MAX_STEER_DEG = 25.0
 SAFE_STEERING, SAFE_THROTTLE = 0.0, -1.0  # steer straight, brake
+
+
+class Busy(Exception):
+    """A connection arrived while another one drives: it is refused."""
 
 
 class MalformedTelemetry(ValueError):
@@ -88,7 +94,10 @@ def _number(data: dict, name: str) -> float:
 
 
 def decode_image(text) -> tuple[np.ndarray, bytes]:
-    """base64 JPEG string -> (uint8 RGB [160, 320, 3], the JPEG bytes)."""
+    """base64 JPEG string -> (uint8 RGB [160, 320, 3], the JPEG bytes).
+
+    The size the JPEG's header claims is checked before anything is decoded (a tiny file
+    can claim gigapixels), and the decoded frame must have that size too."""
     import cv2
 
     if not isinstance(text, str):
@@ -97,13 +106,19 @@ def decode_image(text) -> tuple[np.ndarray, bytes]:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise MalformedTelemetry("bad_base64") from None
-    bgr = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR) if raw else None
-    if bgr is None or not raw.startswith(b"\xff\xd8"):
-        raise MalformedTelemetry("not_jpeg")
+    try:
+        height, width = jpeg_size(raw)
+    except ValueError:
+        raise MalformedTelemetry("not_jpeg") from None
+    if (height, width) != IMAGE_SHAPE[:2]:
+        raise MalformedTelemetry("wrong_image_size", f"{width}x{height}")
     if not raw.rstrip(b"\x00").endswith(b"\xff\xd9"):  # libjpeg decodes a cut file with a grey tail
         raise MalformedTelemetry("truncated_jpeg")
+    bgr = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise MalformedTelemetry("not_jpeg")
     if bgr.shape != IMAGE_SHAPE:
-        raise MalformedTelemetry("wrong_image_size", f"{bgr.shape[1]}x{bgr.shape[0]}")
+        raise MalformedTelemetry("wrong_image_size", f"decoded {bgr.shape[1]}x{bgr.shape[0]}, header {width}x{height}")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), raw
 
 
@@ -157,6 +172,7 @@ class BridgeStats:
     malformed_kinds: Counter = field(default_factory=Counter)
     policy_errors: int = 0
     connects: int = 0
+    refused: int = 0  # connections refused while another one drove
     disconnects: int = 0
     rows_recorded: int = 0
     latency_ms: list[float] = field(default_factory=list)  # telemetry arrival -> steer emitted
@@ -171,6 +187,7 @@ class BridgeStats:
             "malformed_kinds": dict(sorted(self.malformed_kinds.items())),
             "policy_errors": self.policy_errors,
             "connects": self.connects,
+            "refused": self.refused,
             "disconnects": self.disconnects,
             "rows_recorded": self.rows_recorded,
             "latency_ms_p50": None if lat is None else round(float(np.percentile(lat, 50)), 3),
@@ -181,21 +198,37 @@ class BridgeStats:
 class UdacityBridge:
     """Protocol logic, independent of the socket library: each handler returns the
     ``(event, data)`` to send back. With ``policy=None`` it passes the human's driving
-    through (answers ``manual``) and records the car's own controls."""
+    through (answers ``manual``) and records the car's own controls.
+
+    One connection drives at a time: the policy and the speed controller hold the state of
+    one car. A connection that arrives while another one drives is refused (:class:`Busy`)
+    and touches nothing; once the driver disconnects, the next connection drives, from a
+    reset policy and controller."""
 
     def __init__(self, policy=None, speed: float = 9.0, record_dir=None):
         self.policy = policy
         self.controller = SpeedController(speed)
         self.writer = DrivingLogWriter(record_dir) if record_dir else None
         self.stats = BridgeStats()
+        self.driver: str | None = None  # id of the connection that drives
         self._logged: set[str] = set()
 
-    def _warn_once(self, kind: str, message: str) -> None:
+    def warn_once(self, kind: str, message: str) -> None:
         if kind not in self._logged:
             self._logged.add(kind)
             log.warning("%s (further '%s' messages are counted, not logged)", message, kind)
 
-    def on_connect(self) -> tuple[str, dict]:
+    def on_connect(self, sid: str) -> tuple[str, dict] | None:
+        """Connection ``sid`` becomes the driver: reset, and the first command to send it.
+        None when ``sid`` already drives (a repeated CONNECT packet: nothing is reset).
+        Raises :class:`Busy` while another connection drives."""
+        if sid == self.driver:
+            return None
+        if self.driver is not None:
+            self.stats.refused += 1
+            self.warn_once("refused", f"refused a second connection ({sid}) while {self.driver} drives")
+            raise Busy(f"connection {self.driver} is driving")
+        self.driver = sid
         self.stats.connects += 1
         self.controller.reset()
         if self.policy is not None:
@@ -203,8 +236,13 @@ class UdacityBridge:
             return "steer", steer_payload(0.0, 0.0)
         return "manual", {}
 
-    def on_disconnect(self) -> None:
+    def on_disconnect(self, sid: str) -> bool:
+        """True when ``sid`` was the driver (the next connection may drive)."""
+        if sid != self.driver:
+            return False
+        self.driver = None
         self.stats.disconnects += 1
+        return True
 
     def on_telemetry(self, data, arrived: float | None = None) -> tuple[str, dict]:
         """Answer one telemetry; never raises. ``arrived``: time.monotonic() of arrival."""
@@ -215,7 +253,7 @@ class UdacityBridge:
         except MalformedTelemetry as e:
             self.stats.malformed += 1
             self.stats.malformed_kinds[e.kind] += 1
-            self._warn_once(e.kind, f"malformed telemetry ({e}); answering steer 0 + brake")
+            self.warn_once(e.kind, f"malformed telemetry ({e}); answering steer 0 + brake")
             return self._answer("steer", steer_payload(SAFE_STEERING, SAFE_THROTTLE))
         if tel is None:
             self.stats.manual += 1
@@ -229,7 +267,7 @@ class UdacityBridge:
                 raise ValueError(f"policy returned {steering}")
         except Exception as e:  # a broken policy must not take the connection down
             self.stats.policy_errors += 1
-            self._warn_once("policy_error", f"policy failed ({type(e).__name__}: {e}); answering steer 0 + brake")
+            self.warn_once("policy_error", f"policy failed ({type(e).__name__}: {e}); answering steer 0 + brake")
             return self._answer("steer", steer_payload(SAFE_STEERING, SAFE_THROTTLE))
         steering = float(np.clip(steering, -1.0, 1.0))
         throttle = self.controller.update(tel.speed, arrived)
@@ -246,105 +284,12 @@ class UdacityBridge:
         try:
             self.writer.write(tel.jpeg, steering, max(throttle, 0.0), max(-throttle, 0.0), tel.speed)
         except OSError as e:  # never stall the simulator because of the disk
-            self._warn_once("record_error", f"recording failed ({e}); still driving")
+            self.warn_once("record_error", f"recording failed ({e}); still driving")
         self.stats.rows_recorded = self.writer.rows
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def _apply_mask_numpy(data, mask, length=None, offset=0):
-    """XOR websocket payload bytes with the 4-byte client mask (vectorised)."""
-    n = len(data) if length is None else length
-    key = np.roll(np.frombuffer(bytes(mask), np.uint8), -(offset % 4))
-    return (np.frombuffer(data, np.uint8, count=n) ^ np.tile(key, n // 4 + 1)[:n]).tobytes()
-
-
-def _speed_up_eventlet_unmasking() -> None:
-    """eventlet unmasks every client frame byte by byte in Python: ~5 ms for one 15 kB
-    telemetry frame, more than the whole decode + policy step. Replace it by the same XOR
-    done with numpy (checked against the RFC 6455 definition in the tests)."""
-    import eventlet.websocket as ews
-
-    ews.RFC6455WebSocket._apply_mask = staticmethod(_apply_mask_numpy)
-
-
-def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
-          exit_on_disconnect: bool = False, ready=None) -> None:
-    """Run the Socket.IO server until Ctrl-C / SIGTERM (or the first disconnect when
-    ``exit_on_disconnect``). ``ready(port)`` is called once the socket listens."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
-    # our own log lines only: the socket libraries log every packet at INFO
-    logging.getLogger("socketio").setLevel(logging.WARNING)
-    logging.getLogger("engineio").setLevel(logging.WARNING)
-    try:
-        import eventlet
-        import eventlet.event
-        import eventlet.wsgi
-        import socketio
-    except ImportError as e:
-        raise SystemExit(f"the Udacity bridge needs the 'udacity' extra: pip install 'nac-drive[udacity]' ({e})")
-    from importlib.metadata import version
-
-    if int(version("python-socketio").split(".")[0]) >= 5:
-        raise SystemExit("python-socketio >= 5 cannot talk to the Udacity simulator; "
-                         "pip install 'nac-drive[udacity]' (python-socketio 4.6, python-engineio 3.13)")
-
-    _speed_up_eventlet_unmasking()
-    # async_handlers=False: telemetry is handled in arrival order on the connection's reader,
-    # never by two green threads at once (the policy is stateful).
-    sio = socketio.Server(async_mode="eventlet", async_handlers=False, logger=False, engineio_logger=False)
-    stop = eventlet.event.Event()
-
-    @sio.on("connect")
-    def _connect(sid, environ):
-        event, data = bridge.on_connect()
-        log.info("simulator connected (%s)", sid)
-        sio.emit(event, data, room=sid)
-
-    @sio.on("telemetry")
-    def _telemetry(sid, data=None):
-        arrived = time.monotonic()
-        event, payload = bridge.on_telemetry(data, arrived)
-        sio.emit(event, payload, room=sid)
-        bridge.stats.latency_ms.append((time.monotonic() - arrived) * 1000)
-
-    @sio.on("disconnect")
-    def _disconnect(sid):
-        bridge.on_disconnect()
-        s = bridge.stats
-        print(f"simulator disconnected: {s.messages} telemetry, {s.answered} answered, {s.malformed} malformed, "
-              f"{s.rows_recorded} rows recorded so far", file=sys.stderr, flush=True)
-        if exit_on_disconnect and not stop.ready():
-            stop.send()
-
-    app = socketio.WSGIApp(sio)
-    listener = eventlet.listen((host, port))
-    # no Nagle delay for the small steer messages (accepted sockets inherit it on Linux)
-    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    server = eventlet.spawn(eventlet.wsgi.server, listener, app, log_output=False)
-
-    # Ctrl-C / SIGTERM only set a flag: an exception raised by a signal handler would land
-    # in whichever green thread happens to run (possibly the server's) instead of here.
-    signalled = []
-
-    def _terminate(signum, frame):
-        signalled.append(signum)
-
-    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
-    if ready is not None:
-        ready(listener.getsockname()[1])
-    try:
-        while not signalled and not stop.ready():
-            eventlet.sleep(0.05)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        server.kill()
-        listener.close()
 
 
 def _run(bridge: UdacityBridge, host: str, port: int, json_out: bool, exit_on_disconnect: bool) -> int:
@@ -358,6 +303,10 @@ def _run(bridge: UdacityBridge, host: str, port: int, json_out: bool, exit_on_di
               file=sys.stderr, flush=True)
 
     try:
+        try:
+            from nac_drive.simulators.udacity_server import serve
+        except ImportError as e:
+            raise SystemExit(f"the Udacity bridge needs the 'udacity' extra: pip install 'nac-drive[udacity]' ({e})")
         serve(bridge, host, port, exit_on_disconnect, ready=ready)
     finally:
         bridge.close()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from support.dashboard_pages import chromium_dashboard_page, run_data
 
 from nac_drive.cli import main
 from nac_drive.interpret.dashboard import build_dashboard
@@ -33,12 +34,6 @@ def page_html(run_dir):
     return out.read_text(encoding="utf-8")
 
 
-def _data(page: str) -> dict:
-    m = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)
-    assert m, "the run data block is missing"
-    return json.loads(m.group(1))
-
-
 def _bdata(a: dict) -> np.ndarray:
     """plotly's base64 typed-array JSON -> numpy."""
     arr = np.frombuffer(base64.b64decode(a["bdata"]), dtype=np.dtype(a["dtype"]))
@@ -47,7 +42,7 @@ def _bdata(a: dict) -> np.ndarray:
 
 def test_page_holds_every_panel_and_the_data_of_every_frame(page_html, run_dir):
     run = load_trace(run_dir)
-    data = _data(page_html)
+    data = run_data(page_html)
     assert data["n"] == N and len(data["frames"]) == N and len(data["overlays"]) == N
     assert base64.b64decode(data["frames"][7]) == run.frame_jpeg(7)       # frames embedded as recorded
     assert set(PANELS) <= set(data["figures"])
@@ -91,7 +86,7 @@ def test_page_has_no_external_resources(page_html):
 
 def test_oversized_images_are_reencoded_to_fit(run_dir, tmp_path):
     out = build_dashboard(run_dir, tmp_path / "small.html", image_budget=100_000)
-    data = _data(out.read_text(encoding="utf-8"))
+    data = run_data(out.read_text(encoding="utf-8"))
     total = sum(len(s) for s in data["frames"] + data["overlays"])
     assert total <= 100_000 * 1.1
     from nac_drive.interpret.archive import decode_jpeg
@@ -105,7 +100,7 @@ def test_run_without_nac_or_saliency_with_discrete_actions(tmp_path):
         rec.add(frame=np.full((16, 16, 3), 40 * i, np.uint8), policy_action=i % 5, expert_action=3,
                 timestamp=0.1 * i)
     rec.save()
-    data = _data(build_dashboard(tmp_path).read_text(encoding="utf-8"))
+    data = run_data(build_dashboard(tmp_path).read_text(encoding="utf-8"))
     assert data["has_nac"] is False and data["overlays"] is None
     assert list(data["figures"]) == ["actions"] and len(data["frames"]) == 5
     # a discrete action is one column of class indices, labelled with the class names
@@ -116,7 +111,7 @@ def test_run_without_nac_or_saliency_with_discrete_actions(tmp_path):
 def test_cli_writes_the_dashboard_and_names_a_missing_trace(run_dir, tmp_path, capsys):
     out = tmp_path / "d.html"
     assert main(["dashboard", str(run_dir), "-o", str(out)]) == 0
-    assert _data(out.read_text(encoding="utf-8"))["n"] == N
+    assert run_data(out.read_text(encoding="utf-8"))["n"] == N
     assert main(["dashboard", str(tmp_path / "nowhere")]) == 1
     assert "trace.npz" in capsys.readouterr().err
 
@@ -128,18 +123,14 @@ def test_thousand_frame_run_fits_the_size_budget(tmp_path):
     out = build_dashboard(tmp_path)
     size = out.stat().st_size
     assert size <= 25e6, f"{size / 1e6:.1f} MB"
-    assert len(_data(out.read_text(encoding="utf-8"))["overlays"]) == 1000
+    assert len(run_data(out.read_text(encoding="utf-8"))["overlays"]) == 1000
 
 
 # ------------------------------------------------------------------ real browser
 @pytest.mark.browser
 @pytest.mark.slow
 def test_dashboard_in_headless_chromium(run_dir, page_html):
-    pytest.importorskip("playwright", reason="playwright-python is not installed (pip install nac-drive[dev])")
-    from nac_drive.interpret.browser import dashboard_page, find_chromium
-
-    if find_chromium() is None:
-        pytest.skip("no Chromium found: apt-get install chromium (or set NAC_DRIVE_CHROMIUM)")
+    dashboard_page = chromium_dashboard_page()
     run = load_trace(run_dir)
     with dashboard_page(run_dir / "dashboard.html") as (page, problems):
         state = """() => ({src: document.getElementById('frame').src,

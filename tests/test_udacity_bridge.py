@@ -6,8 +6,11 @@ import cv2
 import numpy as np
 import pytest
 
+from support import hostile_jpegs
+
 from nac_drive.data_collection.udacity_log import read_driving_log
 from nac_drive.simulators.udacity_bridge import (
+    Busy,
     MalformedTelemetry,
     SpeedController,
     UdacityBridge,
@@ -84,6 +87,29 @@ def test_png_is_not_accepted_as_jpeg():
         parse_telemetry(_telemetry(image=base64.b64encode(png.tobytes()).decode()))
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_a_giant_size_in_the_header_is_refused_without_decoding(monkeypatch):
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the image was decoded")
+
+    monkeypatch.setattr(cv2, "imdecode", no_decoding)
+    for data, claimed in ((hostile_jpegs.giant(), "30000x30000"),
+                          (hostile_jpegs.claiming(hostile_jpegs.encode(), 160, 4000), "4000x160")):
+        with pytest.raises(MalformedTelemetry, match=claimed) as e:
+            parse_telemetry(_telemetry(image=_b64(data)))
+        assert e.value.kind == "wrong_image_size"
+
+
+def test_a_decoded_size_other_than_the_header_is_refused():
+    data = hostile_jpegs.rotated()  # header 320x160, decoded 160x320 (EXIF orientation)
+    with pytest.raises(MalformedTelemetry, match="decoded 160x320, header 320x160") as e:
+        parse_telemetry(_telemetry(image=_b64(data)))
+    assert e.value.kind == "wrong_image_size"
+
+
 def test_steer_values_are_strings():
     payload = steer_payload(-0.25, 0.5)
     assert payload == {"steering_angle": "-0.250000", "throttle": "0.500000"}
@@ -93,7 +119,7 @@ def test_steer_values_are_strings():
 def test_bridge_answers_policy_steering_and_resets_on_connect():
     policy = Recorder(1.7)  # out of range: clipped
     bridge = UdacityBridge(policy, speed=9.0)
-    assert bridge.on_connect() == ("steer", {"steering_angle": "0.000000", "throttle": "0.000000"})
+    assert bridge.on_connect("a") == ("steer", {"steering_angle": "0.000000", "throttle": "0.000000"})
     assert policy.resets == 1
     event, data = bridge.on_telemetry(_telemetry(), arrived=10.0)
     assert event == "steer" and data["steering_angle"] == "1.000000"
@@ -103,10 +129,29 @@ def test_bridge_answers_policy_steering_and_resets_on_connect():
     # the decoded image is the RGB frame that was sent
     assert abs(int(obs["image"][80, 160, 0]) - 120) <= 2
     assert bridge.on_telemetry({}) == ("manual", {})
-    bridge.on_connect()
+    assert bridge.on_disconnect("a")
+    bridge.on_connect("b")
     assert policy.resets == 2
     s = bridge.stats.summary()
     assert (s["messages"], s["answered"], s["manual"], s["malformed"]) == (2, 2, 1, 0)
+
+
+def test_one_connection_drives_the_others_are_refused_and_touch_nothing():
+    policy = Recorder(0.4)
+    bridge = UdacityBridge(policy, speed=9.0)
+    bridge.on_connect("a")
+    bridge.on_telemetry(_telemetry(speed="1.0"), arrived=1.0)
+    integral, last_t = bridge.controller.integral, bridge.controller.last_t
+    with pytest.raises(Busy):
+        bridge.on_connect("b")                       # a second client while "a" drives
+    assert bridge.on_connect("a") is None             # a repeated CONNECT of the driver
+    assert not bridge.on_disconnect("b")              # not the driver: the seat stays taken
+    assert policy.resets == 1 and bridge.driver == "a"
+    assert (bridge.controller.integral, bridge.controller.last_t) == (integral, last_t)
+    assert bridge.on_disconnect("a")
+    assert bridge.on_connect("b")[0] == "steer" and policy.resets == 2 and bridge.controller.last_t is None
+    s = bridge.stats.summary()
+    assert (s["connects"], s["refused"], s["disconnects"]) == (2, 1, 1)
 
 
 def test_malformed_and_policy_failures_get_the_safe_command_and_are_logged_once(caplog):
@@ -132,7 +177,7 @@ def test_nan_from_the_policy_is_not_sent():
 
 def test_pass_through_records_the_human_controls(tmp_path):
     bridge = UdacityBridge(None, record_dir=tmp_path / "rec")
-    assert bridge.on_connect() == ("manual", {})
+    assert bridge.on_connect("a") == ("manual", {})
     assert bridge.on_telemetry(_telemetry(steering_angle="12.5", throttle="-0.4")) == ("manual", {})
     assert bridge.on_telemetry({}) == ("manual", {})
     bridge.close()
@@ -153,7 +198,8 @@ def test_speed_controller_drives_a_simple_car_to_the_set_speed():
 
 
 def test_numpy_unmasking_equals_the_websocket_definition():
-    from nac_drive.simulators.udacity_bridge import _apply_mask_numpy
+    pytest.importorskip("eventlet")
+    from nac_drive.simulators.udacity_server import _apply_mask_numpy
 
     def reference(data, mask, length=None, offset=0):  # RFC 6455 5.3, byte by byte
         n = len(data) if length is None else length

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from support.udacity_procs import free_port, start_bridge
+from support.udacity_procs import SocketIOClient, free_port, start_bridge
 
 from nac_drive.simulators.udacity_emulator import EmulatorConfig, event_packet, run_emulator
 
@@ -73,31 +73,22 @@ def malformed_messages(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def _next_event(ws):
-    while True:
-        msg = ws.recv()
-        if msg.startswith("42"):
-            return json.loads(msg[2:])
-
-
 def test_fuzz_every_malformed_message_is_answered_and_the_bridge_still_drives():
     messages = malformed_messages(1200)
     port = free_port()
     bridge = start_bridge(port, "udacity_test_policies:Constant03")
     try:
-        ws = websocket.create_connection(f"ws://127.0.0.1:{port}/socket.io/?EIO=4&transport=websocket", timeout=10)
-        assert ws.recv().startswith("0")
-        assert _next_event(ws) == ["steer", {"steering_angle": "0.000000", "throttle": "0.000000"}]
+        client = SocketIOClient(port)
+        assert client.next_event() == ["steer", {"steering_angle": "0.000000", "throttle": "0.000000"}]
         answers = []
         for m in messages:
-            ws.send(m)
-            answers.append(_next_event(ws))
+            client.ws.send(m)
+            answers.append(client.next_event())
         # a valid frame on the same connection is driven by the policy again
         rng = np.random.default_rng(1)
-        ws.send(event_packet("telemetry", {"steering_angle": "0.0", "throttle": "0.0", "speed": "5,0",
-                                           "image": base64.b64encode(_jpeg(320, 160, rng)).decode()}))
-        after = _next_event(ws)
-        ws.close()
+        after = client.ask({"steering_angle": "0.0", "throttle": "0.0", "speed": "5,0",
+                            "image": base64.b64encode(_jpeg(320, 160, rng)).decode()})
+        client.close()
         report = run_emulator(EmulatorConfig(port=port, frames=30))  # and a new simulator session drives
         bridge.wait_for("simulator disconnected", count=2)
     finally:

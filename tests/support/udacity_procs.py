@@ -1,4 +1,4 @@
-"""Helpers for the Udacity tests: free ports and bridge processes on 127.0.0.1."""
+"""Helpers for the Udacity tests: free ports, bridge processes and a raw Socket.IO client on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ def free_port() -> int:
 class Proc:
     """A subprocess whose stderr is drained in a thread; ``wait_for`` watches it."""
 
-    def __init__(self, argv: list[str], env: dict | None = None):
+    def __init__(self, argv: list[str], env: dict | None = None, max_open_files: int | None = None):
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
             [str(SUPPORT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         full_env.update(env or {})
+        if max_open_files is not None:  # by the shell: a preexec_fn fork warns once eventlet is imported
+            argv = ["sh", "-c", f'ulimit -n {int(max_open_files)} && exec "$@"', "sh", *argv]
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
         self.err: list[str] = []
         self.out: list[str] = []
@@ -70,16 +72,51 @@ class Proc:
         raise AssertionError(f"no JSON summary in stdout: {self.out!r}\nstderr: {''.join(self.err)[-3000:]}")
 
 
-def start_bridge(port: int, policy: str | None, record: str | None = None, extra: list[str] = ()) -> Proc:
-    """Start ``python -m nac_drive.simulators.udacity_bridge`` and wait until it listens."""
+def start_bridge(port: int, policy: str | None, record: str | None = None, extra: list[str] = (),
+                 max_open_files: int | None = None) -> Proc:
+    """Start ``python -m nac_drive.simulators.udacity_bridge`` and wait until it listens
+    (``max_open_files``: its file descriptor limit)."""
     argv = [sys.executable, "-m", "nac_drive.simulators.udacity_bridge", "--port", str(port), "--json"]
     if policy:
         argv += ["--policy", policy]
     if record:
         argv += ["--record", record]
-    proc = Proc(argv + list(extra))
+    proc = Proc(argv + list(extra), max_open_files=max_open_files)
     proc.wait_for("listening on")
     return proc
+
+
+def websocket_url(port: int) -> str:
+    """Where the Unity client connects."""
+    return f"ws://127.0.0.1:{port}/socket.io/?EIO=4&transport=websocket"
+
+
+class SocketIOClient:
+    """A Unity-style Socket.IO client on a plain websocket: ``ask`` sends one telemetry
+    and returns the event that answers it, as ``[name, data]``."""
+
+    def __init__(self, port: int, timeout: float = 10.0):
+        import websocket
+
+        self.ws = websocket.create_connection(websocket_url(port), timeout=timeout)
+        opening = self.ws.recv()
+        assert opening.startswith("0"), opening
+        self.sid = json.loads(opening[1:])["sid"]
+
+    def next_event(self) -> list:
+        while True:
+            msg = self.ws.recv()
+            if msg.startswith("42"):
+                return json.loads(msg[2:])
+
+    def ask(self, data) -> list:
+        from nac_drive.simulators.udacity_emulator import event_packet
+
+        self.ws.send(event_packet("telemetry", data))
+        return self.next_event()
+
+    def close(self) -> None:
+        self.ws.close()
 
 
 def start_recorder(port: int, out: str) -> Proc:
