@@ -84,22 +84,29 @@ def _train(args: argparse.Namespace) -> int:
     from nac_drive.agents.ppo_expert_args import TrainArgs
     from nac_drive.arguments import from_namespace
 
-    return _report(train(from_namespace(TrainArgs, args)), args.ship)
+    return _report("expert train", lambda: train(from_namespace(TrainArgs, args)), args.ship)
 
 
 def _resume(args: argparse.Namespace) -> int:
     from nac_drive.agents.ppo_expert import resume
 
-    return _report(resume(args.run_dir, args.total_frames), args.ship)
+    return _report("expert resume", lambda: resume(args.run_dir, args.total_frames), args.ship)
 
 
-def _report(best, ship: str | None) -> int:
-    from nac_drive.agents.ppo_expert import export_for_shipping
+def _report(verb: str, run, ship: str | None) -> int:
+    """Run the training ``run()`` (it returns the best zip), then ship that zip if asked;
+    a bad file (a zip, args.json, a kept state) ends it with one line naming it."""
+    from nac_drive.agents.expert_zip import export_for_shipping
 
-    print(f"best checkpoint: {best}")
-    if ship:
-        export_for_shipping(best, ship)
-        print(f"shipped copy: {ship}")
+    try:
+        best = run()
+        print(f"best checkpoint: {best}")
+        if ship:
+            export_for_shipping(best, ship)
+            print(f"shipped copy: {ship}")
+    except (ValueError, FileNotFoundError) as e:
+        print(f"{verb}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
