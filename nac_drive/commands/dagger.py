@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
                        seed=args.seed, max_steps=args.max_steps, progress=args.progress,
                        disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames)
-    except (CheckpointError, DatasetError, ValueError) as e:
+    except (CheckpointError, DatasetError, ValueError, FileExistsError) as e:
         print(f"dagger: {e}", file=sys.stderr)
         return 2
     print(f"final checkpoint: {final}")
