@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
-from nac_drive.agents.expert_zip import load_policy, read_data, read_tensors
+from nac_drive.agents.expert_zip import LoadedPolicy, load_policy, read_data, read_tensors
 from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK, TrainArgs
 from nac_drive.atomic import atomic_write, fresh_dir
 from nac_drive.checkpoint import dataclass_from_json, read_json
@@ -160,6 +160,7 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     kind = _action_kind(args)
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
+    start = load_policy(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
     if from_checkpoint is None:   # a new run never writes into an existing run's folder
         run_dir = fresh_dir(Path(args.out) / run_name)
         args = replace(args, run_name=run_dir.name)
@@ -202,7 +203,7 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
         _restore(model, from_checkpoint, callback)
         model.set_random_seed(resume_seed(args, model.num_timesteps))
     elif args.init_from:
-        _start_from(model.policy, args, venv)
+        _start_from(model.policy, start, args, venv)
         model.save(run_dir / "init_model.zip")
     model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=callback,
                 tb_log_name=run_dir.name, reset_num_timesteps=from_checkpoint is None,
@@ -343,12 +344,11 @@ def _kept_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _start_from(policy, args: TrainArgs, venv) -> None:
-    """Load ``args.init_from`` into ``policy``. A 5-action discrete expert can also start a
-    continuous run (its behaviour is carried over, see
+def _start_from(policy, start: LoadedPolicy, args: TrainArgs, venv) -> None:
+    """Load ``start`` (the policy of ``args.init_from``) into ``policy``. A 5-action discrete
+    expert can also start a continuous run (its behaviour is carried over, see
     :mod:`nac_drive.agents.discrete_to_continuous`, and the fit is printed) or a
     combined-action run (widened, see :mod:`nac_drive.agents.combined_actions`)."""
-    start = load_policy(args.init_from)
     run_kind, start_kind = _action_kind(args), start.action_kind
     if start_kind != run_kind and start_kind != "discrete":
         raise ValueError(f"init_from: {args.init_from} has {start_kind} actions; a {run_kind} run "

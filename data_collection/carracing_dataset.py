@@ -179,9 +179,12 @@ def _load_one(folder: Path) -> list[Episode]:
 
     data = folder / "data"
     try:
+        _check_declared_size(data / "main_data.hdf5")
         dataset = MinariDataset(data)
         metadata = list(dataset.storage.get_episode_metadata(range(dataset.total_episodes)))
         raw = list(dataset.iterate_episodes())
+    except DatasetError:
+        raise
     except Exception as e:  # h5py / json / minari all raise their own types on a corrupt file
         raise DatasetError(f"{data / 'main_data.hdf5'}: cannot read the Minari dataset "
                            f"({type(e).__name__}: {e})") from None
@@ -214,6 +217,21 @@ def _load_one(folder: Path) -> list[Episode]:
                                 expert=str(meta.get("expert", expert_default)) if isinstance(meta, dict)
                                 else expert_default, source=where))
     return episodes
+
+
+def _check_declared_size(h5_path: Path) -> None:
+    """Refuse an HDF5 file whose arrays, as declared, would not fit in this machine's
+    memory (loading reads them all): a small compressed file can declare any size."""
+    import h5py
+
+    sizes = []
+    with h5py.File(h5_path, "r") as f:
+        f.visititems(lambda _, item: sizes.append(item.size * item.dtype.itemsize)
+                     if isinstance(item, h5py.Dataset) else None)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if sum(sizes) > memory:
+        raise DatasetError(f"{h5_path}: its arrays would take {sum(sizes)} bytes, more than this machine's "
+                           f"memory ({memory} bytes)")
 
 
 def _require(ok: bool, where: str, field: str, why: str) -> None:

@@ -34,8 +34,8 @@ TASKS = ("carracing", "udacity")
 FORMAT_VERSION = 1
 # Largest value a loaded config may give each size (far above any policy trained here):
 # a config.json naming a huge size is refused before anything is built from it.
-SIZE_LIMITS = {"feature_dim": 2048, "num_outputs": 256, "core.window": 2048, "core.d_model": 2048,
-               "core.num_heads": 64, "core.topk": 2048, "core.euler_steps": 1000, "core.backbone_units": 2048}
+SIZE_LIMITS = {"feature_dim": 1024, "num_outputs": 256, "core.window": 2048, "core.d_model": 1024,
+               "core.num_heads": 64, "core.topk": 2048, "core.euler_steps": 1000, "core.backbone_units": 1024}
 
 
 @dataclass

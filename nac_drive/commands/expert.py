@@ -119,7 +119,11 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"expert compare: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
         return 2
     for path in args.zips:
-        load_policy(path)  # a bad zip fails before any other is driven
+        try:
+            load_policy(path)  # a bad zip fails before any other is driven
+        except (ValueError, FileNotFoundError) as e:
+            print(f"expert compare: {e}", file=sys.stderr)
+            return 2
     summaries = {}
     for path in tqdm(args.zips, desc="zips", unit="zip", disable=args.json):
         results = score_checkpoint(path, args.episodes, args.seed_base)
@@ -140,7 +144,11 @@ def _eval(args: argparse.Namespace) -> int:
     if args.sample_seed < 0:
         print(f"expert eval: --sample-seed must be >= 0, got {args.sample_seed}", file=sys.stderr)
         return 2
-    actor, continuous = load_expert(args.expert, deterministic=not args.stochastic, seed=args.sample_seed)
+    try:
+        actor, continuous = load_expert(args.expert, deterministic=not args.stochastic, seed=args.sample_seed)
+    except ValueError as e:   # a zip that is not an expert of this project
+        print(f"expert eval: {e}", file=sys.stderr)
+        return 2
     seeds = eval_seeds(args.episodes, base=args.seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps,
                            video_path=args.video, progress=not args.json)
