@@ -14,24 +14,22 @@ tracks (from the training seed range).
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
-import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
-from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_STACK, TrainArgs
-from nac_drive.atomic import atomic_write
+from nac_drive.agents.expert_zip import LoadedPolicy, load_policy, read_data, read_tensors
+from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK, TrainArgs
+from nac_drive.atomic import atomic_write, fresh_dir
+from nac_drive.checkpoint import dataclass_from_json, read_json
 from nac_drive.simulators.carracing import ActionRepeat, ConsecutiveTrackSeeds, EpisodeResults, make_carracing
-
-FRAME_SIZE = 64
 
 
 def shipped_expert_path() -> Path:
@@ -162,8 +160,13 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     kind = _action_kind(args)
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir = Path(args.out) / run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    start = load_policy(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
+    if from_checkpoint is None:   # a new run never writes into an existing run's folder
+        run_dir = fresh_dir(Path(args.out) / run_name)
+        args = replace(args, run_name=run_dir.name)
+        print(f"run folder: {run_dir}", flush=True)
+    else:
+        run_dir = Path(args.out) / run_name
     atomic_write(run_dir / "args.json", lambda tmp: Path(tmp).write_text(json.dumps(asdict(args), indent=2)))
 
     view = dict(continuous=args.continuous, combined=args.combined_actions, action_repeat=args.action_repeat,
@@ -200,10 +203,10 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
         _restore(model, from_checkpoint, callback)
         model.set_random_seed(resume_seed(args, model.num_timesteps))
     elif args.init_from:
-        _start_from(model.policy, args, venv)
+        _start_from(model.policy, start, args, venv)
         model.save(run_dir / "init_model.zip")
     model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=callback,
-                tb_log_name=run_name, reset_num_timesteps=from_checkpoint is None,
+                tb_log_name=run_dir.name, reset_num_timesteps=from_checkpoint is None,
                 progress_bar=args.progress_bar)
     model.save(run_dir / "final_model.zip")
     venv.close()
@@ -237,8 +240,8 @@ def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
     saved = run_dir / "args.json"
     if not saved.is_file():
         raise FileNotFoundError(f"resume: {saved} not found (is {run_dir} a run folder of `expert train`?)")
-    args = TrainArgs(**{**json.loads(saved.read_text()), "out": str(run_dir.parent),
-                        "run_name": run_dir.name})
+    args = dataclass_from_json(TrainArgs, {**read_json(saved), "out": str(run_dir.parent), "run_name": run_dir.name},
+                               str(saved))
     if total_frames is not None:
         args.total_frames = total_frames
     kept = _last_kept(run_dir / "evaluated")
@@ -274,8 +277,10 @@ _EVAL_TRACKS = "consecutive"  # evaluations on eval_seed, eval_seed + 1, ... (Co
 
 def _agent_steps(zip_path: Path) -> int:
     """Agent steps (of all workers) an SB3 zip had trained for, from its JSON ``data``."""
-    with zipfile.ZipFile(zip_path) as zf:
-        return int(json.loads(zf.read("data"))["num_timesteps"])
+    steps = read_data(zip_path).get("num_timesteps")
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        raise ValueError(f"{zip_path}: field 'num_timesteps' is {steps!r}, expected an integer >= 0")
+    return steps
 
 
 def _last_kept(folder: Path) -> Path:
@@ -289,22 +294,21 @@ def _last_kept(folder: Path) -> Path:
 
 def _restore(model, kept: Path, callback: EvalCallback) -> None:
     """Put ``model`` and ``callback`` back in the state they were in when ``kept`` was saved."""
-    import torch
+    from nac_drive.checkpoint import restore_optimizer
 
     state_path = kept.with_suffix(".json")
     if not state_path.is_file():
         raise FileNotFoundError(f"resume: {state_path} not found: without it {kept.name} cannot be "
                                 "resumed (start a new run from it with --init-from)")
-    state = json.loads(state_path.read_text())
+    state = _kept_state(state_path)
     policy = load_policy(kept).policy
     try:
         model.policy.load_state_dict(policy.state_dict())
     except RuntimeError as exc:
         raise ValueError(f"resume: {kept} does not fit the run's args.json: {exc}") from exc
     model.num_timesteps = _agent_steps(kept)
-    with zipfile.ZipFile(kept) as zf:
-        optimizer = torch.load(io.BytesIO(zf.read("policy.optimizer.pth")), weights_only=True)
-    model.policy.optimizer.load_state_dict(optimizer)
+    restore_optimizer(model.policy.optimizer, read_tensors(kept, "policy.optimizer.pth"),
+                      f"{kept}: policy.optimizer.pth")
     rms = model.get_vec_normalize_env().ret_rms
     for name in _REWARD_NORM:
         setattr(rms, name, np.float64(state["reward_norm"][name]))
@@ -319,12 +323,32 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
     print(f"resume: from {kept.name}, {model.num_timesteps} agent steps done")
 
 
-def _start_from(policy, args: TrainArgs, venv) -> None:
-    """Load ``args.init_from`` into ``policy``. A 5-action discrete expert can also start a
-    continuous run (its behaviour is carried over, see
+def _kept_state(path: Path) -> dict[str, Any]:
+    """The JSON beside a kept checkpoint (see :class:`KeepEvaluated`), its fields checked."""
+    state = read_json(path)
+
+    def numbers(value, depth: int) -> bool:   # a number, or nested lists of numbers
+        if depth == 0:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, list) and all(numbers(v, depth - 1) for v in value)
+
+    norm = state.get("reward_norm")
+    checks = {"reward_norm": isinstance(norm, dict) and all(numbers(norm.get(n), 0) for n in _REWARD_NORM),
+              "best_mean_reward": numbers(state.get("best_mean_reward"), 0),
+              "evaluations_timesteps": numbers(state.get("evaluations_timesteps"), 1),
+              "evaluations_results": numbers(state.get("evaluations_results"), 2),
+              "evaluations_length": numbers(state.get("evaluations_length"), 2)}
+    for name, ok in checks.items():
+        if not ok:
+            raise ValueError(f"{path}: field {name!r} is missing or not what a kept checkpoint writes")
+    return state
+
+
+def _start_from(policy, start: LoadedPolicy, args: TrainArgs, venv) -> None:
+    """Load ``start`` (the policy of ``args.init_from``) into ``policy``. A 5-action discrete
+    expert can also start a continuous run (its behaviour is carried over, see
     :mod:`nac_drive.agents.discrete_to_continuous`, and the fit is printed) or a
     combined-action run (widened, see :mod:`nac_drive.agents.combined_actions`)."""
-    start = load_policy(args.init_from)
     run_kind, start_kind = _action_kind(args), start.action_kind
     if start_kind != run_kind and start_kind != "discrete":
         raise ValueError(f"init_from: {args.init_from} has {start_kind} actions; a {run_kind} run "
@@ -390,29 +414,6 @@ def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> Episode
     finally:
         venv.close()
     return results
-
-
-def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
-    """Copy an SB3 zip without the optimizer's running averages (~3x smaller).
-
-    The result still loads with ``PPO.load`` (a fresh optimizer state) and with
-    :class:`PPOExpert`.
-    """
-    from stable_baselines3 import PPO
-
-    model = PPO.load(src, device="cpu", custom_objects=_NO_SCHEDULES)
-    policy = model.policy
-    policy.optimizer = policy.optimizer_class(policy.parameters(), lr=0.0,
-                                              **policy.optimizer_kwargs)
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    model.save(dst, exclude=["_last_obs", "_last_original_obs", "_last_episode_starts",
-                             "ep_info_buffer", "ep_success_buffer", "rollout_buffer"])
-    return dst
-
-
-# Replaces the pickled schedules of an SB3 zip on load (they are not needed to act).
-_NO_SCHEDULES = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
 
 
 class PPOExpert:
@@ -512,84 +513,6 @@ def sample_action(dist, generator):
     if isinstance(inner, torch.distributions.Normal):
         return inner.mean + inner.stddev * torch.randn(inner.mean.shape, generator=generator)
     raise TypeError(f"sample_action: cannot sample a {type(inner).__name__} distribution")
-
-
-class LoadedPolicy(NamedTuple):
-    """An expert zip's policy and how it drives the raw env."""
-
-    policy: Any  # SB3 ActorCriticCnnPolicy
-    continuous: bool  # drives the continuous env (continuous and combined-action experts)
-    action_repeat: int
-    action_table: np.ndarray | None  # combined actions: row i is action i as float32 [3]
-
-    @property
-    def action_kind(self) -> str:
-        """"discrete" (the env's 5), "continuous" or "combined"."""
-        if self.action_table is not None:
-            return "combined"
-        return "continuous" if self.continuous else "discrete"
-
-
-def load_policy(path: str | Path) -> LoadedPolicy:
-    """Build the SB3 actor-critic of an expert zip without unpickling anything.
-
-    Raises ``ValueError`` naming the file and field when the zip is not a CarRacing expert
-    of this project.
-    """
-    import torch
-    from stable_baselines3.common.policies import ActorCriticCnnPolicy
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"expert zip not found: {path}")
-    try:
-        with zipfile.ZipFile(path) as zf:
-            data = json.loads(zf.read("data"))
-            weights = zf.read("policy.pth")
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a stable-baselines3 zip ({exc})") from exc
-
-    obs = data.get("observation_space", {})
-    shape = obs.get("_shape") or obs.get("shape")
-    if not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [FRAME_SIZE, FRAME_SIZE]):
-        raise ValueError(f"{path}: field 'observation_space' has shape {shape}, expected "
-                         f"[frame_stack, {FRAME_SIZE}, {FRAME_SIZE}]")
-    act = data.get("action_space", {})
-    act_type = str(act.get(":type:", ""))
-    box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
-    table = None
-    if "Discrete" in act_type:
-        n = int(act.get("n", -1))
-        if "action_table" in data:  # combined actions, played through the continuous env
-            from nac_drive.agents.combined_actions import check_action_table
-
-            try:
-                table = check_action_table(data["action_table"], box)
-            except ValueError as exc:
-                raise ValueError(f"{path}: field 'action_table': {exc}") from exc
-            if len(table) != n:
-                raise ValueError(f"{path}: field 'action_table' has {len(table)} rows, the "
-                                 f"action space {n} actions")
-        elif n != 5:
-            raise ValueError(f"{path}: field 'action_space' has n={act.get('n')}, expected 5")
-        action_space, continuous = gym.spaces.Discrete(n), table is not None
-    elif "Box" in act_type:
-        action_space, continuous = box, True
-    else:
-        raise ValueError(f"{path}: field 'action_space' is {act_type or 'missing'}, "
-                         "expected Discrete(5) or Box(3)")
-    action_repeat = data.get("action_repeat", ACTION_REPEAT)  # zips from before it was stored: 4
-    if not (isinstance(action_repeat, int) and action_repeat >= 1):
-        raise ValueError(f"{path}: field 'action_repeat' is {action_repeat!r}, expected an integer >= 1")
-    kwargs = data.get("policy_kwargs", {})
-    if not isinstance(kwargs, dict) or ":serialized:" in kwargs:
-        raise ValueError(f"{path}: field 'policy_kwargs' is not plain JSON")
-    observation_space = gym.spaces.Box(0, 255, tuple(shape), np.uint8)
-    policy = ActorCriticCnnPolicy(observation_space, action_space, lambda _: 0.0, **kwargs)
-    state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
-    policy.load_state_dict(state)
-    policy.set_training_mode(False)
-    return LoadedPolicy(policy, continuous, action_repeat, table)
 
 
 class FixedSeedEval(EvalCallback):

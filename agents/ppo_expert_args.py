@@ -9,6 +9,7 @@ from nac_drive.simulators.carracing import EXPERT_TRAIN_SEED_BASE
 
 ACTION_REPEAT = 4
 FRAME_STACK = 2
+FRAME_SIZE = 64  # the expert sees gray FRAME_SIZE x FRAME_SIZE frames
 
 
 @dataclass

@@ -5,6 +5,7 @@ Layout written by :func:`write_dataset` (``ROOT`` is ``--out`` of ``nac-drive co
 
     ROOT/<dataset name>-v0/data/main_data.hdf5     # Minari: one HDF5 group per episode
     ROOT/<dataset name>-v0/data/metadata.json
+    ROOT/.<dataset name>-v0.<pid>.partial/        # while it is written (never loaded)
 
 Per episode (Minari fields): ``observations`` uint8 ``[N+1, 96, 96, 3]`` (the raw RGB
 frames the student sees, the last one after the final action; stored losslessly,
@@ -30,7 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nac_drive.atomic import fsync_dir
+
 FRAME_SHAPE = (96, 96, 3)
+PARTIAL = ".partial"   # suffix of the hidden folder a dataset is written in before it is renamed into place
 
 
 class DatasetError(ValueError):
@@ -72,20 +76,35 @@ def _minari_root(root: Path):
             os.environ["MINARI_DATASETS_PATH"] = old
 
 
+def dataset_folder(root: str | Path, name: str) -> Path:
+    """Where :func:`write_dataset` puts dataset ``name`` under ``root``."""
+    return Path(root).resolve() / f"{name}-v0"
+
+
+def refuse_existing(root: str | Path, name: str) -> Path:
+    """The folder of a new dataset ``name``; ``FileExistsError`` if it exists (call before
+    recording, so that nothing is recorded in vain)."""
+    target = dataset_folder(root, name)
+    if target.exists():
+        raise FileExistsError(f"{target}: a dataset of that name exists; remove it or record under another "
+                              "name, seed or folder")
+    return target
+
+
 def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert: str, description: str) -> Path:
     """Write recorded episodes as the Minari dataset ``root/<name>-v0``; returns its path.
 
     Each episode dict holds ``observations`` ``[N+1, 96, 96, 3]``, ``actions``,
     ``rewards``, ``terminations``, ``truncations`` ``[N]``, ``timestamps`` ``[N+1]`` and
-    ``seed``. Refuses to overwrite an existing dataset.
+    ``seed``. Refuses to overwrite an existing dataset. The dataset is written in a hidden
+    folder ``root/.<name>-v0.<pid>.partial`` and renamed into place when complete, so a
+    kill leaves no dataset to be loaded later (the next write removes what it left).
     """
     import minari
     from minari.data_collector import EpisodeBuffer
 
-    root = Path(root).resolve()   # Minari joins a relative root onto itself when it sizes the file
-    target = root / f"{name}-v0"
-    if target.exists():
-        raise FileExistsError(f"{target}: a dataset of that name exists; choose another --out or remove it")
+    target = refuse_existing(root, name)   # resolved: Minari joins a relative root onto itself
+    root = target.parent
     buffers = [EpisodeBuffer(id=i, seed=ep["seed"], observations=ep["observations"], actions=ep["actions"],
                              rewards=np.asarray(ep["rewards"], np.float32),
                              terminations=np.asarray(ep["terminations"], bool),
@@ -93,22 +112,49 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
                              infos={"timestamp": np.asarray(ep["timestamps"], np.float64)})
                for i, ep in enumerate(episodes)]
     root.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(root)
+    staging = root / f".{target.name}.{os.getpid()}{PARTIAL}"
+    staging.mkdir()
     try:
-        with _minari_root(root), warnings.catch_warnings():
+        with _minari_root(staging), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"`(author_email|eval_env|code_permalink)` is set to None")
             dataset = minari.create_dataset_from_buffers(
-                f"{name}-v0", buffers, env=env, algorithm_name=expert, author="nac-drive",
+                target.name, buffers, env=env, algorithm_name=expert, author="nac-drive",
                 description=description, jpeg_encoding=False)
             dataset.storage.update_episode_metadata([{"seed": ep["seed"], "expert": expert} for ep in episodes],
                                                     episode_indices=range(len(episodes)))
-    except BaseException:
-        shutil.rmtree(target, ignore_errors=True)   # never leave a half-written dataset to be loaded later
-        raise
+        fsync_dir(staging / target.name / "data")
+        try:
+            os.rename(staging / target.name, target)
+        except OSError:
+            raise FileExistsError(f"{target}: a dataset of that name appeared while this one was written") from None
+        fsync_dir(root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)   # never leave a half-written dataset behind
     return target
 
 
+def _remove_abandoned(root: Path) -> None:
+    """Remove the hidden folders of writes under ``root`` whose process is gone (killed)."""
+    for folder in root.glob(f".*{PARTIAL}"):
+        pid = folder.name[:-len(PARTIAL)].rpartition(".")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
+
+
 def find_datasets(path: str | Path) -> list[Path]:
-    """Minari dataset folders (holding ``data/metadata.json``) at or below ``path``."""
+    """Minari dataset folders (holding ``data/metadata.json``) at or below ``path``; hidden
+    folders (a dataset being written) are skipped."""
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such file or folder")
@@ -116,7 +162,8 @@ def find_datasets(path: str | Path) -> list[Path]:
         return [path]
     if path.name == "data" and (path / "metadata.json").is_file():
         return [path.parent]
-    found = sorted(p.parent.parent for p in path.rglob("data/metadata.json"))
+    found = sorted(p.parent.parent for p in path.rglob("data/metadata.json")
+                   if not any(part.startswith(".") for part in p.relative_to(path).parts))
     if not found:
         raise DatasetError(f"{path}: no Minari dataset (…/data/metadata.json) found")
     return found
@@ -132,9 +179,12 @@ def _load_one(folder: Path) -> list[Episode]:
 
     data = folder / "data"
     try:
+        _check_declared_size(data / "main_data.hdf5")
         dataset = MinariDataset(data)
         metadata = list(dataset.storage.get_episode_metadata(range(dataset.total_episodes)))
         raw = list(dataset.iterate_episodes())
+    except DatasetError:
+        raise
     except Exception as e:  # h5py / json / minari all raise their own types on a corrupt file
         raise DatasetError(f"{data / 'main_data.hdf5'}: cannot read the Minari dataset "
                            f"({type(e).__name__}: {e})") from None
@@ -167,6 +217,21 @@ def _load_one(folder: Path) -> list[Episode]:
                                 expert=str(meta.get("expert", expert_default)) if isinstance(meta, dict)
                                 else expert_default, source=where))
     return episodes
+
+
+def _check_declared_size(h5_path: Path) -> None:
+    """Refuse an HDF5 file whose arrays, as declared, would not fit in this machine's
+    memory (loading reads them all): a small compressed file can declare any size."""
+    import h5py
+
+    sizes = []
+    with h5py.File(h5_path, "r") as f:
+        f.visititems(lambda _, item: sizes.append(item.size * item.dtype.itemsize)
+                     if isinstance(item, h5py.Dataset) else None)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if sum(sizes) > memory:
+        raise DatasetError(f"{h5_path}: its arrays would take {sum(sizes)} bytes, more than this machine's "
+                           f"memory ({memory} bytes)")
 
 
 def _require(ok: bool, where: str, field: str, why: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, preprocess, to_chw_float
-from nac_drive.data_collection.udacity_log import DrivingLogRow, load_rgb, read_driving_log
+from nac_drive.data_collection.udacity_log import DrivingLogRow, check_images, load_rgb, read_driving_log
 
 DEFAULT_FPS = 15.0  # the simulator records at about 15 Hz; used when names carry no time
 
@@ -44,8 +44,10 @@ def _times(rows: list[DrivingLogRow]) -> np.ndarray:
 
 
 def segments_from_log(path: str | os.PathLike, max_gap: float = 0.5) -> list[Segment]:
-    """Split one driving_log.csv into segments at time gaps > max_gap s (or going back in time)."""
+    """Split one driving_log.csv into segments at time gaps > max_gap s (or going back in time).
+    Every image the log lists must exist (:func:`check_images`)."""
     rows = read_driving_log(path)
+    check_images(rows, path)
     if not rows:
         return []
     t = _times(rows)

@@ -221,6 +221,18 @@ def _parse_row(cells: list[str], base: Path, n: int) -> DrivingLogRow:
     )
 
 
+def check_images(rows: list[DrivingLogRow], log: str | os.PathLike, shown: int = 3) -> None:
+    """Raise :class:`DrivingLogError` if an image the rows name (any camera) is not a file,
+    naming the log, how many are missing and the first ``shown`` of them: better now than
+    when a training batch first reaches one."""
+    listed = [p for r in rows for p in (r.center, r.left, r.right) if p is not None]
+    missing = [p for p in listed if not p.is_file()]
+    if missing:
+        first = ", ".join(str(p) for p in missing[:shown])
+        raise DrivingLogError(f"{log}: {len(missing)} of the {len(listed)} images it lists are missing "
+                              f"(first: {first}{', ...' if len(missing) > shown else ''})")
+
+
 def load_rgb(path: str | os.PathLike) -> np.ndarray:
     """Read an image file as uint8 RGB [H, W, 3]; raises FileNotFoundError naming the file."""
     import cv2

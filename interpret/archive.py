@@ -9,12 +9,18 @@ compressed, as ``np.savez_compressed`` writes it) with one extra member,
 Writes go to a temporary file in the same directory, are flushed to disk, and then
 ``os.replace`` the target: a process killed mid-write leaves the previous file (or
 none) intact, never half a file. Reads check every member and raise
-:class:`ArchiveError` naming the file and the field that is wrong.
+:class:`ArchiveError` naming the file and the field that is wrong; sizes first: an
+array's header must describe exactly the bytes its member declares, and all members
+together may inflate to at most :data:`ARCHIVE_LIMIT` bytes, so nothing is allocated
+for a size a crafted file merely claims. A reader also gives the SHA-256 of the file it
+read (:attr:`ArchiveReader.sha256`), by which a saliency file names its trace.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import zipfile
 from pathlib import Path
@@ -23,8 +29,11 @@ from typing import Any
 import numpy as np
 
 from nac_drive.atomic import atomic_write
+from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
 
 METADATA_MEMBER = "metadata.json"
+METADATA_LIMIT = 16 * 2**20
+ARCHIVE_LIMIT = 8 * 2**30   # all members of one archive, inflated (a long run's trace is a few hundred MB)
 
 
 class ArchiveError(ValueError):
@@ -60,18 +69,32 @@ class ArchiveReader:
 
     ``reader.array(name, dtype_kind, ndim)`` returns a member after checking its
     dtype kind ("f", "i", "u", "b") and number of dimensions; ``reader.metadata``
-    is the parsed JSON. Every failure is an :class:`ArchiveError` naming the field.
+    is the parsed JSON; ``reader.sha256`` the hex digest of the file read. Every
+    failure is an :class:`ArchiveError` naming the field.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         if not self.path.is_file():
             raise ArchiveError(self.path, None, "no such file")
+        # One open file for the digest and the members: a writer replacing the file
+        # meanwhile (os.replace) cannot make them disagree.
+        self._file = open(self.path, "rb")
         try:
-            self._npz = np.load(self.path, allow_pickle=False)
-        except Exception as e:  # zipfile.BadZipFile, OSError, ValueError ...
-            raise ArchiveError(self.path, None, f"not a readable .npz archive ({type(e).__name__}: {e})") from e
-        self.metadata = self._read_metadata()
+            self.sha256 = _sha256(self._file)
+            try:
+                self._zip = open_zip(self._file, self.path)
+            except ZipMemberError as e:
+                raise ArchiveError(self.path, None, f"not a readable .npz archive ({e})") from None
+            total = sum(info.file_size for info in self._zip.infolist())
+            if total > ARCHIVE_LIMIT:
+                raise ArchiveError(self.path, None, f"its members would inflate to {total} bytes, more than the "
+                                                    f"{ARCHIVE_LIMIT} allowed")
+            self.files = [n[:-len(".npy")] if n.endswith(".npy") else n for n in self._zip.namelist()]
+            self.metadata = self._read_metadata()
+        except BaseException:
+            self.close()
+            raise
 
     def _read_metadata(self) -> dict[str, Any]:
         raw = self._member(METADATA_MEMBER)
@@ -79,22 +102,49 @@ class ArchiveReader:
             raise ArchiveError(self.path, METADATA_MEMBER, "expected a JSON text member, found an array")
         try:
             meta = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise ArchiveError(self.path, METADATA_MEMBER, f"invalid JSON ({e})") from e
         if not isinstance(meta, dict):
             raise ArchiveError(self.path, METADATA_MEMBER, "expected a JSON object")
         return meta
 
     def _member(self, name: str):
-        if name not in self._npz.files:
+        """An ``.npy`` member as an array, any other member as bytes."""
+        if name not in self.files:
             raise ArchiveError(self.path, name, "missing")
+        member = f"{name}.npy" if f"{name}.npy" in self._zip.namelist() else name
         try:
-            return self._npz[name]
-        except Exception as e:  # bad CRC, truncated member, pickled object array
+            if member == name:
+                return read_member(self._zip, member, METADATA_LIMIT)
+            self._check_array_size(member)
+            with self._zip.open(member) as f:
+                return np.lib.format.read_array(f, allow_pickle=False)
+        except ArchiveError:
+            raise
+        except Exception as e:  # bad CRC, truncated member, pickled object array, bad header
             raise ArchiveError(self.path, name, f"unreadable ({type(e).__name__}: {e})") from e
 
+    def _check_array_size(self, member: str) -> None:
+        """The ``.npy`` header's shape and dtype must account for exactly the bytes the
+        member declares (so a small member cannot ask for a huge array)."""
+        declared = self._zip.getinfo(member).file_size
+        with self._zip.open(member) as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f".npy format version {version} is not supported")
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            if dtype.hasobject:
+                raise ArchiveError(self.path, member[:-len(".npy")], "object arrays (pickles) are not allowed")
+            data_bytes = math.prod(shape) * dtype.itemsize
+            if f.tell() + data_bytes != declared:
+                raise ArchiveError(self.path, member[:-len(".npy")],
+                                   f"its header asks for {list(shape)} x {dtype} ({data_bytes} bytes), the member "
+                                   f"holds {declared - f.tell()}")
+
     def has(self, name: str) -> bool:
-        return name in self._npz.files
+        return name in self.files
 
     def array(self, name: str, kinds: str, ndim: int) -> np.ndarray:
         value = self._member(name)
@@ -121,13 +171,23 @@ class ArchiveReader:
         return n
 
     def close(self) -> None:
-        self._npz.close()
+        if getattr(self, "_zip", None) is not None:
+            self._zip.close()
+        self._file.close()
 
     def __enter__(self) -> "ArchiveReader":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sha256(f) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    f.seek(0)
+    return digest.hexdigest()
 
 
 def pack_jpegs(images: list[bytes]) -> tuple[np.ndarray, np.ndarray]:

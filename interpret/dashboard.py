@@ -56,7 +56,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     run_dir = Path(run_dir)
     run = load_trace(run_dir)
     saliency_path = (run_dir if run_dir.is_dir() else run_dir.parent) / SALIENCY_FILE
-    saliency = load_saliency(saliency_path, run.num_steps) if saliency_path.exists() else None
+    saliency = load_saliency(saliency_path, run) if saliency_path.exists() else None
     out_html = Path(out_html) if out_html is not None else run.path.parent / "dashboard.html"
 
     frames = [run.frame_jpeg(i) for i in range(run.num_steps)]

@@ -21,7 +21,9 @@ mirrors the image, and a mirrored road reverses the steering meaning.
 ``overlay_jpeg`` uint8 ``[bytes]`` + ``overlay_offsets`` int64 ``[N+1]`` (the frame
 with the map blended in, frame size, JPEG), and ``metadata.json`` with ``format``
 ("nac-drive-saliency"), ``version``, ``num_steps``, ``method``, ``target``,
-``target_layer``.
+``target_layer`` and ``trace_sha256``, the SHA-256 of the ``trace.npz`` it was computed
+from: :func:`load_saliency` given the run's trace refuses a saliency file of another
+trace (e.g. one left in the folder by an earlier run).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from nac_drive.interpret.archive import (ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg, pack_jpegs,
-                                         write_archive)
+from nac_drive.interpret.archive import (METADATA_MEMBER, ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg,
+                                         pack_jpegs, write_archive)
+from nac_drive.interpret.trace import RunTrace, load_trace
 
 SALIENCY_FILE = "saliency.npz"
 FORMAT, VERSION = "nac-drive-saliency", 1
@@ -207,8 +210,6 @@ def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Calla
     """
     from tqdm import tqdm
 
-    from nac_drive.interpret.trace import load_trace
-
     run = load_trace(run_dir)
     maps, overlays = [], []
     layer_name = None
@@ -227,7 +228,7 @@ def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Calla
     arrays["overlay_jpeg"], arrays["overlay_offsets"] = pack_jpegs(overlays)
     meta = {"format": FORMAT, "version": VERSION, "num_steps": run.num_steps, "method": method,
             "target": target if isinstance(target, (int, str)) else "per-step", "target_layer": layer_name,
-            "trace_created_utc": run.metadata.get("created_utc"),
+            "trace_created_utc": run.metadata.get("created_utc"), "trace_sha256": run.sha256,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return write_archive(Path(run.path).parent / SALIENCY_FILE, arrays, meta)
 
@@ -253,15 +254,22 @@ class RunSaliency:
         return decode_jpeg(self.overlay_bytes(i))
 
 
-def load_saliency(path: str | os.PathLike, num_steps: int | None = None) -> RunSaliency:
-    """Load ``RUN_DIR/saliency.npz``; ``num_steps`` checks it matches the run's trace."""
+def load_saliency(path: str | os.PathLike, trace: RunTrace | None = None) -> RunSaliency:
+    """Load ``RUN_DIR/saliency.npz``; given the run's loaded ``trace``, refuse a file that
+    was not computed from that very trace (its ``trace_sha256``) or has another length."""
     path = Path(path)
     if path.is_dir() or path.suffix != ".npz":
         path = path / SALIENCY_FILE
     with ArchiveReader(path) as r:
         meta, n = r.metadata, r.header(FORMAT, VERSION)
-        r.require(num_steps is None or n == num_steps, "metadata.json",
-                  f"num_steps is {n} but the run's trace has {num_steps} steps (recompute the saliency)")
+        if trace is not None:
+            recorded = meta.get("trace_sha256")
+            r.require(recorded == trace.sha256, METADATA_MEMBER,
+                      f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
+                      f"{trace.sha256[:12]}...): recompute it with nac-drive saliency" if recorded else
+                      f"names no trace.npz it was computed from (an older file): recompute it with nac-drive saliency")
+            r.require(n == trace.num_steps, METADATA_MEMBER,
+                      f"num_steps is {n} but the run's trace has {trace.num_steps} steps (recompute the saliency)")
         maps = r.array("maps", "u", 3)
         r.require(len(maps) == n, "maps", f"expected {n} maps, got {len(maps)}")
         data, offsets = check_jpeg_pack(r, "overlay_jpeg", "overlay_offsets", n)

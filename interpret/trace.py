@@ -170,6 +170,8 @@ class RunTrace:
     key_step: np.ndarray
     key_age: np.ndarray
     wiring: dict[str, np.ndarray] = field(default_factory=dict)
+    sha256: str = ""
+    """hex SHA-256 of the file as read: what a saliency file computed from it records."""
 
     @property
     def num_steps(self) -> int:
@@ -218,7 +220,8 @@ def load_trace(path: str | os.PathLike) -> RunTrace:
                 r.require(size == expected, name, f"axis {axis} has size {size}, other fields say {expected}")
             values[name] = a
         wiring = {name: r.array(name, "u", 2) for name in WIRING_FIELDS if r.has(name)}
-    return RunTrace(path=path, metadata=meta, frames_jpeg=frames, frame_offsets=offsets, wiring=wiring, **values)
+    return RunTrace(path=path, metadata=meta, frames_jpeg=frames, frame_offsets=offsets, wiring=wiring,
+                    sha256=r.sha256, **values)
 
 
 # ------------------------------------------------------------------ the recorder

@@ -1,8 +1,11 @@
-"""Atomic file writes: a reader, or a process killed mid-write, never sees half a file."""
+"""Atomic writes of files and folders (a reader, or a process killed mid-write, never sees
+half of one), and fresh run folders that never reuse an existing one."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,3 +32,90 @@ def atomic_write(path: str | Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make the entries of folder ``path`` (new names, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _aside(path: Path, kind: str) -> Path:
+    """The hidden sibling ``.<name>.<kind>`` that :func:`atomic_write_dir` writes or parks a folder in."""
+    return path.with_name(f".{path.name}.{kind}")
+
+
+def recover_dir(path: str | Path) -> Path:
+    """Undo what a kill in the middle of :func:`atomic_write_dir` left behind; returns ``path``.
+
+    Killed after the previous folder was moved aside and before the new one took its
+    name: the previous one comes back. Killed earlier: the unfinished new folder is
+    removed. Killed later: the parked previous folder is removed. Only the writer calls
+    this (a reader could pull a folder away from a writer at work); readers use
+    :func:`readable_dir`.
+    """
+    path = Path(path)
+    new, old = _aside(path, "new"), _aside(path, "old")
+    if old.is_dir() and not path.exists():
+        os.rename(old, path)
+    for leftover in (new, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    return path
+
+
+def readable_dir(path: str | Path) -> Path:
+    """The folder to read for ``path``: ``path`` itself, or, when a kill (or a writer at
+    work) has just parked the previous folder aside, that whole previous folder. Never
+    the unfinished new one."""
+    path = Path(path)
+    old = _aside(path, "old")
+    return old if not path.exists() and old.is_dir() else path
+
+
+def atomic_write_dir(path: str | Path, write) -> Path:
+    """Call ``write(tmp_dir)`` to fill a new folder, then put it in place of folder ``path``:
+    a reader (or a kill at any moment) finds either the previous folder or the new one,
+    both whole, never a mixture.
+
+    The folder is written as the hidden sibling ``.<name>.new``; the previous one is
+    renamed to ``.<name>.old``, the new one to ``<name>``, then the old one is removed.
+    :func:`recover_dir`, which runs first here and in checkpoint loaders, repairs a kill
+    between two of these steps.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(path)
+    new, old = _aside(path, "new"), _aside(path, "old")
+    new.mkdir()
+    try:
+        write(new)
+        fsync_dir(new)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    if path.exists():
+        os.rename(path, old)
+    os.rename(new, path)
+    fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def fresh_dir(path: str | Path) -> Path:
+    """Create a new, empty run folder at ``path``, or, if that name is taken, at the first
+    free ``<path>-2``, ``<path>-3``, ...; returns the folder created. Creation is atomic
+    (``mkdir``), so two runs started at once never share a folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")

@@ -32,7 +32,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     """
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
-    from nac_drive.data_collection.carracing_dataset import write_dataset
+    from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
     from nac_drive.simulators.carracing import COLLECT_SEED_BASE, run_episodes
     from nac_drive.train import train
 
@@ -41,6 +41,8 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     if not 0.0 <= disturb_rate <= 1.0 or disturb_frames < 1:
         raise ValueError(f"--disturb-rate must be in [0, 1] and --disturb-frames >= 1, "
                          f"got {disturb_rate} and {disturb_frames}")
+    for r in range(rounds):   # before driving: the rounds' datasets must be new
+        refuse_existing(data, dataset_name(r, seed))
     policy_path = Path(policy_path)
     for r in range(rounds):
         policy = load_policy(policy_path)
@@ -51,7 +53,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         try:
             results = run_episodes(PolicyDriver(policy), list(range(first, first + episodes)), continuous=continuous,
                                    max_steps=max_steps, env=env, progress=progress)
-            write_dataset(data, f"dagger-r{r}-s{seed}", env.take_episodes(), env.unwrapped, expert=teacher.name,
+            write_dataset(data, dataset_name(r, seed), env.take_episodes(), env.unwrapped, expert=teacher.name,
                           description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled"
                           + (f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame"
                              if disturb_rate else ""))
@@ -63,6 +65,11 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
                                             run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
         policy_path = run_dir / "best"
     return policy_path
+
+
+def dataset_name(round_index: int, seed: int) -> str:
+    """Name of the dataset a DAgger round adds to ``--data``."""
+    return f"dagger-r{round_index}-s{seed}"
 
 
 def student_env(teacher, continuous: bool, disturb_rate: float = 0.0, disturb_frames: int = 10, seed: int = 0):

@@ -15,7 +15,8 @@ Checkpoints are a folder with ``config.json`` + ``model.safetensors``
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field, fields
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from nac_drive.checkpoint import CONFIG, WEIGHTS, CheckpointError, load_state_into, read_json, read_tensors, save_model
+from nac_drive.atomic import readable_dir
+from nac_drive.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes, dataclass_from_json, load_state_into,
+                                  read_json, read_tensors, save_model, tensor_shapes)
 from nac_drive.cores import CoreConfig, build_core
 from nac_drive.encoders import ENCODERS
 
 TASKS = ("carracing", "udacity")
 FORMAT_VERSION = 1
+# Largest value a loaded config may give each size (far above any policy trained here):
+# a config.json naming a huge size is refused before anything is built from it.
+SIZE_LIMITS = {"feature_dim": 1024, "num_outputs": 256, "core.window": 2048, "core.d_model": 1024,
+               "core.num_heads": 64, "core.topk": 2048, "core.euler_steps": 1000, "core.backbone_units": 1024}
 
 
 @dataclass
@@ -54,7 +61,7 @@ class PolicyConfig:
 
     def __post_init__(self):
         if isinstance(self.core, dict):
-            self.core = _from_dict(CoreConfig, self.core, "core")
+            self.core = dataclass_from_json(CoreConfig, self.core, "core")
         for name, allowed in (("task", TASKS), ("encoder", tuple(ENCODERS)), ("action", ("discrete", "continuous"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
@@ -63,23 +70,18 @@ class PolicyConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
-        return _from_dict(cls, data, "config")
-
-
-def _from_dict(cls, data: dict[str, Any], where: str):
-    """Build a config dataclass from JSON, naming any unknown key or ill-typed value."""
-    defaults = cls()
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}")
-    for name, value in data.items():
-        default = getattr(defaults, name)
-        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        if (numeric and (isinstance(value, bool) or not isinstance(value, (int, float)))
-                or isinstance(default, str) and not isinstance(value, str)):
-            raise ValueError(f"{where}.{name}: expected a {type(default).__name__}, got {value!r}")
-    return cls(**data)
+        """From JSON: unknown keys, ill-typed values and sizes above :data:`SIZE_LIMITS` are refused."""
+        config = dataclass_from_json(cls, data, "config")
+        for name, limit in SIZE_LIMITS.items():
+            owner, _, field_name = name.rpartition(".")
+            value = getattr(config.core if owner else config, field_name)
+            if not 1 <= value <= limit:
+                raise ValueError(f"config.{name}: {value} is outside 1..{limit}")
+        for name, value in (("frame_dt", config.frame_dt), ("head_dropout", config.head_dropout),
+                            ("core.sparsity", config.core.sparsity), ("core.dropout", config.core.dropout)):
+            if not (math.isfinite(value) and (0 < value if name == "frame_dt" else 0 <= value <= 1)):
+                raise ValueError(f"config.{name}: {value} is out of range")
+        return config
 
 
 class DrivingPolicy(nn.Module):
@@ -217,7 +219,11 @@ class DrivingPolicy(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "DrivingPolicy":
-        directory = Path(directory)
+        """Load a checkpoint folder. Nothing is unpickled, and nothing is allocated for
+        sizes the files disagree on: the config's sizes are bounded, and the network is
+        first built on PyTorch's "meta" device (shapes, no memory) and checked against the
+        tensor shapes in the weights file's header."""
+        directory = readable_dir(directory)
         if not directory.is_dir():
             raise CheckpointError(f"{directory}: not a checkpoint folder (expected {CONFIG} + {WEIGHTS})")
         raw = read_json(directory / CONFIG)
@@ -228,6 +234,13 @@ class DrivingPolicy(nn.Module):
         if config.format_version != FORMAT_VERSION:
             raise CheckpointError(f"{directory / CONFIG}: format_version {config.format_version}, "
                                   f"this nac-drive reads {FORMAT_VERSION}")
+        try:
+            with torch.device("meta"):
+                skeleton = cls(config)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{directory / CONFIG}: {e}") from None
+        check_shapes({k: tuple(v.shape) for k, v in skeleton.state_dict().items()},
+                     tensor_shapes(directory / WEIGHTS), directory / WEIGHTS)
         policy = cls(config)
         load_state_into(policy, read_tensors(directory / WEIGHTS), directory / WEIGHTS)
         return policy.eval()

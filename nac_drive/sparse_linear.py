@@ -14,15 +14,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _wired_parameters(module: nn.Module, mask: torch.Tensor, weight_shape: tuple, bias_shape: tuple | None,
+def _wired_parameters(module: nn.Module, mask: np.ndarray, weight_shape: tuple, bias_shape: tuple | None,
                       in_dim: int) -> None:
-    """Register ``mask`` and uniformly initialised ``weight`` / ``bias`` on ``module``.
+    """Register ``mask`` (as a float32 buffer) and uniformly initialised ``weight`` /
+    ``bias`` on ``module``.
 
     The bound is 1/sqrt(mean number of live inputs per output neuron): the usual
-    fan-in rule, counting only the synapses the wiring has.
+    fan-in rule, counting only the synapses the wiring has. It is taken from the NumPy
+    mask, so the module can also be built on PyTorch's "meta" device (shapes only).
     """
-    module.register_buffer("mask", mask)
-    live_inputs = mask.sum(dim=in_dim).clamp(min=1).mean().item()
+    mask = np.asarray(mask, dtype=np.float32)
+    module.register_buffer("mask", torch.as_tensor(mask))
+    live_inputs = float(np.maximum(mask.sum(axis=in_dim), 1).mean(dtype=np.float32))
     bound = 1.0 / math.sqrt(live_inputs)
     module.weight = nn.Parameter(torch.empty(weight_shape).uniform_(-bound, bound))
     module.bias = nn.Parameter(torch.empty(bias_shape).uniform_(-bound, bound)) if bias_shape else None
@@ -38,8 +41,8 @@ class MaskedLinear(nn.Module):
         super().__init__()
         in_features, out_features = mask.shape
         self.in_features, self.out_features = in_features, out_features
-        _wired_parameters(self, torch.as_tensor(np.ascontiguousarray(mask.T), dtype=torch.float32),
-                          (out_features, in_features), (out_features,) if bias else None, in_dim=1)
+        _wired_parameters(self, np.ascontiguousarray(mask.T), (out_features, in_features),
+                          (out_features,) if bias else None, in_dim=1)
 
     @property
     def effective_weight(self) -> torch.Tensor:
@@ -65,7 +68,7 @@ class HeadwiseMaskedLinear(nn.Module):
         super().__init__()
         in_features, out_features = mask.shape
         self.in_features, self.out_features = in_features, out_features
-        _wired_parameters(self, torch.as_tensor(mask, dtype=torch.float32), (num_heads, in_features, out_features),
+        _wired_parameters(self, mask, (num_heads, in_features, out_features),
                           (num_heads, out_features) if bias else None, in_dim=0)
 
     @property

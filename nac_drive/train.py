@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from nac_drive.atomic import atomic_write, atomic_write_dir, fresh_dir, readable_dir
 from nac_drive.checkpoint import load_optimizer, load_state_into, read_tensors, save_optimizer, write_json
 from nac_drive.cores import CORES, CoreConfig
 from nac_drive.policy import DrivingPolicy, PolicyConfig
@@ -162,23 +163,29 @@ def train(args: TrainArgs) -> Path:
 
     start_epoch, best = 0, float("inf")
     if args.resume:
-        last = run_dir / "last"
+        last = readable_dir(run_dir / "last")
         load_state_into(policy, read_tensors(last / "model.safetensors"), last / "model.safetensors")
         state = load_optimizer(last, optimizer)
+        if not (isinstance(state.get("epoch"), int) and isinstance(state.get("best_val_loss"), (int, float))):
+            raise ValueError(f"resume: {last / 'train_state.json'} has no epoch and best_val_loss")
         start_epoch, best = state["epoch"] + 1, state["best_val_loss"]
         schedule.last_epoch = start_epoch * steps_per_epoch - 1
         with warnings.catch_warnings():   # the restored optimizer has stepped; torch cannot tell
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             schedule.step()
+    else:   # a new run never writes into an existing run's folder
+        run_dir = _fresh_run_dir(run_dir, rank, world)
+    csv_path = run_dir / "metrics.csv"
 
     writer = None
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
-        run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"run folder: {run_dir}", flush=True)
+        if args.resume:   # rows of epochs after the checkpoint are about to be trained again
+            _keep_csv_rows(csv_path, start_epoch)
         write_json(run_dir / "train_args.json", {**asdict(args), "world_size": world, "data_info": data_info,
                                                   "policy_config": asdict(config)})
         writer = SummaryWriter(str(run_dir / "tensorboard"))
-    csv_path = run_dir / "metrics.csv"
 
     for epoch in range(start_epoch, args.epochs):
         sampler.epoch = epoch
@@ -215,9 +222,11 @@ def train(args: TrainArgs) -> Path:
         score = val["loss"] if val["loss"] == val["loss"] else row["train_loss"]
         if score < best:
             best = score
-            policy.save_pretrained(run_dir / "best")
-        policy.save_pretrained(run_dir / "last")
-        save_optimizer(run_dir / "last", optimizer, {"epoch": epoch, "best_val_loss": best})
+            atomic_write_dir(run_dir / "best", policy.save_pretrained)
+        # one step: a kill leaves the previous last/ whole (weights and optimizer of one epoch)
+        atomic_write_dir(run_dir / "last", lambda folder: (
+            policy.save_pretrained(folder),
+            save_optimizer(folder, optimizer, {"epoch": epoch, "best_val_loss": best})))
         shown = [f"train loss {row['train_loss']:.4f}"] + [
             f"{label} {value:.{digits}f}" for label, value, digits in
             (("val loss", val["loss"], 4), ("val acc", val["accuracy"], 3), ("val MAE", val["mae"], 4))
@@ -230,6 +239,36 @@ def train(args: TrainArgs) -> Path:
     if started_group:  # gloo's threads left running at interpreter exit can abort the process
         dist.destroy_process_group()
     return run_dir
+
+
+def _fresh_run_dir(path: Path, rank: int, world: int) -> Path:
+    """Rank 0 creates a new run folder at ``path`` or, if taken, at ``path-2``, ``path-3``, ...
+    (:func:`fresh_dir`); under torchrun every rank learns its name."""
+    name = fresh_dir(path).name.encode() if rank == 0 else b""
+    if world > 1:
+        buffer = torch.zeros(256, dtype=torch.uint8)   # a file name has at most 255 bytes
+        buffer[:len(name)] = torch.tensor(list(name), dtype=torch.uint8)
+        dist.broadcast(buffer, src=0)
+        name = bytes(buffer[buffer > 0].tolist())
+    return path.with_name(name.decode())
+
+
+def _keep_csv_rows(path: Path, epochs: int) -> None:
+    """Keep the rows of epochs ``1..epochs`` in ``metrics.csv`` (rewritten atomically)."""
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return
+    kept = [row for row in rows if row.get("epoch", "").isdigit() and int(row["epoch"]) <= epochs]
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(kept)
+    atomic_write(path, write)
 
 
 def _record_rank_agreement(policy: DrivingPolicy, run_dir: Path, rank: int, world: int) -> None:

@@ -307,9 +307,11 @@ def test_expert_matches_sb3_on_the_training_env(expert):
     """The adapter on the raw env picks the actions SB3 picks on the training wrappers."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.ppo_expert import _NO_SCHEDULES, make_vec_env
+    from nac_drive.agents.ppo_expert import make_vec_env
 
-    model = PPO.load(expert.path, device="cpu", custom_objects=_NO_SCHEDULES)
+    # PPO.load unpickles: only for the zip this package ships (never for a zip from elsewhere)
+    no_schedules = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
+    model = PPO.load(expert.path, device="cpu", custom_objects=no_schedules)
     venv = make_vec_env(continuous=False)
     venv.seed(900_003)
     vec_obs = venv.reset()

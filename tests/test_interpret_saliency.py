@@ -9,7 +9,7 @@ from torch import nn
 
 from nac_drive.interpret.saliency import (compute_run_saliency, last_conv2d, load_saliency, overlay, saliency_maps,
                                           steering_saliency)
-from nac_drive.interpret.trace import RunRecorder
+from nac_drive.interpret.trace import RunRecorder, load_trace
 
 SIZE = 32
 
@@ -198,12 +198,15 @@ def test_run_saliency_file(classifier, tmp_path):
         return classifier
 
     path = compute_run_saliency(tmp_path, model_for_step, target="predicted", progress=False)
-    sal = load_saliency(tmp_path, num_steps=len(sides))
+    sal = load_saliency(tmp_path, load_trace(tmp_path))
     assert path.name == "saliency.npz" and calls == [0, 1, 2, 3]
     assert sal.maps.shape == (4, SIZE, SIZE) and sal.metadata["target_layer"] == "features.2"
     centres = _centre_x(sal.maps.astype(np.float32))
     assert [int(c > SIZE / 2) for c in centres] == sides
     assert sal.overlay(2).shape == (SIZE, SIZE, 3)
+    # the run records one step more: its new trace.npz is not the one the saliency was computed from
+    rec.add(frame=frame, policy_action=0, timestamp=4.0)
+    rec.save()
     from nac_drive.interpret.archive import ArchiveError
-    with pytest.raises(ArchiveError, match="num_steps"):
-        load_saliency(tmp_path, num_steps=5)
+    with pytest.raises(ArchiveError, match="computed from another trace.npz"):
+        load_saliency(tmp_path, load_trace(tmp_path))

@@ -39,7 +39,7 @@ def test_drive_udacity_with_a_checkpoint_records_the_nac_trace(tmp_path):
     from nac_drive.policy import DrivingPolicy
 
     policy_saliency(DrivingPolicy.from_pretrained(checkpoint), run, progress=False)
-    sal = load_saliency(run, trace.num_steps)
+    sal = load_saliency(run, trace)
     frame, over = trace.frame(5).astype(float), sal.overlay(5).astype(float)
     assert np.abs(frame[:60] - over[:60]).mean() < 4 and np.abs(frame[-25:] - over[-25:]).mean() < 4
     assert np.abs(frame[60:-25] - over[60:-25]).mean() > 10

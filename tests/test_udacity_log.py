@@ -139,3 +139,24 @@ def test_writer_round_trip_and_file_names(tmp_path):
     assert img.shape == (160, 320, 3) and img[80, 160, 0] > 180 and img[80, 160, 2] < 30  # stays RGB
     assert rows[1].timestamp - rows[0].timestamp == pytest.approx(0.001, abs=1e-6)
     assert timestamp_from_name("center_2026_03_04_05_06_07_891.jpg") == rows[0].timestamp
+
+
+def test_missing_images_are_found_when_the_log_is_loaded(tmp_path, capsys):
+    from nac_drive.cli import main
+    from nac_drive.data_collection.udacity_dataset import segments_from_log
+
+    imgs = _names(tmp_path / "rec", 3)
+    lines = [f"{c},{l},{r},0.1,0.5,0,20" for c, l, r in imgs]
+    (tmp_path / "rec" / "driving_log.csv").write_text("\n".join(lines) + "\n")
+    assert [len(s.rows) for s in segments_from_log(tmp_path / "rec" / "driving_log.csv")] == [3]
+    for gone in (imgs[1][0], imgs[2][0], imgs[2][2], imgs[0][1]):   # 4 of the 9 images
+        gone.unlink()
+    message = (rf"driving_log.csv: 4 of the 9 images it lists are missing \(first: {imgs[0][1]}, {imgs[1][0]}, "
+               rf"{imgs[2][0]}, \.\.\.\)")
+    with pytest.raises(DrivingLogError, match=message):
+        segments_from_log(tmp_path / "rec" / "driving_log.csv")
+    # training refuses it at load, before the first batch, in one line
+    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "runs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "4 of the 9 images it lists are missing" in err[0]
+    assert not (tmp_path / "runs").exists()

@@ -34,19 +34,20 @@ def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps
                       name: str | None = None, progress: bool = True):
     """Record ``episodes`` expert episodes; returns (dataset path, EpisodeResults)."""
     from nac_drive.agents.experts import load_expert
-    from nac_drive.data_collection.carracing_dataset import write_dataset
+    from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
     from nac_drive.simulators.carracing import COLLECT_SEED_BASE, FPS, make_carracing, run_episodes
 
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
     actor, continuous = load_expert(None if expert == "ppo" else expert)
+    safe_name = name or f"carracing-{actor.name.replace(':', '-').replace('/', '-')}-s{seed}"
+    refuse_existing(out, safe_name)   # before driving: a name that is taken would waste the collection
     env = RecordEpisodes(make_carracing(continuous=continuous), fps=FPS)
     seeds = [COLLECT_SEED_BASE + seed + i for i in range(episodes)]
     try:
         results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, env=env, progress=progress)
         recorded = env.take_episodes()
-        safe_name = name or f"carracing-{actor.name.replace(':', '-').replace('/', '-')}-s{seed}"
         path = write_dataset(out, safe_name, recorded, env.unwrapped, expert=actor.name,
                              description=f"CarRacing-v3 demonstrations by {actor.name}, tracks {seeds[0]}..{seeds[-1]}")
     finally:

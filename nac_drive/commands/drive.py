@@ -35,7 +35,8 @@ def add_parser(subparsers) -> None:
     uda.add_argument("--speed", type=number(float, above=0), default=9.0, help="set speed for the PI throttle controller (mph)")
     uda.add_argument("--record", metavar="DIR", default=None, help="also record driving_log.csv + IMG/ to DIR")
     uda.add_argument("--trace", default=None, metavar="RUN_DIR",
-                     help="record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard)")
+                     help="record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard; "
+                          "RUN_DIR-2, -3, ... if RUN_DIR exists)")
     uda.add_argument("--json", action="store_true", help="end the summary with one line of JSON")
     uda.set_defaults(func=run_udacity)
 
@@ -48,14 +49,17 @@ def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--render", choices=["human"], default=None, help="show a window while driving")
     parser.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
     parser.add_argument("--trace", default=None, metavar="RUN_DIR",
-                        help="record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz")
+                        help="record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz "
+                             "(RUN_DIR-2, -3, ... if RUN_DIR exists)")
     parser.add_argument("--json", action="store_true", help="end the output with one line of JSON")
 
 
 def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
                     video=None, trace_dir=None, progress: bool = True) -> dict:
-    """Drive and score a policy on CarRacing; returns the summary dict."""
+    """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
+    folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...)."""
     from nac_drive.agents.driver import PolicyDriver, load_policy
+    from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
     if episodes < 1:
@@ -69,6 +73,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
 
         continuous = policy.config.action == "continuous"
         names = ["noop", "right", "left", "gas", "brake"] if not continuous else ["steer", "gas", "brake"]
+        trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
         recorder = _recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
         oracle = PurePursuitTeacher(continuous=continuous)
     driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
@@ -80,6 +85,8 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         recorder.save()
     summary = results.summary()
     summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core, text=results.format())
+    if trace_dir is not None:
+        summary["trace"] = str(trace_dir)
     return summary
 
 
@@ -102,7 +109,8 @@ def run_carracing(args: argparse.Namespace) -> int:
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}")
     print(summary.pop("text"))
     if args.trace:
-        print(f"trace: {args.trace}/trace.npz (open it with: nac-drive dashboard {args.trace} -o dashboard.html)")
+        trace = summary["trace"]
+        print(f"trace: {trace}/trace.npz (open it with: nac-drive dashboard {trace} -o dashboard.html)")
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -115,7 +123,12 @@ def run_udacity(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy, task="udacity")
     if policy.config.task != "udacity":
         raise ValueError(f"{args.policy} is a {policy.config.task!r} policy, not a Udacity one")
-    recorder = _recorder(args.trace, policy, args.policy, "udacity", ["steering"]) if args.trace else None
+    recorder = None
+    if args.trace:
+        from nac_drive.atomic import fresh_dir
+
+        recorder = _recorder(fresh_dir(args.trace), policy, args.policy, "udacity", ["steering"])
+        print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
     driver = PolicyDriver(policy, recorder=recorder)
     try:
         return drive_udacity(driver, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
@@ -123,4 +136,4 @@ def run_udacity(args: argparse.Namespace) -> int:
     finally:
         if recorder is not None and len(recorder):
             recorder.save()
-            print(f"trace: {args.trace}/trace.npz", file=sys.stderr)
+            print(f"trace: {recorder.path}", file=sys.stderr)

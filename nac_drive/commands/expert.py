@@ -94,7 +94,9 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _report(best, ship: str | None) -> int:
-    from nac_drive.agents.ppo_expert import export_for_shipping
+    """Print the best zip a training run returned and ship it if asked (a bad zip, args.json
+    or kept state ends in one line through nac_drive.cli.run_verb)."""
+    from nac_drive.agents.expert_zip import export_for_shipping
 
     print(f"best checkpoint: {best}")
     if ship:

@@ -3,7 +3,8 @@
     nac-drive quickstart                 # drive the shipped CNN+NAC policy on 3 unseen tracks
     nac-drive quickstart --full          # collect with the shipped expert -> train -> drive
 
-Writes into ``--out`` (default ``runs/quickstart``): ``drive.mp4``, the run's traces
+Writes into ``--out`` (default ``runs/quickstart``; ``runs/quickstart-2``, ... if that
+exists, so a run never overwrites another): ``drive.mp4``, the run's traces
 ``run/trace.npz`` with Grad-CAM overlays ``run/saliency.npz``, and ``dashboard.html``
 (open it in any browser, offline). ``--full`` adds ``demos/`` (a Minari dataset) and
 ``train/`` (the run folder with the best checkpoint) and drives that checkpoint.
@@ -23,7 +24,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("quickstart", help="drive the shipped policy and build its dashboard (--full: the "
                               "whole pipeline)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/quickstart", help="output folder (default runs/quickstart)")
+    p.add_argument("--out", default="runs/quickstart",
+                   help="output folder (default runs/quickstart; <out>-2, -3, ... if it exists)")
     p.add_argument("--episodes", type=COUNT, default=3, help="held-out tracks to drive (default 3)")
     p.add_argument("--max-steps", type=COUNT, default=None, help="cap each driven episode (env frames)")
     p.add_argument("--no-saliency", action="store_true", help="skip the Grad-CAM overlays")
@@ -39,10 +41,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nac_drive.atomic import fresh_dir
     from nac_drive.commands.drive import drive_carracing
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_dir(args.out)
+    print(f"output folder: {out}", flush=True)
     started = time.perf_counter()
     policy_path = None
     if args.full:
@@ -52,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
     summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
                               video=str(out / "drive.mp4"), trace_dir=str(out / "run"), progress=not args.json)
     print(summary.pop("text"))
-    dashboard = _dashboard(policy_path, out, with_saliency=not args.no_saliency, progress=not args.json)
-    summary.update(video=str(out / "drive.mp4"), trace=str(out / "run" / "trace.npz"), dashboard=str(dashboard),
+    run = Path(summary["trace"])
+    dashboard = _dashboard(policy_path, run, out, with_saliency=not args.no_saliency, progress=not args.json)
+    summary.update(video=str(out / "drive.mp4"), trace=str(run / "trace.npz"), dashboard=str(dashboard),
                    seconds=round(time.perf_counter() - started, 1))
     print(f"video: {summary['video']}\ndashboard: {dashboard} (open it in a browser)")
     if args.json:
@@ -76,12 +80,12 @@ def _collect_and_train(args: argparse.Namespace, out: Path) -> Path:
     return run_dir / "best"
 
 
-def _dashboard(policy_path, out: Path, with_saliency: bool, progress: bool) -> Path:
+def _dashboard(policy_path, run: Path, out: Path, with_saliency: bool, progress: bool) -> Path:
     from nac_drive.agents.driver import load_policy
     from nac_drive.interpret.dashboard import build_dashboard
 
     if with_saliency:
         from nac_drive.interpret.policy_saliency import policy_saliency
 
-        policy_saliency(load_policy(policy_path), out / "run", progress=progress)
-    return build_dashboard(out / "run", out / "dashboard.html", title="nac-drive quickstart")
+        policy_saliency(load_policy(policy_path), run, progress=progress)
+    return build_dashboard(run, out / "dashboard.html", title="nac-drive quickstart")

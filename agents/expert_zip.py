@@ -1,0 +1,215 @@
+"""Expert zips (stable-baselines3's format) read and written without unpickling anything.
+
+An SB3 zip holds ``data`` (JSON; some of its values are base64 pickles, which SB3's
+``PPO.load`` runs) and torch files (``policy.pth``, ``policy.optimizer.pth``), which are
+pickles too. A zip can come from anywhere (``--init-from``, a run folder), so this
+module reads only the JSON values and, with ``torch.load(weights_only=True)``, the
+tensors; it never calls ``PPO.load``. Every member is size-checked before it is inflated
+(:mod:`nac_drive.untrusted_zip`), the network is built from checked JSON fields, first
+on PyTorch's "meta" device (shapes, no memory) to be compared with the tensors, and
+:func:`export_for_shipping` writes a new zip from the checked parts only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE
+from nac_drive.atomic import atomic_write
+from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
+
+DATA_LIMIT = 64 * 2**20       # the JSON ``data`` of an expert zip is ~60 kB
+TENSORS_LIMIT = 512 * 2**20   # a torch file of an expert zip is a few MB
+MAX_FRAME_STACK = 64
+# policy_kwargs an expert zip may carry (what `expert train` sets, and SB3 flags that
+# change no shapes); anything else is refused.
+_POLICY_KWARGS = {"net_arch": (dict, list), "log_std_init": (int, float), "ortho_init": (bool,),
+                  "normalize_images": (bool,), "share_features_extractor": (bool,)}
+# Plain hyper-parameters a shipped zip carries over from its source.
+_SHIPPED_FIELDS = ("num_timesteps", "_total_timesteps", "seed", "n_envs", "n_steps", "batch_size", "n_epochs",
+                   "gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm", "normalize_advantage", "target_kl",
+                   "use_sde", "sde_sample_freq", "_n_updates")
+
+
+class LoadedPolicy(NamedTuple):
+    """An expert zip's policy and how it drives the raw env."""
+
+    policy: Any  # SB3 ActorCriticCnnPolicy
+    continuous: bool  # drives the continuous env (continuous and combined-action experts)
+    action_repeat: int
+    action_table: np.ndarray | None  # combined actions: row i is action i as float32 [3]
+
+    @property
+    def action_kind(self) -> str:
+        """"discrete" (the env's 5), "continuous" or "combined"."""
+        if self.action_table is not None:
+            return "combined"
+        return "continuous" if self.continuous else "discrete"
+
+
+def read_data(path: str | Path) -> dict[str, Any]:
+    """The JSON ``data`` member of an SB3 zip (its pickled values are left as text)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"expert zip not found: {path}")
+    with open_zip(path) as zf:
+        raw = read_member(zf, "data", DATA_LIMIT)
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: member 'data' is not JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: member 'data' is not a JSON object")
+    return data
+
+
+def read_tensors(path: str | Path, member: str) -> Any:
+    """A torch file inside an SB3 zip (``policy.pth``, ``policy.optimizer.pth``), loaded with
+    ``weights_only=True``: tensors and plain containers only, no code runs."""
+    import torch
+
+    with open_zip(path) as zf:
+        raw = read_member(zf, member, TENSORS_LIMIT)
+    try:
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ...
+        raise ValueError(f"{path}: member {member!r} is not a plain tensor file "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """Build the SB3 actor-critic of an expert zip without unpickling anything.
+
+    Raises ``ValueError`` naming the file and field when the zip is not a CarRacing expert
+    of this project.
+    """
+    import torch
+    from stable_baselines3.common.policies import ActorCriticCnnPolicy
+
+    path = Path(path)
+    data = read_data(path)
+    observation_space, action_space, continuous, table = _spaces(data, path)
+    action_repeat = data.get("action_repeat", ACTION_REPEAT)  # zips from before it was stored: 4
+    if not (isinstance(action_repeat, int) and not isinstance(action_repeat, bool) and 1 <= action_repeat <= 100):
+        raise ValueError(f"{path}: field 'action_repeat' is {action_repeat!r}, expected an integer in 1..100")
+    kwargs = _policy_kwargs(data.get("policy_kwargs", {}), path)
+    state = read_tensors(path, "policy.pth")
+    if not (isinstance(state, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items())):
+        raise ValueError(f"{path}: member 'policy.pth' is not a state dict of named tensors")
+    try:
+        with torch.device("meta"):   # shapes only: a huge net_arch costs nothing here
+            skeleton = ActorCriticCnnPolicy(observation_space, action_space, lambda _: 0.0,
+                                            **{**kwargs, "ortho_init": False})
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{path}: field 'policy_kwargs' does not build a policy ({exc})") from None
+    expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in state.items()}
+    if expected != found:
+        bad = sorted(set(expected) ^ set(found)) or sorted(n for n in expected if expected[n] != found[n])
+        raise ValueError(f"{path}: policy.pth does not fit the network its 'data' describes (first difference: "
+                         f"{bad[0]}: {list(found.get(bad[0], ()))} in the file, "
+                         f"{list(expected.get(bad[0], ()))} in the network)")
+    policy = ActorCriticCnnPolicy(observation_space, action_space, lambda _: 0.0, **kwargs)
+    policy.load_state_dict(state)
+    policy.set_training_mode(False)
+    return LoadedPolicy(policy, continuous, action_repeat, table)
+
+
+def _spaces(data: dict[str, Any], path: Path):
+    """(observation space, action space, continuous, action table or None) from ``data``'s
+    plain JSON fields."""
+    obs = data.get("observation_space", {})
+    shape = obs.get("_shape") or obs.get("shape") if isinstance(obs, dict) else None
+    if not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [FRAME_SIZE, FRAME_SIZE]
+            and isinstance(shape[0], int) and 1 <= shape[0] <= MAX_FRAME_STACK):
+        raise ValueError(f"{path}: field 'observation_space' has shape {shape}, expected "
+                         f"[frame_stack <= {MAX_FRAME_STACK}, {FRAME_SIZE}, {FRAME_SIZE}]")
+    act = data.get("action_space", {})
+    act_type = str(act.get(":type:", "")) if isinstance(act, dict) else ""
+    box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
+    table = None
+    if "Discrete" in act_type:
+        try:
+            n = int(act.get("n", -1))
+        except (TypeError, ValueError):
+            n = -1
+        if "action_table" in data:  # combined actions, played through the continuous env
+            from nac_drive.agents.combined_actions import check_action_table
+
+            try:
+                table = check_action_table(data["action_table"], box)
+            except ValueError as exc:
+                raise ValueError(f"{path}: field 'action_table': {exc}") from exc
+            if len(table) != n:
+                raise ValueError(f"{path}: field 'action_table' has {len(table)} rows, the "
+                                 f"action space {act.get('n')} actions")
+        elif n != 5:
+            raise ValueError(f"{path}: field 'action_space' has n={act.get('n')}, expected 5")
+        action_space, continuous = gym.spaces.Discrete(n), table is not None
+    elif "Box" in act_type:
+        action_space, continuous = box, True
+    else:
+        raise ValueError(f"{path}: field 'action_space' is {act_type or 'missing'}, "
+                         "expected Discrete(5) or Box(3)")
+    return gym.spaces.Box(0, 255, tuple(shape), np.uint8), action_space, continuous, table
+
+
+def _policy_kwargs(kwargs: Any, path: Path) -> dict[str, Any]:
+    """``data['policy_kwargs']`` if it holds only plain values of :data:`_POLICY_KWARGS`."""
+    if not isinstance(kwargs, dict) or ":serialized:" in kwargs:
+        raise ValueError(f"{path}: field 'policy_kwargs' is not plain JSON")
+    for name, value in kwargs.items():
+        if name not in _POLICY_KWARGS:
+            raise ValueError(f"{path}: field 'policy_kwargs' has {name!r}; an expert zip may set only "
+                             f"{sorted(_POLICY_KWARGS)}")
+        if not isinstance(value, _POLICY_KWARGS[name]) or (bool not in _POLICY_KWARGS[name]
+                                                             and isinstance(value, bool)):
+            raise ValueError(f"{path}: field 'policy_kwargs.{name}' is {value!r}")
+    arch = kwargs.get("net_arch", [])
+    layers = [arch] if isinstance(arch, list) else list(arch.values())
+    if isinstance(arch, dict) and not set(arch) <= {"pi", "vf"} or not all(
+            isinstance(layer, list) and all(isinstance(u, int) and not isinstance(u, bool) and u >= 1 for u in layer)
+            for layer in layers):
+        raise ValueError(f"{path}: field 'policy_kwargs.net_arch' is {arch!r}, expected lists of layer sizes "
+                         "(a list, or {'pi': [...], 'vf': [...]})")
+    return kwargs
+
+
+def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
+    """Write ``src``'s policy as a new SB3 zip ``dst`` without optimizer state (~3x smaller).
+
+    Nothing of ``src`` is unpickled or copied as is: the policy is read by
+    :func:`load_policy`, and the zip is written from it, its checked JSON fields and a
+    handful of plain hyper-parameters. The result loads with :class:`PPOExpert` and with
+    SB3's ``PPO.load`` (a fresh optimizer, learning rate and clip range 0).
+    """
+    from stable_baselines3.common.policies import ActorCriticCnnPolicy
+    from stable_baselines3.common.save_util import save_to_zip_file
+    from stable_baselines3.common.utils import ConstantSchedule
+
+    loaded = load_policy(src)
+    source = read_data(src)
+    policy = loaded.policy
+    data: dict[str, Any] = {name: source[name] for name in _SHIPPED_FIELDS
+                            if isinstance(source.get(name), (bool, int, float))}
+    data.update(policy_class=ActorCriticCnnPolicy, policy_kwargs=_policy_kwargs(source.get("policy_kwargs", {}), src),
+                observation_space=policy.observation_space, action_space=policy.action_space,
+                learning_rate=0.0, lr_schedule=ConstantSchedule(0.0), clip_range=0.0,
+                action_repeat=loaded.action_repeat)
+    data.setdefault("n_envs", 1)
+    if loaded.action_table is not None:
+        data["action_table"] = loaded.action_table.tolist()
+    optimizer = policy.optimizer_class(policy.parameters(), lr=0.0, **policy.optimizer_kwargs)
+    params = {"policy": policy.state_dict(), "policy.optimizer": optimizer.state_dict()}
+    dst = Path(dst)
+    atomic_write(dst, lambda tmp: save_to_zip_file(tmp, data=data, params=params))
+    return dst
+
+
+__all__ = ["LoadedPolicy", "ZipMemberError", "export_for_shipping", "load_policy", "read_data", "read_tensors"]

@@ -1,0 +1,203 @@
+"""Runs never overwrite runs, and a kill at any moment leaves the previous checkpoint or
+dataset whole (real SIGKILLs of subprocesses at chosen points)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from nac_drive.atomic import atomic_write_dir, fresh_dir
+from nac_drive.cli import main
+from nac_drive.data_collection.carracing_dataset import DatasetError, find_datasets, load_episodes, write_dataset
+from nac_drive.policy import DrivingPolicy, PolicyConfig
+from support.demos import synthetic_episodes
+
+torch.set_num_threads(1)
+
+TINY = ["--window", "4", "--d-model", "16", "--num-heads", "2", "--topk", "3", "--windows-per-epoch", "32",
+        "--batch-size", "8", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos")
+    write_dataset(root, "bands", synthetic_episodes(2, 24), "CarRacing-v3", expert="bands", description="test")
+    return root
+
+
+def killed(patch: str, script: str, *args) -> None:
+    """Run ``patch`` (which makes the chosen call ``die()``), then ``script``, in a fresh
+    Python with ``sys.argv[1:] = args``; it must die of SIGKILL at that point."""
+    prelude = textwrap.dedent("""
+        import os, shutil, signal, sys
+        from pathlib import Path
+
+        def die(*_, **__):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        target = Path(sys.argv[1])
+        """)
+    code = "\n".join([prelude, textwrap.dedent(patch), textwrap.dedent(script)])
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+
+
+def hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_fresh_dir_takes_the_next_free_name(tmp_path):
+    assert fresh_dir(tmp_path / "run") == tmp_path / "run"
+    (tmp_path / "run-3").write_text("a file takes a name too")
+    assert [fresh_dir(tmp_path / "run").name for _ in range(2)] == ["run-2", "run-4"]
+    assert all((tmp_path / name).is_dir() and not any((tmp_path / name).iterdir()) for name in ("run", "run-2", "run-4"))
+
+
+def _policy(seed: int) -> DrivingPolicy:
+    return DrivingPolicy(PolicyConfig(core={"core": "gru", "d_model": 8, "seed": seed}))
+
+
+# where the writer is killed, and whether the new checkpoint was already in place
+KILL_POINTS = {
+    "writing": ("import nac_drive.checkpoint\n"   # the weights are written, the config is not
+                "nac_drive.checkpoint.write_json = die", False),
+    "moving the previous aside": ("real = os.rename\n"
+                                  "os.rename = lambda a, b: die() if Path(a) == target else real(a, b)", False),
+    "putting the new in place": ("real = os.rename\n"
+                                 "os.rename = lambda a, b: die() if Path(b) == target else real(a, b)", False),
+    "removing the previous": ("real = shutil.rmtree\n"
+                              "shutil.rmtree = lambda p, **k: die() if Path(p).name.endswith('.old') else real(p, **k)",
+                              True),
+}
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_checkpoint_folder_killed_at_any_step_loads_whole(tmp_path, point):
+    target = tmp_path / "best"
+    old, new = _policy(1), _policy(2)
+    atomic_write_dir(target, old.save_pretrained)
+    patch, replaced = KILL_POINTS[point]
+    killed(patch, """
+        from nac_drive.atomic import atomic_write_dir
+        from nac_drive.policy import DrivingPolicy, PolicyConfig
+        policy = DrivingPolicy(PolicyConfig(core={"core": "gru", "d_model": 8, "seed": 2}))
+        atomic_write_dir(target, policy.save_pretrained)
+        """, target)
+    expected = new if replaced else old
+    loaded = DrivingPolicy.from_pretrained(target)   # the whole previous (or new) folder, never a mixture
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    if point == "putting the new in place":
+        assert not target.exists() and hidden(tmp_path) == [".best.new", ".best.old"]
+    # the next write repairs what the kill left and leaves nothing hidden behind
+    atomic_write_dir(target, _policy(3).save_pretrained)
+    assert torch.equal(DrivingPolicy.from_pretrained(target).head[1].weight, _policy(3).head[1].weight)
+    assert hidden(tmp_path) == [] and sorted(p.name for p in target.iterdir()) == ["config.json",
+                                                                                  "model.safetensors"]
+
+
+def test_training_into_a_taken_run_name_starts_a_new_folder(tmp_path, demos, capsys):
+    args = ["train", "--data", demos, "--out", tmp_path, "--epochs", "1", *TINY]
+    assert main([str(a) for a in args]) == 0
+    (first,) = [p for p in tmp_path.iterdir()]
+    assert f"run folder: {first}" in capsys.readouterr().out
+    before = {p: p.read_bytes() for p in (first / "metrics.csv", first / "best" / "model.safetensors")}
+    assert main([str(a) for a in args + ["--seed", "0"]]) == 0    # the same default name again
+    second = first.with_name(first.name + "-2")
+    assert f"run folder: {second}" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in before} == before
+    assert len((second / "metrics.csv").read_text().splitlines()) == 2 and (second / "best").is_dir()
+
+
+def test_resume_keeps_each_epochs_metrics_once(tmp_path, demos):
+    args = [str(a) for a in ["train", "--data", demos, "--out", tmp_path, "--run-name", "r", *TINY]]
+    assert main(args + ["--epochs", "2"]) == 0
+    metrics = tmp_path / "r" / "metrics.csv"
+    with open(metrics, "a") as f:   # epoch 3 logged, then killed before its checkpoint was saved
+        f.write("3,9,9,9,9,9,9,9\n")
+    assert main(args + ["--epochs", "3", "--resume"]) == 0
+    rows = list(csv.DictReader(metrics.open()))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"] and rows[2]["train_loss"] != "9"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]    # --resume stays in its folder
+
+
+@pytest.mark.slow
+def test_training_killed_while_it_swaps_in_a_checkpoint_resumes_from_the_previous(tmp_path, demos):
+    """Killed in epoch 2 after last/ was moved aside and before the new one took its name."""
+    run = tmp_path / "r"
+    killed("""
+        last, real, renames = target / "last", os.rename, []
+        def rename(a, b):   # the second time a folder takes the name last/: epoch 2's swap
+            renames.append(Path(b))
+            if renames.count(last) == 2:
+                die()
+            real(a, b)
+        os.rename = rename
+        """, """
+        from nac_drive import train
+        train.main(sys.argv[2:])
+        """, run, "--data", demos, "--out", tmp_path, "--run-name", "r", "--epochs", "2", *TINY)
+    assert not (run / "last").exists() and (run / ".last.old").is_dir()
+    state = json.loads((run / ".last.old" / "train_state.json").read_text())
+    assert state["epoch"] == 0
+    DrivingPolicy.from_pretrained(run / "last")          # loads the previous one, whole
+    assert main([str(a) for a in ["train", "--data", demos, "--out", tmp_path, "--run-name", "r", "--resume",
+                                  "--epochs", "2", *TINY]]) == 0
+    assert [r["epoch"] for r in csv.DictReader((run / "metrics.csv").open())] == ["1", "2"]
+    assert json.loads((run / "last" / "train_state.json").read_text())["epoch"] == 1
+    assert hidden(run) == []
+
+
+@pytest.mark.parametrize("point", ["writing", "publishing"])
+def test_a_killed_dataset_write_leaves_no_dataset(tmp_path, point):
+    patch = {"writing": "from minari.dataset._storages.hdf5_storage import HDF5Storage\n"
+                        "HDF5Storage.update_episode_metadata = die",     # episodes written, their metadata not
+             "publishing": "os.rename = die"}[point]                     # complete, not yet renamed
+    killed(patch, f"""
+        from nac_drive.data_collection.carracing_dataset import write_dataset
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from support.demos import synthetic_episodes
+        write_dataset(target, "demo", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
+        """, tmp_path)
+    assert not (tmp_path / "demo-v0").exists() and hidden(tmp_path) != []
+    with pytest.raises(DatasetError, match="no Minari dataset"):
+        find_datasets(tmp_path)
+    write_dataset(tmp_path, "demo", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
+    assert len(load_episodes(tmp_path)) == 1 and hidden(tmp_path) == []
+
+
+def test_collect_and_dagger_refuse_a_taken_dataset_name_before_driving(tmp_path, capsys):
+    write_dataset(tmp_path, "mine", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
+    write_dataset(tmp_path, "dagger-r1-s0", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
+    before = (tmp_path / "mine-v0" / "data" / "main_data.hdf5").read_bytes()
+    assert main(["collect", "carracing", "--expert", "teacher", "--episodes", "50", "--out", str(tmp_path),
+                 "--name", "mine"]) == 2
+    assert "mine-v0: a dataset of that name exists" in capsys.readouterr().err
+    assert main(["dagger", "--policy", str(tmp_path / "none"), "--data", str(tmp_path), "--rounds", "2"]) == 2
+    assert "dagger-r1-s0-v0: a dataset of that name exists" in capsys.readouterr().err
+    assert (tmp_path / "mine-v0" / "data" / "main_data.hdf5").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dagger-r1-s0-v0", "mine-v0"]
+
+
+def test_expert_runs_and_traces_take_new_folders(tmp_path, capsys):
+    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.interpret.trace import load_trace
+
+    tiny = TrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
+                     total_frames=32, eval_every_frames=10**9, progress_bar=False)
+    assert train(tiny).parent == tmp_path / "r" and train(tiny).parent == tmp_path / "r-2"
+    assert json.loads((tmp_path / "r-2" / "args.json").read_text())["run_name"] == "r-2"   # resumable as is
+    for name in ("run", "run-2"):
+        assert main(["drive", "carracing", "--episodes", "1", "--max-steps", str(3 if name == "run" else 5),
+                     "--trace", str(tmp_path / "run"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["trace"] == str(tmp_path / name)
+    assert load_trace(tmp_path / "run").num_steps == 3 and load_trace(tmp_path / "run-2").num_steps == 5
