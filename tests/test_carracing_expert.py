@@ -431,10 +431,13 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     assert main(["expert", "compare", zip_path, "--episodes", "1", "--seed-base", "70005", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert list(summary) == [zip_path] and summary[zip_path]["returns"] == [pytest.approx(raw.returns[1], abs=0.01)]
-    assert main(["expert", "compare", zip_path, "--episodes", "0"]) == 2
-    with pytest.raises(FileNotFoundError, match="nope.zip"):  # before the good zip is driven
-        main(["expert", "compare", zip_path, str(expert.path.parent / "nope.zip"), "--episodes", "1"])
-    assert "return" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:   # argparse refuses --episodes 0
+        main(["expert", "compare", zip_path, "--episodes", "0"])
+    assert refused.value.code == 2
+    # a missing zip ends in one line before the good zip is driven
+    assert main(["expert", "compare", zip_path, str(expert.path.parent / "nope.zip"), "--episodes", "1"]) == 2
+    out = capsys.readouterr()
+    assert "return" not in out.out and "nope.zip" in out.err.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("terminate", [False, True])
@@ -549,11 +552,11 @@ def test_cli_eval_json_last_line(capsys):
     assert summary["latency_ms_p50"] > 0
 
 
-def test_cli_eval_bad_expert_path_names_it(tmp_path):
+def test_cli_eval_bad_expert_path_names_it(tmp_path, capsys):
     from nac_drive.cli import main
 
-    with pytest.raises(FileNotFoundError, match="nope.zip"):
-        main(["expert", "eval", "--expert", str(tmp_path / "nope.zip"), "--episodes", "1"])
+    assert main(["expert", "eval", "--expert", str(tmp_path / "nope.zip"), "--episodes", "1"]) == 2
+    assert "nope.zip" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_expert_training_starts_from_init_from(tmp_path):
@@ -756,7 +759,8 @@ def test_cli_dagger_refuses_a_bad_disturb_rate_before_driving(tmp_path, capsys):
     from nac_drive.agents.driver import shipped_policy_path
     from nac_drive.cli import main
 
-    assert main(["dagger", "--policy", str(shipped_policy_path()), "--data", str(tmp_path / "demos"),
-                 "--out", str(tmp_path / "train"), "--disturb-rate", "1.5", "--no-progress"]) == 2
-    assert "--disturb-rate must be in [0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["dagger", "--policy", str(shipped_policy_path()), "--data", str(tmp_path / "demos"),
+              "--out", str(tmp_path / "train"), "--disturb-rate", "1.5", "--no-progress"])
+    assert refused.value.code == 2 and "--disturb-rate: must be <= 1, got 1.5" in capsys.readouterr().err
     assert not (tmp_path / "demos").exists() and not (tmp_path / "train").exists()   # nothing written
