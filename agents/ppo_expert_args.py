@@ -34,7 +34,7 @@ class TrainArgs:
     n_steps: int = arg(256, "rollout length per worker", min=2)
     batch_size: int = arg(128, "PPO minibatch size", min=2)
     n_epochs: int = arg(4, "PPO epochs per rollout", min=1)
-    learning_rate: float = arg(3e-4, "initial learning rate, decayed linearly to 0", above=0)
+    learning_rate: float = arg(3e-4, "initial learning rate, decayed linearly to 0", min=0)
     ent_coef: float = arg(0.01, "entropy bonus", min=0)
     gamma: float = arg(0.99, "discount (per agent step)", above=0, max=1)
     gae_lambda: float = arg(0.95, "GAE lambda", min=0, max=1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import operator
 from typing import Any, Callable
 
 BOUNDS = ("min", "max", "above", "below")
@@ -22,9 +23,9 @@ def check_number(value: float, *, min=None, max=None, above=None, below=None) ->
     """Why ``value`` is out of range (``None`` if it is fine); NaN and inf never are."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number, got {value}"
-    for bound, ok, words in ((min, lambda b: value >= b, ">="), (max, lambda b: value <= b, "<="),
-                             (above, lambda b: value > b, ">"), (below, lambda b: value < b, "<")):
-        if bound is not None and not ok(bound):
+    for bound, holds, words in ((min, operator.ge, ">="), (max, operator.le, "<="),
+                                (above, operator.gt, ">"), (below, operator.lt, "<")):
+        if bound is not None and not holds(value, bound):
             return f"must be {words} {bound}, got {value}"
     return None
 
@@ -50,7 +51,7 @@ COUNT = number(int, min=1)             # episodes, epochs, frames: at least one
 SIZE = number(int, min=0)              # 0 allowed (e.g. "all windows")
 SEED = number(int, min=0)
 PORT = number(int, min=1, max=65535)
-SECONDS = number(float, above=0)
+POSITIVE = number(float, above=0)      # speeds, durations, laps, budgets
 
 
 def arg(default: Any, help: str, choices: tuple | None = None, **kwargs) -> Any:
@@ -67,7 +68,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(f.name)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
         if isinstance(default, bool):
@@ -79,6 +80,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
             parser.add_argument(flag, type=kind, default=default, help=help_text, choices=f.metadata.get("choices"))
 
 
+def flag_name(field_name: str) -> str:
+    """``total_frames`` -> ``--total-frames``"""
+    return "--" + field_name.replace("_", "-")
+
+
 def _bounds(f: dataclasses.Field) -> dict:
     return {b: f.metadata[b] for b in BOUNDS if f.metadata.get(b) is not None}
 
@@ -88,7 +94,7 @@ def check_fields(instance) -> None:
     value is out of its bounds or not among its choices."""
     for f in dataclasses.fields(instance):
         value = getattr(instance, f.name)
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(f.name)
         choices = f.metadata.get("choices")
         if choices and value not in choices:
             raise ValueError(f"{flag}: must be one of {', '.join(map(str, choices))}, got {value!r}")

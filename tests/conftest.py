@@ -16,16 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def imported_from_checkout() -> bool:
+def pytest_configure(config):
     import nac_drive
 
-    return Path(nac_drive.__file__).resolve().is_relative_to(ROOT)
-
-
-def pytest_configure(config):
-    if imported_from_checkout() and os.environ.get("NAC_DRIVE_TEST_SOURCE_TREE") != "1":
-        import nac_drive
-
+    from_checkout = Path(nac_drive.__file__).resolve().is_relative_to(ROOT)
+    if from_checkout and os.environ.get("NAC_DRIVE_TEST_SOURCE_TREE") != "1":
         raise pytest.UsageError(
             f"nac_drive was imported from the checkout ({nac_drive.__file__}), not from an installed "
             f"package: install it with `pip install \".[dev]\"` and run `pytest` (not `python -m pytest`, "

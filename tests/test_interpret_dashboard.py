@@ -112,7 +112,7 @@ def test_cli_writes_the_dashboard_and_names_a_missing_trace(run_dir, tmp_path, c
     out = tmp_path / "d.html"
     assert main(["dashboard", str(run_dir), "-o", str(out)]) == 0
     assert run_data(out.read_text(encoding="utf-8"))["n"] == N
-    assert main(["dashboard", str(tmp_path / "nowhere")]) == 1
+    assert main(["dashboard", str(tmp_path / "nowhere")]) == 2
     assert "trace.npz" in capsys.readouterr().err
 
 

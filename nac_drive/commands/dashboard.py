@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nac_drive.arguments import number
+from nac_drive.arguments import POSITIVE
 
 
 def add_parser(subparsers) -> None:
@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("-o", "--output", default=None, metavar="HTML",
                    help="output file (default: RUN_DIR/dashboard.html)")
     p.add_argument("--title", default=None, help="page title (default: the run directory's name)")
-    p.add_argument("--image-budget-mb", type=number(float, above=0), default=20.0,
+    p.add_argument("--image-budget-mb", type=POSITIVE, default=20.0,
                    help="frames + overlays above this many MB (base64) are re-encoded smaller (default 20)")
     p.set_defaults(func=run)
 

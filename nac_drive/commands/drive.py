@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from nac_drive.arguments import COUNT, PORT, SEED, number
+from nac_drive.arguments import COUNT, PORT, POSITIVE, SEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
                      help="checkpoint folder of a Udacity policy (default: the shipped PilotNet+NAC policy)")
     uda.add_argument("--host", default="127.0.0.1", help="address to bind (the simulator connects to it)")
     uda.add_argument("--port", type=PORT, default=4567, help="port the simulator connects to")
-    uda.add_argument("--speed", type=number(float, above=0), default=9.0, help="set speed for the PI throttle controller (mph)")
+    uda.add_argument("--speed", type=POSITIVE, default=9.0, help="set speed for the PI throttle controller (mph)")
     uda.add_argument("--record", metavar="DIR", default=None, help="also record driving_log.csv + IMG/ to DIR")
     uda.add_argument("--trace", default=None, metavar="RUN_DIR",
                      help="record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard; "

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from nac_drive.arguments import COUNT, PORT, SECONDS, SEED, number
+from nac_drive.arguments import COUNT, PORT, POSITIVE, SEED, number
 
 
 def add_parser(subparsers) -> None:
@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
                    help="gentle, lakeside, serpentine, canyon, or random-<seed> (default lakeside)")
     p.add_argument("--frames", type=COUNT, default=None,
                    help="stop after N telemetry messages (live) / record N frames (--record; default 1000)")
-    p.add_argument("--laps", type=number(float, above=0), default=None, help="stop after this many laps (live)")
+    p.add_argument("--laps", type=POSITIVE, default=None, help="stop after this many laps (live)")
     p.add_argument("--start", type=number(float), default=0.0, help="start position, metres along the track (live)")
     p.add_argument("--human", action="store_true",
                    help="a scripted human drives; empty telemetry {} while it holds the throttle key")
@@ -34,11 +34,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--stop-off-road", action="store_true", help="stop at the first off-road event")
     p.add_argument("--realtime", action="store_true",
                    help="one step per 1/15 s of wall clock, like the real simulator (default: as fast as answered)")
-    p.add_argument("--timeout", type=SECONDS, default=5.0, help="seconds to wait for an answer (default 5)")
+    p.add_argument("--timeout", type=POSITIVE, default=5.0, help="seconds to wait for an answer (default 5)")
     p.add_argument("--record", metavar="DIR", help="write a training-mode recording instead of connecting")
     p.add_argument("--seed", type=SEED, default=0, help="recording: start position and steering noise seed")
     p.add_argument("--noise", type=number(float, min=0), default=0.3, help="recording: steering noise of the scripted driver")
-    p.add_argument("--speed", type=number(float, above=0), default=9.0, help="recording/human: target speed (mph)")
+    p.add_argument("--speed", type=POSITIVE, default=9.0, help="recording/human: target speed (mph)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.set_defaults(func=run_udacity_emulator)
 
