@@ -13,7 +13,6 @@ on PyTorch's "meta" device (shapes, no memory) to be compared with the tensors, 
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE
 from nac_drive.atomic import atomic_write
+from nac_drive.checkpoint import parse_json_object
 from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
 
 DATA_LIMIT = 64 * 2**20       # the JSON ``data`` of an expert zip is ~60 kB
@@ -60,14 +60,7 @@ def read_data(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"expert zip not found: {path}")
     with open_zip(path) as zf:
-        raw = read_member(zf, "data", DATA_LIMIT)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(f"{path}: member 'data' is not JSON ({type(exc).__name__}: {exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: member 'data' is not a JSON object")
-    return data
+        return parse_json_object(read_member(zf, "data", DATA_LIMIT), f"{path}: member 'data'")
 
 
 def read_tensors(path: str | Path, member: str) -> Any:
