@@ -13,7 +13,6 @@ on PyTorch's "meta" device (shapes, no memory) to be compared with the tensors, 
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,11 +21,13 @@ import numpy as np
 
 from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE
 from nac_drive.atomic import atomic_write
+from nac_drive.checkpoint import parse_json_object
 from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
 
 DATA_LIMIT = 64 * 2**20       # the JSON ``data`` of an expert zip is ~60 kB
 TENSORS_LIMIT = 512 * 2**20   # a torch file of an expert zip is a few MB
 MAX_FRAME_STACK = 64
+MAX_LAYERS = 16   # hidden layers of a head (the recipe has 1)
 # policy_kwargs an expert zip may carry (what `expert train` sets, and SB3 flags that
 # change no shapes); anything else is refused.
 _POLICY_KWARGS = {"net_arch": (dict, list), "log_std_init": (int, float), "ortho_init": (bool,),
@@ -59,14 +60,7 @@ def read_data(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"expert zip not found: {path}")
     with open_zip(path) as zf:
-        raw = read_member(zf, "data", DATA_LIMIT)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(f"{path}: member 'data' is not JSON ({type(exc).__name__}: {exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: member 'data' is not a JSON object")
-    return data
+        return parse_json_object(read_member(zf, "data", DATA_LIMIT), f"{path}: member 'data'")
 
 
 def read_tensors(path: str | Path, member: str) -> Any:
@@ -174,10 +168,10 @@ def _policy_kwargs(kwargs: Any, path: Path) -> dict[str, Any]:
     arch = kwargs.get("net_arch", [])
     layers = [arch] if isinstance(arch, list) else list(arch.values())
     if isinstance(arch, dict) and not set(arch) <= {"pi", "vf"} or not all(
-            isinstance(layer, list) and all(isinstance(u, int) and not isinstance(u, bool) and u >= 1 for u in layer)
-            for layer in layers):
-        raise ValueError(f"{path}: field 'policy_kwargs.net_arch' is {arch!r}, expected lists of layer sizes "
-                         "(a list, or {'pi': [...], 'vf': [...]})")
+            isinstance(layer, list) and len(layer) <= MAX_LAYERS
+            and all(isinstance(u, int) and not isinstance(u, bool) and u >= 1 for u in layer) for layer in layers):
+        raise ValueError(f"{path}: field 'policy_kwargs.net_arch' is {str(arch)[:200]}, expected lists of at most "
+                         f"{MAX_LAYERS} layer sizes (a list, or {{'pi': [...], 'vf': [...]}})")
     return kwargs
 
 

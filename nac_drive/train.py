@@ -5,9 +5,11 @@
 
 The loss covers every position of every window (position p sees p+1 frames, like the
 first frames of an episode in closed loop). Validation uses held-out *episodes*. The
-run folder holds ``best/`` (lowest validation loss; ``config.json`` +
-``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
-``metrics.csv``, TensorBoard events and ``train_args.json``.
+run folder (``<out>/<run name>``, or ``<run name>-2``, ``-3``, ... when that is taken; only
+``--resume`` writes into an existing one) holds ``best/`` (lowest validation loss;
+``config.json`` + ``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
+``metrics.csv``, TensorBoard events and ``train_args.json``. ``best/`` and ``last/`` are
+replaced whole (:func:`~nac_drive.atomic.atomic_write_dir`): a kill leaves the previous one.
 """
 
 from __future__ import annotations
