@@ -230,11 +230,17 @@ class UdacityEmulator:
         return None
 
     def run(self) -> EmulatorReport:
-        """Connect, drive until a stop condition or the server closes, return the report."""
+        """Connect, drive until a stop condition or the server closes, return the report.
+        Raises ``OSError`` when it cannot connect (``ConnectionRefusedError`` when the
+        server refuses the handshake, as the bridge does while another client drives)."""
         import websocket
 
         cfg, r = self.cfg, self.report
-        self._ws = websocket.create_connection(self.url, timeout=cfg.answer_timeout)
+        try:
+            self._ws = websocket.create_connection(self.url, timeout=cfg.answer_timeout)
+        except websocket.WebSocketBadStatusException as e:
+            busy = ": another simulator is driving" if e.status_code == 401 else ""
+            raise ConnectionRefusedError(f"the server refused the connection (HTTP {e.status_code}){busy}") from None
         try:
             opening = self._ws.recv()
             if not isinstance(opening, str) or not opening.startswith("0"):

@@ -18,6 +18,7 @@ import pytest
 from support import hostile_jpegs
 from support.udacity_procs import SocketIOClient, free_port, start_bridge, websocket_url
 
+from nac_drive.cli import main as cli_main
 from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
 
 websocket = pytest.importorskip("websocket")
@@ -124,6 +125,8 @@ def test_second_clients_and_stray_connection_events_leave_the_driving_car_alone(
             websocket.create_connection(websocket_url(port), timeout=5)
         assert refused.value.status_code == 401
         assert http_request(port, "GET", "/socket.io/?EIO=3&transport=polling")[0] == 401
+        with pytest.raises(SystemExit, match="another simulator is driving"):   # the emulator's CLI says why
+            cli_main(["sim", "udacity-emulator", "--port", str(port), "--frames", "3"])
         # a page in a browser, from another origin
         with pytest.raises(websocket.WebSocketBadStatusException) as cross_origin:
             websocket.create_connection(websocket_url(port), timeout=5, origin="http://attacker.example")
@@ -140,7 +143,7 @@ def test_second_clients_and_stray_connection_events_leave_the_driving_car_alone(
     finally:
         bridge.stop()
     summary = bridge.json_summary()
-    assert (summary["connects"], summary["refused"], summary["disconnects"]) == (1, 2, 1)
+    assert (summary["connects"], summary["refused"], summary["disconnects"]) == (1, 3, 1)
     assert summary["messages"] == summary["answered"] == 5 and summary["malformed"] == 0
 
 
