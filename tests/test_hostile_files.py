@@ -286,7 +286,7 @@ def test_run_archive_with_a_crafted_member(canary, tmp_path, capsys, recorded_ru
     loader = load_trace if archive == "trace.npz" else lambda r: load_saliency(r, load_trace(r))
     with pytest.raises(ArchiveError, match=f"{archive}: field '{field}'.*{why}"):
         loader(run)
-    assert why in one_line_error(capsys, "dashboard", run, code=1)
+    assert why in one_line_error(capsys, "dashboard", run)
     if archive == "trace.npz":
         assert why in one_line_error(capsys, "saliency", "--run", run)
 
@@ -302,7 +302,7 @@ def test_a_saliency_file_of_another_trace_is_refused(tmp_path, capsys):
     make_synthetic_run(tmp_path, steps=6, seed=2, with_saliency=False)   # trace.npz replaced, saliency.npz stale
     with pytest.raises(ArchiveError, match="saliency.npz: field 'metadata.json': computed from another trace.npz"):
         build_dashboard(tmp_path)
-    assert "recompute it with nac-drive saliency" in one_line_error(capsys, "dashboard", tmp_path, code=1)
+    assert "recompute it with nac-drive saliency" in one_line_error(capsys, "dashboard", tmp_path)
     meta = json.loads(zipfile.ZipFile(tmp_path / "saliency.npz").read("metadata.json"))
     rewrite_zip(tmp_path / "saliency.npz", tmp_path / "old.npz",   # a file from before saliency named its trace
                 metadata__json=json.dumps({k: v for k, v in meta.items() if k != "trace_sha256"}).encode())

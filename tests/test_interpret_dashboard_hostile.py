@@ -69,7 +69,8 @@ def runs(tmp_path_factory):
     continuous = root / FOLDER
     make_synthetic_run(continuous, steps=12, seed=3)
     rewrite_metadata(continuous / "trace.npz", poison)
-    rewrite_metadata(continuous / "saliency.npz", poison)
+    trace_sha256 = load_trace(continuous).sha256      # the saliency file stays bound to its (poisoned) trace
+    rewrite_metadata(continuous / "saliency.npz", lambda meta: {**poison(meta), "trace_sha256": trace_sha256})
 
     discrete = root / "discrete"
     classes = [p + name for p, name in zip(PAYLOADS, ["noop", "right", "left", "gas", "brake"])]

@@ -142,8 +142,8 @@ def test_training_killed_while_it_swaps_in_a_checkpoint_resumes_from_the_previou
             real(a, b)
         os.rename = rename
         """, """
-        from nac_drive import train
-        train.main(sys.argv[2:])
+        from nac_drive.cli import main
+        main(["train", *sys.argv[2:]])
         """, run, "--data", demos, "--out", tmp_path, "--run-name", "r", "--epochs", "2", *TINY)
     assert not (run / "last").exists() and (run / ".last.old").is_dir()
     state = json.loads((run / ".last.old" / "train_state.json").read_text())
