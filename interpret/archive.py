@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from nac_drive.atomic import atomic_write
+from nac_drive.jpeg import jpeg_size
 from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
 
 METADATA_MEMBER = "metadata.json"
@@ -220,10 +221,17 @@ def encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
     return buf.tobytes()
 
 
+MAX_FRAME_PIXELS = 4096 * 4096   # a run's frames are camera-sized; a header may claim anything
+
+
 def decode_jpeg(data: bytes | np.ndarray) -> np.ndarray:
-    """JPEG bytes -> uint8 RGB ``[H, W, 3]``."""
+    """JPEG bytes -> uint8 RGB ``[H, W, 3]``. The size the header claims is checked
+    before decoding (:func:`~nac_drive.jpeg.jpeg_size`): at most :data:`MAX_FRAME_PIXELS`."""
     import cv2
 
+    height, width = jpeg_size(bytes(data))
+    if not 0 < height * width <= MAX_FRAME_PIXELS:
+        raise ValueError(f"a JPEG claiming {width}x{height} pixels (at most {MAX_FRAME_PIXELS} are decoded)")
     bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise ValueError("not a decodable JPEG")

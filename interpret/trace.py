@@ -182,7 +182,10 @@ class RunTrace:
 
     def frame(self, i: int) -> np.ndarray:
         """Frame ``i`` as uint8 RGB ``[H, W, 3]``."""
-        return decode_jpeg(self.frame_jpeg(i))
+        try:
+            return decode_jpeg(self.frame_jpeg(i))
+        except ValueError as e:
+            raise ArchiveError(self.path, "frames_jpeg", f"frame {i}: {e}") from None
 
 
 # (member, dtype kinds, rank, trailing-shape key) of every array member. Axis names

@@ -379,6 +379,29 @@ def test_run_archive_sizes_are_checked_before_reading(tmp_path, recorded_run, mo
         load_trace(recorded_run)
 
 
+def test_a_trace_frame_claiming_gigapixels_is_never_decoded(tmp_path, capsys, recorded_run):
+    """~630 bytes claiming 30000 x 30000 pixels as a trace's first frame: the dashboard
+    (re-encoding frames to fit its budget) and saliency refuse it from its header."""
+    from support import hostile_jpegs
+
+    from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
+
+    with np.load(recorded_run / "trace.npz", allow_pickle=False) as trace:
+        arrays = {name: trace[name] for name in trace.files if name != METADATA_MEMBER}
+        meta = json.loads(trace[METADATA_MEMBER])
+    offsets, frames = arrays["frame_offsets"], arrays["frames_jpeg"]
+    giant = np.frombuffer(hostile_jpegs.giant(), np.uint8)
+    arrays["frames_jpeg"] = np.concatenate([giant, frames[offsets[1]:]])
+    arrays["frame_offsets"] = np.concatenate([[0], offsets[1:] - offsets[1] + len(giant)])
+    run = tmp_path / "run"
+    run.mkdir()
+    write_archive(run / "trace.npz", arrays, meta)
+    claim = "a JPEG claiming 30000x30000 pixels"
+    assert claim in one_line_error(capsys, "dashboard", run, "--image-budget-mb", "0.001")
+    assert main(["saliency", "--run", str(run)]) == 2     # (after its progress bar)
+    assert f"field 'frames_jpeg': frame 0: {claim}" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_a_dataset_declaring_more_than_memory_is_refused(tmp_path):
     import h5py
 
