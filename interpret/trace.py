@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from nac_drive.interpret.archive import (ArchiveError, ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg,
+from nac_drive.interpret.archive import (METADATA_MEMBER, ArchiveError, ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg,
                                          pack_jpegs, write_archive)
 
 TRACE_FILE = "trace.npz"
@@ -223,8 +223,21 @@ def load_trace(path: str | os.PathLike) -> RunTrace:
                 r.require(size == expected, name, f"axis {axis} has size {size}, other fields say {expected}")
             values[name] = a
         wiring = {name: r.array(name, "u", 2) for name in WIRING_FIELDS if r.has(name)}
+        _check_nac_info(r, meta.get("nac"))
     return RunTrace(path=path, metadata=meta, frames_jpeg=frames, frame_offsets=offsets, wiring=wiring,
                     sha256=r.sha256, **values)
+
+
+def _check_nac_info(r: ArchiveReader, info: Any) -> None:
+    """The ``nac`` metadata (:func:`describe_nac`) has the types the dashboard reads."""
+    if info is None:
+        return
+    groups = info.get("groups") if isinstance(info, dict) else None
+    r.require(isinstance(info, dict) and isinstance(groups, dict) and isinstance(info.get("mode"), str)
+              and all(isinstance(info.get(k), int) for k in ("d_model", "num_heads", "topk"))
+              and isinstance(info.get("window"), (int, type(None)))
+              and all(isinstance(groups.get(g), int) for g in ("sensory", "inter", "command", "motor")),
+              METADATA_MEMBER, "'nac' must be null or a NAC description (integer sizes and groups, a mode name)")
 
 
 # ------------------------------------------------------------------ the recorder

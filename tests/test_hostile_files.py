@@ -402,6 +402,18 @@ def test_a_trace_frame_claiming_gigapixels_is_never_decoded(tmp_path, capsys, re
     assert f"field 'frames_jpeg': frame 0: {claim}" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("nac", ["a string", {"groups": "x"}, {"d_model": [1], "groups": {}}])
+def test_a_trace_whose_nac_description_has_wrong_types_is_refused(tmp_path, capsys, recorded_run, nac):
+    from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
+
+    with np.load(recorded_run / "trace.npz", allow_pickle=False) as trace:
+        arrays = {name: trace[name] for name in trace.files if name != METADATA_MEMBER}
+        meta = json.loads(trace[METADATA_MEMBER])
+    assert isinstance(meta["nac"]["groups"]["inter"], int)   # the recorded run has a NAC description
+    write_archive(tmp_path / "trace.npz", arrays, {**meta, "nac": nac})
+    assert "'nac' must be null or a NAC description" in one_line_error(capsys, "dashboard", tmp_path)
+
+
 def test_a_dataset_declaring_more_than_memory_is_refused(tmp_path):
     import h5py
 
