@@ -2,7 +2,6 @@
 
 import importlib
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
 
 import nac_drive
 
@@ -66,8 +64,6 @@ def test_wheel_holds_every_module_and_asset_and_the_sdist_rebuilds_it(tmp_path):
 
 
 def test_tests_run_against_the_installed_package():
-    if os.environ.get("NAC_DRIVE_TEST_SOURCE_TREE") == "1":
-        pytest.skip("NAC_DRIVE_TEST_SOURCE_TREE=1: testing the checkout on purpose")
     installed = Path(nac_drive.__file__).resolve()
     site_packages = Path(sysconfig.get_paths()["purelib"]).resolve()
     assert installed.is_relative_to(site_packages) and not installed.is_relative_to(ROOT), installed
