@@ -42,16 +42,8 @@ class LoadedPolicy(NamedTuple):
     """An expert zip's policy and how it drives the raw env."""
 
     policy: Any  # SB3 ActorCriticCnnPolicy
-    continuous: bool  # drives the continuous env (continuous and combined-action experts)
+    continuous: bool  # drives the continuous env (Box(3) actions), else the 5 discrete ones
     action_repeat: int
-    action_table: np.ndarray | None  # combined actions: row i is action i as float32 [3]
-
-    @property
-    def action_kind(self) -> str:
-        """"discrete" (the env's 5), "continuous" or "combined"."""
-        if self.action_table is not None:
-            return "combined"
-        return "continuous" if self.continuous else "discrete"
 
 
 def read_data(path: str | Path) -> dict[str, Any]:
@@ -88,7 +80,7 @@ def load_policy(path: str | Path) -> LoadedPolicy:
 
     path = Path(path)
     data = read_data(path)
-    observation_space, action_space, continuous, table = _spaces(data, path)
+    observation_space, action_space, continuous = _spaces(data, path)
     action_repeat = data.get("action_repeat", ACTION_REPEAT)  # zips from before it was stored: 4
     if not (isinstance(action_repeat, int) and not isinstance(action_repeat, bool) and 1 <= action_repeat <= 100):
         raise ValueError(f"{path}: field 'action_repeat' is {action_repeat!r}, expected an integer in 1..100")
@@ -112,12 +104,11 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     policy = ActorCriticCnnPolicy(observation_space, action_space, lambda _: 0.0, **kwargs)
     policy.load_state_dict(state)
     policy.set_training_mode(False)
-    return LoadedPolicy(policy, continuous, action_repeat, table)
+    return LoadedPolicy(policy, continuous, action_repeat)
 
 
 def _spaces(data: dict[str, Any], path: Path):
-    """(observation space, action space, continuous, action table or None) from ``data``'s
-    plain JSON fields."""
+    """(observation space, action space, continuous) from ``data``'s plain JSON fields."""
     obs = data.get("observation_space", {})
     shape = obs.get("_shape") or obs.get("shape") if isinstance(obs, dict) else None
     if not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [FRAME_SIZE, FRAME_SIZE]
@@ -126,32 +117,17 @@ def _spaces(data: dict[str, Any], path: Path):
                          f"[frame_stack <= {MAX_FRAME_STACK}, {FRAME_SIZE}, {FRAME_SIZE}]")
     act = data.get("action_space", {})
     act_type = str(act.get(":type:", "")) if isinstance(act, dict) else ""
-    box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
-    table = None
     if "Discrete" in act_type:
-        try:
-            n = int(act.get("n", -1))
-        except (TypeError, ValueError):
-            n = -1
-        if "action_table" in data:  # combined actions, played through the continuous env
-            from nac_drive.agents.combined_actions import check_action_table
-
-            try:
-                table = check_action_table(data["action_table"], box)
-            except ValueError as exc:
-                raise ValueError(f"{path}: field 'action_table': {exc}") from exc
-            if len(table) != n:
-                raise ValueError(f"{path}: field 'action_table' has {len(table)} rows, the "
-                                 f"action space {act.get('n')} actions")
-        elif n != 5:
+        if str(act.get("n")) != "5":  # SB3 writes it as a string
             raise ValueError(f"{path}: field 'action_space' has n={act.get('n')}, expected 5")
-        action_space, continuous = gym.spaces.Discrete(n), table is not None
+        action_space, continuous = gym.spaces.Discrete(5), False
     elif "Box" in act_type:
+        box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
         action_space, continuous = box, True
     else:
         raise ValueError(f"{path}: field 'action_space' is {act_type or 'missing'}, "
                          "expected Discrete(5) or Box(3)")
-    return gym.spaces.Box(0, 255, tuple(shape), np.uint8), action_space, continuous, table
+    return gym.spaces.Box(0, 255, tuple(shape), np.uint8), action_space, continuous
 
 
 def _policy_kwargs(kwargs: Any, path: Path) -> dict[str, Any]:
@@ -197,8 +173,6 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
                 learning_rate=0.0, lr_schedule=ConstantSchedule(0.0), clip_range=0.0,
                 action_repeat=loaded.action_repeat)
     data.setdefault("n_envs", 1)
-    if loaded.action_table is not None:
-        data["action_table"] = loaded.action_table.tolist()
     optimizer = policy.optimizer_class(policy.parameters(), lr=0.0, **policy.optimizer_kwargs)
     params = {"policy": policy.state_dict(), "policy.optimizer": optimizer.state_dict()}
     dst = Path(dst)

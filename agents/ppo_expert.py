@@ -65,16 +65,12 @@ class NegativeRewardTruncation(gym.Wrapper):
     """Training only: end the episode after ``patience`` consecutive agent steps with
     reward < 0 (no new road tile: stuck on the grass, or driving back along the road).
 
-    By default the end is a truncation, which PPO bootstraps with the value of the last
-    state: being stuck then costs only the rewards missed during the streak. With
-    ``terminate`` it is a termination (value 0 after it), so getting stuck costs every
-    reward the rest of the lap would have given.
+    The end is a truncation, which PPO bootstraps with the value of the last state.
     """
 
-    def __init__(self, env: gym.Env, patience: int = 25, terminate: bool = False):
+    def __init__(self, env: gym.Env, patience: int = 25):
         super().__init__(env)
         self.patience = patience
-        self.terminate = terminate
         self._streak = 0
 
     def reset(self, **kwargs):
@@ -85,32 +81,24 @@ class NegativeRewardTruncation(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self._streak = self._streak + 1 if reward < 0 else 0
         if self._streak >= self.patience and not terminated:
-            if self.terminate:
-                terminated = True
-            else:
-                truncated = True
+            truncated = True
             info["negative_reward_streak"] = True
         return obs, reward, terminated, truncated, info
 
 
 def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
-                    skip_render: bool, combined: bool, streak_terminates: bool, track_stride: int | None):
+                    skip_render: bool, track_stride: int | None):
     """One worker env: raw env -> (consecutive track seeds with ``track_stride``, for
-    evaluation) -> (combined actions) -> action repeat -> (negative-reward streak end) ->
-    Monitor -> gray 64x64."""
+    evaluation) -> action repeat -> (negative-reward streak end) -> Monitor -> gray 64x64."""
     from stable_baselines3.common.monitor import Monitor
 
     def thunk():
-        env = make_carracing(continuous=continuous or combined)
+        env = make_carracing(continuous=continuous)
         if track_stride:
             env = ConsecutiveTrackSeeds(env, stride=track_stride)
-        if combined:
-            from nac_drive.agents.combined_actions import CombinedActions
-
-            env = CombinedActions(env)
         env = ActionRepeat(env, action_repeat, skip_render=skip_render)
         if patience:
-            env = NegativeRewardTruncation(env, patience, terminate=streak_terminates)
+            env = NegativeRewardTruncation(env, patience)
         env = Monitor(env)  # episode return in raw env reward
         return GrayObservation(env)
 
@@ -119,13 +107,10 @@ def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
 
 def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_REPEAT,
                  frame_stack: int = FRAME_STACK, patience: int | None = None, skip_render: bool = True,
-                 reward_gamma: float | None = None, combined: bool = False,
-                 streak_terminates: bool = False):
+                 reward_gamma: float | None = None):
     """CarRacing as the expert sees it, an SB3 VecEnv of observations
-    ``uint8 [n_envs, frame_stack, 64, 64]``; ``combined`` plays
-    :data:`~nac_drive.agents.combined_actions.COMBINED_ACTIONS` through the continuous env.
-    ``patience`` and ``streak_terminates`` configure :class:`NegativeRewardTruncation`
-    (training only; ``None``: no such end).
+    ``uint8 [n_envs, frame_stack, 64, 64]``. ``patience`` configures
+    :class:`NegativeRewardTruncation` (training only; ``None``: no such end).
 
     ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
     as the env gives them (evaluation), and an evaluation env seeded with ``s`` drives the
@@ -136,7 +121,7 @@ def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_
     from stable_baselines3.common.vec_env import (
         DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
 
-    fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined, streak_terminates,
+    fns = [_make_train_env(continuous, action_repeat, patience, skip_render,
                            track_stride=n_envs if reward_gamma is None else None)
            for _ in range(n_envs)]
     venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
@@ -157,7 +142,7 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     from stable_baselines3 import PPO
 
     torch.set_num_threads(1)
-    kind = _action_kind(args)
+    kind = "continuous" if args.continuous else "discrete"
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     start = load_policy(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
@@ -169,10 +154,9 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
         run_dir = Path(args.out) / run_name
     atomic_write(run_dir / "args.json", lambda tmp: Path(tmp).write_text(json.dumps(asdict(args), indent=2)))
 
-    view = dict(continuous=args.continuous, combined=args.combined_actions, action_repeat=args.action_repeat,
+    view = dict(continuous=args.continuous, action_repeat=args.action_repeat,
                 frame_stack=args.frame_stack, skip_render=args.skip_render)
-    venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
-                        streak_terminates=args.negative_streak_terminates, **view)
+    venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma, **view)
     venv.seed(args.seed)
     eval_env = make_vec_env(**view)
 
@@ -189,10 +173,6 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     )
     # Saved into the zip's JSON `data`, so every reader acts at the rate the expert was trained at.
     model.action_repeat = args.action_repeat
-    if args.combined_actions:
-        from nac_drive.agents.combined_actions import COMBINED_ACTIONS
-
-        model.action_table = COMBINED_ACTIONS.tolist()
     callback = FixedSeedEval(
         eval_env, seed=args.eval_seed, n_eval_episodes=args.eval_episodes,
         eval_freq=_eval_freq(args), log_path=str(run_dir / "eval"), deterministic=True, verbose=1,
@@ -203,7 +183,7 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
         _restore(model, from_checkpoint, callback)
         model.set_random_seed(resume_seed(args, model.num_timesteps))
     elif args.init_from:
-        _start_from(model.policy, start, args, venv)
+        _start_from(model.policy, start, args)
         model.save(run_dir / "init_model.zip")
     model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=callback,
                 tb_log_name=run_dir.name, reset_num_timesteps=from_checkpoint is None,
@@ -213,13 +193,6 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     eval_env.close()
     best = run_dir / "best_model.zip"
     return best if best.exists() else run_dir / "final_model.zip"
-
-
-def _action_kind(args: TrainArgs) -> str:
-    """"discrete", "continuous" or "combined": the actions a run's policy chooses from."""
-    if args.continuous and args.combined_actions:
-        raise ValueError("--continuous and --combined-actions exclude each other")
-    return "continuous" if args.continuous else "combined" if args.combined_actions else "discrete"
 
 
 def _eval_freq(args: TrainArgs) -> int:
@@ -240,7 +213,8 @@ def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
     saved = run_dir / "args.json"
     if not saved.is_file():
         raise FileNotFoundError(f"resume: {saved} not found (is {run_dir} a run folder of `expert train`?)")
-    args = dataclass_from_json(TrainArgs, {**read_json(saved), "out": str(run_dir.parent), "run_name": run_dir.name},
+    saved_args = _without_retired(read_json(saved), saved)
+    args = dataclass_from_json(TrainArgs, {**saved_args, "out": str(run_dir.parent), "run_name": run_dir.name},
                                str(saved))
     if total_frames is not None:
         args.total_frames = total_frames
@@ -250,6 +224,21 @@ def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
         raise ValueError(f"resume: {kept} is at {done} frames, the run's target is {args.total_frames}; "
                          "set a larger one with --total-frames")
     return train(args, from_checkpoint=kept)
+
+
+# Options runs once had (their experiments did not ship; BENCHMARKS.md section 3), with the
+# value under which a run is the same without them (None: any value, they acted only at the start).
+_RETIRED = {"combined_actions": False, "negative_streak_terminates": False,
+            "transfer_steps": None, "released_brake": None}
+
+
+def _without_retired(saved: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A run's ``args.json`` without the retired options; ``ValueError`` if the run used one."""
+    for name, neutral in _RETIRED.items():
+        if neutral is not None and saved.get(name, neutral) != neutral:
+            raise ValueError(f"resume: {path} has {name}={saved[name]!r}, an option removed after commit "
+                             "9f5ea65; resume this run with that commit")
+    return {name: value for name, value in saved.items() if name not in _RETIRED}
 
 
 def resume_seed(args: TrainArgs, agent_steps_done: int) -> int:
@@ -344,37 +333,18 @@ def _kept_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _start_from(policy, start: LoadedPolicy, args: TrainArgs, venv) -> None:
-    """Load ``start`` (the policy of ``args.init_from``) into ``policy``. A 5-action discrete
-    expert can also start a continuous run (its behaviour is carried over, see
-    :mod:`nac_drive.agents.discrete_to_continuous`, and the fit is printed) or a
-    combined-action run (widened, see :mod:`nac_drive.agents.combined_actions`)."""
-    run_kind, start_kind = _action_kind(args), start.action_kind
-    if start_kind != run_kind and start_kind != "discrete":
+def _start_from(policy, start: LoadedPolicy, args: TrainArgs) -> None:
+    """Load ``start`` (the policy of ``args.init_from``) into ``policy``."""
+    run_kind = "continuous" if args.continuous else "discrete"
+    start_kind = "continuous" if start.continuous else "discrete"
+    if start_kind != run_kind:
         raise ValueError(f"init_from: {args.init_from} has {start_kind} actions; a {run_kind} run "
-                         f"can only start from a {run_kind} or a 5-action discrete expert")
-    from nac_drive.agents.combined_actions import widen_action_head
-    from nac_drive.agents.discrete_to_continuous import (
-        collect_states, copy_shared_weights, fit_mean_head, fit_targets)
-
-    fit_targets(args.released_brake)  # refuses a bad value before any driving
-
-    start = start.policy
+                         f"can only start from a {run_kind} expert")
     try:
-        if start_kind == run_kind:
-            policy.load_state_dict(start.state_dict())
-            return
-        if run_kind == "combined":
-            widen_action_head(start, policy)
-            return
-        copy_shared_weights(start, policy)
+        policy.load_state_dict(start.policy.state_dict())
     except RuntimeError as exc:
         raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
                          f"(--frame-stack, --head-units): {exc}") from exc
-    states = collect_states(start, venv, args.transfer_steps)
-    r2 = fit_mean_head(start, policy, states, released_brake=args.released_brake)
-    print(f"init_from: continuous head fitted to the discrete expert on {len(states)} states, "
-          f"R^2 {r2:.3f}")
 
 
 def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> EpisodeResults:
@@ -391,8 +361,7 @@ def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> Episode
         raise ValueError(f"score_checkpoint: episodes must be >= 1, got {episodes}")
     torch.set_num_threads(1)  # a small CNN: more threads only contend with the env
     loaded = load_policy(path)
-    venv = make_vec_env(continuous=loaded.action_kind == "continuous", combined=loaded.action_kind == "combined",
-                        action_repeat=loaded.action_repeat,
+    venv = make_vec_env(continuous=loaded.continuous, action_repeat=loaded.action_repeat,
                         frame_stack=int(loaded.policy.observation_space.shape[0]))
     venv.seed(seed_base)
     results = EpisodeResults()
@@ -419,35 +388,27 @@ def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> Episode
 class PPOExpert:
     """Drives the raw env with a PPO expert trained by :func:`train`.
 
-    ``continuous``: whether it drives the continuous env (continuous and combined-action
-    experts do). ``act(obs)`` takes the raw RGB frame ``uint8 [96, 96, 3]`` every env frame. Every
-    ``action_repeat`` frames (read from the zip, where training stores it; 4 in zips
-    older than that) it pushes :func:`preprocess` of the frame onto its frame stack
-    (zeros after ``reset()``, as SB3's VecFrameStack) and picks a new action; in
-    between it repeats the last one, exactly as the training env did.
-
-    ``deterministic=False`` samples the policy instead, each episode from a stream of its
-    own seeded by ``seed`` and the track (:meth:`reset_env`).
+    ``continuous``: whether it drives the continuous env. ``act(obs)`` takes the raw RGB
+    frame ``uint8 [96, 96, 3]`` every env frame. Every ``action_repeat`` frames (read from
+    the zip, where training stores it; 4 in zips older than that) it pushes
+    :func:`preprocess` of the frame onto its frame stack (zeros after ``reset()``, as
+    SB3's VecFrameStack) and picks the policy's most likely action; in between it repeats
+    the last one, exactly as the training env did.
 
     Loading reads only the zip's JSON ``data`` and its ``policy.pth`` weights (with
     ``torch.load(weights_only=True)``): nothing pickled in the zip is executed, and no
     env is needed.
     """
 
-    def __init__(self, path: str | Path | None = None, deterministic: bool = True,
-                 action_repeat: int | None = None, seed: int = 0):
+    def __init__(self, path: str | Path | None = None, action_repeat: int | None = None):
         import torch
 
         self.path = Path(path) if path is not None else shipped_expert_path()
-        self.policy, self.continuous, trained_repeat, self.action_table = load_policy(self.path)
-        self.deterministic = deterministic
+        self.policy, self.continuous, trained_repeat = load_policy(self.path)
         self.action_repeat = action_repeat or trained_repeat
         self.frame_stack = int(self.policy.observation_space.shape[0])
-        self.name = f"ppo:{self.path.stem}" + ("" if deterministic else f":sampled-s{seed}")
-        self.seed = seed
+        self.name = f"ppo:{self.path.stem}"
         self._torch = torch
-        self._generator = torch.Generator()
-        self._reseed(None)
         self.reset()
 
     def reset(self) -> None:
@@ -455,20 +416,6 @@ class PPOExpert:
         self._stack = np.zeros((self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
         self._frame = 0
         self._action: Any = None
-
-    def reset_env(self, env: gym.Env) -> None:
-        """After the env's reset: a sampling expert draws this episode's actions from a
-        stream of their own, seeded by its ``seed`` and the track's, so a track's
-        episode is the same whatever ran before it (and in whichever process).
-
-        The track's seed is the one the env was last reset with (gymnasium keeps it
-        across unseeded resets), so each episode's reset must be seeded, as
-        :func:`run_episodes` does; after an unseeded reset the stream starts again."""
-        self._reseed(env.unwrapped.np_random_seed)
-
-    def _reseed(self, track_seed: int | None) -> None:
-        entropy = [self.seed] if track_seed is None else [self.seed, int(track_seed)]
-        self._generator.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
         """Push one raw frame onto the stack; returns the stack ``uint8 [stack, 64, 64]``."""
@@ -484,35 +431,15 @@ class PPOExpert:
         return self._action
 
     def decide(self, stack: np.ndarray):
-        """The policy's action for a frame stack ``uint8 [stack, 64, 64]``."""
+        """The policy's most likely action for a frame stack ``uint8 [stack, 64, 64]``."""
         torch = self._torch
         with torch.no_grad():
             x = torch.as_tensor(stack[None])  # [1, stack, 64, 64]; SB3 scales by 1/255
-            dist = self.policy.get_distribution(x)
-            if self.deterministic:
-                action = dist.get_actions(deterministic=True)[0].numpy()
-            else:
-                action = sample_action(dist, self._generator)[0].numpy()
-        if self.action_table is not None:
-            return self.action_table[int(action)].copy()
+            action = self.policy.get_distribution(x).get_actions(deterministic=True)[0].numpy()
         if self.continuous:
             space = self.policy.action_space
             return np.clip(action, space.low, space.high).astype(np.float32)
         return int(action)
-
-
-def sample_action(dist, generator):
-    """Draw from an SB3 action distribution (categorical or diagonal Gaussian) with
-    ``generator``, which SB3's own ``sample()`` cannot take. Returns ``[batch]`` action
-    ids or ``[batch, dim]`` unclipped continuous actions."""
-    import torch
-
-    inner = dist.distribution
-    if isinstance(inner, torch.distributions.Categorical):
-        return torch.multinomial(inner.probs, 1, generator=generator)[:, 0]
-    if isinstance(inner, torch.distributions.Normal):
-        return inner.mean + inner.stddev * torch.randn(inner.mean.shape, generator=generator)
-    raise TypeError(f"sample_action: cannot sample a {type(inner).__name__} distribution")
 
 
 class FixedSeedEval(EvalCallback):

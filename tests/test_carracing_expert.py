@@ -333,60 +333,6 @@ def test_expert_matches_sb3_on_the_training_env(expert):
         raw.close()
 
 
-def test_sample_action_follows_the_distribution():
-    import torch
-    from stable_baselines3.common.distributions import (
-        BernoulliDistribution, CategoricalDistribution, DiagGaussianDistribution)
-
-    from nac_drive.agents.ppo_expert import sample_action
-
-    generator = torch.Generator().manual_seed(0)
-    probs = torch.tensor([0.1, 0.6, 0.0, 0.3])
-    categorical = CategoricalDistribution(4).proba_distribution(probs.log().expand(20_000, 4))
-    counts = torch.bincount(sample_action(categorical, generator), minlength=4) / 20_000
-    assert torch.allclose(counts, probs, atol=0.015) and counts[2] == 0
-
-    mean, log_std = torch.tensor([[0.5, -1.0, 2.0]]), torch.tensor([-2.0, 0.0, 1.0])
-    gaussian = DiagGaussianDistribution(3).proba_distribution(mean.expand(20_000, 3), log_std)
-    drawn = sample_action(gaussian, generator)
-    assert torch.allclose(drawn.mean(0), mean[0], atol=0.06)
-    assert torch.allclose(drawn.std(0), log_std.exp(), rtol=0.03)
-    # one generator state, one draw: the generator is what makes a run reproducible
-    again = sample_action(categorical, torch.Generator().manual_seed(0))
-    assert torch.equal(again, sample_action(categorical, torch.Generator().manual_seed(0)))
-    with pytest.raises(TypeError, match="Bernoulli"):
-        sample_action(BernoulliDistribution(2).proba_distribution(torch.zeros(1, 2)), generator)
-
-
-def test_sampling_expert_reproduces_each_track_whatever_ran_before():
-    """A stochastic expert differs from its most likely actions, and a track's episode
-    depends only on the expert's seed and the track's, not on the episodes before it."""
-    import torch
-
-    sampled = PPOExpert(deterministic=False, seed=3)
-    assert sampled.name.endswith(":sampled-s3")
-
-    def actions(actor, seeds, frames=160):
-        per_track = {}
-        run_episodes(actor, seeds, max_steps=frames,
-                     on_step=lambda ep, i, obs, a, r, info: per_track.setdefault(seeds[ep], []).append(a))
-        return per_track
-
-    # the stream depends on the track's seed (not only on the expert's)
-    def first_draws(track_seed):
-        sampled.reset_env(make_carracing(seed=track_seed))
-        return torch.rand(4, generator=sampled._generator)
-
-    assert torch.equal(first_draws(7), first_draws(7)) and not torch.equal(first_draws(7), first_draws(8))
-
-    both = actions(sampled, [70_001, 70_002])
-    alone = actions(sampled, [70_002])
-    assert both[70_002] == alone[70_002]
-    other_seed = actions(PPOExpert(deterministic=False, seed=4), [70_002])
-    greedy = actions(PPOExpert(), [70_002])
-    assert both[70_002] != other_seed[70_002] and both[70_002] != greedy[70_002]
-
-
 def test_expert_evaluation_env_drives_consecutive_track_seeds():
     """Seeded with s, the training's evaluation env drives tracks s, s+1, ... (those of
     `expert eval --seed-base s`); a training env goes on with the generator's stream."""
@@ -443,13 +389,12 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     assert "return" not in out and len(err.strip().splitlines()) == 1 and "nope.zip" in err
 
 
-@pytest.mark.parametrize("terminate", [False, True])
-def test_negative_reward_streak_ends_the_episode_as_configured(terminate):
+def test_negative_reward_streak_truncates_the_episode():
     """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
-    episode ends, and PPO bootstraps its value only if the end is a truncation."""
+    episode ends as a truncation, which PPO bootstraps with the last state's value."""
     from nac_drive.agents.ppo_expert import make_vec_env
 
-    venv = make_vec_env(continuous=False, patience=3, streak_terminates=terminate)
+    venv = make_vec_env(continuous=False, patience=3)
     venv.seed(5)
     venv.reset()
     try:
@@ -463,7 +408,7 @@ def test_negative_reward_streak_ends_the_episode_as_configured(terminate):
     assert done[0] and rewards[0] > 0 and all(r < 0 for r in rewards[1:]) and len(rewards) == 4
     assert info[0]["negative_reward_streak"]
     # SB3's rollout collection adds gamma * V(terminal obs) exactly when this is True
-    assert info[0]["TimeLimit.truncated"] is (not terminate)
+    assert info[0]["TimeLimit.truncated"] is True
 
 
 def test_load_policy_rejects_bad_files(tmp_path):
@@ -584,7 +529,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert torch.equal(load_policy(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
                        load_policy(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
     assert not (tmp_path / "ft" / "evaluated").exists()   # never evaluated
-    fresh, _, fresh_repeat, _ = load_policy(fresh_zip)
+    fresh, _, fresh_repeat = load_policy(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
     assert fresh_repeat == 2 and PPOExpert(fresh_zip).action_repeat == 2
@@ -656,6 +601,15 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     with pytest.raises(ValueError, match="--total-frames"):
         resume(run)                                              # the target is reached
     assert json.loads((run / "args.json").read_text())["total_frames"] == 64
+    # args.json of a run from before the retired options left: read without them if unused
+    saved = json.loads((run / "args.json").read_text())
+    (run / "args.json").write_text(json.dumps({**saved, "combined_actions": False, "released_brake": -1.0}))
+    with pytest.raises(ValueError, match="--total-frames"):
+        resume(run)
+    (run / "args.json").write_text(json.dumps({**saved, "negative_streak_terminates": True}))
+    with pytest.raises(ValueError, match="negative_streak_terminates=True, an option removed after commit 9f5ea65"):
+        resume(run, total_frames=128)
+    (run / "args.json").write_text(json.dumps(saved))
     with pytest.raises(FileNotFoundError, match="args.json"):
         resume(tmp_path / "nowhere")
     (kept / "frames_64.json").unlink()
@@ -681,81 +635,19 @@ def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
         resume_seed(TrainArgs(seed=99_999, n_envs=2), 12_500)
 
 
-def test_each_discrete_action_is_its_continuous_row():
-    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS
-
-    def hull_path(continuous, actions):
-        env = make_carracing(continuous=continuous)
-        env.reset(seed=EXPERT_TRAIN_SEED_BASE)
-        path = []
-        for action in actions:
-            env.step(action)
-            hull = env.unwrapped.car.hull
-            path.append([*hull.position, hull.angle, *hull.linearVelocity])
-        env.close()
-        return np.array(path)
-
-    # gas first so that steering and braking act on a moving car; 0.6 in float32 differs by 2e-8
-    plan = [3] * 40 + [1] * 10 + [3] * 5 + [2] * 10 + [4] * 5 + [0] * 5
-    discrete = hull_path(False, plan)
-    assert np.ptp(discrete[:, 2]) > 0.05  # the car really turned
-    np.testing.assert_allclose(hull_path(True, DISCRETE_AS_CONTINUOUS[plan]), discrete, atol=1e-4)
-
-
-def test_released_brake_targets_drive_as_the_discrete_actions():
-    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS, fit_targets
-
-    targets = fit_targets(-1.0)
-    np.testing.assert_array_equal(targets[:4, 2], -1.0)   # no-op, steering and gas release the brake
-    np.testing.assert_array_equal(np.clip(targets, [-1, 0, 0], [1, 1, 1]), DISCRETE_AS_CONTINUOUS)
-    with pytest.raises(ValueError, match="released_brake must be <= 0"):
-        fit_targets(0.5)
-
-
-def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
+def test_a_run_starts_only_from_an_expert_with_its_kind_of_actions(tmp_path):
     import torch
 
-    from nac_drive.agents.discrete_to_continuous import ACTION_HEAD, collect_states, fit_targets
-    from nac_drive.agents.ppo_expert import make_vec_env, train
+    from nac_drive.agents.ppo_expert import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
-                eval_every_frames=10**9, progress_bar=False, continuous=True, learning_rate=0.0)
-    zip_path = train(TrainArgs(run_name="c", init_from=str(shipped_expert_path()), transfer_steps=300,
-                               log_std_init=-1.5, **tiny))
-    continuous, is_continuous, _, _ = load_policy(zip_path)
-    discrete = load_policy(shipped_expert_path()).policy
-    assert is_continuous
-    shared = discrete.state_dict()
-    for name, tensor in continuous.state_dict().items():
-        if name in ACTION_HEAD:
-            continue
-        assert torch.equal(tensor, shared[name]), name
-    assert torch.allclose(continuous.log_std, torch.full((3,), -1.5))
-
-    # On states the head was not fitted on, its mean is the discrete policy's expected action.
-    venv = make_vec_env(continuous=True)
-    venv.seed(EVAL_SEED_BASE)
-    states = torch.as_tensor(collect_states(discrete, venv, 60))
-    with torch.no_grad():
-        probs = discrete.get_distribution(states).distribution.probs
-        expected = probs @ torch.as_tensor(fit_targets(TrainArgs().released_brake))
-        mean = continuous.get_distribution(states).get_actions(deterministic=True)
-        sampled = continuous.get_distribution(states).get_actions(deterministic=False)
-    assert (mean - expected).abs().mean() < 0.03
-    assert expected[:, 0].std() > 0.1  # the states ask for both steering directions and more
-    # PPO's exploration noise (std 0.22 here) does not press the brake where the expert would not
-    rarely_brakes = probs[:, 4] < 0.1
-    assert rarely_brakes.sum() > 30 and (sampled[rarely_brakes, 2] > 0).float().mean() < 0.01
-
-    with pytest.raises(ValueError, match="continuous actions"):
-        train(TrainArgs(**{**tiny, "continuous": False}, run_name="bad", init_from=str(zip_path)))
-    with pytest.raises(ValueError, match="does not fit"):
-        train(TrainArgs(**tiny, run_name="small", init_from=str(shipped_expert_path()), head_units=32))
-    with pytest.raises(ValueError, match="released_brake must be <= 0"):
-        train(TrainArgs(**tiny, run_name="brake", init_from=str(shipped_expert_path()), released_brake=0.5))
-    fresh = train(TrainArgs(run_name="fresh", **tiny))  # no --init-from: SB3's own initialisation
-    assert not torch.allclose(load_policy(fresh)[0].action_net.weight, continuous.action_net.weight)
+                eval_every_frames=10**9, progress_bar=False, continuous=True)
+    fresh = load_policy(train(TrainArgs(run_name="c", log_std_init=-1.5, **tiny)))
+    assert fresh.continuous and torch.allclose(fresh.policy.log_std, torch.full((3,), -1.5), atol=0.01)
+    with pytest.raises(ValueError, match="init_from: .* has discrete actions; a continuous run"):
+        train(TrainArgs(run_name="from-discrete", init_from=str(shipped_expert_path()), **tiny))
+    assert not (tmp_path / "from-discrete" / "final_model.zip").exists()
 
 
 def test_cli_dagger_refuses_a_bad_disturb_rate_before_driving(tmp_path, capsys):

@@ -53,11 +53,6 @@ def add_parser(subparsers) -> None:
                     help="seed of the first track (held-out tracks start at 900000)")
     ev.add_argument("--max-steps", type=COUNT, default=None,
                     help="cap each episode at this many env frames (default: the env's 1000)")
-    ev.add_argument("--stochastic", action="store_true",
-                    help="sample PPO actions instead of taking the most likely one")
-    ev.add_argument("--sample-seed", type=SEED, default=0,
-                    help="--stochastic: seed of the sampling (each track's episode draws from "
-                         "its own stream of this seed and the track's)")
     ev.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
     ev.add_argument("--json", action="store_true",
                     help="end the output with one line of JSON (mean_return, std_return, ...)")
@@ -126,7 +121,7 @@ def _eval(args: argparse.Namespace) -> int:
     from nac_drive.agents.experts import load_expert
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
-    actor, continuous = load_expert(args.expert, deterministic=not args.stochastic, seed=args.sample_seed)
+    actor, continuous = load_expert(args.expert)
     seeds = eval_seeds(args.episodes, base=args.seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps,
                            video_path=args.video, progress=not args.json)
