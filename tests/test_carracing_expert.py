@@ -13,7 +13,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from nac_drive.agents.ppo_expert import PPOExpert, load_policy, preprocess, shipped_expert_path
+from nac_drive.agents.expert_env import Preprocessing, preprocess
+from nac_drive.agents.expert_zip import load_policy
+from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.agents.teacher import PurePursuitTeacher
 from nac_drive.simulators.carracing import (
     COLLECT_SEED_BASE,
@@ -307,7 +309,7 @@ def test_expert_matches_sb3_on_the_training_env(expert):
     """The adapter on the raw env picks the actions SB3 picks on the training wrappers."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.ppo_expert import make_vec_env
+    from nac_drive.agents.expert_env import make_vec_env
 
     # PPO.load unpickles: only for the zip this package ships (never for a zip from elsewhere)
     no_schedules = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
@@ -324,7 +326,7 @@ def test_expert_matches_sb3_on_the_training_env(expert):
             for k in range(4):
                 action = expert.act(obs)
                 if k == 0:
-                    assert np.array_equal(expert._stack, vec_obs[0]), step
+                    assert np.array_equal(expert.observation, vec_obs[0]), step
                     assert action == sb3_action, step
                 obs, *_ = raw.step(action)
             vec_obs, *_ = venv.step(np.array([sb3_action]))
@@ -333,10 +335,42 @@ def test_expert_matches_sb3_on_the_training_env(expert):
         raw.close()
 
 
+def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert):
+    """Issue 18: plain SB3 (``PPO.load(...).predict``) on the gymnasium stack that the zip's
+    preprocessing record builds (README) takes PPOExpert's action at every env frame of a
+    real episode prefix, on the same observations, and the two cars stay together."""
+    from stable_baselines3 import PPO
+
+    from nac_drive.agents.expert_env import make_expert_env
+
+    model = PPO.load(shipped_expert_path(), device="cpu")   # unpickles: only for the zip this package ships
+    env = make_expert_env(Preprocessing(**model.preprocessing))
+    raw = make_carracing()
+    obs, _ = env.reset(seed=900_003)
+    raw_obs, _ = raw.reset(seed=900_003)
+    expert.reset()
+    sb3_actions, expert_actions = [], []
+    try:
+        for step in range(100):   # 400 env frames
+            action, _ = model.predict(obs, deterministic=True)
+            for k in range(4):
+                expert_actions.append(expert.act(raw_obs))
+                sb3_actions.append(int(action))
+                if k == 0:
+                    assert np.array_equal(expert.observation, obs), step
+                raw_obs, *_ = raw.step(expert_actions[-1])
+            obs, *_ = env.step(action)
+            np.testing.assert_array_equal(raw.unwrapped.car.hull.position, env.unwrapped.car.hull.position)
+    finally:
+        env.close()
+        raw.close()
+    assert expert_actions == sb3_actions and len(set(sb3_actions)) >= 3   # it steers, accelerates, ...
+
+
 def test_expert_evaluation_env_drives_consecutive_track_seeds():
     """Seeded with s, the training's evaluation env drives tracks s, s+1, ... (those of
     `expert eval --seed-base s`); a training env goes on with the generator's stream."""
-    from nac_drive.agents.ppo_expert import make_vec_env
+    from nac_drive.agents.expert_env import make_vec_env
 
     def track(seed):
         env = make_carracing()
@@ -365,7 +399,7 @@ def test_expert_evaluation_env_drives_consecutive_track_seeds():
 def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     """The fast path (training's evaluation env, undrawn frames skipped) drives the same
     episodes as the raw env with PPOExpert: one lap finished early (70005), one not."""
-    from nac_drive.agents.ppo_expert import score_checkpoint
+    from nac_drive.agents.expert_training import score_checkpoint
     from nac_drive.cli import main
 
     fast = score_checkpoint(expert.path, episodes=2, seed_base=70_004)
@@ -392,7 +426,7 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
 def test_negative_reward_streak_truncates_the_episode():
     """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
     episode ends as a truncation, which PPO bootstraps with the last state's value."""
-    from nac_drive.agents.ppo_expert import make_vec_env
+    from nac_drive.agents.expert_env import make_vec_env
 
     venv = make_vec_env(continuous=False, patience=3)
     venv.seed(5)
@@ -418,15 +452,34 @@ def test_load_policy_rejects_bad_files(tmp_path):
         load_policy(bad)
     with pytest.raises(FileNotFoundError, match="missing.zip"):
         load_policy(tmp_path / "missing.zip")
-    # a zip whose stored action repeat is not a positive integer
-    with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(tmp_path / "rep.zip", "w") as dst:
-        for item in src.infolist():
-            data = src.read(item.filename)
-            if item.filename == "data":
-                data = json.dumps({**json.loads(data), "action_repeat": 0}).encode()
-            dst.writestr(item, data)
-    with pytest.raises(ValueError, match="rep.zip.*action_repeat"):
-        load_policy(tmp_path / "rep.zip")
+    # the preprocessing record: checked, consistent with the observation space; zips
+    # from before it existed fall back to their 'action_repeat' (4 if absent)
+    def with_data(name, **changes):
+        with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(tmp_path / name, "w") as dst:
+            for item in src.infolist():
+                data = src.read(item.filename)
+                if item.filename == "data":
+                    data = {**json.loads(data), **changes}
+                    data = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
+                dst.writestr(item, data)
+        return tmp_path / name
+
+    record = json.loads(zipfile.ZipFile(shipped_expert_path()).read("data"))["preprocessing"]
+    assert record == {"frame_size": 64, "frame_stack": 2, "action_repeat": 4,
+                      "grayscale": "cv2.COLOR_RGB2GRAY", "interpolation": "cv2.INTER_AREA"}
+    for name, change, message in (
+            ("rep.zip", {"action_repeat": 0}, "rep.zip: field 'preprocessing': action_repeat is 0"),
+            ("lin.zip", {"interpolation": "cv2.INTER_LINEAR"}, "lin.zip: .*applies only 'cv2.INTER_AREA'"),
+            ("extra.zip", {"crop": [0, 84]}, "extra.zip: field 'preprocessing' is"),
+            ("stack.zip", {"frame_stack": 3}, r"stack.zip: field 'observation_space' has shape \[2, 64, 64\], its "
+                                              r"preprocessing makes \[3, 64, 64\]")):
+        with pytest.raises(ValueError, match=message):
+            load_policy(with_data(name, preprocessing={**record, **change}))
+    old = load_policy(with_data("old.zip", preprocessing=None, action_repeat=2))
+    assert old.preprocessing == Preprocessing(action_repeat=2)
+    assert load_policy(with_data("older.zip", preprocessing=None)).action_repeat == 4
+    with pytest.raises(ValueError, match="old0.zip: field 'preprocessing': action_repeat is 0"):
+        load_policy(with_data("old0.zip", preprocessing=None, action_repeat=0))
 
 
 @pytest.mark.slow
@@ -510,7 +563,7 @@ def test_cli_eval_bad_expert_path_names_it(tmp_path, capsys):
 def test_expert_training_starts_from_init_from(tmp_path):
     import torch
 
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
@@ -529,10 +582,10 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert torch.equal(load_policy(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
                        load_policy(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
     assert not (tmp_path / "ft" / "evaluated").exists()   # never evaluated
-    fresh, _, fresh_repeat = load_policy(fresh_zip)
+    fresh, _, fresh_preprocessing = load_policy(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
-    assert fresh_repeat == 2 and PPOExpert(fresh_zip).action_repeat == 2
+    assert fresh_preprocessing == Preprocessing(action_repeat=2) and PPOExpert(fresh_zip).action_repeat == 2
     assert PPOExpert(final).action_repeat == 4
     with pytest.raises(ValueError, match="init_from"):
         train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
@@ -542,7 +595,7 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     import torch
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.ppo_expert import resume, train
+    from nac_drive.agents.expert_training import resume, train
     from nac_drive.agents.ppo_expert_args import TrainArgs
     from nac_drive.cli import main
 
@@ -618,7 +671,7 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
 
 
 def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
-    from nac_drive.agents.ppo_expert import resume_seed
+    from nac_drive.agents.expert_training import resume_seed
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     args = TrainArgs(seed=20, n_envs=2, action_repeat=4, eval_every_frames=200_000, eval_seed=62_000)
@@ -638,7 +691,7 @@ def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
 def test_a_run_starts_only_from_an_expert_with_its_kind_of_actions(tmp_path):
     import torch
 
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,

@@ -75,7 +75,7 @@ def add_parser(subparsers) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
     from nac_drive.arguments import from_namespace
 
@@ -83,7 +83,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from nac_drive.agents.ppo_expert import resume
+    from nac_drive.agents.expert_training import resume
 
     return _report(resume(args.run_dir, args.total_frames), args.ship)
 
@@ -103,7 +103,8 @@ def _report(best, ship: str | None) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from nac_drive.agents.ppo_expert import load_policy, score_checkpoint
+    from nac_drive.agents.expert_training import score_checkpoint
+    from nac_drive.agents.expert_zip import load_policy
 
     for path in args.zips:
         load_policy(path)  # a bad zip fails before any other is driven
