@@ -19,14 +19,13 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE
+from nac_drive.agents.expert_env import Preprocessing
 from nac_drive.atomic import atomic_write
 from nac_drive.checkpoint import parse_json_object
 from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
 
 DATA_LIMIT = 64 * 2**20       # the JSON ``data`` of an expert zip is ~60 kB
 TENSORS_LIMIT = 512 * 2**20   # a torch file of an expert zip is a few MB
-MAX_FRAME_STACK = 64
 MAX_LAYERS = 16   # hidden layers of a head (the recipe has 1)
 # policy_kwargs an expert zip may carry (what `expert train` sets, and SB3 flags that
 # change no shapes); anything else is refused.
@@ -42,16 +41,12 @@ class LoadedPolicy(NamedTuple):
     """An expert zip's policy and how it drives the raw env."""
 
     policy: Any  # SB3 ActorCriticCnnPolicy
-    continuous: bool  # drives the continuous env (continuous and combined-action experts)
-    action_repeat: int
-    action_table: np.ndarray | None  # combined actions: row i is action i as float32 [3]
+    continuous: bool  # drives the continuous env (Box(3) actions), else the 5 discrete ones
+    preprocessing: Preprocessing  # what its observations are made of (the zip's record)
 
     @property
-    def action_kind(self) -> str:
-        """"discrete" (the env's 5), "continuous" or "combined"."""
-        if self.action_table is not None:
-            return "combined"
-        return "continuous" if self.continuous else "discrete"
+    def action_repeat(self) -> int:
+        return self.preprocessing.action_repeat
 
 
 def read_data(path: str | Path) -> dict[str, Any]:
@@ -61,6 +56,14 @@ def read_data(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"expert zip not found: {path}")
     with open_zip(path) as zf:
         return parse_json_object(read_member(zf, "data", DATA_LIMIT), f"{path}: member 'data'")
+
+
+def trained_agent_steps(path: str | Path) -> int:
+    """Agent steps (of all workers) an SB3 zip had trained for, from its JSON ``data``."""
+    steps = read_data(path).get("num_timesteps")
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        raise ValueError(f"{path}: field 'num_timesteps' is {steps!r}, expected an integer >= 0")
+    return steps
 
 
 def read_tensors(path: str | Path, member: str) -> Any:
@@ -88,10 +91,8 @@ def load_policy(path: str | Path) -> LoadedPolicy:
 
     path = Path(path)
     data = read_data(path)
-    observation_space, action_space, continuous, table = _spaces(data, path)
-    action_repeat = data.get("action_repeat", ACTION_REPEAT)  # zips from before it was stored: 4
-    if not (isinstance(action_repeat, int) and not isinstance(action_repeat, bool) and 1 <= action_repeat <= 100):
-        raise ValueError(f"{path}: field 'action_repeat' is {action_repeat!r}, expected an integer in 1..100")
+    preprocessing = read_preprocessing(data, path)
+    observation_space, action_space, continuous = _spaces(data, path, preprocessing)
     kwargs = _policy_kwargs(data.get("policy_kwargs", {}), path)
     state = read_tensors(path, "policy.pth")
     if not (isinstance(state, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items())):
@@ -112,46 +113,49 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     policy = ActorCriticCnnPolicy(observation_space, action_space, lambda _: 0.0, **kwargs)
     policy.load_state_dict(state)
     policy.set_training_mode(False)
-    return LoadedPolicy(policy, continuous, action_repeat, table)
+    return LoadedPolicy(policy, continuous, preprocessing)
 
 
-def _spaces(data: dict[str, Any], path: Path):
-    """(observation space, action space, continuous, action table or None) from ``data``'s
-    plain JSON fields."""
+def read_preprocessing(data: dict[str, Any], path: Path) -> Preprocessing:
+    """The zip's ``preprocessing`` record (see :class:`Preprocessing`). Zips written before
+    it existed hold at most ``action_repeat`` (4 if absent), and the frame stack is their
+    observation space's."""
+    record = data.get("preprocessing")
+    if record is None:
+        obs = data.get("observation_space")
+        shape = (obs.get("_shape") or obs.get("shape")) if isinstance(obs, dict) else None
+        record = {"action_repeat": data.get("action_repeat", Preprocessing.action_repeat)}
+        if isinstance(shape, list) and shape:
+            record["frame_stack"] = shape[0]
+    if not isinstance(record, dict) or not set(record) <= set(Preprocessing.__dataclass_fields__):
+        raise ValueError(f"{path}: field 'preprocessing' is {str(record)[:200]}, expected "
+                         f"{Preprocessing().to_json()}")
+    try:
+        return Preprocessing(**record)
+    except ValueError as exc:
+        raise ValueError(f"{path}: field 'preprocessing': {exc}") from None
+
+
+def _spaces(data: dict[str, Any], path: Path, preprocessing: Preprocessing):
+    """(observation space, action space, continuous) from ``data``'s plain JSON fields."""
     obs = data.get("observation_space", {})
     shape = obs.get("_shape") or obs.get("shape") if isinstance(obs, dict) else None
-    if not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [FRAME_SIZE, FRAME_SIZE]
-            and isinstance(shape[0], int) and 1 <= shape[0] <= MAX_FRAME_STACK):
-        raise ValueError(f"{path}: field 'observation_space' has shape {shape}, expected "
-                         f"[frame_stack <= {MAX_FRAME_STACK}, {FRAME_SIZE}, {FRAME_SIZE}]")
+    if shape != list(preprocessing.observation_shape):
+        raise ValueError(f"{path}: field 'observation_space' has shape {str(shape)[:100]}, its preprocessing "
+                         f"makes {list(preprocessing.observation_shape)}")
     act = data.get("action_space", {})
     act_type = str(act.get(":type:", "")) if isinstance(act, dict) else ""
-    box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
-    table = None
     if "Discrete" in act_type:
-        try:
-            n = int(act.get("n", -1))
-        except (TypeError, ValueError):
-            n = -1
-        if "action_table" in data:  # combined actions, played through the continuous env
-            from nac_drive.agents.combined_actions import check_action_table
-
-            try:
-                table = check_action_table(data["action_table"], box)
-            except ValueError as exc:
-                raise ValueError(f"{path}: field 'action_table': {exc}") from exc
-            if len(table) != n:
-                raise ValueError(f"{path}: field 'action_table' has {len(table)} rows, the "
-                                 f"action space {act.get('n')} actions")
-        elif n != 5:
+        if str(act.get("n")) != "5":  # SB3 writes it as a string
             raise ValueError(f"{path}: field 'action_space' has n={act.get('n')}, expected 5")
-        action_space, continuous = gym.spaces.Discrete(n), table is not None
+        action_space, continuous = gym.spaces.Discrete(5), False
     elif "Box" in act_type:
+        box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
         action_space, continuous = box, True
     else:
         raise ValueError(f"{path}: field 'action_space' is {act_type or 'missing'}, "
                          "expected Discrete(5) or Box(3)")
-    return gym.spaces.Box(0, 255, tuple(shape), np.uint8), action_space, continuous, table
+    return gym.spaces.Box(0, 255, preprocessing.observation_shape, np.uint8), action_space, continuous
 
 
 def _policy_kwargs(kwargs: Any, path: Path) -> dict[str, Any]:
@@ -195,10 +199,8 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
     data.update(policy_class=ActorCriticCnnPolicy, policy_kwargs=_policy_kwargs(source.get("policy_kwargs", {}), src),
                 observation_space=policy.observation_space, action_space=policy.action_space,
                 learning_rate=0.0, lr_schedule=ConstantSchedule(0.0), clip_range=0.0,
-                action_repeat=loaded.action_repeat)
+                preprocessing=loaded.preprocessing.to_json())
     data.setdefault("n_envs", 1)
-    if loaded.action_table is not None:
-        data["action_table"] = loaded.action_table.tolist()
     optimizer = policy.optimizer_class(policy.parameters(), lr=0.0, **policy.optimizer_kwargs)
     params = {"policy": policy.state_dict(), "policy.optimizer": optimizer.state_dict()}
     dst = Path(dst)
@@ -206,4 +208,5 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
-__all__ = ["LoadedPolicy", "ZipMemberError", "export_for_shipping", "load_policy", "read_data", "read_tensors"]
+__all__ = ["LoadedPolicy", "ZipMemberError", "export_for_shipping", "load_policy", "read_data", "read_preprocessing",
+           "read_tensors", "trained_agent_steps"]

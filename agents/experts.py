@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_expert(spec: str | None = None, deterministic: bool = True, seed: int = 0) -> tuple[Any, bool]:
+def load_expert(spec: str | None = None) -> tuple[Any, bool]:
     """Return ``(actor, continuous)`` for ``spec``.
 
     ``spec``: ``None`` or ``"ppo"`` (the shipped PPO expert), a path to an SB3 zip,
     ``"teacher"`` (privileged pure pursuit, continuous actions) or ``"teacher-discrete"``
     (the same, mapped to the 5 discrete actions). For a PPO zip, ``continuous`` comes
-    from the zip. ``deterministic`` applies to PPO (most likely action vs sampling), and
-    ``seed`` to its sampling.
+    from the zip.
     """
     if spec in ("teacher", "teacher-discrete"):
         from nac_drive.agents.teacher import PurePursuitTeacher
@@ -21,5 +20,5 @@ def load_expert(spec: str | None = None, deterministic: bool = True, seed: int =
         return PurePursuitTeacher(continuous=cont), cont
     from nac_drive.agents.ppo_expert import PPOExpert
 
-    actor = PPOExpert(None if spec in (None, "ppo") else spec, deterministic=deterministic, seed=seed)
+    actor = PPOExpert(None if spec in (None, "ppo") else spec)
     return actor, actor.continuous

@@ -1,35 +1,23 @@
-"""The PPO expert (stable-baselines3): training, and an adapter that drives the raw env.
+"""The PPO expert as an actor on the raw env: one action per env frame, from an SB3 zip.
 
-The expert sees grayscale 64x64 frames, acts every ``action_repeat`` env frames (stored
-in its zip) and stacks its last 2 observations. :class:`PPOExpert` does all of that itself from the raw RGB frames
-the student sees, so a recording has one row per env frame.
-
-Training recipe (measured on a 2-core CPU, see :class:`TrainArgs`): PPO with
-NatureCNN and [256] heads, 2 SubprocVecEnv workers, reward normalisation only, a
-linearly decayed learning rate, and a training-only truncation after a streak of
-negative rewards (an episode stuck on the grass teaches nothing). Checkpoints vary a
-lot between updates, so the best one is chosen by evaluation on fixed validation
-tracks (from the training seed range).
+Recording and DAgger step the raw CarRacing env (one row per env frame), while the
+expert's policy acts every ``action_repeat`` frames on grey frame stacks. :class:`PPOExpert`
+bridges the two: it feeds each frame it decides on through the same gymnasium observation
+wrappers an SB3 user stacks on the env (:func:`~nac_drive.agents.expert_env.observe_as_expert`),
+and repeats its action in between, as :class:`~nac_drive.simulators.carracing.ActionRepeat`
+does. Everything it needs comes from the zip (its ``preprocessing`` record).
 """
 
 from __future__ import annotations
 
-import json
-import re
-import time
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
-from nac_drive.agents.expert_zip import LoadedPolicy, load_policy, read_data, read_tensors
-from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK, TrainArgs
-from nac_drive.atomic import atomic_write, fresh_dir
-from nac_drive.checkpoint import dataclass_from_json, read_json
-from nac_drive.simulators.carracing import ActionRepeat, ConsecutiveTrackSeeds, EpisodeResults, make_carracing
+from nac_drive.agents.expert_env import observe_as_expert
+from nac_drive.agents.expert_zip import load_policy
 
 
 def shipped_expert_path() -> Path:
@@ -39,442 +27,67 @@ def shipped_expert_path() -> Path:
     return Path(str(files("nac_drive") / "assets" / "ppo_carracing_discrete.zip"))
 
 
-def preprocess(rgb: np.ndarray, size: int = FRAME_SIZE) -> np.ndarray:
-    """RGB ``uint8 [96, 96, 3]`` -> grayscale ``uint8 [size, size]`` (area resize)."""
-    import cv2
+class _HandedFrames(gym.Env):
+    """The frames an actor is handed, as an env: ``reset`` and ``step`` return the frame
+    last set in :attr:`frame` (RGB ``uint8 [96, 96, 3]``), so observation wrappers can
+    process frames that some other code steps the real env for."""
 
-    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
-        raise ValueError(f"preprocess: expected uint8 [H, W, 3] RGB, got {rgb.dtype} {rgb.shape}")
-    gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
-    return cv2.resize(gray, (size, size), interpolation=cv2.INTER_AREA)
+    observation_space = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
+    action_space = gym.spaces.Discrete(1)
 
+    def __init__(self):
+        self.frame: np.ndarray | None = None
 
-class GrayObservation(gym.ObservationWrapper):
-    """Observation -> :func:`preprocess` with a trailing channel, ``uint8 [64, 64, 1]``."""
-
-    def __init__(self, env: gym.Env, size: int = FRAME_SIZE):
-        super().__init__(env)
-        self.size = size
-        self.observation_space = gym.spaces.Box(0, 255, (size, size, 1), np.uint8)
-
-    def observation(self, obs: np.ndarray) -> np.ndarray:
-        return preprocess(obs, self.size)[:, :, None]
-
-
-class NegativeRewardTruncation(gym.Wrapper):
-    """Training only: end the episode after ``patience`` consecutive agent steps with
-    reward < 0 (no new road tile: stuck on the grass, or driving back along the road).
-
-    By default the end is a truncation, which PPO bootstraps with the value of the last
-    state: being stuck then costs only the rewards missed during the streak. With
-    ``terminate`` it is a termination (value 0 after it), so getting stuck costs every
-    reward the rest of the lap would have given.
-    """
-
-    def __init__(self, env: gym.Env, patience: int = 25, terminate: bool = False):
-        super().__init__(env)
-        self.patience = patience
-        self.terminate = terminate
-        self._streak = 0
-
-    def reset(self, **kwargs):
-        self._streak = 0
-        return self.env.reset(**kwargs)
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return self.frame, {}
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self._streak = self._streak + 1 if reward < 0 else 0
-        if self._streak >= self.patience and not terminated:
-            if self.terminate:
-                terminated = True
-            else:
-                truncated = True
-            info["negative_reward_streak"] = True
-        return obs, reward, terminated, truncated, info
-
-
-def _make_train_env(continuous: bool, action_repeat: int, patience: int | None,
-                    skip_render: bool, combined: bool, streak_terminates: bool, track_stride: int | None):
-    """One worker env: raw env -> (consecutive track seeds with ``track_stride``, for
-    evaluation) -> (combined actions) -> action repeat -> (negative-reward streak end) ->
-    Monitor -> gray 64x64."""
-    from stable_baselines3.common.monitor import Monitor
-
-    def thunk():
-        env = make_carracing(continuous=continuous or combined)
-        if track_stride:
-            env = ConsecutiveTrackSeeds(env, stride=track_stride)
-        if combined:
-            from nac_drive.agents.combined_actions import CombinedActions
-
-            env = CombinedActions(env)
-        env = ActionRepeat(env, action_repeat, skip_render=skip_render)
-        if patience:
-            env = NegativeRewardTruncation(env, patience, terminate=streak_terminates)
-        env = Monitor(env)  # episode return in raw env reward
-        return GrayObservation(env)
-
-    return thunk
-
-
-def make_vec_env(continuous: bool, n_envs: int = 1, action_repeat: int = ACTION_REPEAT,
-                 frame_stack: int = FRAME_STACK, patience: int | None = None, skip_render: bool = True,
-                 reward_gamma: float | None = None, combined: bool = False,
-                 streak_terminates: bool = False):
-    """CarRacing as the expert sees it, an SB3 VecEnv of observations
-    ``uint8 [n_envs, frame_stack, 64, 64]``; ``combined`` plays
-    :data:`~nac_drive.agents.combined_actions.COMBINED_ACTIONS` through the continuous env.
-    ``patience`` and ``streak_terminates`` configure :class:`NegativeRewardTruncation`
-    (training only; ``None``: no such end).
-
-    ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
-    as the env gives them (evaluation), and an evaluation env seeded with ``s`` drives the
-    tracks ``s, s + 1, ...`` (:class:`ConsecutiveTrackSeeds`; worker i the tracks
-    ``s + i, s + i + n_envs, ...``), those of ``expert eval --seed-base s``. Both kinds
-    have the same VecEnv wrappers, so PPO's evaluation callback accepts them as one env type.
-    """
-    from stable_baselines3.common.vec_env import (
-        DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize, VecTransposeImage)
-
-    fns = [_make_train_env(continuous, action_repeat, patience, skip_render, combined, streak_terminates,
-                           track_stride=n_envs if reward_gamma is None else None)
-           for _ in range(n_envs)]
-    venv = SubprocVecEnv(fns) if n_envs > 1 else DummyVecEnv(fns)
-    venv = VecFrameStack(venv, frame_stack, channels_order="last")
-    if reward_gamma is None:
-        venv = VecNormalize(venv, training=False, norm_obs=False, norm_reward=False)
-    else:
-        venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=reward_gamma)
-    return VecTransposeImage(venv)  # explicit, so that both kinds are wrapped identically
-
-
-def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
-    """Train a PPO expert; returns the path of the best checkpoint's zip.
-
-    ``from_checkpoint``: a checkpoint the run ``args.out/args.run_name`` kept at an
-    evaluation, to go on from (see :func:`resume`) instead of starting."""
-    import torch
-    from stable_baselines3 import PPO
-
-    torch.set_num_threads(1)
-    kind = _action_kind(args)
-    run_name = args.run_name or (
-        f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
-    start = load_policy(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
-    if from_checkpoint is None:   # a new run never writes into an existing run's folder
-        run_dir = fresh_dir(Path(args.out) / run_name)
-        args = replace(args, run_name=run_dir.name)
-        print(f"run folder: {run_dir}", flush=True)
-    else:
-        run_dir = Path(args.out) / run_name
-    atomic_write(run_dir / "args.json", lambda tmp: Path(tmp).write_text(json.dumps(asdict(args), indent=2)))
-
-    view = dict(continuous=args.continuous, combined=args.combined_actions, action_repeat=args.action_repeat,
-                frame_stack=args.frame_stack, skip_render=args.skip_render)
-    venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
-                        streak_terminates=args.negative_streak_terminates, **view)
-    venv.seed(args.seed)
-    eval_env = make_vec_env(**view)
-
-    lr0 = args.learning_rate
-    model = PPO(
-        "CnnPolicy", venv,
-        learning_rate=lambda progress: lr0 * progress,  # progress: 1 -> 0
-        n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
-        gamma=args.gamma, gae_lambda=args.gae_lambda, clip_range=args.clip_range,
-        ent_coef=args.ent_coef,
-        policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units]),
-                           **({"log_std_init": args.log_std_init} if args.continuous else {})),
-        tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0,
-    )
-    # Saved into the zip's JSON `data`, so every reader acts at the rate the expert was trained at.
-    model.action_repeat = args.action_repeat
-    if args.combined_actions:
-        from nac_drive.agents.combined_actions import COMBINED_ACTIONS
-
-        model.action_table = COMBINED_ACTIONS.tolist()
-    callback = FixedSeedEval(
-        eval_env, seed=args.eval_seed, n_eval_episodes=args.eval_episodes,
-        eval_freq=_eval_freq(args), log_path=str(run_dir / "eval"), deterministic=True, verbose=1,
-        callback_on_new_best=SaveAtomically(run_dir / "best_model.zip"),
-        callback_after_eval=KeepEvaluated(run_dir / "evaluated", args.action_repeat)
-        if args.keep_evaluated or from_checkpoint else None)
-    if from_checkpoint is not None:
-        _restore(model, from_checkpoint, callback)
-        model.set_random_seed(resume_seed(args, model.num_timesteps))
-    elif args.init_from:
-        _start_from(model.policy, start, args, venv)
-        model.save(run_dir / "init_model.zip")
-    model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=callback,
-                tb_log_name=run_dir.name, reset_num_timesteps=from_checkpoint is None,
-                progress_bar=args.progress_bar)
-    model.save(run_dir / "final_model.zip")
-    venv.close()
-    eval_env.close()
-    best = run_dir / "best_model.zip"
-    return best if best.exists() else run_dir / "final_model.zip"
-
-
-def _action_kind(args: TrainArgs) -> str:
-    """"discrete", "continuous" or "combined": the actions a run's policy chooses from."""
-    if args.continuous and args.combined_actions:
-        raise ValueError("--continuous and --combined-actions exclude each other")
-    return "continuous" if args.continuous else "combined" if args.combined_actions else "discrete"
-
-
-def _eval_freq(args: TrainArgs) -> int:
-    """Agent steps per worker between evaluations."""
-    return max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
-
-
-def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
-    """Continue a run that was stopped (one session is rarely enough for millions of
-    frames) from the last checkpoint it kept at an evaluation: weights, Adam state, reward
-    normalisation, frame count, evaluation history and best score. What it did after that
-    evaluation is lost, ``final_model.zip`` included.
-
-    Every argument comes from the run's ``args.json``; ``total_frames`` sets a new target
-    (written back to it). The learning rate decays linearly to 0 at the target, so it
-    goes on where it was only if the target is unchanged. Returns the best zip."""
-    run_dir = Path(run_dir)
-    saved = run_dir / "args.json"
-    if not saved.is_file():
-        raise FileNotFoundError(f"resume: {saved} not found (is {run_dir} a run folder of `expert train`?)")
-    args = dataclass_from_json(TrainArgs, {**read_json(saved), "out": str(run_dir.parent), "run_name": run_dir.name},
-                               str(saved))
-    if total_frames is not None:
-        args.total_frames = total_frames
-    kept = _last_kept(run_dir / "evaluated")
-    done = _agent_steps(kept) * args.action_repeat
-    if done >= args.total_frames:
-        raise ValueError(f"resume: {kept} is at {done} frames, the run's target is {args.total_frames}; "
-                         "set a larger one with --total-frames")
-    return train(args, from_checkpoint=kept)
-
-
-def resume_seed(args: TrainArgs, agent_steps_done: int) -> int:
-    """Seed of a run resumed after ``agent_steps_done``: new tracks and new noise for each
-    evaluation interval, inside the training seed range and clear of the validation tracks."""
-    from nac_drive.simulators.carracing import COLLECT_SEED_BASE
-
-    interval = agent_steps_done // (_eval_freq(args) * args.n_envs)
-    seed = args.seed + args.n_envs * interval
-    # worker i is seeded with seed + i; the validation tracks are eval_seed + j, j < eval_episodes
-    if seed < args.eval_seed + args.eval_episodes and args.eval_seed < seed + args.n_envs:
-        seed = args.eval_seed + args.eval_episodes
-    if seed + args.n_envs > COLLECT_SEED_BASE:
-        raise ValueError(f"resume: seed {seed} would leave the training seed range [0, {COLLECT_SEED_BASE})")
-    return seed
-
-
-_KEPT = re.compile(r"frames_(\d+)\.zip")
-# What a kept checkpoint's JSON holds besides the best score: VecNormalize's reward
-# statistics, and EvalCallback's history.
-_REWARD_NORM = ("mean", "var", "count")
-_EVAL_HISTORY = ("evaluations_timesteps", "evaluations_results", "evaluations_length")
-_EVAL_TRACKS = "consecutive"  # evaluations on eval_seed, eval_seed + 1, ... (ConsecutiveTrackSeeds)
-
-
-def _agent_steps(zip_path: Path) -> int:
-    """Agent steps (of all workers) an SB3 zip had trained for, from its JSON ``data``."""
-    steps = read_data(zip_path).get("num_timesteps")
-    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
-        raise ValueError(f"{zip_path}: field 'num_timesteps' is {steps!r}, expected an integer >= 0")
-    return steps
-
-
-def _last_kept(folder: Path) -> Path:
-    """The kept checkpoint with the most frames (kept files are written atomically)."""
-    kept = [(int(m.group(1)), p) for p in folder.glob("frames_*.zip") if (m := _KEPT.fullmatch(p.name))]
-    if not kept:
-        raise FileNotFoundError(f"resume: no kept checkpoint in {folder} (runs keep one at each "
-                                "evaluation unless started with --no-keep-evaluated)")
-    return max(kept)[1]
-
-
-def _restore(model, kept: Path, callback: EvalCallback) -> None:
-    """Put ``model`` and ``callback`` back in the state they were in when ``kept`` was saved."""
-    from nac_drive.checkpoint import restore_optimizer
-
-    state_path = kept.with_suffix(".json")
-    if not state_path.is_file():
-        raise FileNotFoundError(f"resume: {state_path} not found: without it {kept.name} cannot be "
-                                "resumed (start a new run from it with --init-from)")
-    state = _kept_state(state_path)
-    policy = load_policy(kept).policy
-    try:
-        model.policy.load_state_dict(policy.state_dict())
-    except RuntimeError as exc:
-        raise ValueError(f"resume: {kept} does not fit the run's args.json: {exc}") from exc
-    model.num_timesteps = _agent_steps(kept)
-    restore_optimizer(model.policy.optimizer, read_tensors(kept, "policy.optimizer.pth"),
-                      f"{kept}: policy.optimizer.pth")
-    rms = model.get_vec_normalize_env().ret_rms
-    for name in _REWARD_NORM:
-        setattr(rms, name, np.float64(state["reward_norm"][name]))
-    for name in _EVAL_HISTORY:
-        setattr(callback, name, state[name])
-    callback.best_mean_reward = state["best_mean_reward"]
-    if state.get("eval_tracks") != _EVAL_TRACKS:
-        # kept before evaluations drove consecutive track seeds: its scores are from other tracks
-        print(f"resume: {kept.name} was evaluated on other validation tracks; its best score "
-              f"({callback.best_mean_reward:.1f}) is not carried over")
-        callback.best_mean_reward = -np.inf
-    print(f"resume: from {kept.name}, {model.num_timesteps} agent steps done")
-
-
-def _kept_state(path: Path) -> dict[str, Any]:
-    """The JSON beside a kept checkpoint (see :class:`KeepEvaluated`), its fields checked."""
-    state = read_json(path)
-
-    def numbers(value, depth: int) -> bool:   # a number, or nested lists of numbers
-        if depth == 0:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
-        return isinstance(value, list) and all(numbers(v, depth - 1) for v in value)
-
-    norm = state.get("reward_norm")
-    checks = {"reward_norm": isinstance(norm, dict) and all(numbers(norm.get(n), 0) for n in _REWARD_NORM),
-              "best_mean_reward": numbers(state.get("best_mean_reward"), 0),
-              "evaluations_timesteps": numbers(state.get("evaluations_timesteps"), 1),
-              "evaluations_results": numbers(state.get("evaluations_results"), 2),
-              "evaluations_length": numbers(state.get("evaluations_length"), 2)}
-    for name, ok in checks.items():
-        if not ok:
-            raise ValueError(f"{path}: field {name!r} is missing or not what a kept checkpoint writes")
-    return state
-
-
-def _start_from(policy, start: LoadedPolicy, args: TrainArgs, venv) -> None:
-    """Load ``start`` (the policy of ``args.init_from``) into ``policy``. A 5-action discrete
-    expert can also start a continuous run (its behaviour is carried over, see
-    :mod:`nac_drive.agents.discrete_to_continuous`, and the fit is printed) or a
-    combined-action run (widened, see :mod:`nac_drive.agents.combined_actions`)."""
-    run_kind, start_kind = _action_kind(args), start.action_kind
-    if start_kind != run_kind and start_kind != "discrete":
-        raise ValueError(f"init_from: {args.init_from} has {start_kind} actions; a {run_kind} run "
-                         f"can only start from a {run_kind} or a 5-action discrete expert")
-    from nac_drive.agents.combined_actions import widen_action_head
-    from nac_drive.agents.discrete_to_continuous import (
-        collect_states, copy_shared_weights, fit_mean_head, fit_targets)
-
-    fit_targets(args.released_brake)  # refuses a bad value before any driving
-
-    start = start.policy
-    try:
-        if start_kind == run_kind:
-            policy.load_state_dict(start.state_dict())
-            return
-        if run_kind == "combined":
-            widen_action_head(start, policy)
-            return
-        copy_shared_weights(start, policy)
-    except RuntimeError as exc:
-        raise ValueError(f"init_from: {args.init_from} does not fit this run's network "
-                         f"(--frame-stack, --head-units): {exc}") from exc
-    states = collect_states(start, venv, args.transfer_steps)
-    r2 = fit_mean_head(start, policy, states, released_brake=args.released_brake)
-    print(f"init_from: continuous head fitted to the discrete expert on {len(states)} states, "
-          f"R^2 {r2:.3f}")
-
-
-def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> EpisodeResults:
-    """Drive an expert zip's most likely actions on tracks ``seed_base, seed_base + 1, ...``
-    in the training's evaluation env, for choosing among kept checkpoints.
-
-    Only the frames the expert sees are drawn, so this runs ~4x faster than
-    :func:`run_episodes` on the raw env with :class:`PPOExpert`, and gives the same
-    returns, lengths and laps (tested). Latencies are per decision (one policy forward).
-    """
-    import torch
-
-    if episodes < 1:
-        raise ValueError(f"score_checkpoint: episodes must be >= 1, got {episodes}")
-    torch.set_num_threads(1)  # a small CNN: more threads only contend with the env
-    loaded = load_policy(path)
-    venv = make_vec_env(continuous=loaded.action_kind == "continuous", combined=loaded.action_kind == "combined",
-                        action_repeat=loaded.action_repeat,
-                        frame_stack=int(loaded.policy.observation_space.shape[0]))
-    venv.seed(seed_base)
-    results = EpisodeResults()
-    try:
-        obs, frames = venv.reset(), 0
-        while len(results.returns) < episodes:
-            start = time.perf_counter()
-            with torch.no_grad():
-                action, _ = loaded.policy.predict(obs, deterministic=True)
-            results.latencies_ms.append((time.perf_counter() - start) * 1e3)
-            obs, _, done, info = venv.step(action)
-            frames += info[0]["frames"]
-            if done[0]:
-                results.seeds.append(seed_base + len(results.returns))
-                results.returns.append(float(info[0]["episode"]["r"]))  # Monitor's float64 sum
-                results.lengths.append(frames)
-                results.laps.append(bool(info[0].get("lap_finished", False)))
-                frames = 0
-    finally:
-        venv.close()
-    return results
+        return self.frame, 0.0, False, False, {}
 
 
 class PPOExpert:
-    """Drives the raw env with a PPO expert trained by :func:`train`.
+    """Drives the raw env with a PPO expert zip (:func:`~nac_drive.agents.expert_training.train`).
 
-    ``continuous``: whether it drives the continuous env (continuous and combined-action
-    experts do). ``act(obs)`` takes the raw RGB frame ``uint8 [96, 96, 3]`` every env frame. Every
-    ``action_repeat`` frames (read from the zip, where training stores it; 4 in zips
-    older than that) it pushes :func:`preprocess` of the frame onto its frame stack
-    (zeros after ``reset()``, as SB3's VecFrameStack) and picks a new action; in
-    between it repeats the last one, exactly as the training env did.
-
-    ``deterministic=False`` samples the policy instead, each episode from a stream of its
-    own seeded by ``seed`` and the track (:meth:`reset_env`).
+    ``continuous``: whether it drives the continuous env. ``act(obs)`` takes the raw RGB frame
+    ``uint8 [96, 96, 3]`` every env frame. Every ``action_repeat`` frames (the zip's
+    ``preprocessing``) the frame goes through the expert's observation wrappers (grey,
+    resized, stacked; zeros before the first after ``reset()``) and the policy's most likely
+    action is taken; in between the last one is repeated, exactly as in the training env.
 
     Loading reads only the zip's JSON ``data`` and its ``policy.pth`` weights (with
     ``torch.load(weights_only=True)``): nothing pickled in the zip is executed, and no
     env is needed.
     """
 
-    def __init__(self, path: str | Path | None = None, deterministic: bool = True,
-                 action_repeat: int | None = None, seed: int = 0):
+    def __init__(self, path: str | Path | None = None, action_repeat: int | None = None):
         import torch
 
         self.path = Path(path) if path is not None else shipped_expert_path()
-        self.policy, self.continuous, trained_repeat, self.action_table = load_policy(self.path)
-        self.deterministic = deterministic
-        self.action_repeat = action_repeat or trained_repeat
-        self.frame_stack = int(self.policy.observation_space.shape[0])
-        self.name = f"ppo:{self.path.stem}" + ("" if deterministic else f":sampled-s{seed}")
-        self.seed = seed
+        self.policy, self.continuous, self.preprocessing = load_policy(self.path)
+        self.action_repeat = action_repeat or self.preprocessing.action_repeat
+        self.frame_stack = self.preprocessing.frame_stack
+        self.name = f"ppo:{self.path.stem}"
         self._torch = torch
-        self._generator = torch.Generator()
-        self._reseed(None)
+        self._frames = _HandedFrames()
+        self._view = observe_as_expert(self._frames, self.preprocessing)
         self.reset()
 
     def reset(self) -> None:
         """Start of an episode: empty frame stack, decide at the next frame."""
-        self._stack = np.zeros((self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
         self._frame = 0
-        self._action: Any = None
-
-    def reset_env(self, env: gym.Env) -> None:
-        """After the env's reset: a sampling expert draws this episode's actions from a
-        stream of their own, seeded by its ``seed`` and the track's, so a track's
-        episode is the same whatever ran before it (and in whichever process).
-
-        The track's seed is the one the env was last reset with (gymnasium keeps it
-        across unseeded resets), so each episode's reset must be seeded, as
-        :func:`run_episodes` does; after an unseeded reset the stream starts again."""
-        self._reseed(env.unwrapped.np_random_seed)
-
-    def _reseed(self, track_seed: int | None) -> None:
-        entropy = [self.seed] if track_seed is None else [self.seed, int(track_seed)]
-        self._generator.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
+        self._started = False
+        self.observation: np.ndarray | None = None  # the last stack decided on
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
-        """Push one raw frame onto the stack; returns the stack ``uint8 [stack, 64, 64]``."""
-        self._stack = np.roll(self._stack, -1, axis=0)
-        self._stack[-1] = preprocess(obs)
-        return self._stack
+        """Push one raw frame onto the stack; returns the stack
+        ``uint8 [frame_stack, frame_size, frame_size]``."""
+        self._frames.frame = obs
+        if self._started:
+            self.observation = self._view.step(0)[0]
+        else:
+            self.observation, self._started = self._view.reset()[0], True
+        return self.observation
 
     def act(self, obs: np.ndarray):
         """Action for this env frame (an int, or ``float32 [3]`` if continuous)."""
@@ -483,92 +96,13 @@ class PPOExpert:
         self._frame += 1
         return self._action
 
-    def decide(self, stack: np.ndarray):
-        """The policy's action for a frame stack ``uint8 [stack, 64, 64]``."""
+    def decide(self, stack: np.ndarray) -> Any:
+        """The policy's most likely action for a frame stack ``uint8 [frame_stack, size, size]``."""
         torch = self._torch
         with torch.no_grad():
-            x = torch.as_tensor(stack[None])  # [1, stack, 64, 64]; SB3 scales by 1/255
-            dist = self.policy.get_distribution(x)
-            if self.deterministic:
-                action = dist.get_actions(deterministic=True)[0].numpy()
-            else:
-                action = sample_action(dist, self._generator)[0].numpy()
-        if self.action_table is not None:
-            return self.action_table[int(action)].copy()
+            x = torch.as_tensor(stack[None])  # [1, stack, size, size]; SB3 scales by 1/255
+            action = self.policy.get_distribution(x).get_actions(deterministic=True)[0].numpy()
         if self.continuous:
             space = self.policy.action_space
             return np.clip(action, space.low, space.high).astype(np.float32)
         return int(action)
-
-
-def sample_action(dist, generator):
-    """Draw from an SB3 action distribution (categorical or diagonal Gaussian) with
-    ``generator``, which SB3's own ``sample()`` cannot take. Returns ``[batch]`` action
-    ids or ``[batch, dim]`` unclipped continuous actions."""
-    import torch
-
-    inner = dist.distribution
-    if isinstance(inner, torch.distributions.Categorical):
-        return torch.multinomial(inner.probs, 1, generator=generator)[:, 0]
-    if isinstance(inner, torch.distributions.Normal):
-        return inner.mean + inner.stddev * torch.randn(inner.mean.shape, generator=generator)
-    raise TypeError(f"sample_action: cannot sample a {type(inner).__name__} distribution")
-
-
-class FixedSeedEval(EvalCallback):
-    """EvalCallback that re-seeds the eval env before each evaluation, so every
-    checkpoint is scored on the same validation tracks."""
-
-    def __init__(self, eval_env, seed: int, **kwargs):
-        super().__init__(eval_env, **kwargs)
-        self.seed = seed
-
-    def _on_step(self) -> bool:
-        if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
-            self.eval_env.seed(self.seed)
-        return super()._on_step()
-
-
-class SaveAtomically(BaseCallback):
-    """Saves the model to ``path`` whenever it is called (by EvalCallback on a new best),
-    atomically: a run killed while saving keeps its previous best."""
-
-    def __init__(self, path: Path):
-        super().__init__()
-        self.path = Path(path)
-
-    def _on_step(self) -> bool:
-        atomic_write(self.path, self.model.save)
-        return True
-
-
-class KeepEvaluated(BaseCallback):
-    """Run after each evaluation: keeps what :func:`resume` needs to go on from there.
-
-    ``folder/frames_<env frames>.zip``: the evaluated model with its Adam state (about
-    10 MB); ``folder/frames_<env frames>.json``: the reward normalisation and the
-    evaluation history. Both are written atomically, the zip last. The evaluation tracks
-    are few and returns vary a lot between tracks, so the best checkpoint is a noisy pick;
-    kept checkpoints can also be compared later on more tracks.
-    """
-
-    def __init__(self, folder: Path, action_repeat: int):
-        super().__init__()
-        self.folder = Path(folder)
-        self.action_repeat = action_repeat
-
-    def _on_step(self) -> bool:
-        frames = self.num_timesteps * self.action_repeat  # num_timesteps counts agent steps of all workers
-        zip_path = self.folder / f"frames_{frames}.zip"
-        evaluation = self.parent  # the EvalCallback that just evaluated
-        rms = self.model.get_vec_normalize_env().ret_rms
-        # JSON rather than VecNormalize.save's pickle: reading it runs no code.
-        state = {
-            "reward_norm": {name: float(getattr(rms, name)) for name in _REWARD_NORM},
-            **{name: np.asarray(getattr(evaluation, name)).tolist() for name in _EVAL_HISTORY},
-            "best_mean_reward": float(evaluation.best_mean_reward),
-            "eval_tracks": _EVAL_TRACKS,
-        }
-        atomic_write(zip_path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(state)))
-        atomic_write(zip_path, self.model.save)  # last: a kept zip has its state beside it
-        return True

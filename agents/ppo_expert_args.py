@@ -21,10 +21,6 @@ class TrainArgs:
         None, "subfolder name; default ppo_{discrete|continuous}_s{seed}_{kframes}kf_{time}")
     continuous: bool = arg(
         False, "train on continuous actions (steer, gas, brake) instead of the 5 discrete ones")
-    combined_actions: bool = arg(
-        False, "discrete actions that can also steer while pressing gas: the env's 5 plus steer "
-               "right/left + gas, played through the continuous env (agents/combined_actions.py); "
-               "a 5-action --init-from expert is widened to them with its behaviour unchanged")
     total_frames: int = arg(1_000_000, "env frames to train for (agent steps x action_repeat)", min=1)
     seed: int = arg(EXPERT_TRAIN_SEED_BASE,
                      "seed of the training tracks, the network init and PPO's sampling", min=0)
@@ -42,18 +38,9 @@ class TrainArgs:
     head_units: int = arg(256, "units of the hidden layer of the policy and value heads", min=1)
     negative_patience: int = arg(
         25, "training-only truncation after this many agent steps of negative reward", min=1)
-    negative_streak_terminates: bool = arg(
-        False, "end such a streak with a termination instead of a truncation: PPO then does not "
-               "bootstrap its value, so getting stuck costs the rest of the lap's reward")
     init_from: str = arg("", "start from this expert zip's policy weights (fine-tuning: e.g. a lower "
-                             "--learning-rate on new --seed tracks); read without unpickling. A "
-                             "discrete zip can start a --continuous run (its behaviour is carried over)")
-    transfer_steps: int = arg(
-        500, "discrete --init-from into a --continuous run: agent steps per worker driven by the "
-             "discrete expert to fit the continuous action head on", min=1)
-    released_brake: float = arg(
-        -1.0, "discrete --init-from into a --continuous run: the brake value the fitted head gives "
-              "for 'not braking' (<= 0; below 0 keeps PPO's exploration noise off the brake)")
+                             "--learning-rate on new --seed tracks; the same kind of actions as the "
+                             "run); read without unpickling")
     log_std_init: float = arg(
         0.0, "continuous runs: initial log standard deviation of the Gaussian policy (SB3's default 0)")
     eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames", min=1)

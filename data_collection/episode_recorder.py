@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 
-class RecordEpisodes(gym.Wrapper):
+class RecordEpisodes(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Records episodes as dicts ready for :func:`write_dataset`.
 
     Each finished episode: ``observations`` ``[N+1, ...]``, ``actions``, ``rewards``,
@@ -24,7 +24,8 @@ class RecordEpisodes(gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env, fps: float, labeler: Callable[[gym.Env], Any] | None = None):
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, fps=fps, labeler=labeler)
+        gym.Wrapper.__init__(self, env)
         self.fps, self.labeler = fps, labeler
         self.episodes: list[dict[str, Any]] = []
         self._current: dict[str, list] | None = None

@@ -73,23 +73,23 @@ def make_carracing(
     return env
 
 
-class ActionRepeat(gym.Wrapper):
+class ActionRepeat(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Repeat each action ``repeat`` env frames, summing the rewards.
 
     ``skip_render=True`` skips drawing the observation of the frames in between (the
     agent never sees them); the returned observation is drawn normally, so it is
     identical to the stock env's (tested). Drawing the road costs most of a step, so
-    this makes training ~2-3x faster. Only allowed without a render mode.
+    this makes training ~2-3x faster. With a render mode every frame is drawn (the
+    renderer shows them all), so there it has no effect.
     """
 
     def __init__(self, env: gym.Env, repeat: int = 4, skip_render: bool = False):
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, repeat=repeat, skip_render=skip_render)
+        gym.Wrapper.__init__(self, env)
         if repeat < 1:
             raise ValueError(f"ActionRepeat: repeat must be >= 1, got {repeat}")
-        if skip_render and env.render_mode is not None:
-            raise ValueError("ActionRepeat: skip_render needs render_mode=None")
         self.repeat = repeat
-        self.skip_render = skip_render
+        self.skip_render = skip_render and env.render_mode is None
 
     def step(self, action):
         """Returns the last frame's ``info`` with ``info["frames"]``: env frames stepped."""
@@ -117,7 +117,7 @@ def _no_render(mode: str) -> None:
     return None
 
 
-class ConsecutiveTrackSeeds(gym.Wrapper):
+class ConsecutiveTrackSeeds(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """A reset given no seed takes the next one: after ``reset(seed=s)`` the following
     episodes run on tracks ``s + stride``, ``s + 2 * stride``, ...
 
@@ -129,7 +129,8 @@ class ConsecutiveTrackSeeds(gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env, stride: int = 1):
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, stride=stride)
+        gym.Wrapper.__init__(self, env)
         if stride < 1:
             raise ValueError(f"ConsecutiveTrackSeeds: stride must be >= 1, got {stride}")
         self.stride = stride
@@ -143,7 +144,7 @@ class ConsecutiveTrackSeeds(gym.Wrapper):
         return self.env.reset(seed=seed, options=options)
 
 
-class ActionBursts(gym.Wrapper):
+class ActionBursts(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Random-action bursts for DAgger (after DART, Laskey et al. 2017, which disturbs the
     demonstrator instead): in each undisturbed frame a burst starts with probability
     ``rate``, and one random action then replaces the agent's for ``burst_frames`` frames,
@@ -158,7 +159,8 @@ class ActionBursts(gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env, rate: float, burst_frames: int = 10, seed: int = 0):
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, rate=rate, burst_frames=burst_frames, seed=seed)
+        gym.Wrapper.__init__(self, env)
         if not 0.0 <= rate <= 1.0 or burst_frames < 1:
             raise ValueError(f"ActionBursts: rate must be in [0, 1] and burst_frames >= 1, "
                              f"got {rate} and {burst_frames}")

@@ -13,7 +13,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from nac_drive.agents.ppo_expert import PPOExpert, load_policy, preprocess, shipped_expert_path
+from nac_drive.agents.expert_env import Preprocessing, preprocess
+from nac_drive.agents.expert_zip import load_policy
+from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.agents.teacher import PurePursuitTeacher
 from nac_drive.simulators.carracing import (
     COLLECT_SEED_BASE,
@@ -307,7 +309,7 @@ def test_expert_matches_sb3_on_the_training_env(expert):
     """The adapter on the raw env picks the actions SB3 picks on the training wrappers."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.ppo_expert import make_vec_env
+    from nac_drive.agents.expert_env import make_vec_env
 
     # PPO.load unpickles: only for the zip this package ships (never for a zip from elsewhere)
     no_schedules = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
@@ -324,7 +326,7 @@ def test_expert_matches_sb3_on_the_training_env(expert):
             for k in range(4):
                 action = expert.act(obs)
                 if k == 0:
-                    assert np.array_equal(expert._stack, vec_obs[0]), step
+                    assert np.array_equal(expert.observation, vec_obs[0]), step
                     assert action == sb3_action, step
                 obs, *_ = raw.step(action)
             vec_obs, *_ = venv.step(np.array([sb3_action]))
@@ -333,64 +335,42 @@ def test_expert_matches_sb3_on_the_training_env(expert):
         raw.close()
 
 
-def test_sample_action_follows_the_distribution():
-    import torch
-    from stable_baselines3.common.distributions import (
-        BernoulliDistribution, CategoricalDistribution, DiagGaussianDistribution)
+def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert):
+    """Issue 18: plain SB3 (``PPO.load(...).predict``) on the gymnasium stack that the zip's
+    preprocessing record builds (README) takes PPOExpert's action at every env frame of a
+    real episode prefix, on the same observations, and the two cars stay together."""
+    from stable_baselines3 import PPO
 
-    from nac_drive.agents.ppo_expert import sample_action
+    from nac_drive.agents.expert_env import make_expert_env
 
-    generator = torch.Generator().manual_seed(0)
-    probs = torch.tensor([0.1, 0.6, 0.0, 0.3])
-    categorical = CategoricalDistribution(4).proba_distribution(probs.log().expand(20_000, 4))
-    counts = torch.bincount(sample_action(categorical, generator), minlength=4) / 20_000
-    assert torch.allclose(counts, probs, atol=0.015) and counts[2] == 0
-
-    mean, log_std = torch.tensor([[0.5, -1.0, 2.0]]), torch.tensor([-2.0, 0.0, 1.0])
-    gaussian = DiagGaussianDistribution(3).proba_distribution(mean.expand(20_000, 3), log_std)
-    drawn = sample_action(gaussian, generator)
-    assert torch.allclose(drawn.mean(0), mean[0], atol=0.06)
-    assert torch.allclose(drawn.std(0), log_std.exp(), rtol=0.03)
-    # one generator state, one draw: the generator is what makes a run reproducible
-    again = sample_action(categorical, torch.Generator().manual_seed(0))
-    assert torch.equal(again, sample_action(categorical, torch.Generator().manual_seed(0)))
-    with pytest.raises(TypeError, match="Bernoulli"):
-        sample_action(BernoulliDistribution(2).proba_distribution(torch.zeros(1, 2)), generator)
-
-
-def test_sampling_expert_reproduces_each_track_whatever_ran_before():
-    """A stochastic expert differs from its most likely actions, and a track's episode
-    depends only on the expert's seed and the track's, not on the episodes before it."""
-    import torch
-
-    sampled = PPOExpert(deterministic=False, seed=3)
-    assert sampled.name.endswith(":sampled-s3")
-
-    def actions(actor, seeds, frames=160):
-        per_track = {}
-        run_episodes(actor, seeds, max_steps=frames,
-                     on_step=lambda ep, i, obs, a, r, info: per_track.setdefault(seeds[ep], []).append(a))
-        return per_track
-
-    # the stream depends on the track's seed (not only on the expert's)
-    def first_draws(track_seed):
-        sampled.reset_env(make_carracing(seed=track_seed))
-        return torch.rand(4, generator=sampled._generator)
-
-    assert torch.equal(first_draws(7), first_draws(7)) and not torch.equal(first_draws(7), first_draws(8))
-
-    both = actions(sampled, [70_001, 70_002])
-    alone = actions(sampled, [70_002])
-    assert both[70_002] == alone[70_002]
-    other_seed = actions(PPOExpert(deterministic=False, seed=4), [70_002])
-    greedy = actions(PPOExpert(), [70_002])
-    assert both[70_002] != other_seed[70_002] and both[70_002] != greedy[70_002]
+    model = PPO.load(shipped_expert_path(), device="cpu")   # unpickles: only for the zip this package ships
+    env = make_expert_env(Preprocessing(**model.preprocessing))
+    raw = make_carracing()
+    obs, _ = env.reset(seed=900_003)
+    raw_obs, _ = raw.reset(seed=900_003)
+    expert.reset()
+    sb3_actions, expert_actions = [], []
+    try:
+        for step in range(100):   # 400 env frames
+            action, _ = model.predict(obs, deterministic=True)
+            for k in range(4):
+                expert_actions.append(expert.act(raw_obs))
+                sb3_actions.append(int(action))
+                if k == 0:
+                    assert np.array_equal(expert.observation, obs), step
+                raw_obs, *_ = raw.step(expert_actions[-1])
+            obs, *_ = env.step(action)
+            np.testing.assert_array_equal(raw.unwrapped.car.hull.position, env.unwrapped.car.hull.position)
+    finally:
+        env.close()
+        raw.close()
+    assert expert_actions == sb3_actions and len(set(sb3_actions)) >= 3   # it steers, accelerates, ...
 
 
 def test_expert_evaluation_env_drives_consecutive_track_seeds():
     """Seeded with s, the training's evaluation env drives tracks s, s+1, ... (those of
     `expert eval --seed-base s`); a training env goes on with the generator's stream."""
-    from nac_drive.agents.ppo_expert import make_vec_env
+    from nac_drive.agents.expert_env import make_vec_env
 
     def track(seed):
         env = make_carracing()
@@ -419,7 +399,7 @@ def test_expert_evaluation_env_drives_consecutive_track_seeds():
 def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     """The fast path (training's evaluation env, undrawn frames skipped) drives the same
     episodes as the raw env with PPOExpert: one lap finished early (70005), one not."""
-    from nac_drive.agents.ppo_expert import score_checkpoint
+    from nac_drive.agents.expert_training import score_checkpoint
     from nac_drive.cli import main
 
     fast = score_checkpoint(expert.path, episodes=2, seed_base=70_004)
@@ -443,13 +423,12 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     assert "return" not in out and len(err.strip().splitlines()) == 1 and "nope.zip" in err
 
 
-@pytest.mark.parametrize("terminate", [False, True])
-def test_negative_reward_streak_ends_the_episode_as_configured(terminate):
+def test_negative_reward_streak_truncates_the_episode():
     """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
-    episode ends, and PPO bootstraps its value only if the end is a truncation."""
-    from nac_drive.agents.ppo_expert import make_vec_env
+    episode ends as a truncation, which PPO bootstraps with the last state's value."""
+    from nac_drive.agents.expert_env import make_vec_env
 
-    venv = make_vec_env(continuous=False, patience=3, streak_terminates=terminate)
+    venv = make_vec_env(continuous=False, patience=3)
     venv.seed(5)
     venv.reset()
     try:
@@ -463,7 +442,7 @@ def test_negative_reward_streak_ends_the_episode_as_configured(terminate):
     assert done[0] and rewards[0] > 0 and all(r < 0 for r in rewards[1:]) and len(rewards) == 4
     assert info[0]["negative_reward_streak"]
     # SB3's rollout collection adds gamma * V(terminal obs) exactly when this is True
-    assert info[0]["TimeLimit.truncated"] is (not terminate)
+    assert info[0]["TimeLimit.truncated"] is True
 
 
 def test_load_policy_rejects_bad_files(tmp_path):
@@ -473,15 +452,34 @@ def test_load_policy_rejects_bad_files(tmp_path):
         load_policy(bad)
     with pytest.raises(FileNotFoundError, match="missing.zip"):
         load_policy(tmp_path / "missing.zip")
-    # a zip whose stored action repeat is not a positive integer
-    with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(tmp_path / "rep.zip", "w") as dst:
-        for item in src.infolist():
-            data = src.read(item.filename)
-            if item.filename == "data":
-                data = json.dumps({**json.loads(data), "action_repeat": 0}).encode()
-            dst.writestr(item, data)
-    with pytest.raises(ValueError, match="rep.zip.*action_repeat"):
-        load_policy(tmp_path / "rep.zip")
+    # the preprocessing record: checked, consistent with the observation space; zips
+    # from before it existed fall back to their 'action_repeat' (4 if absent)
+    def with_data(name, **changes):
+        with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(tmp_path / name, "w") as dst:
+            for item in src.infolist():
+                data = src.read(item.filename)
+                if item.filename == "data":
+                    data = {**json.loads(data), **changes}
+                    data = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
+                dst.writestr(item, data)
+        return tmp_path / name
+
+    record = json.loads(zipfile.ZipFile(shipped_expert_path()).read("data"))["preprocessing"]
+    assert record == {"frame_size": 64, "frame_stack": 2, "action_repeat": 4,
+                      "grayscale": "cv2.COLOR_RGB2GRAY", "interpolation": "cv2.INTER_AREA"}
+    for name, change, message in (
+            ("rep.zip", {"action_repeat": 0}, "rep.zip: field 'preprocessing': action_repeat is 0"),
+            ("lin.zip", {"interpolation": "cv2.INTER_LINEAR"}, "lin.zip: .*applies only 'cv2.INTER_AREA'"),
+            ("extra.zip", {"crop": [0, 84]}, "extra.zip: field 'preprocessing' is"),
+            ("stack.zip", {"frame_stack": 3}, r"stack.zip: field 'observation_space' has shape \[2, 64, 64\], its "
+                                              r"preprocessing makes \[3, 64, 64\]")):
+        with pytest.raises(ValueError, match=message):
+            load_policy(with_data(name, preprocessing={**record, **change}))
+    old = load_policy(with_data("old.zip", preprocessing=None, action_repeat=2))
+    assert old.preprocessing == Preprocessing(action_repeat=2)
+    assert load_policy(with_data("older.zip", preprocessing=None)).action_repeat == 4
+    with pytest.raises(ValueError, match="old0.zip: field 'preprocessing': action_repeat is 0"):
+        load_policy(with_data("old0.zip", preprocessing=None, action_repeat=0))
 
 
 @pytest.mark.slow
@@ -565,7 +563,7 @@ def test_cli_eval_bad_expert_path_names_it(tmp_path, capsys):
 def test_expert_training_starts_from_init_from(tmp_path):
     import torch
 
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
@@ -584,10 +582,10 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert torch.equal(load_policy(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
                        load_policy(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
     assert not (tmp_path / "ft" / "evaluated").exists()   # never evaluated
-    fresh, _, fresh_repeat, _ = load_policy(fresh_zip)
+    fresh, _, fresh_preprocessing = load_policy(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
-    assert fresh_repeat == 2 and PPOExpert(fresh_zip).action_repeat == 2
+    assert fresh_preprocessing == Preprocessing(action_repeat=2) and PPOExpert(fresh_zip).action_repeat == 2
     assert PPOExpert(final).action_repeat == 4
     with pytest.raises(ValueError, match="init_from"):
         train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
@@ -597,7 +595,7 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     import torch
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.ppo_expert import resume, train
+    from nac_drive.agents.expert_training import resume, train
     from nac_drive.agents.ppo_expert_args import TrainArgs
     from nac_drive.cli import main
 
@@ -656,6 +654,15 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     with pytest.raises(ValueError, match="--total-frames"):
         resume(run)                                              # the target is reached
     assert json.loads((run / "args.json").read_text())["total_frames"] == 64
+    # args.json of a run from before the retired options left: read without them if unused
+    saved = json.loads((run / "args.json").read_text())
+    (run / "args.json").write_text(json.dumps({**saved, "combined_actions": False, "released_brake": -1.0}))
+    with pytest.raises(ValueError, match="--total-frames"):
+        resume(run)
+    (run / "args.json").write_text(json.dumps({**saved, "negative_streak_terminates": True}))
+    with pytest.raises(ValueError, match="negative_streak_terminates=True, an option removed after commit 9f5ea65"):
+        resume(run, total_frames=128)
+    (run / "args.json").write_text(json.dumps(saved))
     with pytest.raises(FileNotFoundError, match="args.json"):
         resume(tmp_path / "nowhere")
     (kept / "frames_64.json").unlink()
@@ -664,7 +671,7 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
 
 
 def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
-    from nac_drive.agents.ppo_expert import resume_seed
+    from nac_drive.agents.expert_training import resume_seed
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     args = TrainArgs(seed=20, n_envs=2, action_repeat=4, eval_every_frames=200_000, eval_seed=62_000)
@@ -681,81 +688,19 @@ def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
         resume_seed(TrainArgs(seed=99_999, n_envs=2), 12_500)
 
 
-def test_each_discrete_action_is_its_continuous_row():
-    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS
-
-    def hull_path(continuous, actions):
-        env = make_carracing(continuous=continuous)
-        env.reset(seed=EXPERT_TRAIN_SEED_BASE)
-        path = []
-        for action in actions:
-            env.step(action)
-            hull = env.unwrapped.car.hull
-            path.append([*hull.position, hull.angle, *hull.linearVelocity])
-        env.close()
-        return np.array(path)
-
-    # gas first so that steering and braking act on a moving car; 0.6 in float32 differs by 2e-8
-    plan = [3] * 40 + [1] * 10 + [3] * 5 + [2] * 10 + [4] * 5 + [0] * 5
-    discrete = hull_path(False, plan)
-    assert np.ptp(discrete[:, 2]) > 0.05  # the car really turned
-    np.testing.assert_allclose(hull_path(True, DISCRETE_AS_CONTINUOUS[plan]), discrete, atol=1e-4)
-
-
-def test_released_brake_targets_drive_as_the_discrete_actions():
-    from nac_drive.agents.discrete_to_continuous import DISCRETE_AS_CONTINUOUS, fit_targets
-
-    targets = fit_targets(-1.0)
-    np.testing.assert_array_equal(targets[:4, 2], -1.0)   # no-op, steering and gas release the brake
-    np.testing.assert_array_equal(np.clip(targets, [-1, 0, 0], [1, 1, 1]), DISCRETE_AS_CONTINUOUS)
-    with pytest.raises(ValueError, match="released_brake must be <= 0"):
-        fit_targets(0.5)
-
-
-def test_continuous_run_starts_from_a_discrete_expert(tmp_path):
+def test_a_run_starts_only_from_an_expert_with_its_kind_of_actions(tmp_path):
     import torch
 
-    from nac_drive.agents.discrete_to_continuous import ACTION_HEAD, collect_states, fit_targets
-    from nac_drive.agents.ppo_expert import make_vec_env, train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
-                eval_every_frames=10**9, progress_bar=False, continuous=True, learning_rate=0.0)
-    zip_path = train(TrainArgs(run_name="c", init_from=str(shipped_expert_path()), transfer_steps=300,
-                               log_std_init=-1.5, **tiny))
-    continuous, is_continuous, _, _ = load_policy(zip_path)
-    discrete = load_policy(shipped_expert_path()).policy
-    assert is_continuous
-    shared = discrete.state_dict()
-    for name, tensor in continuous.state_dict().items():
-        if name in ACTION_HEAD:
-            continue
-        assert torch.equal(tensor, shared[name]), name
-    assert torch.allclose(continuous.log_std, torch.full((3,), -1.5))
-
-    # On states the head was not fitted on, its mean is the discrete policy's expected action.
-    venv = make_vec_env(continuous=True)
-    venv.seed(EVAL_SEED_BASE)
-    states = torch.as_tensor(collect_states(discrete, venv, 60))
-    with torch.no_grad():
-        probs = discrete.get_distribution(states).distribution.probs
-        expected = probs @ torch.as_tensor(fit_targets(TrainArgs().released_brake))
-        mean = continuous.get_distribution(states).get_actions(deterministic=True)
-        sampled = continuous.get_distribution(states).get_actions(deterministic=False)
-    assert (mean - expected).abs().mean() < 0.03
-    assert expected[:, 0].std() > 0.1  # the states ask for both steering directions and more
-    # PPO's exploration noise (std 0.22 here) does not press the brake where the expert would not
-    rarely_brakes = probs[:, 4] < 0.1
-    assert rarely_brakes.sum() > 30 and (sampled[rarely_brakes, 2] > 0).float().mean() < 0.01
-
-    with pytest.raises(ValueError, match="continuous actions"):
-        train(TrainArgs(**{**tiny, "continuous": False}, run_name="bad", init_from=str(zip_path)))
-    with pytest.raises(ValueError, match="does not fit"):
-        train(TrainArgs(**tiny, run_name="small", init_from=str(shipped_expert_path()), head_units=32))
-    with pytest.raises(ValueError, match="released_brake must be <= 0"):
-        train(TrainArgs(**tiny, run_name="brake", init_from=str(shipped_expert_path()), released_brake=0.5))
-    fresh = train(TrainArgs(run_name="fresh", **tiny))  # no --init-from: SB3's own initialisation
-    assert not torch.allclose(load_policy(fresh)[0].action_net.weight, continuous.action_net.weight)
+                eval_every_frames=10**9, progress_bar=False, continuous=True)
+    fresh = load_policy(train(TrainArgs(run_name="c", log_std_init=-1.5, **tiny)))
+    assert fresh.continuous and torch.allclose(fresh.policy.log_std, torch.full((3,), -1.5), atol=0.01)
+    with pytest.raises(ValueError, match="init_from: .* has discrete actions; a continuous run"):
+        train(TrainArgs(run_name="from-discrete", init_from=str(shipped_expert_path()), **tiny))
+    assert not (tmp_path / "from-discrete" / "final_model.zip").exists()
 
 
 def test_cli_dagger_refuses_a_bad_disturb_rate_before_driving(tmp_path, capsys):

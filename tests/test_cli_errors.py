@@ -42,7 +42,6 @@ NONSENSE = [
     (["expert", "resume", MISSING], MISSING),
     (["expert", "resume", MISSING, "--total-frames", "0"], "--total-frames: must be >= 1"),
     (["expert", "eval", "--episodes", "0"], "--episodes: must be >= 1"),
-    (["expert", "eval", "--sample-seed", "-2"], "--sample-seed: must be >= 0"),
     (["expert", "eval", "--expert", MISSING + ".zip"], MISSING),
     (["expert", "compare", MISSING + ".zip"], MISSING),
     (["expert", "compare", "x.zip", "--episodes", "0"], "--episodes: must be >= 1"),

@@ -168,7 +168,7 @@ def test_expert_zip_whose_json_holds_crafted_pickles(canary, tmp_path):
 
 def _tiny_expert_run(tmp_path: Path) -> Path:
     """A real `expert train` run of 32 frames (action repeat 2), kept and best at 32 frames."""
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
 
     train(TrainArgs(out=str(tmp_path / "runs"), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,

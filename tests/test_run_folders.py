@@ -188,7 +188,7 @@ def test_collect_and_dagger_refuse_a_taken_dataset_name_before_driving(tmp_path,
 
 
 def test_expert_runs_and_traces_take_new_folders(tmp_path, capsys):
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
     from nac_drive.interpret.trace import load_trace
 

@@ -53,11 +53,6 @@ def add_parser(subparsers) -> None:
                     help="seed of the first track (held-out tracks start at 900000)")
     ev.add_argument("--max-steps", type=COUNT, default=None,
                     help="cap each episode at this many env frames (default: the env's 1000)")
-    ev.add_argument("--stochastic", action="store_true",
-                    help="sample PPO actions instead of taking the most likely one")
-    ev.add_argument("--sample-seed", type=SEED, default=0,
-                    help="--stochastic: seed of the sampling (each track's episode draws from "
-                         "its own stream of this seed and the track's)")
     ev.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
     ev.add_argument("--json", action="store_true",
                     help="end the output with one line of JSON (mean_return, std_return, ...)")
@@ -80,7 +75,7 @@ def add_parser(subparsers) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nac_drive.agents.ppo_expert import train
+    from nac_drive.agents.expert_training import train
     from nac_drive.agents.ppo_expert_args import TrainArgs
     from nac_drive.arguments import from_namespace
 
@@ -88,7 +83,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from nac_drive.agents.ppo_expert import resume
+    from nac_drive.agents.expert_training import resume
 
     return _report(resume(args.run_dir, args.total_frames), args.ship)
 
@@ -108,7 +103,8 @@ def _report(best, ship: str | None) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from nac_drive.agents.ppo_expert import load_policy, score_checkpoint
+    from nac_drive.agents.expert_training import score_checkpoint
+    from nac_drive.agents.expert_zip import load_policy
 
     for path in args.zips:
         load_policy(path)  # a bad zip fails before any other is driven
@@ -126,7 +122,7 @@ def _eval(args: argparse.Namespace) -> int:
     from nac_drive.agents.experts import load_expert
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
-    actor, continuous = load_expert(args.expert, deterministic=not args.stochastic, seed=args.sample_seed)
+    actor, continuous = load_expert(args.expert)
     seeds = eval_seeds(args.episodes, base=args.seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps,
                            video_path=args.video, progress=not args.json)
