@@ -118,7 +118,7 @@ def _top_of(scores, keys, n, empty, best, row, chunk_max):
 
 
 @njit(**_SELECT_JIT)
-def select_exact(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
+def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
     """Exact Top-K by q . k over each query's visible keys.
 
     q ``[BH, Tq, D]``, kT ``[BH, D, Tk]`` (keys transposed), key_valid ``[B, Tk]`` bool,
@@ -153,7 +153,7 @@ def select_exact(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
 
 
 @njit(**_SELECT_JIT)
-def select_block(q, kT, key_ok, count, block_scores, heads, causal, window, size, n_pick, empty, out):
+def topk_block_rows(q, kT, key_ok, count, block_scores, heads, causal, window, size, n_pick, empty, out):
     """Square-root partitioned Top-K (paper Alg. 2), as :func:`key_selection.select_block`.
 
     q ``[BH, T, D]``; the keys cut into blocks of ``size``: kT ``[BH, D, n_blocks*size]``

@@ -381,9 +381,9 @@ class NAC(nn.Module):
                 return select_all(T, kh.shape[2], B, H, vis, qh.device)
             if self.select == "block":
                 if on_kernels:
-                    return nac_kernels.select_block(qh, BlockPartition.of(kh, self.topk, vis.key_valid), self.topk, vis)
+                    return nac_kernels.kernel_select_block(qh, BlockPartition.of(kh, self.topk, vis.key_valid), self.topk, vis)
                 return select_block(qh, kh, self.topk, vis)
-            return (nac_kernels.select_exact if on_kernels else select_exact)(qh, kh, self.topk, vis)
+            return (nac_kernels.kernel_select_exact if on_kernels else select_exact)(qh, kh, self.topk, vis)
 
     # --------------------------------------------------- the pair stage, eq. by eq.
     def _attend(self, q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor,

@@ -77,7 +77,7 @@ def _finite(*arrays: np.ndarray) -> bool:
 
 
 def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether :func:`select_exact` / :func:`select_block` serve these queries and keys."""
+    """Whether :func:`kernel_select_exact` / :func:`kernel_select_block` serve these queries and keys."""
     return (q.device.type == k.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
             and available() and not _scripting() and _finite(q.detach().numpy(), k.detach().numpy()))
 
@@ -132,19 +132,19 @@ def _key_valid(vis: "Visibility", batch: int, num_keys: int) -> np.ndarray:
     return valid.contiguous().numpy()
 
 
-def select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visibility",
+def kernel_select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visibility",
                  q_offset: int = 0) -> torch.Tensor:
     """As :func:`nac_drive.key_selection.select_exact`: q ``[B,H,Tq,D]``, k ``[B,H,Tk,D]``
     -> idx ``[B,H,Tq,topk]``."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     out = np.empty((B * H, Tq, topk), np.int64)
-    _kernels().select_exact(_flat(q), _keys_transposed(k), _key_valid(vis, B, Tk), H, vis.causal,
+    _kernels().topk_exact_rows(_flat(q), _keys_transposed(k), _key_valid(vis, B, Tk), H, vis.causal,
                             _window(vis), q_offset, _empty_score(q), out)
     return torch.from_numpy(out).view(B, H, Tq, topk)
 
 
-def select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visibility") -> torch.Tensor:
+def kernel_select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visibility") -> torch.Tensor:
     """As :func:`nac_drive.key_selection.select_block`: q ``[B,H,T,D]`` and the keys cut into
     blocks -> idx ``[B,H,T,topk]``. The centroid scores of every (query, block) are one
     batched product here; the kernel picks the blocks and searches them."""
@@ -152,7 +152,7 @@ def select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visib
     block_scores = (q @ part.centroids.transpose(-1, -2)).detach()                    # [B,H,T,nb]
     keys = part.k_blocks.flatten(2, 3)                                                # [B,H,nb*size,D]
     out = np.empty((B * H, T, topk), np.int64)
-    _kernels().select_block(_flat(q), _keys_transposed(keys), part.key_ok.cpu().numpy(), part.count.cpu().numpy(),
+    _kernels().topk_block_rows(_flat(q), _keys_transposed(keys), part.key_ok.cpu().numpy(), part.count.cpu().numpy(),
                             _flat(block_scores), H, vis.causal, _window(vis), part.size, part.n_pick,
                             _empty_score(q), out)
     return torch.from_numpy(out).view(B, H, T, topk)

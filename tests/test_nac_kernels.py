@@ -129,11 +129,11 @@ def _random_qk(B, H, T, D, seed):
 
 
 def kernel_exact(q, k, topk, vis, q_offset=0):
-    return nac_kernels.select_exact(q, k, topk, vis, q_offset)
+    return nac_kernels.kernel_select_exact(q, k, topk, vis, q_offset)
 
 
 def kernel_block(q, k, topk, vis):
-    return nac_kernels.select_block(q, BlockPartition.of(k, topk, vis.key_valid), topk, vis)
+    return nac_kernels.kernel_select_block(q, BlockPartition.of(k, topk, vis.key_valid), topk, vis)
 
 
 @pytest.mark.parametrize("causal,window,masked", list(itertools.product([True, False], [None, 1, 6], [False, True])))
