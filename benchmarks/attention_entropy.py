@@ -16,22 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bridge_process import free_port, start_listening
 
 
 def carracing_trace(folder: Path, frames: int) -> Path:
@@ -44,20 +36,10 @@ def carracing_trace(folder: Path, frames: int) -> Path:
 def udacity_trace(folder: Path, frames: int) -> Path:
     from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
 
-    port, run = _free_port(), folder / "udacity"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    bridge = subprocess.Popen([sys.executable, "-m", "nac_drive.cli", "drive", "udacity", "--port", str(port),
-                               "--trace", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    port, run = free_port(), folder / "udacity"
+    bridge = start_listening([sys.executable, "-m", "nac_drive.cli", "drive", "udacity", "--port", str(port),
+                              "--trace", str(run)], port, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if bridge.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"drive udacity did not start:\n{bridge.stderr.read().decode()}")
-                time.sleep(0.2)
         run_emulator(EmulatorConfig(port=port, frames=frames, track="lakeside"))
     finally:
         bridge.send_signal(signal.SIGINT)          # the bridge writes its trace when it stops
