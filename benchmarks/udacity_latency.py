@@ -17,19 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bridge_process import free_port, start_listening
 
 
 def main() -> int:
@@ -43,21 +34,9 @@ def main() -> int:
 
     from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
 
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    bridge = subprocess.Popen(
-        [sys.executable, "-m", "nac_drive.simulators.udacity_bridge", "--policy", args.policy,
-         "--port", str(port), "--json", "--exit-on-disconnect"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 60
-    while True:  # wait until the bridge listens
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if bridge.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"bridge did not start:\n{bridge.stderr.read()}")
-            time.sleep(0.1)
+    port = free_port()
+    bridge = start_listening([sys.executable, "-m", "nac_drive.simulators.udacity_bridge", "--policy", args.policy,
+                              "--port", str(port), "--json", "--exit-on-disconnect"], port)
     report = run_emulator(EmulatorConfig(port=port, track=args.track, frames=args.frames + args.warmup,
                                          single_chain=True, answer_timeout=30))
     out, _ = bridge.communicate(timeout=60)

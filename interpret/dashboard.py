@@ -204,6 +204,11 @@ def _summary_html(run: RunTrace, saliency) -> str:
         items.append(("NAC", f"d_model={nac['d_model']}, heads={nac['num_heads']}, topk={nac['topk']}, "
                              f"window={nac['window']}, mode={nac['mode']}; backbone per head: "
                              f"{g['sensory']} sensory, {g['inter']} inter, {g['command']} command, {g['motor']} motor"))
+        entropy = run.attention_entropy()
+        if np.isfinite(entropy).any():
+            low, mid = np.nanpercentile(entropy, [5, 50])
+            items.append(("attention entropy", f"{mid:.3f} of its maximum (median; 5th percentile {low:.3f}): "
+                                               f"1 = uniform over the selected keys"))
     else:
         items.append(("NAC", "no NAC trace in this run"))
     if saliency:

@@ -115,6 +115,14 @@ def reduce_nac_trace(trace, step: int) -> dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in out.items()}
 
 
+def attention_entropy(weights: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """weights, valid ``[..., K]`` -> ``[...]`` entropy / log(valid keys) (NaN below 2 keys)."""
+    w = np.where(valid, weights, 0.0).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        entropy = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=-1)
+        return np.where(valid.sum(axis=-1) >= 2, entropy / np.log(valid.sum(axis=-1)), np.nan)
+
+
 def describe_nac(layer) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A NAC layer -> (JSON description, wiring masks as uint8 arrays)."""
     n_inter, n_command, n_motor = layer.backbone_wiring.sizes
@@ -179,6 +187,13 @@ class RunTrace:
 
     def frame_jpeg(self, i: int) -> bytes:
         return self.frames_jpeg[self.frame_offsets[i]:self.frame_offsets[i + 1]].tobytes()
+
+    def attention_entropy(self) -> np.ndarray:
+        """``[N, H]``: the entropy of each query's attention weights over its selected keys,
+        divided by its maximum log(selected keys), so 1 means uniform; NaN where a step has
+        no trace or a head fewer than 2 keys. In mode exact the logits lie in (0, 1), so
+        weights differ by less than a factor e and this stays near 1 (docs/ARCHITECTURE.md)."""
+        return attention_entropy(self.weights, self.key_step >= 0)
 
     def frame(self, i: int) -> np.ndarray:
         """Frame ``i`` as uint8 RGB ``[H, W, 3]``."""

@@ -118,7 +118,7 @@ def _top_of(scores, keys, n, empty, best, row, chunk_max):
 
 
 @njit(**_SELECT_JIT)
-def select_exact(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
+def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
     """Exact Top-K by q . k over each query's visible keys.
 
     q ``[BH, Tq, D]``, kT ``[BH, D, Tk]`` (keys transposed), key_valid ``[B, Tk]`` bool,
@@ -153,7 +153,7 @@ def select_exact(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
 
 
 @njit(**_SELECT_JIT)
-def select_block(q, kT, key_ok, count, block_scores, heads, causal, window, size, n_pick, empty, out):
+def topk_block_rows(q, kT, key_ok, count, block_scores, heads, causal, window, size, n_pick, empty, out):
     """Square-root partitioned Top-K (paper Alg. 2), as :func:`key_selection.select_block`.
 
     q ``[BH, T, D]``; the keys cut into blocks of ``size``: kT ``[BH, D, n_blocks*size]``
@@ -285,16 +285,17 @@ TIME_ONE, TIME_QUERY, TIME_ELAPSED = 0, 1, 2
 
 
 @njit(**_JIT)
-def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_b, mot_w, mot_b, gate_w,
-           gate_b, mode, euler_steps, tau_eps, time_weighted, out):
+def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_b, mot_w, mot_b, phi_tau_w,
+           phi_tau_b, mode, euler_steps, tau_eps, time_weighted, out, worst_dt_tau):
     """The NAC pair stage: backbone, phi/tau heads, time vector, logits, softmax, values.
 
     q_side_t ``[B, H, P, Tq]`` (P = n_inter + 2: W_q q + b, then the time affine's query
     part, feature-major), key_side_t ``[B, H, P + 1, Tk]`` (the key side and timestamp,
     feature-major), key_feats ``[B, H, Tk, >= P + 1 + depth]`` (the same rows, then the
     value), idx ``[B, H, Tq, K]`` (NO_KEY: empty), q_times ``[B, Tq]``; weights as in
-    ``_Weights`` (cmd_w ``[H, n_inter, n_cmd]``, mot_w ``[H, n_cmd, n_motor]``, gate_w
-    ``[H, n_motor, 2]``) -> out ``[B, H, Tq, depth]``. float32.
+    ``nac._PackedParams`` (cmd_w ``[H, n_inter, n_cmd]``, mot_w ``[H, n_cmd, n_motor]``, phi_tau_w
+    ``[H, n_motor, 2]``: the phi and tau read-outs) -> out ``[B, H, Tq, depth]``, float32;
+    mode euler also writes the largest dt * tau of a selected pair to ``worst_dt_tau[0]``.
     """
     B, H, P, Tq = q_side_t.shape
     K = idx.shape[3]
@@ -361,9 +362,9 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                     _tanh_into(acc, motor[m], n, tmp, bits, bits_as_float)
                 # heads (eqs. 15, 16): phi = sigmoid(.), tau = softplus(.) + eps
                 for head in range(2):
-                    acc[:n] = gate_b[h, head]
+                    acc[:n] = phi_tau_b[h, head]
                     for m in range(n_motor):
-                        w = gate_w[h, m, head]
+                        w = phi_tau_w[h, m, head]
                         for p in range(n):
                             acc[p] += w * motor[m, p]
                     if head == 0:
@@ -387,6 +388,8 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                 else:
                     for p in range(n):
                         dt = t_interp[p] / f32(euler_steps)
+                        if keys[p] != NO_KEY and dt * tau[p] > worst_dt_tau[0]:
+                            worst_dt_tau[0] = dt * tau[p]
                         decay, drive = f32(1.0) - dt * tau[p], dt * phi[p]
                         a = drive
                         for _ in range(euler_steps - 1):

@@ -48,6 +48,9 @@ class CoreConfig:
 class NACCore(nn.Module):
     def __init__(self, input_dim: int, cfg: CoreConfig):
         super().__init__()
+        if cfg.select == "block":
+            raise ValueError("select: a driving policy streams frame by frame (NAC.step), which select='block' "
+                             "cannot do (its blocks are cut from a whole sequence); use 'exact' or 'all'")
         self.nac = NAC(input_dim, d_model=cfg.d_model, num_heads=cfg.num_heads, topk=cfg.topk, mode=cfg.mode,
                        euler_steps=cfg.euler_steps, select=cfg.select, sparsity=cfg.sparsity, causal=True,
                        window=cfg.window, dropout=cfg.dropout, seed=cfg.seed, backbone_units=cfg.backbone_units,

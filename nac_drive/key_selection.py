@@ -13,8 +13,10 @@ a causal prefix, a padding mask). Which keys a query may see is decided by
   inside the best blocks only. Subquadratic time, linear memory.
 * :func:`select_all`: every visible key (NAC-PW); K = Tk, or the window's span.
 
-On CPU, exact and block selection run as numba kernels (:mod:`nac_drive.nac_kernels`)
-that return the same keys; the torch code below is their reference and the GPU path.
+Among equal scores the newest key ranks first (a car standing still sends identical
+frames; the newest of them is the one to read). This module is the torch reference and
+the GPU path; on CPU :class:`~nac_drive.nac.NAC` runs the numba kernels of
+:mod:`nac_drive.nac_kernels` instead, which return the same keys in the same order.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from nac_drive import nac_kernels
 
 NO_KEY = -1
 
@@ -83,10 +83,14 @@ def topk_positions(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> 
 
 
 def _topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`topk_positions` that also returns the scores ``[..., topk]`` (-inf where empty)."""
+    """:func:`topk_positions` that also returns the scores ``[..., topk]`` (-inf where empty).
+    Ties go to the newest key: candidates are ordered newest first, then stably by score."""
     k = min(topk, scores.shape[-1])
-    best, col = scores.topk(k, dim=-1)
-    pos = torch.gather(positions.expand(scores.shape), -1, col)
+    newest_first = positions.expand(scores.shape).argsort(dim=-1, descending=True, stable=True)
+    scores, positions = scores.gather(-1, newest_first), positions.expand(scores.shape).gather(-1, newest_first)
+    best, col = scores.sort(dim=-1, descending=True, stable=True)
+    best, col = best[..., :k], col[..., :k]
+    pos = torch.gather(positions, -1, col)
     pos = pos.masked_fill(best == float("-inf"), NO_KEY)
     if k < topk:
         best = torch.nn.functional.pad(best, (0, topk - k), value=float("-inf"))
@@ -111,8 +115,6 @@ def select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility,
     ``q_offset`` is the position of the first query (queries are keys' positions
     ``q_offset .. q_offset + Tq - 1``).
     """
-    if nac_kernels.handles_selection(q, k):
-        return nac_kernels.select_exact(q, k, topk, vis, q_offset)
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     out = []
@@ -161,8 +163,6 @@ def select_block(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -
     Top-K whenever the best keys lie in the chosen blocks.
     """
     part = BlockPartition.of(k, topk, vis.key_valid)
-    if nac_kernels.handles_selection(q, k):
-        return nac_kernels.select_block(q, part, topk, vis)
     picks = _pick_blocks(q, part.centroids, part.count > 0, part.size, part.n_pick, vis)   # [B,H,T,n_pick]
     best, pos = _score_picked_blocks(q, part.k_blocks, part.key_ok, picks, topk, vis)     # [B,H,T,n_pick,K]
     return topk_positions(best.flatten(-2), pos.flatten(-2), topk)

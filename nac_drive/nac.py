@@ -14,6 +14,15 @@ For every query step i and each of its K selected keys j (per head):
     w_ij         = softmax_j(logit_ij)       over the selected keys (invalid: -inf)
     out_i        = W_o concat_h( sum_j w_ij t_ij v_j )                          eq. 19
 
+:meth:`NAC._attend` runs these as named stages, one method each: ``_gather_pairs``,
+``_backbone`` (eq. 14), ``_phi_tau`` (eqs. 15-16), ``_time_vector``, ``_logits``
+(eqs. 2/3/18) and ``_aggregate`` (eq. 19).
+
+What the weights can say: phi is in (0, 1) and (1 - exp(-tau t)) / tau < t < 1, so in
+mode "exact" every logit lies in (0, 1) and the weights of one query's selected keys
+differ by less than a factor e (the entropy of a query's weights is close to log K).
+The selection (which keys) carries most of the information; the weights only nudge.
+
 The backbone's first layer is linear in the concatenation [q_i; k_j], so W_q q_i is
 computed once per query and W_k k_j once per key, then added after gathering: the
 ``[B, H, T, K, 2*depth]`` pair tensor is never built.
@@ -23,19 +32,24 @@ Time input ``t`` of the time vector (``time_input``):
   timestamps.
 * ``"elapsed"``: ``t_i - t_j``, the age of the key when the query is made (frame
   counts without timestamps); natural for a causal window over irregular frames.
+Timestamps count from the sequence's first step (:meth:`NAC.step`: from the first step
+the cache saw), subtracted in the caller's dtype before the layer casts them to its own:
+absolute clock times (~1.7e9 s) in float32 would keep a resolution of minutes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nac_drive import nac_kernels
-from nac_drive.key_selection import NO_KEY, Visibility, select_all, select_block, select_exact
+from nac_drive.key_selection import NO_KEY, BlockPartition, Visibility, select_all, select_block, select_exact
 from nac_drive.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
 from nac_drive.wiring import BackboneWiring, sensory_gate_mask
 
@@ -51,7 +65,8 @@ class NACTrace:
 
     q, k, v ``[B, T, d_model]``; inter, command, motor ``[B, H, T, K, n]``;
     phi, tau, t_interp, logits, weights ``[B, H, T, K]``; topk_idx ``[B, H, T, K]``:
-    the time step of each selected key, ``-1`` for an empty slot (its weight is 0).
+    the time step of each selected key, ``-1`` for an empty slot. An empty slot's weight
+    is 0 and every other field of it is NaN (no pair was computed there).
     """
 
     q: torch.Tensor
@@ -71,19 +86,63 @@ class NACTrace:
         return NACTrace(**{f.name: getattr(self, f.name).detach() for f in fields(self)})
 
 
+@dataclass(frozen=True)
+class KeyLayout:
+    """The columns of a packed key row: everything a query gathers from one key, so that
+    one gather serves the whole pair stage.
+
+    ``[0, n_inter)`` W_k k_j, the key's half of the backbone's first layer (eq. 14);
+    ``n_inter, n_inter + 1`` the key's half of the time affine (a, b); ``stamp`` the key's
+    timestamp; ``value`` v_j (``depth`` columns); ``key`` k_j itself, in the streaming
+    cache only (:meth:`NAC.step` selects on it).
+    """
+
+    n_inter: int
+    depth: int
+
+    @property
+    def pair(self) -> slice:
+        """The columns added to the query side: W_k k_j and the time affine's key half."""
+        return slice(0, self.n_inter + 2)
+
+    @property
+    def stamp(self) -> int:
+        return self.n_inter + 2
+
+    @property
+    def value(self) -> slice:
+        return slice(self.stamp + 1, self.stamp + 1 + self.depth)
+
+    @property
+    def key(self) -> slice:
+        return slice(self.value.stop, self.value.stop + self.depth)
+
+    @property
+    def width(self) -> int:
+        """Columns of a row of :meth:`NAC._key_rows` (without the key)."""
+        return self.value.stop
+
+    @property
+    def cache_width(self) -> int:
+        """Columns of a :class:`NACCache` slot (with the key)."""
+        return self.key.stop
+
+
 @dataclass
 class NACCache:
     """Streaming state of :meth:`NAC.step`: the key side of the last ``window`` steps.
 
-    feats ``[B, H, C, F + depth]``: per slot, the packed key side the attention gathers
-    (:meth:`NAC._key_features`) followed by the key itself (for key selection). Slots
-    are in time order, oldest first, so slot c holds step ``steps - C + c`` (empty if
-    negative). ``steps`` counts the frames consumed. :meth:`NAC.step` returns a new
-    cache and leaves this one untouched.
+    feats ``[B, H, C, KeyLayout.cache_width]``: per slot, a packed key row
+    (:class:`KeyLayout`). Slots are in time order, oldest first, so slot c holds step
+    ``steps - C + c`` (empty if negative). ``steps`` counts the frames consumed;
+    ``origin`` ``[B]`` is the timestamp of the first one (timestamps count from it), None
+    before a timestamped step. :meth:`NAC.step` returns a new cache and leaves this one
+    untouched.
     """
 
     feats: torch.Tensor
     steps: int = 0
+    origin: torch.Tensor | None = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -94,15 +153,15 @@ class NACCache:
 
 
 @dataclass
-class _Weights:
-    """The layer's effective (masked, packed) weights, as its computations consume them.
+class _PackedParams:
+    """The layer's effective (masked, packed) parameters, as its computations consume them.
 
     qkv ``[3*d_model, input_dim]`` and ``[3*d_model]``: the three sensory gates stacked;
     query_side, key_side ``[d_model, H*(n_inter + 2)]``: the query and key halves of the
     backbone's first layer and of the time affine, block-diagonal over the heads so all
     heads take one product (query_bias ``[H*(n_inter + 2)]``); command, motor
-    ``[H, in, out]`` with biases ``[H, out]``; gate ``[H, n_motor, 2]`` and ``[H, 2]``:
-    the phi and tau heads.
+    ``[H, in, out]`` with biases ``[H, out]``; phi_tau ``[H, n_motor, 2]`` and
+    phi_tau_bias ``[H, 2]``: the read-outs of phi (column 0) and tau (column 1).
     """
 
     qkv_weight: torch.Tensor
@@ -114,8 +173,39 @@ class _Weights:
     command_bias: torch.Tensor
     motor: torch.Tensor
     motor_bias: torch.Tensor
-    gate: torch.Tensor
-    gate_bias: torch.Tensor
+    phi_tau: torch.Tensor
+    phi_tau_bias: torch.Tensor
+
+    def pair_stage(self) -> tuple[torch.Tensor, ...]:
+        """What the pair stage reads after the gather, in the kernel's argument order."""
+        return self.command, self.command_bias, self.motor, self.motor_bias, self.phi_tau, self.phi_tau_bias
+
+    @functools.cached_property
+    def kernel_arrays(self) -> tuple[tuple, bool]:
+        """:meth:`pair_stage` as numpy arrays for the kernels, and whether they are all
+        finite: made once per build (the layer rebuilds whenever a parameter changes)."""
+        return nac_kernels.pair_arrays(self.pair_stage())
+
+
+class _Backend(NamedTuple):
+    """Which code serves one call: the numba kernels or the torch reference."""
+
+    selection_on_kernels: bool
+    pairs_on_kernels: bool
+
+
+# Parameters renamed since checkpoints were first written: old name -> new name.
+RENAMED_PARAMETERS = {"gate_weight": "phi_tau_weight", "gate_bias": "phi_tau_bias"}
+
+
+def upgrade_state_names(state: dict) -> dict:
+    """A state dict (or name -> shape map) with :data:`RENAMED_PARAMETERS` applied to the
+    last component of every name, so checkpoints written before a rename still load."""
+    def new(name: str) -> str:
+        prefix, _, last = name.rpartition(".")
+        return f"{prefix}.{RENAMED_PARAMETERS[last]}" if prefix and last in RENAMED_PARAMETERS else \
+            RENAMED_PARAMETERS.get(name, name)
+    return {new(name): value for name, value in state.items()}
 
 
 def _gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -134,7 +224,10 @@ class NAC(nn.Module):
         num_heads: attention heads, each with its own backbone parameters.
         topk: keys kept per query (K) by ``select="exact"`` or ``"block"``.
         mode: logit solver, ``"exact"`` (closed form), ``"euler"`` or ``"steady"``.
-        euler_steps: explicit Euler steps over the horizon ``t_interp`` (mode euler).
+        euler_steps: explicit Euler steps N over the horizon ``t_interp`` (mode euler).
+            Stable only while tau * t_interp / N < 2 (t_interp < 1, so N > tau / 2);
+            a call that crosses it raises ``ValueError`` instead of returning a logit
+            that oscillates with growing amplitude.
         select: key selection, ``"exact"`` Top-K, ``"block"`` (paper Alg. 2, subquadratic)
             or ``"all"`` (every visible key: NAC-PW).
         sparsity: NCP wiring sparsity of the sensory gates and the backbone, 0.1..0.9.
@@ -188,49 +281,56 @@ class NAC(nn.Module):
             self.command = HeadwiseMaskedLinear(num_heads, wiring.inter_to_command)
             self.motor = HeadwiseMaskedLinear(num_heads, wiring.command_to_motor)
             n_motor = wiring.sizes[2]
-            # Heads (eqs. 15, 16) and the time affine (a, b), per head.
-            # gate_weight[..., 0] reads phi, [..., 1] reads tau (bias starts tau near 1).
+            # The phi and tau read-outs (eqs. 15, 16) and the time affine (a, b), per head.
+            # phi_tau_weight[..., 0] reads phi, [..., 1] reads tau (bias starts tau near 1).
             bound = 1.0 / math.sqrt(n_motor)
-            self.gate_weight = nn.Parameter(torch.empty(num_heads, n_motor, 2).uniform_(-bound, bound))
-            self.gate_bias = nn.Parameter(torch.tensor([0.0, math.log(math.e - 1.0)]).repeat(num_heads, 1))
+            self.phi_tau_weight = nn.Parameter(torch.empty(num_heads, n_motor, 2).uniform_(-bound, bound))
+            self.phi_tau_bias = nn.Parameter(torch.tensor([0.0, math.log(math.e - 1.0)]).repeat(num_heads, 1))
             bound = 1.0 / math.sqrt(2 * self.depth)
             self.time_weight = nn.Parameter(torch.empty(num_heads, 2 * self.depth, 2).uniform_(-bound, bound))
             self.time_bias = nn.Parameter(torch.zeros(num_heads, 2))
             self.out_proj = nn.Linear(d_model, d_model)
         self.attn_dropout = nn.Dropout(dropout)
-        self._weights_cache: tuple[tuple, _Weights] | None = None
+        self.layout = KeyLayout(n_inter=wiring.sizes[0], depth=self.depth)
+        self._params_cache: tuple[tuple, _PackedParams] | None = None
 
     @property
     def backbone_wiring(self) -> BackboneWiring:
         """The backbone's wiring, read from the mask buffers (which a state dict carries)."""
         return BackboneWiring(*(m.mask.detach().cpu().numpy() for m in (self.inter, self.command, self.motor)))
 
-    # ----------------------------------------------------------------- helpers
-    def _weights(self) -> _Weights:
-        """Masked and packed weights. Without autograd (inference, streaming) they are
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for old, new in RENAMED_PARAMETERS.items():   # checkpoints written before the rename
+            if prefix + old in state_dict and prefix + new not in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # ------------------------------------------------------------ parameters
+    def _params(self) -> _PackedParams:
+        """Masked and packed parameters. Without autograd (inference, streaming) they are
         built once and reused until a parameter or mask changes (in place or replaced):
         a ``step()`` would otherwise spend a third of its time re-masking."""
-        # The tensors _build_weights reads, fetched directly: iterating self.parameters()
+        # The tensors _pack_params reads, fetched directly: iterating self.parameters()
         # would cost more than the masking it saves.
         wired = (self.q_gate, self.k_gate, self.v_gate, self.inter, self.command, self.motor)
         tensors = [t for m in wired for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
-        tensors += [self.time_weight, self.time_bias, self.gate_weight, self.gate_bias]
+        tensors += [self.time_weight, self.time_bias, self.phi_tau_weight, self.phi_tau_bias]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return self._build_weights()
+            return self._pack_params()
         try:
             key = tuple((t.data_ptr(), t._version) for t in tensors)
         except RuntimeError:  # inference tensors (a layer built under inference_mode) have no version
-            return self._build_weights()
-        if self._weights_cache is None or self._weights_cache[0] != key:
-            self._weights_cache = (key, self._build_weights())
-        return self._weights_cache[1]
+            return self._pack_params()
+        if self._params_cache is None or self._params_cache[0] != key:
+            self._params_cache = (key, self._pack_params())
+        return self._params_cache[1]
 
-    def _build_weights(self) -> _Weights:
+    def _pack_params(self) -> _PackedParams:
         gates = (self.q_gate, self.k_gate, self.v_gate)
         inter, d = self.inter.effective_weight, self.depth
         query_side = torch.cat([inter[:, :d], self.time_weight[:, :d]], dim=-1)    # [H, depth, P]
         key_side = torch.cat([inter[:, d:], self.time_weight[:, d:]], dim=-1)
-        return _Weights(
+        return _PackedParams(
             qkv_weight=torch.cat([g.effective_weight for g in gates]),
             qkv_bias=torch.cat([g.bias for g in gates]),
             query_side=torch.block_diag(*query_side),
@@ -238,99 +338,147 @@ class NAC(nn.Module):
             key_side=torch.block_diag(*key_side),
             command=self.command.effective_weight, command_bias=self.command.bias,
             motor=self.motor.effective_weight, motor_bias=self.motor.bias,
-            gate=self.gate_weight, gate_bias=self.gate_bias)
+            phi_tau=self.phi_tau_weight, phi_tau_bias=self.phi_tau_bias)
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+    # ---------------------------------------------------- per-step projections
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, H * n] -> [B, H, T, n] (a view)"""
         B, T, _ = x.shape
         return x.view(B, T, self.num_heads, -1).transpose(1, 2)
 
-    def _sensory(self, x: torch.Tensor, w: _Weights):
-        """x [B, T, input_dim] -> q, k, v [B, T, d_model] (the three gates in one product)"""
-        return F.linear(x, w.qkv_weight, w.qkv_bias).split(self.d_model, dim=-1)
+    def _sensory(self, x: torch.Tensor, params: _PackedParams):
+        """x [B, T, input_dim] -> q, k, v [B, T, d_model] (eq. 13: the three gates in one product)"""
+        return F.linear(x, params.qkv_weight, params.qkv_bias).split(self.d_model, dim=-1)
 
-    def _key_features(self, k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
-                      w: _Weights) -> torch.Tensor:
-        """Everything a query gathers from a key, packed so one gather serves all.
-
-        k [B, Tk, d_model], vh [B, H, Tk, depth], times [B, Tk] or None
-        -> [B, H, Tk, n_inter + 2 + 1 + depth]: the key half of the backbone's first layer
-        (W_k k), of the time affine (a, b), the key's timestamp, and the value.
-        """
+    def _key_rows(self, k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
+                  params: _PackedParams) -> torch.Tensor:
+        """k [B, Tk, d_model], vh [B, H, Tk, depth], times [B, Tk] or None
+        -> packed key rows [B, H, Tk, layout.width] (:class:`KeyLayout`)."""
         B, H, Tk, _ = vh.shape
         stamp = vh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
-        return torch.cat([self._heads(k @ w.key_side), stamp, vh], dim=-1)
+        return torch.cat([self._split_heads(k @ params.key_side), stamp, vh], dim=-1)
 
-    def _query_side(self, q: torch.Tensor, w: _Weights) -> torch.Tensor:
+    def _query_side(self, q: torch.Tensor, params: _PackedParams) -> torch.Tensor:
         """q [B, T, d_model] -> [B, H, T, n_inter + 2]: W_q q + b, then the time affine's query part"""
-        return self._heads(torch.addmm(w.query_bias, q.flatten(0, 1), w.query_side).view(*q.shape[:2], -1))
+        rows = torch.addmm(params.query_bias, q.flatten(0, 1), params.query_side)
+        return self._split_heads(rows.view(*q.shape[:2], -1))
 
-    def _logits(self, phi: torch.Tensor, tau: torch.Tensor, t_interp: torch.Tensor) -> torch.Tensor:
-        if self.mode == "steady":                                          # eq. 18
-            return phi / tau
-        if self.mode == "exact":                                           # eq. 3
-            return phi / tau * -torch.expm1(-tau * t_interp)
-        # eq. 2 from a(0) = 0: a <- a + dt (phi - tau a) = a (1 - dt tau) + dt phi, one fused op a step
-        dt = t_interp / self.euler_steps
-        decay, drive = 1.0 - dt * tau, dt * phi
-        logit = drive
-        for _ in range(self.euler_steps - 1):
-            logit = torch.addcmul(drive, logit, decay)
-        return logit
+    def _backend(self, qh: torch.Tensor, kh: torch.Tensor, q_side: torch.Tensor, key_rows: torch.Tensor,
+                 params: _PackedParams, want_trace: bool) -> _Backend:
+        """The code that serves this call, chosen once. Key selection is never
+        differentiated, so it runs on the kernels whenever they take the tensors; the pair
+        stage only when no gradient, trace or active dropout is needed."""
+        selection = nac_kernels.handles_selection(qh, kh)
+        pairs = (selection and not want_trace and not (self.training and self.attn_dropout.p > 0)
+                 and nac_kernels.handles_pairs(q_side, key_rows, params.pair_stage(), params.kernel_arrays))
+        return _Backend(selection, pairs)
 
-    def _attend(self, q_side: torch.Tensor, q_times: torch.Tensor | None, key_feats: torch.Tensor,
-                idx: torch.Tensor, w: _Weights, want_trace: bool):
-        """Backbone, logits and weighted values for selected pairs.
+    def _select(self, qh: torch.Tensor, kh: torch.Tensor, vis: Visibility, on_kernels: bool) -> torch.Tensor:
+        """qh [B, H, Tq, depth], kh [B, H, Tk, depth] -> idx [B, H, Tq, K] (-1: empty)."""
+        B, H, T, _ = qh.shape
+        with torch.no_grad():
+            if self.select == "all":
+                return select_all(T, kh.shape[2], B, H, vis, qh.device)
+            if self.select == "block":
+                if on_kernels:
+                    return nac_kernels.kernel_select_block(qh, BlockPartition.of(kh, self.topk, vis.key_valid), self.topk, vis)
+                return select_block(qh, kh, self.topk, vis)
+            return (nac_kernels.kernel_select_exact if on_kernels else select_exact)(qh, kh, self.topk, vis)
+
+    # --------------------------------------------------- the pair stage, eq. by eq.
+    def _attend(self, q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor,
+                idx: torch.Tensor, params: _PackedParams, want_trace: bool, on_kernels: bool):
+        """Backbone, logits and weighted values for the selected pairs.
 
         q_side [B,H,Tq,n_inter+2] from :meth:`_query_side`, q_times [B,Tq] or None,
-        key_feats [B,H,Tk,F] from :meth:`_key_features`, idx [B,H,Tq,K] into it
-        (-1: empty) -> out [B,H,Tq,depth], parts.
-
-        On CPU, when nothing needs a gradient, a trace or dropout, the fused kernel of
-        :mod:`nac_drive.nac_kernels` computes ``out`` instead of the code below.
+        key_rows [B,H,Tk,>=layout.width] (:class:`KeyLayout`), idx [B,H,Tq,K] into them
+        (-1: empty) -> out [B,H,Tq,depth], and the stages' tensors if ``want_trace``.
+        ``on_kernels``: the fused kernel computes ``out`` instead (same result).
         """
-        if nac_kernels.handles_pairs(q_side, key_feats, w,
-                                     training_dropout=self.training and self.attn_dropout.p > 0,
-                                     want_trace=want_trace):
-            out = nac_kernels.attend(q_side, q_times, key_feats, idx, w, depth=self.depth, mode=self.mode,
-                                     euler_steps=self.euler_steps, tau_eps=self.tau_eps,
-                                     time_input=self.time_input, time_weighted_values=self.time_weighted_values)
+        if on_kernels:
+            out, worst_dt_tau = nac_kernels.attend(
+                q_side, q_times, key_rows, idx, params.kernel_arrays[0], self.layout, mode=self.mode,
+                euler_steps=self.euler_steps, tau_eps=self.tau_eps, time_input=self.time_input,
+                time_weighted_values=self.time_weighted_values)
+            if self.mode == "euler":
+                _check_euler_stability(torch.tensor(worst_dt_tau), self.euler_steps)
             return out, None
-        B, H, Tq, K = idx.shape
-        n_inter = q_side.shape[-1] - 2
         valid = idx != NO_KEY
-        gathered = _gather_keys(key_feats, idx.clamp(min=0))                                # [B,H,Tq,K,F]
-        pair = q_side[:, :, :, None] + gathered[..., :n_inter + 2]                         # [B,H,Tq,K,ni+2]
-        key_times, values = gathered[..., n_inter + 2], gathered[..., n_inter + 3:n_inter + 3 + self.depth]
+        pair, key_times, values = self._gather_pairs(q_side, key_rows, idx)
+        n_inter = self.layout.n_inter
+        inter, command, motor = self._backbone(pair[..., :n_inter], params)
+        phi, tau = self._phi_tau(motor, params)
+        t_interp = self._time_vector(pair[..., n_inter:], q_times, key_times)
+        logits = self._logits(phi, tau, t_interp, valid)
+        # Invalid keys get -inf before the softmax (never a multiplied logit); a row
+        # with no valid key at all gets weight 0 everywhere instead of NaN.
+        weights = self.attn_dropout(_masked_softmax(logits, valid))
+        out = self._aggregate(weights, t_interp, values)
+        if not want_trace:
+            return out, None
+        empty = ~valid
+        stages = dict(inter=inter, command=command, motor=motor, phi=phi, tau=tau, t_interp=t_interp, logits=logits)
+        parts = {name: x.masked_fill(empty[..., None] if x.ndim == 5 else empty, math.nan)
+                 for name, x in stages.items()}
+        return out, dict(parts, weights=weights)
 
-        inter = torch.tanh(pair[..., :n_inter])                                            # [B,H,Tq,K,ni]
-        command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ w.command + w.command_bias[:, None])  # [B,H,TqK,nc]
-        motor = torch.tanh(command @ w.motor + w.motor_bias[:, None])                      # [B,H,TqK,nm]
-        heads = motor @ w.gate + w.gate_bias[:, None, :]                                   # [B,H,TqK,2]
-        phi = torch.sigmoid(heads[..., 0]).view(B, H, Tq, K)
-        tau = (F.softplus(heads[..., 1]) + self.tau_eps).view(B, H, Tq, K)
+    def _gather_pairs(self, q_side: torch.Tensor, key_rows: torch.Tensor, idx: torch.Tensor):
+        """-> pair [B,H,Tq,K,n_inter+2] (query side + key side: the pre-activations of the
+        backbone's first layer and of the time affine), key_times and values of the keys
+        ([B,H,Tq,K] and [B,H,Tq,K,depth]). Empty slots hold key 0's row (masked later)."""
+        layout = self.layout
+        gathered = _gather_keys(key_rows, idx.clamp(min=0))                                 # [B,H,Tq,K,F]
+        pair = q_side[:, :, :, None] + gathered[..., layout.pair]
+        return pair, gathered[..., layout.stamp], gathered[..., layout.value]
 
-        affine = pair[..., n_inter:]                                                       # [B,H,Tq,K,2]
+    def _backbone(self, inter_in: torch.Tensor, params: _PackedParams):
+        """Eq. 14 on the wiring: [B,H,Tq,K,n_inter] pre-activations -> inter, command,
+        motor activations [B,H,Tq,K,n]."""
+        B, H, Tq, K, _ = inter_in.shape
+        inter = torch.tanh(inter_in)
+        command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ params.command + params.command_bias[:, None])
+        motor = torch.tanh(command @ params.motor + params.motor_bias[:, None])
+        return inter, command.view(B, H, Tq, K, -1), motor.view(B, H, Tq, K, -1)
+
+    def _phi_tau(self, motor: torch.Tensor, params: _PackedParams):
+        """Eqs. 15-16: motor [B,H,Tq,K,n_motor] -> phi = sigmoid(.), tau = softplus(.) + eps, [B,H,Tq,K]."""
+        B, H, Tq, K, _ = motor.shape
+        read = motor.view(B, H, Tq * K, -1) @ params.phi_tau + params.phi_tau_bias[:, None, :]
+        phi = torch.sigmoid(read[..., 0]).view(B, H, Tq, K)
+        tau = (F.softplus(read[..., 1]) + self.tau_eps).view(B, H, Tq, K)
+        return phi, tau
+
+    def _time_vector(self, affine: torch.Tensor, q_times: torch.Tensor | None, key_times: torch.Tensor):
+        """t_ij = sigmoid(a_ij t + b_ij): affine [B,H,Tq,K,2] = (a, b), t from ``time_input``."""
         if self.time_input == "elapsed":
             t_in = q_times[:, None, :, None] - key_times
         elif q_times is None:
             t_in = 1.0
         else:
             t_in = q_times[:, None, :, None]
-        t_interp = torch.sigmoid(affine[..., 0] * t_in + affine[..., 1])
+        return torch.sigmoid(affine[..., 0] * t_in + affine[..., 1])
 
-        logits = self._logits(phi, tau, t_interp)
-        # Invalid keys get -inf before the softmax (never a multiplied logit); a row
-        # with no valid key at all gets weight 0 everywhere instead of NaN.
-        weights = self.attn_dropout(_masked_softmax(logits, valid))
+    def _logits(self, phi: torch.Tensor, tau: torch.Tensor, t_interp: torch.Tensor,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+        """The logit a_ij of eq. 2 at the horizon t_ij, by ``mode``; all ``[B,H,Tq,K]``."""
+        if self.mode == "steady":                                          # eq. 18
+            return phi / tau
+        if self.mode == "exact":                                           # eq. 3
+            return phi / tau * -torch.expm1(-tau * t_interp)
+        # eq. 2 from a(0) = 0: a <- a + dt (phi - tau a) = a (1 - dt tau) + dt phi, one fused op a step
+        dt = t_interp / self.euler_steps
+        _check_euler_stability(dt * tau if valid is None else (dt * tau).masked_fill(~valid, 0.0), self.euler_steps)
+        decay, drive = 1.0 - dt * tau, dt * phi
+        logit = drive
+        for _ in range(self.euler_steps - 1):
+            logit = torch.addcmul(drive, logit, decay)
+        return logit
 
+    def _aggregate(self, weights: torch.Tensor, t_interp: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Eq. 19 for one head: sum_j w_ij (t_ij) v_j. weights, t_interp [B,H,Tq,K], values
+        [B,H,Tq,K,depth] -> [B,H,Tq,depth]."""
         coef = weights * t_interp if self.time_weighted_values else weights
-        out = (coef[..., None, :] @ values)[..., 0, :]                                      # [B,H,Tq,depth]
-        parts = None
-        if want_trace:
-            parts = dict(inter=inter, command=command.view(B, H, Tq, K, -1), motor=motor.view(B, H, Tq, K, -1),
-                         phi=phi, tau=tau, t_interp=t_interp, logits=logits, weights=weights)
-        return out, parts
+        return (coef[..., None, :] @ values)[..., 0, :]
 
     def _output(self, out_heads: torch.Tensor) -> torch.Tensor:
         """[B, H, T, depth] -> [B, T, d_model]"""
@@ -344,22 +492,19 @@ class NAC(nn.Module):
         -> y ``[B, T, d_model]`` (and a :class:`NACTrace` if ``return_trace``)."""
         _check_sequence_inputs(x, t, mask, self.input_dim)
         B, T, _ = x.shape
-        w = self._weights()
-        q, k, v = self._sensory(x, w)
-        qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
-        vis = Visibility(self.causal, self.window, mask)
-        with torch.no_grad():
-            if self.select == "exact":
-                idx = select_exact(qh, kh, self.topk, vis)
-            elif self.select == "block":
-                idx = select_block(qh, kh, self.topk, vis)
-            else:
-                idx = select_all(T, T, B, self.num_heads, vis, x.device)
-        times = t.to(x.dtype) if t is not None else None
-        if times is None and self.time_input == "elapsed":
+        params = self._params()
+        q, k, v = self._sensory(x, params)
+        qh, kh, vh = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        if t is not None:
+            times = (t - t[:, :1]).to(x.dtype)                     # relative before the cast
+        elif self.time_input == "elapsed":
             times = torch.arange(T, dtype=x.dtype, device=x.device).expand(B, T)
-        out, parts = self._attend(self._query_side(q, w), times, self._key_features(k, vh, times, w), idx, w,
-                                  return_trace)
+        else:
+            times = None
+        q_side, key_rows = self._query_side(q, params), self._key_rows(k, vh, times, params)
+        backend = self._backend(qh, kh, q_side, key_rows, params, return_trace)
+        idx = self._select(qh, kh, Visibility(self.causal, self.window, mask), backend.selection_on_kernels)
+        out, parts = self._attend(q_side, times, key_rows, idx, params, return_trace, backend.pairs_on_kernels)
         y = self._output(out)
         if not return_trace:
             return y
@@ -369,8 +514,7 @@ class NAC(nn.Module):
     def init_cache(self, batch_size: int) -> NACCache:
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""
         p = self.out_proj.weight
-        width = self.inter.out_features + 3 + 2 * self.depth   # _key_features + the key
-        return NACCache(feats=torch.zeros(batch_size, self.num_heads, self.window or 0, width,
+        return NACCache(feats=torch.zeros(batch_size, self.num_heads, self.window or 0, self.layout.cache_width,
                                           dtype=p.dtype, device=p.device))
 
     def step(self, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor | None = None,
@@ -378,12 +522,15 @@ class NAC(nn.Module):
         """Consume one frame: x_t ``[B, input_dim]``, t ``[B]`` -> (y_t ``[B, d_model]``, cache).
 
         Returns exactly what the causal :meth:`forward` (same ``window``) returns at
-        this position, in O(window) work. ``select="block"`` streams with exact Top-K
-        over the cache (a window is small; block partitions are defined on a full
-        sequence). With ``return_trace`` a :class:`NACTrace` with T = 1 comes third.
+        this position, in O(window) work. With ``return_trace`` a :class:`NACTrace`
+        with T = 1 comes third. ``select="block"`` is refused: its partition is defined
+        on a whole sequence, which a stream does not have.
         """
         if not self.causal:
             raise ValueError("causal: step() streams a causal layer; build it with causal=True")
+        if self.select == "block":
+            raise ValueError("select: step() cannot stream select='block' (its blocks are cut from a whole "
+                             "sequence); stream with select='exact' or 'all', or call forward() on the sequence")
         if x_t.ndim != 2 or x_t.shape[1] != self.input_dim:
             raise ValueError(f"x_t: expected [B, input_dim={self.input_dim}], got {list(x_t.shape)}")
         B = x_t.shape[0]
@@ -392,24 +539,30 @@ class NAC(nn.Module):
         if t is not None and tuple(t.shape) != (B,):
             raise ValueError(f"t: expected [B={B}], got {list(t.shape)}")
 
-        w = self._weights()
-        q, k, v = self._sensory(x_t[:, None], w)
-        qh, kh, vh = self._heads(q), self._heads(k), self._heads(v)
-        now = t.to(x_t.dtype) if t is not None else torch.full((B,), float(cache.steps), dtype=x_t.dtype,
-                                                                device=x_t.device)
-        new = torch.cat([self._key_features(k, vh, now[:, None], w), kh], dim=-1)     # [B,H,1,F+depth]
-        cache = _push(cache, new, self.window)
+        params = self._params()
+        q, k, v = self._sensory(x_t[:, None], params)
+        qh, kh, vh = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        origin = cache.origin
+        if t is None:
+            now = torch.full((B,), float(cache.steps), dtype=x_t.dtype, device=x_t.device)
+        else:
+            origin = t.detach().clone() if origin is None else origin
+            now = (t - origin).to(x_t.dtype)                          # relative before the cast
+        row = torch.cat([self._key_rows(k, vh, now[:, None], params), kh], dim=-1)     # [B,H,1,cache_width]
+        cache = _push(cache, row, self.window, origin)
         C = cache.feats.shape[2]
         slots = torch.arange(C, device=x_t.device)
         empty = slots < C - cache.steps   # in the first steps of a window the oldest slots are empty
-        with torch.no_grad():
-            if self.select == "all":
-                idx = slots.masked_fill(empty, NO_KEY).expand(B, self.num_heads, 1, C)
-            else:  # the forward's exact Top-K (and tie rule) over the slots, which are all in the past
-                idx = select_exact(qh, cache.feats[..., -self.depth:], self.topk,
-                                   Visibility(causal=False, key_valid=(~empty).expand(B, C)))
         q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
-        out, parts = self._attend(self._query_side(q, w), q_times, cache.feats, idx, w, return_trace)
+        q_side, key_rows = self._query_side(q, params), cache.feats
+        backend = self._backend(qh, key_rows[..., self.layout.key], q_side, key_rows, params, return_trace)
+        if self.select == "all":
+            idx = slots.masked_fill(empty, NO_KEY).expand(B, self.num_heads, 1, C)
+        else:  # the forward's exact Top-K (and tie rule) over the slots, which are all in the past
+            idx = self._select(qh, key_rows[..., self.layout.key],
+                               Visibility(causal=False, key_valid=(~empty).expand(B, C)),
+                               backend.selection_on_kernels)
+        out, parts = self._attend(q_side, q_times, key_rows, idx, params, return_trace, backend.pairs_on_kernels)
         y = self._output(out)[:, 0]
         if not return_trace:
             return y, cache
@@ -423,10 +576,21 @@ class NAC(nn.Module):
                 f"window={self.window}, backbone=(inter={n_inter}, command={n_cmd}, motor={n_motor})")
 
 
-def _push(cache: NACCache, new: torch.Tensor, window: int | None) -> NACCache:
+def _push(cache: NACCache, row: torch.Tensor, window: int | None, origin: torch.Tensor | None) -> NACCache:
     """Append one step's slot; with a window, drop the oldest one (a shift: O(window))."""
-    joined = torch.cat([cache.feats, new], dim=2)
-    return NACCache(feats=joined[:, :, 1:] if window is not None else joined, steps=cache.steps + 1)
+    joined = torch.cat([cache.feats, row], dim=2)
+    return NACCache(feats=joined[:, :, 1:] if window is not None else joined, steps=cache.steps + 1,
+                    origin=origin)
+
+
+def _check_euler_stability(dt_tau: torch.Tensor, euler_steps: int) -> None:
+    """Explicit Euler on da/dt = -tau a + phi multiplies a by (1 - dt tau) each step: past
+    dt tau = 2 that factor exceeds 1 in size and the logit oscillates with growing
+    amplitude instead of settling at phi/tau. Refuse rather than return it."""
+    worst = float(dt_tau.detach().max()) if dt_tau.numel() else 0.0
+    if worst >= 2.0:
+        raise ValueError(f"mode 'euler': tau * t / euler_steps reached {worst:.3g} >= 2, where explicit Euler is "
+                         f"unstable; raise euler_steps (now {euler_steps}) above tau * t / 2 or use mode='exact'")
 
 
 def _masked_softmax(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

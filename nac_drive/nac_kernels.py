@@ -12,14 +12,15 @@ same result:
   values), when nothing needs a gradient or a trace: one pass over tiles of pairs
   instead of ~40 small tensor operations.
 
-Tests hold both paths equal. ``NAC_DRIVE_KERNELS=0`` in the environment, or
-:func:`disabled`, makes every call take the eager path.
+:class:`~nac_drive.nac.NAC` decides once per call which path serves it (the predicates
+:func:`handles_selection` and :func:`handles_pairs`). Tests hold both paths equal.
+``NAC_DRIVE_KERNELS=0`` in the environment, or :func:`disabled`, makes every call take
+the eager path.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -29,11 +30,11 @@ import torch
 
 if TYPE_CHECKING:
     from nac_drive.key_selection import BlockPartition, Visibility
+    from nac_drive.nac import KeyLayout
 
 _enabled = os.environ.get("NAC_DRIVE_KERNELS", "1") != "0"
 
 MODE_CODES = {"exact": 0, "euler": 1, "steady": 2}
-_PAIR_WEIGHTS = ("command", "command_bias", "motor", "motor_bias", "gate", "gate_bias")  # of nac._Weights
 
 
 @functools.cache
@@ -68,29 +69,38 @@ def _scripting() -> bool:
 
 
 def _finite(*arrays: np.ndarray) -> bool:
-    """No NaN anywhere. The kernels compare with fast-math and clamp before exp, so NaN
-    inputs take the eager code, which lets the NaN through as torch does. (Checked in
-    numpy: a third of torch's cost on the small tensors a streamed step has.)"""
-    return not any(np.isnan(a).any() for a in arrays)
+    """No NaN or inf anywhere. The kernels compare with fast-math (key selection assumes
+    no inf at all) and clamp before exp, so such inputs take the eager code, which lets
+    them through as torch does. (Checked in numpy: a third of torch's cost on the small
+    tensors a streamed step has.)"""
+    return all(np.isfinite(a).all() for a in arrays)
 
 
 def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether :func:`select_exact` / :func:`select_block` serve these queries and keys."""
+    """Whether :func:`kernel_select_exact` / :func:`kernel_select_block` serve these queries and keys."""
     return (q.device.type == k.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
             and available() and not _scripting() and _finite(q.detach().numpy(), k.detach().numpy()))
 
 
-def handles_pairs(q_side: torch.Tensor, key_feats: torch.Tensor, w, *, training_dropout: bool,
-                  want_trace: bool) -> bool:
-    """Whether :func:`attend` serves a pair stage on these inputs and ``nac._Weights``:
-    CPU, float32, and no gradient, trace or active dropout needed."""
-    if want_trace or training_dropout or not available() or _scripting():
+def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[torch.Tensor, ...],
+                  weight_arrays: tuple[tuple, bool]) -> bool:
+    """Whether :func:`attend` serves a pair stage on these inputs and pair-stage weights
+    (``weight_arrays``: :func:`pair_arrays` of them): CPU, float32, finite, and no
+    gradient needed. (Traces and dropout are the caller's to rule out.)"""
+    if not available() or _scripting():
         return False
-    tensors = (q_side, key_feats, *(getattr(w, name) for name in _PAIR_WEIGHTS))
+    tensors = (q_side, key_rows, *weights)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and _finite(q_side.detach().numpy(), key_feats.detach().numpy()) and _weight_arrays(w)[1])
+            and _finite(q_side.detach().numpy(), key_rows.detach().numpy()) and weight_arrays[1])
+
+
+def pair_arrays(weights: tuple[torch.Tensor, ...]) -> tuple[tuple[np.ndarray, ...], bool]:
+    """The pair stage's weights (command, command bias, motor, motor bias, phi/tau read-out
+    and bias) as numpy arrays, and whether they are all finite."""
+    arrays = tuple(_array(w) for w in weights)
+    return arrays, _finite(*arrays)
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
@@ -122,19 +132,19 @@ def _key_valid(vis: "Visibility", batch: int, num_keys: int) -> np.ndarray:
     return valid.contiguous().numpy()
 
 
-def select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visibility",
+def kernel_select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visibility",
                  q_offset: int = 0) -> torch.Tensor:
     """As :func:`nac_drive.key_selection.select_exact`: q ``[B,H,Tq,D]``, k ``[B,H,Tk,D]``
     -> idx ``[B,H,Tq,topk]``."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     out = np.empty((B * H, Tq, topk), np.int64)
-    _kernels().select_exact(_flat(q), _keys_transposed(k), _key_valid(vis, B, Tk), H, vis.causal,
+    _kernels().topk_exact_rows(_flat(q), _keys_transposed(k), _key_valid(vis, B, Tk), H, vis.causal,
                             _window(vis), q_offset, _empty_score(q), out)
     return torch.from_numpy(out).view(B, H, Tq, topk)
 
 
-def select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visibility") -> torch.Tensor:
+def kernel_select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visibility") -> torch.Tensor:
     """As :func:`nac_drive.key_selection.select_block`: q ``[B,H,T,D]`` and the keys cut into
     blocks -> idx ``[B,H,T,topk]``. The centroid scores of every (query, block) are one
     batched product here; the kernel picks the blocks and searches them."""
@@ -142,19 +152,23 @@ def select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visib
     block_scores = (q @ part.centroids.transpose(-1, -2)).detach()                    # [B,H,T,nb]
     keys = part.k_blocks.flatten(2, 3)                                                # [B,H,nb*size,D]
     out = np.empty((B * H, T, topk), np.int64)
-    _kernels().select_block(_flat(q), _keys_transposed(keys), part.key_ok.cpu().numpy(), part.count.cpu().numpy(),
+    _kernels().topk_block_rows(_flat(q), _keys_transposed(keys), part.key_ok.cpu().numpy(), part.count.cpu().numpy(),
                             _flat(block_scores), H, vis.causal, _window(vis), part.size, part.n_pick,
                             _empty_score(q), out)
     return torch.from_numpy(out).view(B, H, T, topk)
 
 
-def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_feats: torch.Tensor, idx: torch.Tensor,
-           w, *, depth: int, mode: str, euler_steps: int, tau_eps: float, time_input: str,
-           time_weighted_values: bool) -> torch.Tensor:
-    """The pair stage of :meth:`nac_drive.nac.NAC._attend` (same arguments; key_feats holds
-    the key side, the timestamp, then ``depth`` value features) -> out ``[B,H,Tq,depth]``."""
+def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor, idx: torch.Tensor,
+           weight_arrays: tuple[np.ndarray, ...], layout: "KeyLayout", *, mode: str, euler_steps: int,
+           tau_eps: float, time_input: str, time_weighted_values: bool) -> tuple[torch.Tensor, float]:
+    """The pair stage of :meth:`nac_drive.nac.NAC._attend`: q_side ``[B,H,Tq,P]``, key_rows
+    ``[B,H,Tk,>= layout.width]`` packed as :class:`~nac_drive.nac.KeyLayout` says, idx
+    ``[B,H,Tq,K]``, the arrays of :func:`pair_arrays` -> (out ``[B,H,Tq,depth]``, the
+    largest dt * tau of a selected pair in mode euler, for the layer's stability check)."""
     nb = _kernels()
     B, H, Tq, P = q_side.shape
+    if P != layout.stamp or layout.value.start != P + 1:
+        raise ValueError(f"q_side: {P} columns do not match the key layout {layout}")
     if time_input == "elapsed":
         if q_times is None:
             raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
@@ -164,12 +178,12 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_feats: torch.
     else:
         time_kind = nb.TIME_QUERY
     times = _ZERO_TIMES if q_times is None else _array(q_times)
-    weights, _ = _weight_arrays(w)
-    out = torch.empty(B, H, Tq, depth, dtype=torch.float32)
-    nb.attend(_array(q_side.transpose(-1, -2)), _array(key_feats[..., :P + 1].transpose(-1, -2)),
-              _array(key_feats), _array(idx), times, time_kind, *weights, MODE_CODES[mode],
-              euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy())
-    return out
+    out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
+    worst_dt_tau = np.zeros(1, np.float32)
+    nb.attend(_array(q_side.transpose(-1, -2)), _array(key_rows[..., :layout.stamp + 1].transpose(-1, -2)),
+              _array(key_rows), _array(idx), times, time_kind, *weight_arrays, MODE_CODES[mode],
+              euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau)
+    return out, float(worst_dt_tau[0])
 
 
 _ZERO_TIMES = np.zeros((1, 1), np.float32)  # stands for q_times when the kernel does not read them
@@ -177,17 +191,6 @@ _ZERO_TIMES = np.zeros((1, 1), np.float32)  # stands for q_times when the kernel
 
 def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
-
-
-def _weight_arrays(w) -> tuple[tuple[np.ndarray, ...], bool]:
-    """The pair stage's weights of a ``nac._Weights`` as numpy arrays, and whether they are
-    free of NaN: made once per ``_Weights`` (the layer rebuilds it whenever a parameter
-    changes), not on every streamed step."""
-    cached = getattr(w, "_kernel_arrays", None)
-    if cached is None:
-        arrays = tuple(_array(getattr(w, name)) for name in _PAIR_WEIGHTS)
-        cached = w._kernel_arrays = (arrays, _finite(*arrays))
-    return cached
 
 
 def _window(vis: "Visibility") -> int:

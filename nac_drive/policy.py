@@ -29,6 +29,7 @@ from nac_drive.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes
                                   read_json, read_tensors, save_model, tensor_shapes)
 from nac_drive.cores import CoreConfig, build_core
 from nac_drive.encoders import ENCODERS
+from nac_drive.nac import upgrade_state_names
 
 TASKS = ("carracing", "udacity")
 FORMAT_VERSION = 1
@@ -240,10 +241,16 @@ class DrivingPolicy(nn.Module):
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{directory / CONFIG}: {e}") from None
         check_shapes({k: tuple(v.shape) for k, v in skeleton.state_dict().items()},
-                     tensor_shapes(directory / WEIGHTS), directory / WEIGHTS)
+                     upgrade_state_names(tensor_shapes(directory / WEIGHTS)), directory / WEIGHTS)
         policy = cls(config)
-        load_state_into(policy, read_tensors(directory / WEIGHTS), directory / WEIGHTS)
+        load_state_into(policy, read_policy_weights(directory / WEIGHTS), directory / WEIGHTS)
         return policy.eval()
+
+
+def read_policy_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A policy's ``model.safetensors``, with parameters renamed since it was written
+    given their current names (:data:`nac_drive.nac.RENAMED_PARAMETERS`)."""
+    return upgrade_state_names(read_tensors(path))
 
 
 class _FrameModel(nn.Module):

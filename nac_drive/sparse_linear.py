@@ -1,7 +1,10 @@
-"""Linear maps whose weights are multiplied by a fixed 0/1 wiring mask on every call.
+"""Wired weights: linear maps whose weights are multiplied by a fixed 0/1 wiring mask.
 
-Masked entries of the effective weight are exactly zero and, because the mask is a
-constant factor, their underlying parameters receive exactly zero gradient.
+The modules here hold parameters and a mask; :class:`~nac_drive.nac.NAC` reads their
+``effective_weight`` (``weight * mask``) and packs several of them into one product, so
+they have no ``forward`` of their own. Masked entries of the effective weight are
+exactly zero and, because the mask is a constant factor, their underlying parameters
+receive exactly zero gradient.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -32,10 +34,8 @@ def _wired_parameters(module: nn.Module, mask: np.ndarray, weight_shape: tuple, 
 
 
 class MaskedLinear(nn.Module):
-    """``y = x @ (W * mask)^T + b`` with ``mask`` given as ``[in_features, out_features]``.
-
-    x ``[..., in_features]`` -> y ``[..., out_features]``.
-    """
+    """The weight and bias of ``y = F.linear(x, W * mask, b)``, ``mask`` given as
+    ``[in_features, out_features]``: x ``[..., in_features]`` -> y ``[..., out_features]``."""
 
     def __init__(self, mask: np.ndarray, bias: bool = True):
         super().__init__()
@@ -49,20 +49,16 @@ class MaskedLinear(nn.Module):
         """``[out_features, in_features]``, zero wherever the wiring has no synapse."""
         return self.weight * self.mask
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.effective_weight, self.bias)
-
     def extra_repr(self) -> str:
         density = self.mask.mean().item()
         return f"in_features={self.in_features}, out_features={self.out_features}, density={density:.2f}"
 
 
 class HeadwiseMaskedLinear(nn.Module):
-    """One masked linear map per attention head, all heads sharing one wiring mask.
-
-    x ``[B, H, N, in_features]`` -> y ``[B, H, N, out_features]``; weight
-    ``[H, in_features, out_features]``, mask ``[in_features, out_features]``.
-    """
+    """One masked linear map per attention head, all heads sharing one wiring mask:
+    ``y[h] = x[h] @ (W[h] * mask) + b[h]``, x ``[B, H, N, in_features]`` -> y
+    ``[B, H, N, out_features]``; weight ``[H, in_features, out_features]``, mask
+    ``[in_features, out_features]``."""
 
     def __init__(self, num_heads: int, mask: np.ndarray, bias: bool = True):
         super().__init__()
@@ -75,12 +71,6 @@ class HeadwiseMaskedLinear(nn.Module):
     def effective_weight(self) -> torch.Tensor:
         """``[H, in_features, out_features]``."""
         return self.weight * self.mask
-
-    def forward(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
-        y = torch.matmul(x, self.effective_weight)
-        if bias and self.bias is not None:
-            y = y + self.bias[:, None, :]
-        return y
 
     def extra_repr(self) -> str:
         return (f"heads={self.weight.shape[0]}, in_features={self.in_features}, "

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from nac_drive.atomic import atomic_write, atomic_write_dir, fresh_dir, readable_dir
-from nac_drive.checkpoint import load_optimizer, load_state_into, read_tensors, save_optimizer, write_json
+from nac_drive.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
 from nac_drive.cores import CORES, CoreConfig
-from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.policy import DrivingPolicy, PolicyConfig, read_policy_weights
 from nac_drive.train_args import CLASS_WEIGHTINGS, TrainArgs
 
 
@@ -166,7 +166,7 @@ def train(args: TrainArgs) -> Path:
     start_epoch, best = 0, float("inf")
     if args.resume:
         last = readable_dir(run_dir / "last")
-        load_state_into(policy, read_tensors(last / "model.safetensors"), last / "model.safetensors")
+        load_state_into(policy, read_policy_weights(last / "model.safetensors"), last / "model.safetensors")
         state = load_optimizer(last, optimizer)
         if not (isinstance(state.get("epoch"), int) and isinstance(state.get("best_val_loss"), (int, float))):
             raise ValueError(f"resume: {last / 'train_state.json'} has no epoch and best_val_loss")

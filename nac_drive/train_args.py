@@ -41,7 +41,7 @@ class TrainArgs:
     resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
     init_from: str = arg("", 'start from this checkpoint folder\'s weights and architecture (fine-tuning).')
     progress: bool = arg(True, 'show a progress bar.')
-    extra: dict = arg({}, 'further CoreConfig fields (e.g. {"select": "block"}).')
+    extra: dict = arg({}, 'further CoreConfig fields (e.g. {"select": "all"}).')
 
     def __post_init__(self):
         check_fields(self)
@@ -49,7 +49,9 @@ class TrainArgs:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, TrainArgs, skip=("extra",))
-    parser.add_argument("--select", choices=["exact", "block", "all"], default=None, help="NAC key selection.")
+    parser.add_argument("--select", choices=["exact", "all"], default=None,
+                        help="NAC key selection: exact Top-K or every key of the window (block selection "
+                             "cannot stream, and a policy drives frame by frame).")
     parser.add_argument("--euler-steps", type=COUNT, default=None, help="NAC Euler steps (mode euler).")
 
 

@@ -73,6 +73,9 @@ def test_page_holds_every_panel_and_the_data_of_every_frame(page_html, run_dir):
              for t in nodes}
     assert {k: sizes[k] for k in ("sensory", "inter", "command", "motor")} == groups
     assert len({t["marker"]["color"] for t in nodes}) == len(nodes)
+    # the summary says how far from uniform the attention is
+    median = np.nanmedian(run.attention_entropy())
+    assert 0 < median <= 1 and f"<b>attention entropy</b> {median:.3f} of its maximum" in page_html
 
 
 def test_page_has_no_external_resources(page_html):

@@ -268,3 +268,16 @@ def test_killed_writer_leaves_the_previous_file_intact(tmp_path):
     run = load_trace(tmp_path)                                       # the previous complete file
     assert run.num_steps == 50
     assert len(run.frame_offsets) == 51 and run.frame(49).shape == (32, 32, 3)
+
+
+def test_attention_entropy_is_relative_to_the_selected_keys():
+    from nac_drive.interpret.trace import attention_entropy
+
+    valid = np.array([[True] * 4, [True] * 4, [True, True, False, False], [True, False, False, False]])
+    weights = np.array([[0.25] * 4, [1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [1.0, 0, 0, 0]])
+    got = attention_entropy(weights, valid)
+    np.testing.assert_allclose(got[:3], [1.0, 0.0, 1.0], atol=1e-12)
+    assert np.isnan(got[3])                              # one key: no choice to measure
+    # weights e times apart (the most exact mode allows) are still close to uniform
+    skewed = np.exp([1.0, 0, 0, 0]) / np.exp([1.0, 0, 0, 0]).sum()
+    assert 0.9 < attention_entropy(skewed, np.ones(4, bool)) < 1.0

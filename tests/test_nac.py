@@ -28,7 +28,7 @@ def inputs(B=2, T=9, D=6, seed=1):
 def backbone_parameters(layer):
     return {name: p for name, p in layer.named_parameters()
             if name.split(".")[0] in ("inter", "command", "motor")
-            or name.startswith(("gate_", "time_"))}
+            or name.startswith(("phi_tau_", "time_"))}
 
 
 # ---------------------------------------------------------------- the backbone sees the input
@@ -49,14 +49,14 @@ def test_every_backbone_head_and_time_parameter_gets_gradient(mode):
     x = inputs()
     layer(x, t=torch.rand(2, 9).cumsum(1)).pow(2).sum().backward()
     params = backbone_parameters(layer)
-    assert {"inter.weight", "command.weight", "motor.weight", "gate_weight", "gate_bias",
+    assert {"inter.weight", "command.weight", "motor.weight", "phi_tau_weight", "phi_tau_bias",
             "time_weight", "time_bias"} <= set(params)
     for name, p in params.items():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-    # both heads: gate_weight[..., 0] reads phi, gate_weight[..., 1] reads tau
+    # both read-outs: phi_tau_weight[..., 0] reads phi, [..., 1] reads tau
     for head in (0, 1):
-        assert layer.gate_weight.grad[..., head].abs().sum() > 0
-        assert layer.gate_bias.grad[..., head].abs().sum() > 0
+        assert layer.phi_tau_weight.grad[..., head].abs().sum() > 0
+        assert layer.phi_tau_bias.grad[..., head].abs().sum() > 0
 
 
 # ------------------------------------------------------------------------------- sparsity
@@ -225,17 +225,23 @@ def test_step_reproduces_the_causal_forward(mode, select, window, time_input):
             assert cache.feats.shape[2] == window  # O(window) state
 
 
-def test_time_input_modes_differ_and_elapsed_ignores_a_time_shift():
+def test_time_input_modes_differ_and_timestamps_count_from_the_first_step():
     x, t = inputs(), torch.rand(2, 9).cumsum(1)
     query = make(time_input="query")
     elapsed = make(time_input="elapsed")
     elapsed.load_state_dict(query.state_dict())
     assert not torch.allclose(query(x, t=t), elapsed(x, t=t))
-    # elapsed time depends only on differences between timestamps
-    torch.testing.assert_close(elapsed(x, t=t), elapsed(x, t=t + 100.0), atol=1e-5, rtol=0)
-    assert not torch.allclose(query(x, t=t), query(x, t=t + 100.0))
-    # query mode without timestamps uses t = 1 (the paper's choice)
-    torch.testing.assert_close(query(x), query(x, t=torch.ones(2, 9)))
+    # both modes read timestamps from the sequence's first step: a clock's absolute time
+    # (float64 seconds since 1970) gives what the same frames timed from 0 give, although
+    # float32 cannot even tell its frames apart
+    clock = 1.7e9 + t.double()
+    assert len(torch.unique(clock.float())) < len(torch.unique(t))
+    for layer in (query, elapsed):
+        torch.testing.assert_close(layer(x, t=clock), layer(x, t=t - t[:, :1]), atol=1e-6, rtol=1e-5)
+        cache = layer.init_cache(2)
+        for i in range(9):
+            y, cache = layer.step(x[:, i], cache, t=clock[:, i])
+        torch.testing.assert_close(y, layer(x, t=t)[:, -1], atol=1e-6, rtol=1e-5)
 
 
 def test_time_weighted_values_switch_changes_the_output():
@@ -467,3 +473,58 @@ def test_bad_inputs_name_the_argument():
         layer.step(torch.randn(3, 6), cache)
     with pytest.raises(ValueError, match="causal"):
         make(causal=False).step(torch.randn(2, 6), cache)
+
+
+# ------------------------------------------------------------------------- edges
+def test_euler_refuses_a_step_past_its_stability_limit():
+    """Explicit Euler multiplies the logit by (1 - dt tau) per step: past dt tau = 2 it
+    grows instead of settling. With tau ~ 30 and 6 steps, tau t / N crosses 2 for the
+    larger t_ij; both paths refuse, and more steps (or mode exact) serve."""
+    layer = make(mode="euler", euler_steps=6).eval()
+    x = inputs()
+    with torch.no_grad():
+        layer.phi_tau_bias[:, 1] = 30.0
+        for run in (lambda: layer(x), lambda: _eager_call(lambda: layer(x)), lambda: layer(x, return_trace=True)):
+            with pytest.raises(ValueError, match=r"mode 'euler': tau \* t / euler_steps reached .* >= 2"):
+                run()
+        layer.euler_steps = 40
+        y = layer(x)
+        layer.mode = "exact"
+        torch.testing.assert_close(y, layer(x), atol=0.05, rtol=0.05)   # 40 steps: near the closed form
+
+
+def _eager_call(fn):
+    with nac_kernels.disabled():
+        return fn()
+
+
+def test_step_refuses_block_selection_and_a_driving_core_refuses_it_at_build():
+    from nac_drive.cores import CoreConfig, NACCore
+
+    layer = make(select="block")
+    with pytest.raises(ValueError, match="cannot stream select='block'"):
+        layer.step(torch.randn(1, 6), layer.init_cache(1))
+    with pytest.raises(ValueError, match="streams frame by frame"):
+        NACCore(6, CoreConfig(select="block"))
+
+
+def test_empty_top_k_slots_trace_nan_and_weight_zero():
+    layer = make(topk=4).eval()
+    _, trace = layer(inputs(), return_trace=True)
+    empty = trace.topk_idx < 0                        # query 0 sees 1 key, query 1 sees 2, ...
+    assert empty[..., 0, 1:].all() and not empty[..., 5, :].any()
+    for name in ("phi", "tau", "t_interp", "logits", "inter", "command", "motor"):
+        value = getattr(trace, name)
+        slots = empty if value.ndim == 4 else empty[..., None].expand_as(value)
+        assert value[slots].isnan().all() and not value[~slots].isnan().any(), name
+    assert (trace.weights[empty] == 0).all()
+
+
+def test_checkpoints_with_the_old_phi_tau_names_still_load():
+    layer = make()
+    old = {(("gate_" + name.removeprefix("phi_tau_")) if name.startswith("phi_tau_") else name): value
+           for name, value in layer.state_dict().items()}
+    assert "gate_weight" in old and "phi_tau_weight" not in old
+    fresh = make(seed=9)
+    fresh.load_state_dict(old)
+    torch.testing.assert_close(fresh(inputs()), layer(inputs()))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nac_drive import NAC, nac_kernels
-from nac_drive.key_selection import NO_KEY, Visibility, select_block, select_exact
+from nac_drive.key_selection import NO_KEY, BlockPartition, Visibility, select_block, select_exact
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.skipif(not nac_kernels.available(), reason="numba kernels unavailable")
@@ -69,47 +69,56 @@ def test_saturated_gates_match():
     with torch.no_grad():
         for p in layer.parameters():
             p.mul_(25.0)
-        layer.gate_bias.zero_()
+        layer.phi_tau_bias.zero_()
         _, trace = _eager(lambda: layer(x, return_trace=True))
-        assert trace.tau.min() < 1e-3 and trace.tau.max() > 20 and (trace.inter.abs() > 0.999).float().mean() > 0.5
+        tau, inter = trace.tau[trace.topk_idx >= 0], trace.inter[trace.topk_idx >= 0]   # (empty slots: NaN)
+        assert tau.min() < 1e-3 and tau.max() > 20 and (inter.abs() > 0.999).float().mean() > 0.5
         torch.testing.assert_close(layer(x), _eager(lambda: layer(x)), atol=1e-5, rtol=1e-5)
 
 
-def test_the_pair_stage_takes_the_eager_path_when_it_must():
-    layer = NAC(6, d_model=16, num_heads=2, topk=4, dropout=0.5, seed=0)
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the calls of the fused pair-stage kernel."""
+    calls, real = [], nac_kernels.attend
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nac_kernels, "attend", counted)
+    return calls
+
+
+def test_the_pair_stage_takes_the_eager_path_when_it_must(kernel_calls):
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, dropout=0.5, seed=0).eval()
     x = torch.randn(1, 9, 6)
-    w = layer._weights()
-    args = (torch.zeros(1, 2, 9, 10), torch.zeros(1, 2, 9, 19))
     with torch.no_grad():
-        assert nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=False)
-        assert not nac_kernels.handles_pairs(torch.full((1, 2, 9, 10), math.nan), args[1], w,
-                                             training_dropout=False, want_trace=False)
-        assert not nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=True)
-        assert not nac_kernels.handles_pairs(*args, w, training_dropout=True, want_trace=False)
-        assert not nac_kernels.handles_pairs(*(a.double() for a in args), w, training_dropout=False,
-                                             want_trace=False)
+        layer(x)
+        assert len(kernel_calls) == 1                      # inference: the kernel
+        layer(x, return_trace=True)                        # a trace needs the stages' tensors
+        layer.double()(x.double())                         # float64
         with nac_kernels.disabled():
-            assert not nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=False)
-        # in training mode dropout acts: two calls differ (the eager path ran)
-        layer.train()
-        assert not torch.equal(layer(x), layer(x))
-    assert not nac_kernels.handles_pairs(*args, w, training_dropout=False, want_trace=False)  # w needs grad
+            layer.float()(x)
+        layer.float().train()
+        assert not torch.equal(layer(x), layer(x))         # active dropout: two calls differ
+        assert len(kernel_calls) == 1
+    layer.eval()(x)                                        # autograd needs the eager code
+    assert len(kernel_calls) == 1
 
 
-@pytest.mark.parametrize("name", ["command", "motor_bias", "gate_bias"])
-def test_a_nan_weight_takes_the_eager_path_even_after_finite_calls(name):
-    """The weights' finiteness is checked once per built ``_Weights``; a parameter changed in
-    place rebuilds them, so a NaN put there later is still seen."""
+@pytest.mark.parametrize("name", ["command", "motor_bias", "phi_tau_bias"])
+def test_a_nan_weight_takes_the_eager_path_even_after_finite_calls(name, kernel_calls):
+    """The weights' finiteness is checked once per packing; a parameter changed in place
+    repacks them, so a NaN put there later is still seen."""
     layer = NAC(6, d_model=16, num_heads=2, topk=4, mode="exact", seed=0).eval()
     x = torch.randn(1, 9, 6)
     with torch.no_grad():
-        assert torch.isfinite(layer(x)).all()
-        param = {"command": layer.command.weight, "motor_bias": layer.motor.bias, "gate_bias": layer.gate_bias}[name]
+        assert torch.isfinite(layer(x)).all() and len(kernel_calls) == 1
+        param = {"command": layer.command.weight, "motor_bias": layer.motor.bias,
+                 "phi_tau_bias": layer.phi_tau_bias}[name]
         param.view(-1)[0] = math.nan
-        w = layer._weights()
-        assert not nac_kernels.handles_pairs(torch.zeros(1, 2, 9, 10), torch.zeros(1, 2, 9, 19), w,
-                                             training_dropout=False, want_trace=False)
         y = layer(x)
+        assert len(kernel_calls) == 1
         torch.testing.assert_close(y, _eager(lambda: layer(x)), equal_nan=True)
 
 
@@ -119,8 +128,12 @@ def _random_qk(B, H, T, D, seed):
     return torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)
 
 
-def _same_sets(a, b):
-    return torch.equal(a.sort(-1).values, b.sort(-1).values)
+def kernel_exact(q, k, topk, vis, q_offset=0):
+    return nac_kernels.kernel_select_exact(q, k, topk, vis, q_offset)
+
+
+def kernel_block(q, k, topk, vis):
+    return nac_kernels.kernel_select_block(q, BlockPartition.of(k, topk, vis.key_valid), topk, vis)
 
 
 @pytest.mark.parametrize("causal,window,masked", list(itertools.product([True, False], [None, 1, 6], [False, True])))
@@ -130,11 +143,10 @@ def test_selection_kernels_choose_the_reference_keys(causal, window, masked, dty
     valid = torch.rand(2, 41, generator=torch.Generator().manual_seed(6)) > 0.3 if masked else None
     vis = Visibility(causal, window, valid)
     for topk in (1, 4, 12):
-        for select in (select_exact, select_block):
-            got = select(q, k, topk, vis)
-            want = _eager(lambda: select(q, k, topk, vis))
+        for reference, kernel in ((select_exact, kernel_exact), (select_block, kernel_block)):
+            got, want = kernel(q, k, topk, vis), reference(q, k, topk, vis)
             assert got.dtype == torch.long and got.shape == want.shape
-            assert _same_sets(got, want), (select.__name__, topk)
+            assert torch.equal(got, want), (reference.__name__, topk)   # the same keys in the same order
             # best first, like torch.topk: the scores of the chosen keys never increase
             scores = (q.unsqueeze(-2) @ k.transpose(-1, -2).unsqueeze(2)).squeeze(-2)   # [B,H,T,T]
             chosen = torch.gather(scores, -1, got.clamp(min=0)).masked_fill(got == NO_KEY, -math.inf)
@@ -144,8 +156,8 @@ def test_selection_kernels_choose_the_reference_keys(causal, window, masked, dty
 def test_exact_selection_kernel_with_a_query_offset():
     q, k = _random_qk(1, 2, 30, 4, seed=9)
     vis = Visibility(causal=True, window=7)
-    got = select_exact(q[:, :, 20:], k, 5, vis, q_offset=20)
-    assert _same_sets(got, _eager(lambda: select_exact(q[:, :, 20:], k, 5, vis, q_offset=20)))
+    got = kernel_exact(q[:, :, 20:], k, 5, vis, q_offset=20)
+    assert torch.equal(got, select_exact(q[:, :, 20:], k, 5, vis, q_offset=20))
     assert torch.all((got <= torch.arange(20, 30)[:, None]) & (got > torch.arange(20, 30)[:, None] - 7))
 
 
@@ -153,7 +165,7 @@ def test_exact_selection_kernel_on_long_sequences():
     q, k = _random_qk(1, 2, 700, 16, seed=11)
     for causal in (True, False):
         vis = Visibility(causal)
-        assert _same_sets(select_exact(q, k, 8, vis), _eager(lambda: select_exact(q, k, 8, vis)))
+        assert torch.equal(kernel_exact(q, k, 8, vis), select_exact(q, k, 8, vis))
 
 
 # ------------------------------------------------------------------------ the math inside
@@ -223,7 +235,10 @@ def test_tied_scores_pick_the_newest_keys_in_forward_and_step():
         for i in range(20):
             y_i, cache = layer.step(x[:, i], cache)
             torch.testing.assert_close(y_i, y[:, i], atol=2e-6, rtol=1e-5)
-    # at query 8 keys 3..8 are the same frame: those chosen among them are the newest
+        _, eager_trace = _eager(lambda: layer(x, return_trace=True))
+    # at query 8 keys 3..8 are the same frame: those chosen among them are the newest,
+    # on the kernels and in the torch reference alike
+    assert torch.equal(eager_trace.topk_idx, trace.topk_idx)
     for h in range(2):
         tied = {j for j in trace.topk_idx[0, h, 8].tolist() if 3 <= j <= 8}
         assert tied and tied == set(range(9 - len(tied), 9)), (h, trace.topk_idx[0, h, 8])
@@ -233,11 +248,11 @@ def test_a_broadcast_mask_is_read_as_torch_reads_it_and_a_wrong_one_is_refused()
     q, k = _random_qk(4, 2, 6, 3, seed=1)
     row = torch.tensor([[True, False, True, False, True, True]])
     vis = Visibility(False, None, row)
-    got = select_exact(q, k, 6, vis)
-    assert _same_sets(got, _eager(lambda: select_exact(q, k, 6, vis)))
+    got = kernel_exact(q, k, 6, vis)
+    assert torch.equal(got, select_exact(q, k, 6, vis))
     assert torch.all((got == NO_KEY).sum(-1) == 2)
     with pytest.raises(ValueError, match="key_valid"):
-        select_exact(q, k, 6, Visibility(False, None, torch.ones(4, 5, dtype=torch.bool)))
+        kernel_exact(q, k, 6, Visibility(False, None, torch.ones(4, 5, dtype=torch.bool)))
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::torch.jit.TracerWarning")
@@ -258,9 +273,21 @@ def test_nan_inputs_give_nan_like_the_eager_code():
     assert torch.equal(fast.isnan().any(-1), reference.isnan().any(-1)) and fast[0, 2].isnan().any()
 
 
+def test_infinite_inputs_never_reach_the_fast_math_kernels(kernel_calls):
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, seed=0).eval()
+    x = torch.randn(1, 8, 5)
+    x[0, 2, 0] = float("inf")
+    q, k = _random_qk(1, 2, 6, 3, seed=3)
+    k[0, 0, 1, 0] = float("inf")
+    assert not nac_kernels.handles_selection(q, k)
+    with torch.no_grad():
+        fast, reference = layer(x), _eager(lambda: layer(x))
+    assert kernel_calls == []
+    torch.testing.assert_close(fast, reference, equal_nan=True)
+
+
 def test_queries_past_every_visible_key_get_empty_slots_in_both_paths():
     q, k = _random_qk(1, 2, 8, 4, seed=2)
     vis = Visibility(causal=True, window=1)
-    for fn in (lambda: select_exact(q, k[:, :, :5], 3, vis, q_offset=7),
-               lambda: _eager(lambda: select_exact(q, k[:, :, :5], 3, vis, q_offset=7))):
-        assert torch.all(fn() == NO_KEY)
+    for select in (kernel_exact, select_exact):
+        assert torch.all(select(q, k[:, :, :5], 3, vis, q_offset=7) == NO_KEY)
