@@ -125,20 +125,20 @@ class LiveStatus:
         self.interval = interval
         self._shown = 0.0
 
-    def update(self, progress: Progress, frames: int, force: bool = False) -> None:
+    def update(self, progress: Progress, steps: int, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._shown < self.interval:
             return
         self._shown = now
         mean = float(np.mean(progress.abs_cte)) if progress.abs_cte else 0.0
         self.bar.n = progress.travelled if self.bar.total is None else min(progress.travelled, self.bar.total)
-        self.bar.set_postfix_str(f"laps {progress.travelled / progress.track.length:.2f}, frame {frames}, "
+        self.bar.set_postfix_str(f"laps {progress.travelled / progress.track.length:.2f}, step {steps}, "
                                  f"cte {progress.cte:+.2f} m, mean |cte| {mean:.3f} m, "
                                  f"off-road {progress.off_road_events}", refresh=False)
         self.bar.refresh()
 
-    def close(self, progress: Progress, frames: int) -> None:
-        self.update(progress, frames, force=True)
+    def close(self, progress: Progress, steps: int) -> None:
+        self.update(progress, steps, force=True)
         self.bar.close()
 
 
