@@ -15,9 +15,10 @@ again (``jpeg_quality=None`` skips the round trip).
 
 - action: ``Box(-1, 1, (2,))`` = [steering (positive right, +-1 = +-25 degrees), throttle
   (negative brakes)]; one step is ``dt`` = 1/15 s of simulated time, the simulator's rate.
-- reward: metres of progress along the centre line this step, scaled by
-  ``1 - (cte / half_width)^2`` (full on the centre line, none at the road's edge;
-  negative when driving backwards). A centred lap scores about the track's length.
+- reward: metres of progress along the centre line this step (continuous, not in the
+  centre line's 0.5 m point steps), scaled by ``1 - (cte / half_width)^2`` (full on the
+  centre line, none at the road's edge; negative when driving backwards). A centred lap
+  scores about the track's length.
 - terminated: the car left the road (``|cte| > half_width``). The raw class keeps
   stepping after it (the socket emulator drives on); ``gymnasium.make`` adds a TimeLimit
   of ``MAX_EPISODE_STEPS``.
@@ -99,11 +100,12 @@ class UdacityEmulatorEnv(gym.Env):
 
     def step(self, action):
         steer, throttle = (float(a) for a in np.asarray(action, dtype=np.float64).reshape(2))
-        before = self.progress.travelled
+        p = self.progress
+        before = p.travelled + p.along
         self.car.step(steer, throttle, self.dt)
-        self.progress.update(self.car.x, self.car.y)
-        centred = 1.0 - (self.progress.cte / self.track.half_width) ** 2
-        reward = (self.progress.travelled - before) * max(centred, 0.0)
+        p.update(self.car.x, self.car.y)
+        centred = 1.0 - (p.cte / self.track.half_width) ** 2
+        reward = (p.travelled + p.along - before) * max(centred, 0.0)
         return self._observe(), reward, self.progress.off_road, False, self._info()
 
     def render(self):
