@@ -21,9 +21,12 @@ so that it reproduces the Unity client's quirks rather than a spec-compliant cli
   not understood: the emulator stalls (sends nothing) as the simulator does.
 
 Each received command moves the car one step (``dt`` seconds of simulated time) with a
-kinematic bicycle model; the emulator reports cross-track error, laps and off-road
-events. ``record_training`` writes training-mode recordings (three cameras) driven by a
-noisy pure-pursuit driver, without any server.
+kinematic bicycle model: the emulator holds a gymnasium env
+(:class:`~nac_drive.simulators.udacity_env.UdacityEmulatorEnv`, the same car, track and
+camera) and steps it. It reports cross-track error, laps and off-road events, and can show
+them live on stderr (``progress``). ``record_training`` writes training-mode recordings
+(three cameras) driven by a noisy pure-pursuit driver through the same env, without any
+server.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -38,26 +42,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from nac_drive.simulators.udacity_track import (
-    MAX_STEER_DEG,
-    Car,
-    Progress,
-    Renderer,
-    Track,
-    pure_pursuit,
-    track_spec,
-)
+from nac_drive.simulators.udacity_env import DEFAULT_JPEG_QUALITY, UdacityEmulatorEnv, encode_jpeg
+from nac_drive.simulators.udacity_track import MAX_STEER_DEG, Car, Progress, Track, pure_pursuit
 
 SIDE_CAMERA_OFFSET = 0.8  # m, lateral offset of the left/right cameras in recordings (about the Udacity rig)
-
-
-def encode_jpeg(bgr: np.ndarray, quality: int = 85) -> bytes:
-    import cv2
-
-    ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise RuntimeError("JPEG encoding failed")
-    return buf.tobytes()
 
 
 def format_number(value: float, decimal_comma: bool = False) -> str:
@@ -104,7 +92,7 @@ class EmulatorConfig:
     human: bool = False  # a scripted human drives; `{}` while it holds the throttle key
     human_speed_mph: float = 9.0
     decimal_comma: bool = False  # format numbers as "12,3456" (simulator under a comma locale)
-    jpeg_quality: int = 85
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY
     ping_interval: float = 25.0  # s between the client's own Engine.IO pings
     answer_timeout: float = 5.0  # s without any answer -> give up (reported as no_answer)
     expect_connect_command: bool = True  # the server sends one command on connect (not an answer)
@@ -119,6 +107,39 @@ class EmulatorConfig:
     # arrival times as its time stamps sees frames much closer together than in recordings.
     realtime: bool = False
     seed: int = 0
+    progress: bool = False  # show laps, distance and cross-track error live on stderr
+
+
+class LiveStatus:
+    """Laps, distance and cross-track error of a run, live on stderr: a tqdm bar counting
+    metres (toward ``laps`` laps when given), redrawn at most every ``interval`` seconds."""
+
+    def __init__(self, track: Track, laps: float | None = None, interval: float = 0.5):
+        from tqdm import tqdm
+
+        total = laps * track.length if laps else None
+        bar_format = ("{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} m [{elapsed}<{remaining}{postfix}]"
+                      if total else "{desc}: {n:.0f} m [{elapsed}{postfix}]")
+        self.bar = tqdm(total=total, desc=track.spec.name, bar_format=bar_format, file=sys.stderr,
+                        mininterval=interval)
+        self.interval = interval
+        self._shown = 0.0
+
+    def update(self, progress: Progress, steps: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._shown < self.interval:
+            return
+        self._shown = now
+        mean = float(np.mean(progress.abs_cte)) if progress.abs_cte else 0.0
+        self.bar.n = progress.travelled if self.bar.total is None else min(progress.travelled, self.bar.total)
+        self.bar.set_postfix_str(f"laps {progress.travelled / progress.track.length:.2f}, step {steps}, "
+                                 f"cte {progress.cte:+.2f} m, mean |cte| {mean:.3f} m, "
+                                 f"off-road {progress.off_road_events}", refresh=False)
+        self.bar.refresh()
+
+    def close(self, progress: Progress, steps: int) -> None:
+        self.update(progress, steps, force=True)
+        self.bar.close()
 
 
 @dataclass
@@ -155,11 +176,8 @@ class UdacityEmulator:
 
     def __init__(self, cfg: EmulatorConfig):
         self.cfg = cfg
-        self.track = Track(track_spec(cfg.track))
-        self.renderer = Renderer(self.track)
-        x, y, h = self.track.pose_at(cfg.start)
-        self.car = Car(x=x, y=y, heading=h)
-        self.progress = Progress(self.track, index=self.track.nearest(x, y))
+        self.env = UdacityEmulatorEnv(track=cfg.track, start=cfg.start, dt=cfg.dt, jpeg_quality=cfg.jpeg_quality)
+        self.env.reset()
         self.human = ScriptedDriver(self.track, cfg.human_speed_mph, seed=cfg.seed) if cfg.human else None
         self.report = EmulatorReport(track=cfg.track)
         self._ws = None
@@ -167,12 +185,25 @@ class UdacityEmulator:
         self._sent_at: deque[float] = deque()
         self._stop = threading.Event()
         self._t0 = 0.0  # wall-clock start of the run (perf_counter), for --realtime pacing
+        self._status: LiveStatus | None = None
 
     @property
     def url(self) -> str:
         return f"ws://{self.cfg.host}:{self.cfg.port}/socket.io/?EIO=4&transport=websocket"
 
-    # ---- the car ------------------------------------------------------------------
+    # ---- the car (the env's) --------------------------------------------------------
+    @property
+    def track(self) -> Track:
+        return self.env.track
+
+    @property
+    def car(self) -> Car:
+        return self.env.car
+
+    @property
+    def progress(self) -> Progress:
+        return self.env.progress
+
     def _step(self, command: tuple[float, float] | None) -> None:
         """Apply a received steer (steering, throttle), or the human's controls on manual."""
         if command is None:
@@ -182,21 +213,21 @@ class UdacityEmulator:
                 steer, throttle = self.car.steer, self.car.throttle
         else:
             steer, throttle = command
-        self.car.step(steer, throttle, self.cfg.dt)
-        self.progress.update(self.car.x, self.car.y)
+        self.env.step((steer, throttle))  # off the road the env terminates; the simulator drives on
         self.report.steering.append(self.car.steer)
+        if self._status is not None:
+            self._status.update(self.progress, self.report.commands)
 
     def telemetry(self) -> dict:
         """The telemetry the simulator would send in the current state."""
         if self.human is not None and self.car.speed_mph < self.cfg.human_speed_mph - 1.0:
             return {}  # the human holds the throttle key: the simulator sends an empty object
-        frame = self.renderer.render(self.car.x, self.car.y, self.car.heading)
         c = self.cfg.decimal_comma
         return {
             "steering_angle": format_number(self.car.steer * MAX_STEER_DEG, c),
             "throttle": format_number(self.car.throttle, c),
             "speed": format_number(self.car.speed_mph, c),
-            "image": base64.b64encode(encode_jpeg(frame, self.cfg.jpeg_quality)).decode("ascii"),
+            "image": base64.b64encode(self.env.frame_jpeg).decode("ascii"),
         }
 
     # ---- the wire -----------------------------------------------------------------
@@ -248,11 +279,15 @@ class UdacityEmulator:
             if cfg.send_namespace_connect:
                 self._send("40")
             threading.Thread(target=self._pinger, daemon=True).start()
+            if cfg.progress:
+                self._status = LiveStatus(self.track, cfg.laps)
             self._t0 = time.perf_counter()
             self._send_telemetry()
             r.stop_reason = self._loop()
         finally:
             self._stop.set()
+            if self._status is not None:
+                self._status.close(self.progress, r.commands)
             try:
                 self._ws.close()
             except Exception:
@@ -346,26 +381,21 @@ def record_training(out_dir, track: str = "lakeside", frames: int = 1000, seed: 
 
     from nac_drive.data_collection.udacity_log import DrivingLogWriter
 
-    tr = Track(track_spec(track))
-    renderer = Renderer(tr)
-    rng = np.random.default_rng(seed)
-    s0 = float(rng.uniform(0, tr.length)) if start is None else start
-    x, y, h = tr.pose_at(s0)
-    car = Car(x=x, y=y, heading=h, speed=speed_mph / 2.2369363)
-    progress = Progress(tr, index=tr.nearest(x, y))
-    driver = ScriptedDriver(tr, speed_mph, noise, seed)
+    env = UdacityEmulatorEnv(track=track, start=start, dt=dt)
+    env.reset(seed=seed, options={"speed_mph": speed_mph})   # start=None: a place drawn from the seed
+    driver = ScriptedDriver(env.track, speed_mph, noise, seed)
     when = start_time or _dt.datetime(2026, 1, 1, 12, 0, 0) + _dt.timedelta(minutes=seed % 1000)
     with DrivingLogWriter(out_dir) as writer:
         for k in tqdm(range(frames), desc=f"recording {track}", disable=not progress_bar):
+            car, progress = env.car, env.progress
             label, steer, throttle = driver.act(car, progress.index)
-            if abs(progress.cte) > tr.half_width - 1.0:
+            if abs(progress.cte) > env.track.half_width - 1.0:
                 steer = label  # keep the noise from taking the car off the road
-            cams = [encode_jpeg(renderer.render(car.x, car.y, car.heading, lateral=off))
-                    for off in (0.0, -SIDE_CAMERA_OFFSET, SIDE_CAMERA_OFFSET)]
-            writer.write(cams[0], label, max(throttle, 0.0), max(-throttle, 0.0), car.speed_mph,
-                         left=cams[1], right=cams[2], when=when + _dt.timedelta(seconds=k * dt))
-            car.step(steer, throttle, dt)
-            progress.update(car.x, car.y)
-    summary = progress.summary()
+            sides = [encode_jpeg(env.renderer.render(car.x, car.y, car.heading, lateral=off))
+                     for off in (-SIDE_CAMERA_OFFSET, SIDE_CAMERA_OFFSET)]
+            writer.write(env.frame_jpeg, label, max(throttle, 0.0), max(-throttle, 0.0), car.speed_mph,
+                         left=sides[0], right=sides[1], when=when + _dt.timedelta(seconds=k * dt))
+            env.step((steer, throttle))
+    summary = env.progress.summary()
     summary.update(frames=frames, track=track, out_dir=str(writer.out_dir))
     return summary

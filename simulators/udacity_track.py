@@ -308,6 +308,7 @@ class Progress:
     off_road: bool = False
     off_road_events: int = 0
     cte: float = 0.0
+    along: float = 0.0  # m ahead of the nearest centre-line point (``travelled`` moves in its ~0.5 m steps)
     abs_cte: list[float] = field(default_factory=list)
 
     def update(self, x: float, y: float) -> None:
@@ -317,6 +318,7 @@ class Progress:
         self.travelled += step * self.track.length / n
         self.index = i
         self.cte = self.track.cross_track(x, y, i)
+        self.along = float(np.dot((x, y) - self.track.points[i], self.track.tangents[i]))
         self.abs_cte.append(abs(self.cte))
         off = abs(self.cte) > self.track.half_width
         if off and not self.off_road:

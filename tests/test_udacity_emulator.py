@@ -128,3 +128,84 @@ def test_closed_loop_lane_following_through_the_bridge_stays_on_the_road():
     steer = np.array(report.steering)
     assert steer.min() < -0.1 and steer.max() > 0.1  # it really steered both ways
     assert math.isfinite(d["round_trip_ms_p50"])
+
+
+def _emulator_cli(port: int, *flags: str, stderr_tty: bool = False) -> tuple[int, str, str]:
+    """``nac-drive sim udacity-emulator --json ...`` -> (exit code, stdout, stderr); stderr
+    is a pseudo-terminal with ``stderr_tty`` (what a user's shell gives it)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    argv = [sys.executable, "-m", "nac_drive.cli", "sim", "udacity-emulator", "--port", str(port), "--json", *flags]
+    if not stderr_tty:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        return out.returncode, out.stdout, out.stderr
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))  # 40 rows, 200 columns
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    stdout, _ = proc.communicate(timeout=120)
+    return proc.returncode, stdout, b"".join(chunks).decode()
+
+
+def _last_status(stderr: str) -> dict:
+    """The numbers of the last status line the emulator drew."""
+    import re
+
+    found = re.findall(r"laps (-?[\d.]+), step (\d+), cte ([+-][\d.]+) m, mean \|cte\| ([\d.]+) m, off-road (\d+)",
+                       stderr)
+    assert found, f"no status line in stderr: {stderr[-500:]!r}"
+    laps, step, cte, mean, off = found[-1]
+    return {"laps": float(laps), "step": int(step), "mean_abs_cte_m": float(mean), "off_road_events": int(off)}
+
+
+def test_emulator_shows_laps_distance_and_cross_track_error_live_on_a_terminal(tmp_path):
+    import json
+
+    pytest.importorskip("socketio")
+    pytest.importorskip("websocket")
+    from support.udacity_procs import free_port, start_bridge
+
+    port = free_port()
+    bridge = start_bridge(port, "nac_drive.agents.udacity_scripted:LaneMarkingPolicy")
+    try:
+        runs = {"terminal": _emulator_cli(port, "--frames", "90", stderr_tty=True),
+                "forced": _emulator_cli(port, "--frames", "90", "--progress"),
+                "pipe": _emulator_cli(port, "--frames", "90"),
+                "terminal, --no-progress": _emulator_cli(port, "--frames", "90", "--no-progress", stderr_tty=True)}
+    finally:
+        bridge.stop()
+    for name, (code, stdout, stderr) in runs.items():
+        assert code == 0, (name, stderr)
+        lines = stdout.splitlines()
+        assert len(lines) == 1, (name, stdout)  # --json: one clean line on stdout, whatever stderr shows
+        summary = json.loads(lines[0])
+        assert summary["commands"] == 90
+        if name in ("terminal", "forced"):
+            status = _last_status(stderr)
+            assert status["step"] == summary["commands"]
+            assert status["laps"] == pytest.approx(summary["lap_fraction"], abs=0.006)
+            assert status["mean_abs_cte_m"] == pytest.approx(summary["mean_abs_cte_m"], abs=0.0006)
+            assert status["off_road_events"] == summary["off_road_events"]
+            assert f"{summary['distance_m']:.0f} m" in stderr  # the distance counter
+        else:
+            assert "cte" not in stderr, (name, stderr)
+    # recording: the same switch for its frame counter
+    _, _, quiet = _emulator_cli(port, "--record", str(tmp_path / "a"), "--frames", "5")
+    _, _, shown = _emulator_cli(port, "--record", str(tmp_path / "b"), "--frames", "5", "--progress")
+    assert "recording lakeside" not in quiet and "recording lakeside" in shown and "5/5" in shown

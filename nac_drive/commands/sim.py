@@ -40,6 +40,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--noise", type=number(float, min=0), default=0.3, help="recording: steering noise of the scripted driver")
     p.add_argument("--speed", type=POSITIVE, default=9.0, help="recording/human: target speed (mph)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show laps, distance and cross-track error live on stderr (recording: frames) "
+                        "(default: when stderr is a terminal)")
     p.set_defaults(func=run_udacity_emulator)
 
 
@@ -59,16 +62,17 @@ def run_udacity_emulator(args) -> int:
         track_spec(args.track)
     except ValueError as e:
         raise ValueError(f"--track: {e}") from None
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
     if args.record:
         frames = args.frames if args.frames is not None else 1000
         summary = record_training(args.record, track=args.track, frames=frames, seed=args.seed,
-                                  speed_mph=args.speed, noise=args.noise)
+                                  speed_mph=args.speed, noise=args.noise, progress_bar=progress)
         _print(summary, args.json)
         return 0
     cfg = EmulatorConfig(host=args.host, port=args.port, track=args.track, frames=args.frames, laps=args.laps,
                          start=args.start, human=args.human, human_speed_mph=args.speed,
                          decimal_comma=args.decimal_comma, stop_off_road=args.stop_off_road, realtime=args.realtime,
-                         answer_timeout=args.timeout, seed=args.seed)
+                         answer_timeout=args.timeout, seed=args.seed, progress=progress)
     try:
         report = run_emulator(cfg)
     except OSError as e:
