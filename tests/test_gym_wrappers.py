@@ -18,8 +18,9 @@ import nac_drive
 from nac_drive.agents.expert_env import GrayObservation, NegativeRewardTruncation, Preprocessing, make_expert_env
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
 from nac_drive.simulators.carracing import ActionBursts, ActionRepeat, ConsecutiveTrackSeeds, make_carracing
+from nac_drive.simulators.udacity_env import SpeedControl
 
-# Each project wrapper around a CarRacing env, with arguments that make it act.
+# Each project wrapper around the env it serves, with arguments that make it act.
 WRAPPED = {
     ActionRepeat: lambda: ActionRepeat(make_carracing(), 3, skip_render=True),
     ConsecutiveTrackSeeds: lambda: ConsecutiveTrackSeeds(make_carracing(), stride=2),
@@ -27,6 +28,7 @@ WRAPPED = {
     GrayObservation: lambda: GrayObservation(make_carracing(), 40),
     NegativeRewardTruncation: lambda: NegativeRewardTruncation(make_carracing(continuous=True), patience=2),
     RecordEpisodes: lambda: RecordEpisodes(make_carracing(), fps=50),
+    SpeedControl: lambda: SpeedControl(gym.make("nac_drive/UdacityEmulator-v0", track="gentle"), speed_mph=12.0),
 }
 STACKS = {**{cls.__name__: make for cls, make in WRAPPED.items()},
           # the PPO expert's whole stack, training's extras included
