@@ -58,7 +58,7 @@ def add_parser(subparsers) -> None:
     ev.add_argument("--sample-seed", type=SEED, default=0,
                     help="--stochastic: seed of the sampling (each track's episode draws from "
                          "its own stream of this seed and the track's)")
-    ev.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
+    ev.add_argument("--video", default=None, metavar="WEBM", help="write the episodes to a WebM (VP9) video")
     ev.add_argument("--json", action="store_true",
                     help="end the output with one line of JSON (mean_return, std_return, ...)")
     ev.set_defaults(func=_eval)
