@@ -57,7 +57,8 @@ def test_episodes_are_written_as_vp9_webm_one_frame_per_env_frame(tmp_path):
     fourcc, frames = _decoded_frames(path)
     assert fourcc == "VP90" and len(frames) == 24 == len(actor.seen)
     info = read_webm_info(path)
-    assert (info.codec, info.width, info.height, info.fps, info.frames) == ("V_VP9", 384, 384, FPS, 24)
+    side = 96 * VIDEO_SCALE
+    assert (info.codec, info.width, info.height, info.fps, info.frames) == ("V_VP9", side, side, FPS, 24)
     # each video frame is the observation the actor saw (upscaled, lossy): not its neighbour's
     upscaled = [np.repeat(np.repeat(o, VIDEO_SCALE, 0), VIDEO_SCALE, 1).astype(float) for o in actor.seen]
     errors = [np.abs(f - upscaled[i]).mean() for i, f in enumerate(frames)]
@@ -151,7 +152,7 @@ def test_chromium_plays_the_drive_video_in_step_with_the_traces(tmp_path, capsys
         page.wait_for_function("window.dashboard.video.readyState >= 2", timeout=10_000)
         media = page.evaluate("() => { const v = window.dashboard.video; "
                               "return {error: v.error, duration: v.duration, width: v.videoWidth}; }")
-        assert media["error"] is None and media["width"] == 384
+        assert media["error"] is None and media["width"] == 96 * VIDEO_SCALE
         assert media["duration"] == pytest.approx(steps / FPS, abs=1.5 / FPS)
 
         # scrubbing moves the video to that step: its picture is the trace's frame 40
