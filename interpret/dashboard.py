@@ -460,7 +460,7 @@ main { padding: 12px 22px 30px; display: grid; grid-template-columns: minmax(320
 .wide { grid-column: 1 / -1; }
 .panel h2 { font-size: 15px; margin: 4px 6px 8px; font-weight: 600; }
 #frame, #video { width: 100%; image-rendering: pixelated; border-radius: 4px; display: block; background: #000; }
-#video { margin-top: 8px; }
+#video-box { margin-top: 10px; }
 #readout { font-size: 13px; margin: 8px 4px 0; line-height: 1.6; font-variant-numeric: tabular-nums; }
 #readout td { padding: 0 10px 0 0; }
 .note { color: #777; font-size: 13px; padding: 12px; }
@@ -491,7 +491,8 @@ _PAGE = """<!DOCTYPE html>
 </div>
 <main>
   <section class="panel"><h2>Frame</h2><img id="frame" alt="current frame"><div id="readout"></div>
-    <video id="video" controls muted playsinline preload="auto" hidden></video></section>
+    <div id="video-box" hidden><h2>Video</h2><video id="video" controls muted playsinline preload="auto"></video></div>
+  </section>
   <section class="panel"><div class="fig-wrap"><div id="fig-actions"></div><div class="cursor" id="cursor-actions"></div></div></section>
   <section class="panel wide nac"><div class="row2"><div id="fig-attention_now"></div><div id="fig-wiring"></div></div></section>
   <section class="panel wide nac"><div class="fig-wrap"><div id="fig-sensory"></div><div class="cursor" id="cursor-sensory"></div></div></section>
@@ -644,7 +645,7 @@ _SCRIPT = r"""
     const bin = atob(V.b64), bytes = new Uint8Array(bin.length);
     for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
     video.src = URL.createObjectURL(new Blob([bytes], {type: "video/webm"}));
-    video.hidden = false;
+    document.getElementById("video-box").hidden = false;
     const stepAt = (time) => Math.min(N - 1, Math.floor(time * V.fps + 1e-6));
     const follow = (now, meta) => {
       if (video.paused) return;
@@ -652,7 +653,9 @@ _SCRIPT = r"""
       video.requestVideoFrameCallback(follow);
     };
     video.addEventListener("play", () => { setPlaying(false); video.requestVideoFrameCallback(follow); });
-    video.addEventListener("seeked", () => { if (video.paused) setFrame(stepAt(video.currentTime)); });
+    const settle = () => { if (video.paused) setFrame(stepAt(video.currentTime)); };   // where it stopped
+    video.addEventListener("seeked", settle);
+    video.addEventListener("pause", settle);
   }
 
   function stop() { setPlaying(false); if (V) video.pause(); }   // the user picked a frame
