@@ -47,7 +47,6 @@ class WebmWriter:
     def __init__(self, path: str | os.PathLike, fps: float, scale: int = 1):
         self.path = check_video_path(path)
         self.fps, self.scale = fps, scale
-        self.frames = 0
         self._writer = None
 
     def write(self, rgb: np.ndarray) -> None:
@@ -65,7 +64,6 @@ class WebmWriter:
             if not self._writer.isOpened():
                 raise OSError(f"cannot open video file for writing: {self.path}")
         self._writer.write(frame)
-        self.frames += 1
 
     def close(self) -> None:
         if self._writer is not None:
