@@ -63,6 +63,7 @@ class PolicyDriver:
             self.recorder.new_episode()
 
     def reset_env(self, env) -> None:
+        self.policy.check_env(env)   # a clear error before a wrong-kind action reaches env.step
         self._env = env
         if self.oracle is not None:
             self.oracle.reset_env(env)

@@ -1,12 +1,14 @@
 """One self-contained HTML dashboard per recorded run (works offline, no server).
 
-:func:`build_dashboard` reads ``RUN_DIR/trace.npz`` (and ``RUN_DIR/saliency.npz`` if
-present) and writes a single HTML file: plotly.js inline (the copy bundled with the
-plotly package), frames and saliency overlays as base64 JPEG, the figures as plotly
-JSON (numeric arrays base64-packed by plotly), and a small script that ties every
-panel to one frame scrubber.
+:func:`build_dashboard` reads ``RUN_DIR/trace.npz`` (and ``RUN_DIR/saliency.npz`` and
+the run's WebM video, ``RUN_DIR/video.webm`` or one named, if present) and writes a single
+HTML file: plotly.js inline (the copy bundled with the plotly package), frames and
+saliency overlays as base64 JPEG, the video as base64 WebM, the figures as plotly JSON
+(numeric arrays base64-packed by plotly), and a small script that ties every panel to one
+frame scrubber.
 
-Panels: the frame (saliency overlay on/off); policy vs expert actions, reward and
+Panels: the frame (saliency overlay on/off) and the video, which follows the scrubber and,
+while it plays, moves it; policy vs expert actions, reward and
 cross-track error over time; the attention over past frames for the current frame,
 per head; the NCP backbone wiring coloured by neuron group; heatmaps (neurons x time)
 of the sensory q/k/v gates and of the backbone's inter/command/motor layers (mean over
@@ -36,20 +38,27 @@ from nac_drive.atomic import atomic_write
 from nac_drive.interpret.archive import decode_jpeg, encode_jpeg
 from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
 from nac_drive.interpret.trace import BACKBONE_GROUPS, RunTrace, load_trace
+from nac_drive.video import read_webm_info
 
 DEFAULT_IMAGE_BUDGET = 20_000_000  # bytes of base64 images; the whole page should stay <= 25 MB
+VIDEO_FILE = "video.webm"
+MAX_VIDEO_BYTES = 50_000_000       # a larger video is refused (it is embedded as it is)
+PLAYABLE_CODECS = ("V_VP9", "V_VP8", "V_AV1")   # what browsers play in WebM
 GROUP_COLOURS = {"sensory": "#1f77b4", "inter": "#2ca02c", "command": "#ff7f0e", "motor": "#d62728",
                  "readout": "#7f7f7f"}
 HEAD_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
 
 
 def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | None = None,
-                    image_budget: int = DEFAULT_IMAGE_BUDGET, title: str | None = None) -> Path:
+                    image_budget: int = DEFAULT_IMAGE_BUDGET, title: str | None = None,
+                    video: str | os.PathLike | None = None) -> Path:
     """Write the dashboard of the run in ``run_dir`` to ``out_html`` (default
     ``RUN_DIR/dashboard.html``); returns its path.
 
     Frames are embedded as recorded; if frames plus overlays would exceed
-    ``image_budget`` bytes of base64, they are re-encoded smaller to fit.
+    ``image_budget`` bytes of base64, they are re-encoded smaller to fit. ``video``: the
+    run's WebM, one video frame per recorded step (``drive --video``; default
+    ``RUN_DIR/video.webm`` if it exists), embedded as it is.
     """
     from plotly.offline import get_plotlyjs
 
@@ -58,6 +67,9 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     saliency_path = (run_dir if run_dir.is_dir() else run_dir.parent) / SALIENCY_FILE
     saliency = load_saliency(saliency_path, run) if saliency_path.exists() else None
     out_html = Path(out_html) if out_html is not None else run.path.parent / "dashboard.html"
+    if video is None and (run.path.parent / VIDEO_FILE).is_file():
+        video = run.path.parent / VIDEO_FILE
+    video_data = _video_data(Path(video), run) if video is not None else None
 
     frames = [run.frame_jpeg(i) for i in range(run.num_steps)]
     overlays = [saliency.overlay_bytes(i) for i in range(run.num_steps)] if saliency else None
@@ -76,6 +88,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         "frames": [base64.b64encode(b).decode("ascii") for b in frames],
         "overlays": [base64.b64encode(b).decode("ascii") for b in overlays] if overlays else None,
         "saliency": saliency.metadata if saliency else None,
+        "video": video_data,
         "readout": _readout(run),
         "has_nac": has_nac,
         "figures": {name: json.loads(fig.to_json()) for name, fig in figures.items()},
@@ -88,7 +101,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         data["attention"]["heads"], data["attention"]["k"] = H, K
         data["backbone_z"] = {mode: [_packed(z) for z in _backbone_z(run, mode)] for mode in ("mean", "top")}
     page = _PAGE.format(title=html.escape(title or f"nac-drive run: {run.path.parent.name}"),
-                        summary=_summary_html(run, saliency), plotly_js=get_plotlyjs(),
+                        summary=_summary_html(run, saliency, video_data), plotly_js=get_plotlyjs(),
                         data=_script_json(data),
                         script=_SCRIPT, style=_STYLE)
     atomic_write(out_html, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
@@ -147,6 +160,21 @@ def _fit_images(frames: list[bytes], overlays: list[bytes] | None, budget: int):
     return smaller[:n], (smaller[n:] if overlays else None)
 
 
+def _video_data(path: Path, run: RunTrace) -> dict[str, Any]:
+    """The run's video for the page: base64 WebM, its frame rate and size, after checking
+    (from its container, nothing decoded) that it is a WebM browsers play with one frame
+    per recorded step."""
+    info = read_webm_info(path, max_bytes=MAX_VIDEO_BYTES)
+    if info.codec not in PLAYABLE_CODECS:
+        raise ValueError(f"{path}: codec {info.codec!r}, browsers play {', '.join(PLAYABLE_CODECS)} in WebM")
+    if info.frames != run.num_steps:
+        raise ValueError(f"{path}: {info.frames} video frames but the run's trace has {run.num_steps} steps "
+                         f"(not this run's video: drive writes both with --video and --trace)")
+    return {"b64": base64.b64encode(path.read_bytes()).decode("ascii"), "name": path.name, "codec": info.codec,
+            "fps": info.fps or _playback_fps(run.timestamp), "width": info.width, "height": info.height,
+            "frames": info.frames}
+
+
 def _playback_fps(timestamp: np.ndarray) -> float:
     dt = np.diff(timestamp)
     dt = dt[np.isfinite(dt) & (dt > 0)]
@@ -192,7 +220,7 @@ def _backbone_z(run: RunTrace, mode: str) -> list[np.ndarray]:
     return out
 
 
-def _summary_html(run: RunTrace, saliency) -> str:
+def _summary_html(run: RunTrace, saliency, video: dict[str, Any] | None) -> str:
     meta = run.metadata
     items = [("steps", str(run.num_steps)), ("frame", "x".join(map(str, meta.get("frame_shape") or [])))]
     user = meta.get("run") or {}
@@ -214,6 +242,9 @@ def _summary_html(run: RunTrace, saliency) -> str:
     if saliency:
         items.append(("saliency", f"{saliency.metadata.get('method')} on {saliency.metadata.get('target_layer')}, "
                                   f"target {saliency.metadata.get('target')}"))
+    if video:
+        items.append(("video", f"{video['name']}: {video['codec']} {video['width']}x{video['height']}, "
+                               f"{video['frames']} frames at {video['fps']:g} fps"))
     return "".join(f"<span><b>{html.escape(k)}</b> {html.escape(v)}</span>" for k, v in items)
 
 
@@ -433,7 +464,8 @@ main { padding: 12px 22px 30px; display: grid; grid-template-columns: minmax(320
 .panel { background: #fff; border: 1px solid #e1e3e6; border-radius: 6px; padding: 8px; min-width: 0; }
 .wide { grid-column: 1 / -1; }
 .panel h2 { font-size: 15px; margin: 4px 6px 8px; font-weight: 600; }
-#frame { width: 100%; image-rendering: pixelated; border-radius: 4px; display: block; background: #000; }
+#frame, #video { width: 100%; image-rendering: pixelated; border-radius: 4px; display: block; background: #000; }
+#video-box { margin-top: 10px; }
 #readout { font-size: 13px; margin: 8px 4px 0; line-height: 1.6; font-variant-numeric: tabular-nums; }
 #readout td { padding: 0 10px 0 0; }
 .note { color: #777; font-size: 13px; padding: 12px; }
@@ -463,7 +495,9 @@ _PAGE = """<!DOCTYPE html>
     <option value="top">top-weighted pair</option></select></label>
 </div>
 <main>
-  <section class="panel"><h2>Frame</h2><img id="frame" alt="current frame"><div id="readout"></div></section>
+  <section class="panel"><h2>Frame</h2><img id="frame" alt="current frame"><div id="readout"></div>
+    <div id="video-box" hidden><h2>Video</h2><video id="video" controls muted playsinline preload="auto"></video></div>
+  </section>
   <section class="panel"><div class="fig-wrap"><div id="fig-actions"></div><div class="cursor" id="cursor-actions"></div></div></section>
   <section class="panel wide nac"><div class="row2"><div id="fig-attention_now"></div><div id="fig-wiring"></div></div></section>
   <section class="panel wide nac"><div class="fig-wrap"><div id="fig-sensory"></div><div class="cursor" id="cursor-sensory"></div></div></section>
@@ -503,6 +537,7 @@ _SCRIPT = r"""
   const img = document.getElementById("frame"), readout = document.getElementById("readout");
   const playBtn = document.getElementById("play"), speed = document.getElementById("speed");
   const overlayToggle = document.getElementById("overlay-toggle");
+  const video = document.getElementById("video"), V = DATA.video;
   slider.max = String(Math.max(0, N - 1));
   if (!DATA.overlays) { overlayToggle.disabled = true; overlayToggle.parentElement.title = "no saliency.npz in this run"; }
   if (!DATA.has_nac) {
@@ -569,6 +604,10 @@ _SCRIPT = r"""
     const src = (overlayToggle.checked && DATA.overlays) ? DATA.overlays[i] : DATA.frames[i];
     img.src = "data:image/jpeg;base64," + src;
     renderReadout(i);
+    // the video follows the scrubber (to the middle of frame i) unless it is playing
+    if (V && video.paused && Math.abs(video.currentTime - (i + 0.5) / V.fps) >= 0.5 / V.fps) {
+      video.currentTime = (i + 0.5) / V.fps;
+    }
     for (const name of DATA.time_figures) if (drawn.has(name)) placeCursor(name);
     if (DATA.has_nac && drawn.has("attention_now")) renderAttention(i);
   }
@@ -579,6 +618,7 @@ _SCRIPT = r"""
   }
 
   function setPlaying(on) {
+    if (on && V) video.pause();
     state.playing = on;
     playBtn.innerHTML = on ? "&#10073;&#10073; Pause" : "&#9654; Play";
     clearInterval(state.timer);
@@ -604,15 +644,35 @@ _SCRIPT = r"""
     Plotly.restyle(div, {z: z}, idx);
   }
 
-  slider.addEventListener("input", () => { setPlaying(false); setFrame(Number(slider.value)); });
+  // The run's video: one video frame per recorded step, so step = floor(time x fps).
+  // While it plays, each frame it shows moves the scrubber (and every panel) there.
+  if (V) {
+    const bin = atob(V.b64), bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    video.src = URL.createObjectURL(new Blob([bytes], {type: "video/webm"}));
+    document.getElementById("video-box").hidden = false;
+    const stepAt = (time) => Math.min(N - 1, Math.floor(time * V.fps + 1e-6));
+    const follow = (now, meta) => {
+      if (video.paused) return;
+      setFrame(stepAt(meta.mediaTime));
+      video.requestVideoFrameCallback(follow);
+    };
+    video.addEventListener("play", () => { setPlaying(false); video.requestVideoFrameCallback(follow); });
+    const settle = () => { if (video.paused) setFrame(stepAt(video.currentTime)); };   // where it stopped
+    video.addEventListener("seeked", settle);
+    video.addEventListener("pause", settle);
+  }
+
+  function stop() { setPlaying(false); if (V) video.pause(); }   // the user picked a frame
+  slider.addEventListener("input", () => { stop(); setFrame(Number(slider.value)); });
   playBtn.addEventListener("click", () => setPlaying(!state.playing));
   speed.addEventListener("change", () => { if (state.playing) setPlaying(true); });
   overlayToggle.addEventListener("change", () => setFrame(state.frame));
   document.getElementById("backbone-mode").addEventListener("change", (e) => setBackboneMode(e.target.value));
   document.addEventListener("keydown", (e) => {
     if (e.target.tagName === "SELECT") return;
-    if (e.key === "ArrowRight") { setPlaying(false); setFrame(state.frame + 1); }
-    else if (e.key === "ArrowLeft") { setPlaying(false); setFrame(state.frame - 1); }
+    if (e.key === "ArrowRight") { stop(); setFrame(state.frame + 1); }
+    else if (e.key === "ArrowLeft") { stop(); setFrame(state.frame - 1); }
     else if (e.key === " " && e.target.tagName !== "BUTTON") { e.preventDefault(); setPlaying(!state.playing); }
   });
 
@@ -627,7 +687,7 @@ _SCRIPT = r"""
       if (DATA.time_figures.includes(name)) {
         div.on("plotly_afterplot", () => placeCursor(name));
         div.on("plotly_click", (ev) => {
-          if (ev.points && ev.points.length) { setPlaying(false); setFrame(Number(ev.points[0].x)); }
+          if (ev.points && ev.points.length) { stop(); setFrame(Number(ev.points[0].x)); }
         });
       }
     });
@@ -638,7 +698,8 @@ _SCRIPT = r"""
   }
   const onScreen = (name) => document.getElementById("fig-" + name).getBoundingClientRect().top < window.innerHeight;
   const first = names.filter(onScreen), rest = names.filter((n) => !onScreen(n));
-  window.dashboard = {data: DATA, state: state, setFrame: setFrame, setPlaying: setPlaying, drawn: drawn};
+  window.dashboard = {data: DATA, state: state, setFrame: setFrame, setPlaying: setPlaying, drawn: drawn,
+                      video: V ? video : null};
   first.reduce((p, name) => p.then(() => draw(name)), Promise.resolve()).then(() => {
     if (N > 0) render();
     window.__dashboardReadyAt = performance.now();

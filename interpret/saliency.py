@@ -7,11 +7,19 @@ convolution layer of it: by default the last ``nn.Conv2d``.
 
 Targets (``target=``), one scalar per sample:
 
-* an ``int``: that discrete action's output (classification, e.g. CarRacing);
+* an ``int``: that discrete action's output (classification, e.g. CarRacing), through
+  pytorch-grad-cam's own ``ClassifierOutputTarget``;
 * ``"predicted"``: the action the model itself picks (argmax of the output);
 * ``"steer+"`` / ``"steer-"``: ``+output[steer_index]`` / ``-output[steer_index]``,
-  evidence for steering right / left (regression, e.g. Udacity);
+  evidence for steering right / left (regression, e.g. Udacity): :class:`SteeringTarget`,
+  as pytorch-grad-cam has no signed target of one output among several (its
+  ``BinaryClassifierOutputTarget`` negates the whole output, so serves one-output models only);
 * ``"steer"``: the direction the model actually steers (sign of its output).
+
+:func:`overlay` is not pytorch-grad-cam's ``show_cam_on_image``: that one divides the
+blend by its brightest pixel, so a frame's brightness changes with its map (by up to 58
+of 255 levels for a map with no evidence), truncates instead of rounding, takes float
+frames only and a map already at the frame's size.
 
 Test-time augmentation (pytorch-grad-cam's ``aug_smooth``) is never used: it
 mirrors the image, and a mirrored road reverses the steering meaning.
@@ -69,16 +77,6 @@ class SteeringTarget:
         return self.direction * output.reshape(-1)[self.index]
 
 
-class ActionTarget:
-    """Scalar target ``output[action]`` of one sample's output ``[A]`` (classification)."""
-
-    def __init__(self, action: int):
-        self.action = int(action)
-
-    def __call__(self, output: torch.Tensor) -> torch.Tensor:
-        return output.reshape(-1)[self.action]
-
-
 def last_conv2d(model: nn.Module) -> nn.Conv2d:
     """The last ``nn.Conv2d`` registered in ``model`` (the usual Grad-CAM layer)."""
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
@@ -100,14 +98,16 @@ def resolve_layer(model: nn.Module, target_layer: nn.Module | str | None) -> nn.
 
 
 def _targets(target, outputs: torch.Tensor, steer_index: int) -> list:
-    """One scalar target per sample. outputs ``[B, A]`` (or ``[B]``)."""
+    """One scalar target per sample. outputs ``[B, A]`` (or ``[B]`` for the steering targets)."""
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
     flat = outputs.reshape(outputs.shape[0], -1)
     if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
         if not 0 <= target < flat.shape[1]:
             raise ValueError(f"target: action {target} is out of range for {flat.shape[1]} outputs")
-        return [ActionTarget(target)] * len(flat)
+        return [ClassifierOutputTarget(int(target))] * len(flat)
     if target == "predicted":
-        return [ActionTarget(a) for a in flat.argmax(dim=1).tolist()]
+        return [ClassifierOutputTarget(a) for a in flat.argmax(dim=1).tolist()]
     if target in STEER_TARGETS:
         if not 0 <= steer_index < flat.shape[1]:
             raise ValueError(f"steer_index: {steer_index} is out of range for {flat.shape[1]} outputs")

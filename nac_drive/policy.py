@@ -7,6 +7,7 @@
     action = policy.select_action(obs)     # streams through NAC.step: no recompute of the window
 
     actions, _ = policy.predict(obs_batch, episode_start=starts)   # stable-baselines3 protocol
+    policy.check_env(env)                  # ValueError naming the space where env and policy disagree
 
 Checkpoints are a folder with ``config.json`` + ``model.safetensors``
 (:meth:`save_pretrained` / :meth:`from_pretrained`); loading never unpickles.
@@ -32,6 +33,8 @@ from nac_drive.encoders import ENCODERS
 from nac_drive.nac import upgrade_state_names
 
 TASKS = ("carracing", "udacity")
+# A continuous CarRacing action: steer in [-1, 1], gas and brake in [0, 1].
+CARRACING_LOW, CARRACING_HIGH = (-1.0, 0.0, 0.0), (1.0, 1.0, 1.0)
 FORMAT_VERSION = 1
 # Largest value a loaded config may give each size (far above any policy trained here):
 # a config.json naming a huge size is refused before anything is built from it.
@@ -170,8 +173,8 @@ class DrivingPolicy(nn.Module):
         if self.config.action == "discrete":
             return int(output.argmax())
         action = output.numpy().astype(np.float32)
-        if self.config.task == "carracing":   # steer in [-1, 1], gas and brake in [0, 1]
-            return np.clip(action, [-1.0, 0.0, 0.0], [1.0, 1.0, 1.0]).astype(np.float32)
+        if self.config.task == "carracing":
+            return np.clip(action, CARRACING_LOW, CARRACING_HIGH).astype(np.float32)
         return np.clip(action, -1.0, 1.0)
 
     def select_action(self, obs):
@@ -191,7 +194,8 @@ class DrivingPolicy(nn.Module):
 
         observation ``[n_envs, H, W, 3]`` (or one ``[H, W, 3]``); ``state`` is the list of
         per-env streaming states this method returned last time; ``episode_start``
-        ``[n_envs]`` bool resets an env's window. Always deterministic.
+        ``[n_envs]`` bool resets an env's window. Always deterministic. Actions are
+        :attr:`action_space`'s: ints, or ``[n_envs, num_outputs]`` (Udacity: ``[n_envs, 1]``).
         """
         obs = np.asarray(observation)
         single = obs.ndim == 3
@@ -202,10 +206,50 @@ class DrivingPolicy(nn.Module):
         for i, frame in enumerate(batch):
             own = (None, 0, None) if starts[i] or states[i] is None else states[i]
             self._state, self._frames_seen, self._t0 = own
-            actions.append(self.select_action(frame))
+            actions.append(self.output_to_action(self.step_output(frame)))
             states[i] = (self._state, self._frames_seen, self._t0)
         actions = np.asarray(actions)
         return (actions[0] if single else actions), states
+
+    # ------------------------------------------------------------------- spaces
+    @property
+    def observation_space(self):
+        """The gymnasium space of one raw observation: CarRacing's RGB ``[96, 96, 3]`` uint8
+        frame, or the Udacity simulator's RGB camera frame ``[160, 320, 3]`` uint8."""
+        from gymnasium import spaces
+
+        if self.config.task == "udacity":
+            from nac_drive.simulators.udacity_bridge import IMAGE_SHAPE
+            shape = IMAGE_SHAPE
+        else:
+            shape = (self.frame_shape[1], self.frame_shape[2], self.frame_shape[0])
+        return spaces.Box(0, 255, shape, np.uint8)
+
+    @property
+    def action_space(self):
+        """The gymnasium space of what :meth:`predict` returns per env: ``Discrete(num_outputs)``
+        for discrete policies; continuous CarRacing: ``Box([-1, 0, 0], [1, 1, 1])`` (steer,
+        gas, brake); Udacity: ``Box(-1, 1, (num_outputs,))`` (the steering angle)."""
+        from gymnasium import spaces
+
+        if self.config.action == "discrete":
+            return spaces.Discrete(self.config.num_outputs)
+        if self.config.task == "carracing" and self.config.num_outputs == len(CARRACING_LOW):
+            return spaces.Box(np.float32(CARRACING_LOW), np.float32(CARRACING_HIGH), dtype=np.float32)
+        return spaces.Box(-1.0, 1.0, (self.config.num_outputs,), np.float32)
+
+    def check_env(self, env) -> None:
+        """Raise ``ValueError`` naming the space on which ``env`` (a gymnasium env or an SB3
+        VecEnv) and this policy disagree, instead of a bare error deep inside ``env.step``."""
+        kind = f"{self.config.action} {self.config.task} policy"
+        for name in ("observation", "action"):
+            ours, theirs = getattr(self, f"{name}_space"), getattr(env, f"{name}_space", None)
+            if theirs != ours:
+                hint = ""
+                if name == "action" and self.config.task == "carracing":
+                    hint = f" (make the env with continuous={self.config.action == 'continuous'})"
+                raise ValueError(f"env and policy disagree on the {name} space: the env's is {theirs}, "
+                                 f"this {kind}'s is {ours}{hint}")
 
     def frame_model(self) -> nn.Module:
         """An image model ``[B, C, H, W] -> [B, num_outputs]`` for the NEXT frame, with the

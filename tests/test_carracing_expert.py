@@ -252,19 +252,6 @@ def test_run_episodes_counts_laps_from_env_termination():
     assert EpisodeResults().summary()["episodes"] == 0
 
 
-def test_run_episodes_writes_video(tmp_path):
-    import cv2
-
-    path = tmp_path / "run.mp4"
-    run_episodes(_ConstantActor(GAS), [5], max_steps=12, video_path=path)
-    cap = cv2.VideoCapture(str(path))
-    frames = 0
-    while cap.read()[0]:
-        frames += 1
-    assert frames == 12
-    assert cap.get(cv2.CAP_PROP_FRAME_WIDTH) == 384  # 96 x 4
-
-
 # --- PPO expert adapter ---------------------------------------------------------------
 
 def test_preprocess_shape_and_errors():

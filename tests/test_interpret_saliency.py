@@ -210,3 +210,45 @@ def test_run_saliency_file(classifier, tmp_path):
     from nac_drive.interpret.archive import ArchiveError
     with pytest.raises(ArchiveError, match="computed from another trace.npz"):
         load_saliency(tmp_path, load_trace(tmp_path))
+
+
+def test_the_readme_recipe_is_the_packages_saliency():
+    """README: Grad-CAM from Python on policy.frame_model() and policy.encoder.last_conv with
+    pytorch-grad-cam's own classes gives the maps `nac-drive saliency` computes, bit for bit."""
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    from nac_drive.cores import CoreConfig
+    from nac_drive.policy import DrivingPolicy, PolicyConfig
+
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(window=4, d_model=16, num_heads=2, topk=2))).eval()
+    frames = torch.randint(0, 256, (5, 96, 96, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    for frame in frames[:4]:
+        policy.select_action(frame.numpy())                  # the window so far
+    x = frames[4:].permute(0, 3, 1, 2).float() / 255          # the next frame [1, 3, 96, 96]
+    model = policy.frame_model()
+    assert last_conv2d(model) is policy.encoder.last_conv
+    action = int(model(x).argmax())
+    cam = GradCAM(model=model, target_layers=[policy.encoder.last_conv])
+    maps = cam(input_tensor=x, targets=[ClassifierOutputTarget(action)])
+    cam.activations_and_grads.release()
+    ours = saliency_maps(model, x, target="predicted")
+    assert maps.shape == ours.shape == (1, 96, 96) and maps.std() > 0.05
+    np.testing.assert_array_equal(ours, maps)
+    assert not np.array_equal(saliency_maps(model, x, target=(action + 1) % 5), ours)   # the target matters
+
+
+def test_overlay_keeps_the_frames_brightness_where_show_cam_on_image_does_not():
+    """Why overlay() is not pytorch-grad-cam's show_cam_on_image: that one divides the blend
+    by its brightest pixel, so a map with no evidence brightens the whole frame."""
+    import cv2
+    from pytorch_grad_cam.utils.image import show_cam_on_image
+
+    frame = np.random.default_rng(0).integers(0, 200, (96, 96, 3), dtype=np.uint8)
+    cold = np.zeros((12, 12), np.float32)
+    blue = cv2.applyColorMap(np.zeros((1, 1), np.uint8), cv2.COLORMAP_JET)[0, 0, ::-1].astype(float)   # RGB
+    expected = np.round(0.55 * frame + 0.45 * blue)                     # the plain blend, per pixel
+    np.testing.assert_allclose(overlay(frame, cold, alpha=0.45), expected, atol=1)   # 1: float32 rounding
+    theirs = show_cam_on_image(frame.astype(np.float32) / 255, np.zeros((96, 96), np.float32), use_rgb=True,
+                               image_weight=0.55)
+    assert np.abs(theirs.astype(float) - expected).max() > 20

@@ -1,6 +1,7 @@
 """DrivingPolicy: every core streams what it was trained on; checkpoints; SB3 protocol."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -62,13 +63,17 @@ def test_select_action_gives_env_actions():
         discrete.select_action(np.zeros((64, 64, 3), np.uint8))
 
 
-def test_sb3_evaluate_policy_scores_the_policy():
+CONTINUOUS = {"action": "continuous", "num_outputs": 3}
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_sb3_evaluate_policy_scores_the_policy(continuous):
     gym = pytest.importorskip("gymnasium")
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    policy = policy_for()
-    make = lambda: gym.make("CarRacing-v3", continuous=False, max_episode_steps=25)  # noqa: E731
+    policy = policy_for(**(CONTINUOUS if continuous else {}))
+    make = lambda: gym.make("CarRacing-v3", continuous=continuous, max_episode_steps=25)  # noqa: E731
     venv = DummyVecEnv([make])
     venv.seed(900_000)
     returns, lengths = evaluate_policy(policy, venv, n_eval_episodes=1, return_episode_rewards=True)
@@ -86,7 +91,46 @@ def test_sb3_evaluate_policy_scores_the_policy():
     obs = np.stack([frames(1, s)[0, 0].permute(1, 2, 0).numpy() for s in (1, 2)])
     a1, state = policy.predict(obs, episode_start=np.array([True, True]))
     a2, state2 = policy.predict(obs, state=state, episode_start=np.array([False, True]))
-    assert a1.shape == (2,) and state2[0][1] == 2 and state2[1][1] == 1
+    assert a1.shape == ((2, 3) if continuous else (2,)) and state2[0][1] == 2 and state2[1][1] == 1
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_policy_spaces_are_the_envs_and_a_mismatch_is_named(continuous):
+    gym = pytest.importorskip("gymnasium")
+    from stable_baselines3.common.utils import check_for_correct_spaces
+
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.simulators.carracing import run_episodes
+
+    policy = policy_for(**(CONTINUOUS if continuous else {}))
+    env, other = (gym.make("CarRacing-v3", continuous=c) for c in (continuous, not continuous))
+    check_for_correct_spaces(env, policy.observation_space, policy.action_space)   # SB3's own check
+    policy.check_env(env)
+    obs, _ = env.reset(seed=3)
+    assert policy.observation_space.contains(obs)
+    assert policy.action_space.contains(policy.predict(obs)[0])
+    with pytest.raises(ValueError, match="Action spaces do not match"):
+        check_for_correct_spaces(other, policy.observation_space, policy.action_space)
+    message = (rf"env and policy disagree on the action space: the env's is {re.escape(str(other.action_space))}, "
+               rf"this {policy.config.action} carracing policy's is .*continuous={continuous}")
+    with pytest.raises(ValueError, match=message):
+        policy.check_env(other)
+    # the project's runner stops on the same line before a wrong-kind action reaches env.step
+    # (a discrete action in a continuous CarRacing used to end in a bare IndexError)
+    with pytest.raises(ValueError, match=message):
+        run_episodes(PolicyDriver(policy), [3], env=other, max_steps=2)
+
+
+def test_udacity_policy_spaces():
+    policy = DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1)).eval()
+    assert policy.observation_space.shape == (160, 320, 3) and policy.action_space.shape == (1,)
+    frames_ = np.random.default_rng(0).integers(0, 256, (2, 160, 320, 3), dtype=np.uint8)
+    actions, _ = policy.predict(frames_)
+    assert actions.shape == (2, 1) and all(policy.action_space.contains(a) for a in actions)
+    carracing = policy_for()
+    with pytest.raises(ValueError, match=r"observation space: the env's is Box\(0, 255, \(96, 96, 3\), uint8\), "
+                                         r"this continuous udacity policy's is Box\(0, 255, \(160, 320, 3\)"):
+        policy.check_env(carracing)   # anything with the two spaces: here a CarRacing policy
 
 
 def test_checkpoint_round_trip_and_errors(tmp_path):

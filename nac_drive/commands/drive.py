@@ -1,6 +1,6 @@
 """``nac-drive drive``: run a trained policy closed-loop.
 
-    nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.mp4] [--trace RUN_DIR] [--json]
+    nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--json]
     nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
 
 CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default. Without
@@ -47,7 +47,8 @@ def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE, help="seed of the first track")
     parser.add_argument("--max-steps", type=COUNT, default=None, help="cap each episode (env frames; default 1000)")
     parser.add_argument("--render", choices=["human"], default=None, help="show a window while driving")
-    parser.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
+    parser.add_argument("--video", default=None, metavar="WEBM",
+                        help="write the episodes to a WebM (VP9) video, which browsers and the dashboard play")
     parser.add_argument("--trace", default=None, metavar="RUN_DIR",
                         help="record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz "
                              "(RUN_DIR-2, -3, ... if RUN_DIR exists)")
@@ -61,9 +62,12 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
+    from nac_drive.video import check_video_path
 
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
+    if video is not None:
+        check_video_path(video)   # before driving
     policy = load_policy(policy_path)
     if policy.config.task != "carracing":
         raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
@@ -110,7 +114,8 @@ def run_carracing(args: argparse.Namespace) -> int:
     print(summary.pop("text"))
     if args.trace:
         trace = summary["trace"]
-        print(f"trace: {trace}/trace.npz (open it with: nac-drive dashboard {trace} -o dashboard.html)")
+        video = f" --video {args.video}" if args.video else ""
+        print(f"trace: {trace}/trace.npz (open it with: nac-drive dashboard {trace}{video} -o dashboard.html)")
     if args.json:
         print(json.dumps(summary))
     return 0

@@ -53,7 +53,7 @@ def add_parser(subparsers) -> None:
                     help="seed of the first track (held-out tracks start at 900000)")
     ev.add_argument("--max-steps", type=COUNT, default=None,
                     help="cap each episode at this many env frames (default: the env's 1000)")
-    ev.add_argument("--video", default=None, metavar="MP4", help="write the episodes to a video")
+    ev.add_argument("--video", default=None, metavar="WEBM", help="write the episodes to a WebM (VP9) video")
     ev.add_argument("--json", action="store_true",
                     help="end the output with one line of JSON (mean_return, std_return, ...)")
     ev.set_defaults(func=_eval)

@@ -4,7 +4,7 @@
     nac-drive quickstart --full          # collect with the shipped expert -> train -> drive
 
 Writes into ``--out`` (default ``runs/quickstart``; ``runs/quickstart-2``, ... if that
-exists, so a run never overwrites another): ``drive.mp4``, the run's traces
+exists, so a run never overwrites another): ``drive.webm``, the run's traces
 ``run/trace.npz`` with Grad-CAM overlays ``run/saliency.npz``, and ``dashboard.html``
 (open it in any browser, offline). ``--full`` adds ``demos/`` (a Minari dataset) and
 ``train/`` (the run folder with the best checkpoint) and drives that checkpoint.
@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 from nac_drive.arguments import COUNT, SEED, SIZE
+
+VIDEO = "drive.webm"
 
 
 def add_parser(subparsers) -> None:
@@ -53,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
           f"held-out tracks ...", flush=True)
     summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
-                              video=str(out / "drive.mp4"), trace_dir=str(out / "run"), progress=not args.json)
+                              video=str(out / VIDEO), trace_dir=str(out / "run"), progress=not args.json)
     print(summary.pop("text"))
     run = Path(summary["trace"])
     dashboard = _dashboard(policy_path, run, out, with_saliency=not args.no_saliency, progress=not args.json)
-    summary.update(video=str(out / "drive.mp4"), trace=str(run / "trace.npz"), dashboard=str(dashboard),
+    summary.update(video=str(out / VIDEO), trace=str(run / "trace.npz"), dashboard=str(dashboard),
                    seconds=round(time.perf_counter() - started, 1))
     print(f"video: {summary['video']}\ndashboard: {dashboard} (open it in a browser)")
     if args.json:
@@ -88,4 +90,4 @@ def _dashboard(policy_path, run: Path, out: Path, with_saliency: bool, progress:
         from nac_drive.interpret.policy_saliency import policy_saliency
 
         policy_saliency(load_policy(policy_path), run, progress=progress)
-    return build_dashboard(run, out / "dashboard.html", title="nac-drive quickstart")
+    return build_dashboard(run, out / "dashboard.html", title="nac-drive quickstart", video=out / VIDEO)

@@ -1,0 +1,202 @@
+"""Browser-playable video: VP9 in WebM, encoded by the FFmpeg (libvpx) inside the cv2 wheel.
+
+    with WebmWriter("drive.webm", fps=50, scale=4) as video:
+        video.write(rgb)                    # uint8 RGB [H, W, 3], upscaled 4x (nearest)
+    info = read_webm_info("drive.webm")     # codec, size, fps and frame count, from the container
+
+:func:`read_webm_info` reads the Matroska (EBML) structure itself and decodes nothing,
+so a file from elsewhere (the dashboard embeds ``RUN_DIR/video.webm``) never reaches a
+video decoder in this process; every size it reads is checked against the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SUFFIX = ".webm"
+MAX_SIDE = 4096     # as for JPEG frames: a larger claimed picture is refused
+MAX_DEPTH = 8       # EBML nesting read (Segment > Cluster > BlockGroup > Block is 4)
+
+# Matroska element ids (with their length marker bits, as they appear in the file)
+EBML, DOC_TYPE = 0x1A45DFA3, 0x4282
+SEGMENT, TRACKS, TRACK_ENTRY, TRACK_NUMBER, TRACK_TYPE, CODEC_ID = 0x18538067, 0x1654AE6B, 0xAE, 0xD7, 0x83, 0x86
+DEFAULT_DURATION, VIDEO, PIXEL_WIDTH, PIXEL_HEIGHT = 0x23E383, 0xE0, 0xB0, 0xBA
+CLUSTER, SIMPLE_BLOCK, BLOCK_GROUP, BLOCK = 0x1F43B675, 0xA3, 0xA0, 0xA1
+MASTERS = {SEGMENT, TRACKS, TRACK_ENTRY, VIDEO, CLUSTER, BLOCK_GROUP}
+VIDEO_TRACK = 1
+
+
+def check_video_path(path: str | os.PathLike) -> Path:
+    """The path a video will be written to: it must end in ``.webm`` (the container browsers
+    play VP9 in)."""
+    path = Path(path)
+    if path.suffix.lower() != SUFFIX:
+        raise ValueError(f"video: {path}: videos are written as WebM (VP9), name the file *{SUFFIX}")
+    return path
+
+
+class WebmWriter:
+    """A VP9 WebM writer for uint8 RGB frames ``[H, W, 3]``, opened at the first frame (which
+    fixes the size); each frame is upscaled ``scale`` times (nearest neighbour)."""
+
+    def __init__(self, path: str | os.PathLike, fps: float, scale: int = 1):
+        self.path = check_video_path(path)
+        self.fps, self.scale = fps, scale
+        self._writer = None
+
+    def write(self, rgb: np.ndarray) -> None:
+        import cv2
+
+        frame = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR)
+        if self.scale != 1:
+            frame = cv2.resize(frame, None, fx=self.scale, fy=self.scale, interpolation=cv2.INTER_NEAREST)
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            h, w = frame.shape[:2]
+            # OpenCV prints that WebM takes no fourcc tag, then writes VP9 regardless: not the user's concern
+            with _quiet_stderr():
+                self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"VP90"), self.fps, (w, h))
+            if not self._writer.isOpened():
+                raise OSError(f"cannot open video file for writing: {self.path}")
+        self._writer.write(frame)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+
+    def __enter__(self) -> "WebmWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (C libraries' stderr) for the duration."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@dataclass(frozen=True)
+class WebmInfo:
+    codec: str          # Matroska codec id of the video track, e.g. "V_VP9"
+    width: int
+    height: int
+    fps: float | None   # from the track's DefaultDuration, if the file gives it
+    frames: int         # frames of the video track (blocks, lacing counted)
+
+
+def read_webm_info(path: str | os.PathLike, max_bytes: int | None = None) -> WebmInfo:
+    """The video track of a WebM file, read from its EBML structure (nothing is decoded).
+
+    Raises ``ValueError`` naming the file if it is not a WebM with one video track, a size
+    runs past its parent or the file, or the picture is larger than ``MAX_SIDE``; a file
+    over ``max_bytes`` is refused before it is read.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} allowed")
+    data = path.read_bytes()
+    try:
+        return _parse(data)
+    except ValueError as e:
+        raise ValueError(f"{path}: not a readable WebM video ({e})") from None
+
+
+def _vint(data: bytes, pos: int, end: int, keep_marker: bool) -> tuple[int, int, bool]:
+    """An EBML variable-length integer at ``pos`` -> (value, next position, all value bits set)."""
+    if pos >= end:
+        raise ValueError(f"truncated at byte {pos}")
+    first = data[pos]
+    length = 9 - first.bit_length() if first else 9
+    if length > 8 or pos + length > end:
+        raise ValueError(f"bad length field at byte {pos}")
+    value = first if keep_marker else first & (0xFF >> length)
+    for b in data[pos + 1:pos + length]:
+        value = (value << 8) | b
+    unknown = not keep_marker and value == (1 << (7 * length)) - 1
+    return value, pos + length, unknown
+
+
+def _elements(data: bytes, pos: int, end: int):
+    """(id, payload start, payload end) of each element in ``data[pos:end]``; an element of
+    unknown size (live-written Segment or Cluster) runs to ``end``."""
+    while pos < end:
+        element, pos, _ = _vint(data, pos, end, keep_marker=True)
+        size, pos, unknown = _vint(data, pos, end, keep_marker=False)
+        stop = end if unknown else pos + size
+        if stop > end:
+            raise ValueError(f"element 0x{element:X} at byte {pos} claims {size} bytes past its parent")
+        yield element, pos, stop
+        pos = stop
+
+
+def _uint(data: bytes, pos: int, end: int) -> int:
+    if end - pos > 8:
+        raise ValueError(f"integer of {end - pos} bytes at byte {pos}")
+    return int.from_bytes(data[pos:end], "big")
+
+
+def _parse(data: bytes) -> WebmInfo:
+    top = list(_elements(data, 0, len(data)))
+    if not top or top[0][0] != EBML:
+        raise ValueError("no EBML header")
+    doc = [data[s:e] for i, s, e in _elements(data, top[0][1], top[0][2]) if i == DOC_TYPE]
+    if doc != [b"webm"]:
+        raise ValueError(f"document type {doc[0][:16] if doc else None!r}, not webm")
+    tracks: dict[int, dict] = {}
+    frames: dict[int, int] = {}
+
+    def walk(pos: int, end: int, depth: int, track: dict | None) -> None:
+        if depth > MAX_DEPTH:
+            raise ValueError("elements nested too deep")
+        for element, start, stop in _elements(data, pos, end):
+            if element == TRACK_ENTRY:
+                entry: dict = {}
+                walk(start, stop, depth + 1, entry)
+                tracks[entry.get("number", -1)] = entry
+            elif element in MASTERS:
+                walk(start, stop, depth + 1, track)
+            elif element in (SIMPLE_BLOCK, BLOCK):
+                number, at, _ = _vint(data, start, stop, keep_marker=False)
+                if at + 3 > stop:
+                    raise ValueError(f"block at byte {start} is truncated")
+                lacing = (data[at + 2] >> 1) & 3
+                count = 1 if lacing == 0 else (data[at + 3] + 1 if at + 3 < stop else 0)
+                frames[number] = frames.get(number, 0) + count
+            elif track is not None:
+                key = {TRACK_NUMBER: "number", TRACK_TYPE: "type", DEFAULT_DURATION: "duration",
+                       PIXEL_WIDTH: "width", PIXEL_HEIGHT: "height"}.get(element)
+                if key:
+                    track[key] = _uint(data, start, stop)
+                elif element == CODEC_ID:
+                    track["codec"] = data[start:stop].decode("ascii", "replace")
+
+    segments = [(s, e) for i, s, e in top if i == SEGMENT]
+    if len(segments) != 1:
+        raise ValueError(f"{len(segments)} segments, expected 1")
+    walk(*segments[0], 1, None)
+    video = [t for t in tracks.values() if t.get("type") == VIDEO_TRACK]
+    if len(video) != 1:
+        raise ValueError(f"{len(video)} video tracks, expected 1")
+    track = video[0]
+    width, height = track.get("width", 0), track.get("height", 0)
+    if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
+        raise ValueError(f"picture {width}x{height}, expected 1..{MAX_SIDE} a side")
+    duration = track.get("duration")
+    return WebmInfo(codec=track.get("codec", "")[:32], width=width, height=height,
+                    fps=1e9 / duration if duration else None, frames=frames.get(track.get("number"), 0))
