@@ -9,8 +9,9 @@ def load_expert(spec: str | None = None, deterministic: bool = True, seed: int =
     """Return ``(actor, continuous)`` for ``spec``.
 
     ``spec``: ``None`` or ``"ppo"`` (the shipped PPO expert), a path to an SB3 zip,
-    ``"teacher"`` (privileged pure pursuit, continuous actions) or ``"teacher-discrete"``
-    (the same, mapped to the 5 discrete actions). For a PPO zip, ``continuous`` comes
+    ``"teacher"`` (privileged pure pursuit, continuous actions), ``"teacher-discrete"``
+    (the same, mapped to the 5 discrete actions), ``"random"`` or ``"random-discrete"``
+    (uniform actions: the reference scores' random policy). For a PPO zip, ``continuous`` comes
     from the zip. ``deterministic`` applies to PPO (most likely action vs sampling), and
     ``seed`` to its sampling.
     """
@@ -19,6 +20,11 @@ def load_expert(spec: str | None = None, deterministic: bool = True, seed: int =
 
         cont = spec == "teacher"
         return PurePursuitTeacher(continuous=cont), cont
+    if spec in ("random", "random-discrete"):
+        from nac_drive.agents.random_actor import RandomActor
+
+        cont = spec == "random"
+        return RandomActor(continuous=cont, seed=seed), cont
     from nac_drive.agents.ppo_expert import PPOExpert
 
     actor = PPOExpert(None if spec in (None, "ppo") else spec, deterministic=deterministic, seed=seed)
