@@ -36,6 +36,25 @@ EVAL_SEED_BASE = 900_000
 NUM_EVAL_TRACKS = 20  # the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE + 19
 
 
+# Returns on the held-out tracks 900000..900019, per track, measured with
+# `nac-drive expert eval --expert NAME --episodes 20 --json`: the random policy and the
+# privileged teacher of each action type. Their means are the reference scores (0 and 1)
+# of Minari's `get_normalized_score` for every dataset nac-drive writes.
+REFERENCE_RETURNS: dict[str, tuple[float, ...]] = {
+    "random-discrete": (),
+    "teacher-discrete": (),
+    "random": (),
+    "teacher": (),
+}
+
+
+def reference_scores(continuous: bool) -> tuple[float, float, int]:
+    """(random policy's mean return, teacher's mean return, tracks) on the held-out tracks."""
+    suffix = "" if continuous else "-discrete"
+    low, high = REFERENCE_RETURNS["random" + suffix], REFERENCE_RETURNS["teacher" + suffix]
+    return float(np.mean(low)), float(np.mean(high)), len(low)
+
+
 def eval_seeds(n: int = NUM_EVAL_TRACKS, base: int = EVAL_SEED_BASE) -> list[int]:
     """The seeds of the first ``n`` held-out evaluation tracks."""
     if n < 1:
@@ -143,7 +162,7 @@ class ConsecutiveTrackSeeds(gym.Wrapper):
         return self.env.reset(seed=seed, options=options)
 
 
-class ActionBursts(gym.Wrapper):
+class ActionBursts(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Random-action bursts for DAgger (after DART, Laskey et al. 2017, which disturbs the
     demonstrator instead): in each undisturbed frame a burst starts with probability
     ``rate``, and one random action then replaces the agent's for ``burst_frames`` frames,
@@ -158,6 +177,7 @@ class ActionBursts(gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env, rate: float, burst_frames: int = 10, seed: int = 0):
+        gym.utils.RecordConstructorArgs.__init__(self, rate=rate, burst_frames=burst_frames, seed=seed)
         super().__init__(env)
         if not 0.0 <= rate <= 1.0 or burst_frames < 1:
             raise ValueError(f"ActionBursts: rate must be in [0, 1] and burst_frames >= 1, "

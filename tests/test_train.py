@@ -57,8 +57,8 @@ def test_dataset_under_a_relative_folder_and_no_half_written_dataset(tmp_path, m
     monkeypatch.setattr(minari, "create_dataset_from_buffers", dies_after_writing)
     with pytest.raises(KeyboardInterrupt):
         write_dataset("demos", "killed", synthetic_episodes(1, 20), "CarRacing-v3", expert="x", description="")
-    assert not (tmp_path / "demos" / "killed-v0").exists()
-    assert [p.name for p in find_datasets("demos")] == ["rel-v0"]
+    assert not (tmp_path / "demos" / "nac_drive" / "killed").exists()
+    assert [str(p) for p in find_datasets("demos")] == ["demos/nac_drive/rel/seeds-100000-100000-v1"]
 
 
 def test_corrupt_and_inconsistent_files_are_named(tmp_path):
