@@ -34,6 +34,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
+    from nac_drive.run_log import log_closed_loop
     from nac_drive.simulators.carracing import run_episodes
     from nac_drive.train import train
 
@@ -64,6 +65,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
         run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
                                             run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
+        log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
         policy_path = run_dir / "best"
     return policy_path
 

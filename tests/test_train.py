@@ -144,6 +144,39 @@ def test_training_learns_and_resumes(dataset, tmp_path):
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
 
 
+def test_tensorboard_has_step_scalars_grouped_tags_and_hparams(dataset, tmp_path):
+    """Read back with TensorBoard's own readers: per-step train scalars, val/ per epoch,
+    no duplicate steps after a resume, and HParams sessions that set runs of two cores side by side."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    tiny = dict(data=str(dataset), out=str(tmp_path), window=4, d_model=16, num_heads=2, topk=3,
+                windows_per_epoch=64, batch_size=16, progress=False, val_fraction=0.25)
+    nac = train(TrainArgs(**tiny, epochs=2, run_name="nac"))
+    train(TrainArgs(**tiny, epochs=3, run_name="nac", resume=True))        # steps 9..12 appended once
+    train(TrainArgs(**tiny, epochs=1, core="gru", run_name="gru"))
+
+    events = EventAccumulator(str(nac / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {t.split("/")[0] for t in tags} == {"train", "val"} and "train/loss" in tags
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 13))   # 4 steps an epoch
+    assert [e.step for e in events.Scalars("val/loss")] == [4, 8, 12]
+    val_loss = [float(r.split(",")[3]) for r in (nac / "metrics.csv").read_text().splitlines()[1:]]
+    assert [e.value for e in events.Scalars("val/loss")] == pytest.approx(val_loss, rel=1e-6)
+
+    runs = EventMultiplexer()
+    runs.AddRunsFromDirectory(str(tmp_path))
+    runs.Reload()
+    sessions = {run: metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
+                for run, tags in runs.PluginRunToTagToContent(metadata.PLUGIN_NAME).items()}
+    cores = {run.split("/")[0]: session.hparams["core"].string_value for run, session in sessions.items()}
+    assert cores == {"nac": "nac", "gru": "gru"}
+    window = {session.hparams["window"].number_value for session in sessions.values()}
+    assert window == {4.0}
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_end_with_identical_weights(dataset, tmp_path):
     # the README's command: torchrun starts the installed `nac-drive train` twice
