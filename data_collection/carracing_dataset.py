@@ -116,10 +116,10 @@ def refuse_existing(root: str | Path, name: str, seeds: Sequence[int]) -> Path:
     if target.exists():
         raise FileExistsError(f"{target}: a dataset of that name exists; remove it or record under another "
                               "name, seed or folder")
-    wanted = set(range(int(seeds[0]), int(seeds[-1]) + 1))
+    first, last = int(seeds[0]), int(seeds[-1])
     for other in sorted(target.parent.glob("seeds-*")):
         match = _SHARD.fullmatch(other.name)
-        if match and wanted & set(range(int(match[1]), int(match[2]) + 1)):
+        if match and int(match[1]) <= last and first <= int(match[2]):
             raise FileExistsError(f"{other}: dataset {name} already holds some of the tracks "
                                   f"{seeds[0]}..{seeds[-1]}; record other seeds or under another name")
     return target
@@ -146,9 +146,12 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
     import minari
     from minari.data_collector import EpisodeBuffer
 
-    dataset_id = shard_id(name, [ep["seed"] for ep in episodes])
-    target = refuse_existing(root, name, [ep["seed"] for ep in episodes])   # resolved: Minari joins a relative root onto itself
-    root = Path(root).resolve()
+    from nac_drive import __version__
+
+    seeds = [ep["seed"] for ep in episodes]
+    dataset_id = shard_id(name, seeds)
+    target = refuse_existing(root, name, seeds)
+    root = Path(root).resolve()   # Minari would join a relative root onto itself
     spec, eval_spec = _env_specs(env, eval_env)
     buffers = [EpisodeBuffer(id=i, seed=ep["seed"], observations=ep["observations"], actions=ep["actions"],
                              rewards=np.asarray(ep["rewards"], np.float32),
@@ -165,8 +168,9 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
             warnings.filterwarnings("ignore", message=r"`author_email` is set to None")
             dataset = minari.create_dataset_from_buffers(
                 dataset_id, buffers, env=spec, eval_env=eval_spec, algorithm_name=expert, author="nac-drive",
-                code_permalink=_code_reference(), description=description, jpeg_encoding=False,
-                requirements=["gymnasium[box2d]>=1.0", f"nac-drive>={_package_version()}"],
+                code_permalink=f"nac-drive {__version__} (nac_drive.data_collection.carracing_dataset)",
+                description=description, jpeg_encoding=False,
+                requirements=["gymnasium[box2d]>=1.0", f"nac-drive>={__version__}"],
                 **_reference_scores(eval_spec))
             dataset.storage.update_episode_metadata([{"seed": ep["seed"], "expert": expert} for ep in episodes],
                                                     episode_indices=range(len(episodes)))
@@ -221,16 +225,6 @@ def _reference_scores(eval_spec) -> dict:
         return {}
     low, high, tracks = reference_scores(continuous=eval_spec.kwargs.get("continuous", True))
     return {"ref_min_score": low, "ref_max_score": high, "num_episodes_average_score": tracks}
-
-
-def _package_version() -> str:
-    from nac_drive import __version__
-
-    return __version__
-
-
-def _code_reference() -> str:
-    return f"nac-drive {_package_version()} (nac_drive.data_collection.carracing_dataset)"
 
 
 def _remove_abandoned(root: Path) -> None:

@@ -96,13 +96,16 @@ def _in_processes(jobs: list[tuple], progress: bool):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=sum(len(job[1]) for job in jobs), desc="episodes", unit="ep")
-    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn"),
+    # fork, as torch's DataLoader workers do: spawn would re-run the parent's main script
+    # (an unguarded launcher runs everything again) and re-import torch in each worker
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context(method),
                              initializer=_one_thread) as pool:
         futures = {pool.submit(_collect_shard, *job): i for i, job in enumerate(jobs)}
+        bar = None
+        if progress:   # after the workers exist: no progress-bar thread is forked
+            from tqdm import tqdm
+            bar = tqdm(total=sum(len(job[1]) for job in jobs), desc="episodes", unit="ep")
         results = [None] * len(jobs)
         for future in as_completed(futures):
             results[futures[future]] = future.result()
