@@ -29,9 +29,9 @@ class RunLog:
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparam_summaries
 
-        self.writer = SummaryWriter(str(Path(run_dir) / TB_FOLDER), purge_step=first_step + 1 if first_step else None)
         from nac_drive.cores import CORES
 
+        self.writer = SummaryWriter(str(Path(run_dir) / TB_FOLDER), purge_step=first_step + 1 if first_step else None)
         experiment, start, self._end = hparam_summaries(
             hparams, {tag: 0.0 for tag in HPARAM_METRICS},
             hparam_domain_discrete={"core": list(CORES), "mode": ["exact", "euler", "steady"]})
