@@ -1,11 +1,20 @@
 """CarRacing demonstrations on disk, as Minari datasets (the Farama format for gymnasium
 offline data), and the windows a temporal policy trains on.
 
-Layout written by :func:`write_dataset` (``ROOT`` is ``--out`` of ``nac-drive collect``)::
+A dataset is a Minari namespace of shards, each a Minari dataset holding consecutive
+tracks (``ROOT`` is ``--out`` of ``nac-drive collect``, Minari's ``MINARI_DATASETS_PATH``)::
 
-    ROOT/<dataset name>-v0/data/main_data.hdf5     # Minari: one HDF5 group per episode
-    ROOT/<dataset name>-v0/data/metadata.json
-    ROOT/.<dataset name>-v0.<pid>.partial/        # while it is written (never loaded)
+    ROOT/nac_drive/<name>/seeds-<first>-<last>-v1/data/main_data.hdf5   # one HDF5 group per episode
+    ROOT/nac_drive/<name>/seeds-<first>-<last>-v1/data/metadata.json
+    ROOT/.nac_drive.<name>.seeds-<first>-<last>-v1.<pid>.partial/      # while it is written (never loaded)
+
+so ``minari.load_dataset("nac_drive/<name>/seeds-<first>-<last>-v1")`` reads a shard.
+Shards are named by their tracks: processes or machines that collect disjoint seed ranges
+of one dataset write shards that never collide, and copying them into one ``ROOT`` joins
+the dataset (:func:`load_episodes` of ``ROOT/nac_drive/<name>`` reads them all). A
+shard whose tracks are already in the dataset is refused. ``-v1`` is the format version
+(``DATASET_VERSION``): the env spec holds the TimeLimit and the wrappers the data was
+recorded through, and the metadata an evaluation env and reference scores.
 
 Per episode (Minari fields): ``observations`` uint8 ``[N+1, 96, 96, 3]`` (the raw RGB
 frames the student sees, the last one after the final action; stored losslessly,
@@ -15,18 +24,21 @@ frames the student sees, the last one after the final action; stored losslessly,
 holds the reset ``seed`` and the ``expert`` that chose the actions; the dataset's
 ``algorithm_name`` names the expert as well.
 
-Loading (:func:`load_episodes`) accepts a dataset folder or any folder above several,
+Loading (:func:`load_episodes`) accepts a shard folder or any folder above several,
 checks every field, and raises :class:`DatasetError` naming the file and field.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
 import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -35,6 +47,10 @@ from nac_drive.atomic import fsync_dir
 
 FRAME_SHAPE = (96, 96, 3)
 PARTIAL = ".partial"   # suffix of the hidden folder a dataset is written in before it is renamed into place
+NAMESPACE = "nac_drive"
+DATASET_VERSION = 1    # v0: no namespace, and an env spec without the TimeLimit
+_NAME = re.compile(r"[-\w]+")
+_SHARD = re.compile(r"seeds-(\d+)-(\d+)-v(\d+)")
 
 
 class DatasetError(ValueError):
@@ -63,7 +79,7 @@ class Episode:
 
 
 @contextlib.contextmanager
-def _minari_root(root: Path):
+def minari_root(root: str | Path):
     """Minari places datasets under $MINARI_DATASETS_PATH; point it at ``root`` meanwhile."""
     old = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(root)
@@ -76,35 +92,67 @@ def _minari_root(root: Path):
             os.environ["MINARI_DATASETS_PATH"] = old
 
 
+def shard_id(name: str, seeds: Sequence[int]) -> str:
+    """Minari id of the shard of dataset ``name`` holding the consecutive tracks ``seeds``:
+    ``nac_drive/<name>/seeds-<first>-<last>-v<DATASET_VERSION>``."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"dataset name {name!r}: use letters, digits, '-' and '_' only")
+    seeds = [int(s) for s in seeds]
+    if not seeds or seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+        raise ValueError(f"dataset {name}: a shard holds consecutive track seeds, got {seeds[:5]}...")
+    return f"{NAMESPACE}/{name}/seeds-{seeds[0]}-{seeds[-1]}-v{DATASET_VERSION}"
+
+
 def dataset_folder(root: str | Path, name: str) -> Path:
-    """Where :func:`write_dataset` puts dataset ``name`` under ``root``."""
-    return Path(root).resolve() / f"{name}-v0"
+    """The folder of dataset ``name`` under ``root`` (its shards are inside)."""
+    return Path(root).resolve() / NAMESPACE / name
 
 
-def refuse_existing(root: str | Path, name: str) -> Path:
-    """The folder of a new dataset ``name``; ``FileExistsError`` if it exists (call before
-    recording, so that nothing is recorded in vain)."""
-    target = dataset_folder(root, name)
+def refuse_existing(root: str | Path, name: str, seeds: Sequence[int]) -> Path:
+    """The folder of the new shard of dataset ``name`` with tracks ``seeds``;
+    ``FileExistsError`` if that shard exists or another shard of the dataset holds one of
+    those tracks (call before recording, so that nothing is recorded in vain)."""
+    target = Path(root).resolve() / shard_id(name, seeds)
     if target.exists():
         raise FileExistsError(f"{target}: a dataset of that name exists; remove it or record under another "
                               "name, seed or folder")
+    first, last = int(seeds[0]), int(seeds[-1])
+    for other in sorted(target.parent.glob("seeds-*")):
+        match = _SHARD.fullmatch(other.name)
+        if match and int(match[1]) <= last and first <= int(match[2]):
+            raise FileExistsError(f"{other}: dataset {name} already holds some of the tracks "
+                                  f"{seeds[0]}..{seeds[-1]}; record other seeds or under another name")
     return target
 
 
-def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert: str, description: str) -> Path:
-    """Write recorded episodes as the Minari dataset ``root/<name>-v0``; returns its path.
+def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert: str, description: str,
+                  eval_env=None) -> Path:
+    """Write recorded episodes as a shard of dataset ``name`` under ``root``; returns its path.
+
+    ``env`` is the env the episodes were recorded in (a ``gym.Env`` below any recorder,
+    or its ``EnvSpec`` / id): its spec, with the TimeLimit and every wrapper, becomes the
+    dataset's, so ``recover_environment()`` rebuilds it; a wrapper that cannot be
+    recreated from the spec is refused. ``eval_env`` (default: ``env`` without its extra
+    wrappers) is the held-out evaluation env. CarRacing datasets get the measured
+    reference scores (random policy, teacher) of their action type.
 
     Each episode dict holds ``observations`` ``[N+1, 96, 96, 3]``, ``actions``,
     ``rewards``, ``terminations``, ``truncations`` ``[N]``, ``timestamps`` ``[N+1]`` and
-    ``seed``. Refuses to overwrite an existing dataset. The dataset is written in a hidden
-    folder ``root/.<name>-v0.<pid>.partial`` and renamed into place when complete, so a
-    kill leaves no dataset to be loaded later (the next write removes what it left).
+    ``seed`` (consecutive over the episodes: they name the shard). Refuses to overwrite
+    an existing shard. The shard is written in a hidden folder
+    ``root/.<id>.<pid>.partial`` and renamed into place when complete, so a kill leaves
+    no dataset to be loaded later (the next write removes what it left).
     """
     import minari
     from minari.data_collector import EpisodeBuffer
 
-    target = refuse_existing(root, name)   # resolved: Minari joins a relative root onto itself
-    root = target.parent
+    from nac_drive import __version__
+
+    seeds = [ep["seed"] for ep in episodes]
+    dataset_id = shard_id(name, seeds)
+    target = refuse_existing(root, name, seeds)
+    root = Path(root).resolve()   # Minari would join a relative root onto itself
+    spec, eval_spec = _env_specs(env, eval_env)
     buffers = [EpisodeBuffer(id=i, seed=ep["seed"], observations=ep["observations"], actions=ep["actions"],
                              rewards=np.asarray(ep["rewards"], np.float32),
                              terminations=np.asarray(ep["terminations"], bool),
@@ -113,25 +161,70 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
                for i, ep in enumerate(episodes)]
     root.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(root)
-    staging = root / f".{target.name}.{os.getpid()}{PARTIAL}"
+    staging = root / f".{dataset_id.replace('/', '.')}.{os.getpid()}{PARTIAL}"
     staging.mkdir()
     try:
-        with _minari_root(staging), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"`(author_email|eval_env|code_permalink)` is set to None")
+        with minari_root(staging), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`author_email` is set to None")
             dataset = minari.create_dataset_from_buffers(
-                target.name, buffers, env=env, algorithm_name=expert, author="nac-drive",
-                description=description, jpeg_encoding=False)
+                dataset_id, buffers, env=spec, eval_env=eval_spec, algorithm_name=expert, author="nac-drive",
+                code_permalink=f"nac-drive {__version__} (nac_drive.data_collection.carracing_dataset)",
+                description=description, jpeg_encoding=False,
+                requirements=["gymnasium[box2d]>=1.0", f"nac-drive>={__version__}"],
+                **_reference_scores(eval_spec))
             dataset.storage.update_episode_metadata([{"seed": ep["seed"], "expert": expert} for ep in episodes],
                                                     episode_indices=range(len(episodes)))
-        fsync_dir(staging / target.name / "data")
+        fsync_dir(staging / dataset_id / "data")
+        ensure_namespace(root, name)
         try:
-            os.rename(staging / target.name, target)
+            os.rename(staging / dataset_id, target)
         except OSError:
             raise FileExistsError(f"{target}: a dataset of that name appeared while this one was written") from None
-        fsync_dir(root)
+        fsync_dir(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)   # never leave a half-written dataset behind
     return target
+
+
+def ensure_namespace(root: str | Path, name: str) -> None:
+    """Create the Minari namespaces ``nac_drive`` and ``nac_drive/<name>`` under ``root``
+    (Minari lists a dataset's shards through them); existing ones are kept."""
+    from minari.namespace import NAMESPACE_METADATA_FILENAME, create_namespace
+
+    root = Path(root).resolve()
+    with minari_root(root):
+        for namespace, about in ((NAMESPACE, "nac-drive demonstrations"),
+                                 (f"{NAMESPACE}/{name}", f"shards of dataset {name}, one per range of tracks")):
+            if not (root / namespace / NAMESPACE_METADATA_FILENAME).is_file():
+                with contextlib.suppress(ValueError):   # another process created it meanwhile
+                    create_namespace(namespace, description=about)
+
+
+def _env_specs(env, eval_env):
+    """(spec of ``env``, spec of the evaluation env); refuses a spec gymnasium cannot rebuild."""
+    import gymnasium as gym
+
+    spec = env.spec if isinstance(env, gym.Env) else gym.spec(env) if isinstance(env, str) else env
+    if spec is None:
+        raise ValueError("write_dataset: the env has no spec (make it with gymnasium.make)")
+    opaque = [w.name for w in spec.additional_wrappers if w.kwargs is None]
+    if opaque:
+        raise ValueError(f"write_dataset: wrapper(s) {', '.join(opaque)} cannot be recreated from env.spec "
+                         "(they need gymnasium.utils.RecordConstructorArgs)")
+    if eval_env is None:
+        return spec, dataclasses.replace(spec, additional_wrappers=())
+    return spec, eval_env.spec if isinstance(eval_env, gym.Env) else eval_env
+
+
+def _reference_scores(eval_spec) -> dict:
+    """Minari's ``ref_min_score`` / ``ref_max_score`` for CarRacing (random policy, teacher,
+    on the held-out tracks); none for another env."""
+    from nac_drive.simulators.carracing import ENV_ID, reference_scores
+
+    if eval_spec.id != ENV_ID:
+        return {}
+    low, high, tracks = reference_scores(continuous=eval_spec.kwargs.get("continuous", True))
+    return {"ref_min_score": low, "ref_max_score": high, "num_episodes_average_score": tracks}
 
 
 def _remove_abandoned(root: Path) -> None:
@@ -153,8 +246,9 @@ def _running(pid: int) -> bool:
 
 
 def find_datasets(path: str | Path) -> list[Path]:
-    """Minari dataset folders (holding ``data/metadata.json``) at or below ``path``; hidden
-    folders (a dataset being written) are skipped."""
+    """Minari dataset folders (holding ``data/metadata.json``) at or below ``path``, shards of
+    one dataset in the order of their tracks; hidden folders (a dataset being written) are
+    skipped."""
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such file or folder")
@@ -162,11 +256,16 @@ def find_datasets(path: str | Path) -> list[Path]:
         return [path]
     if path.name == "data" and (path / "metadata.json").is_file():
         return [path.parent]
-    found = sorted(p.parent.parent for p in path.rglob("data/metadata.json")
-                   if not any(part.startswith(".") for part in p.relative_to(path).parts))
+    found = sorted((p.parent.parent for p in path.rglob("data/metadata.json")
+                    if not any(part.startswith(".") for part in p.relative_to(path).parts)), key=_track_order)
     if not found:
         raise DatasetError(f"{path}: no Minari dataset (…/data/metadata.json) found")
     return found
+
+
+def _track_order(folder: Path):
+    match = _SHARD.fullmatch(folder.name)   # numerically: seeds-99999-... before seeds-100000-...
+    return (folder.parent, int(match[1]) if match else -1, folder.name)
 
 
 def load_episodes(path: str | Path) -> list[Episode]:

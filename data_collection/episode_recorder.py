@@ -4,6 +4,13 @@ Whoever drives (an expert, or a student under DAgger) steps the wrapped env as u
 the wrapper stores observations, actions, rewards and end flags per episode. With a
 ``labeler`` (DAgger) the stored action is the labeler's answer for the state the
 driver acted in, while the env executes the driver's action.
+
+It does what ``minari.DataCollector`` does and hands :func:`write_dataset` the fields of
+Minari's ``EpisodeBuffer``. DataCollector cannot serve here: every step it stores goes
+through ``jax.tree_util`` (minari's ``[create]`` extra: jax and jaxlib, which nac-drive does
+not install). It would also need a wrapper and a step callback for DAgger's labels and
+the timestamps, and a hidden ``MINARI_DATASETS_PATH`` for the temporary folder it stages
+data in, which a loader would otherwise find after a kill.
 """
 
 from __future__ import annotations

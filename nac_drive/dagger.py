@@ -2,7 +2,8 @@
 
 Each round drives the current policy on fresh collection tracks while the pure-pursuit
 teacher answers, for every state the student reached, what it would have done; those
-labels join the dataset as a new Minari dataset (``dagger-r<round>-s<seed>``) and the
+labels join the dataset as a new Minari dataset (``nac_drive/dagger-r<round>-s<seed>``, recorded
+through its ActionBursts wrapper, if any, which its env spec keeps) and the
 policy is fine-tuned on everything. Student mistakes thus become training data, which
 plain behaviour cloning never sees. ``--disturb-rate`` adds bursts of a random action
 (after DART, Laskey et al. 2017) that push the car off its line; the teacher then labels
@@ -33,7 +34,8 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     from nac_drive.agents.driver import PolicyDriver, load_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
-    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, run_episodes
+    from nac_drive.run_log import log_closed_loop
+    from nac_drive.simulators.carracing import run_episodes
     from nac_drive.train import train
 
     if rounds < 1 or episodes < 1:
@@ -42,18 +44,18 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         raise ValueError(f"--disturb-rate must be in [0, 1] and --disturb-frames >= 1, "
                          f"got {disturb_rate} and {disturb_frames}")
     for r in range(rounds):   # before driving: the rounds' datasets must be new
-        refuse_existing(data, dataset_name(r, seed))
+        refuse_existing(data, dataset_name(r, seed), round_seeds(r, seed, episodes))
     policy_path = Path(policy_path)
     for r in range(rounds):
         policy = load_policy(policy_path)
         continuous = policy.config.action == "continuous"
         teacher = PurePursuitTeacher(continuous=continuous)
-        first = COLLECT_SEED_BASE + DAGGER_SEED_OFFSET + 1000 * seed + episodes * r
-        env = student_env(teacher, continuous, disturb_rate, disturb_frames, seed=first)
+        seeds = round_seeds(r, seed, episodes)
+        env = student_env(teacher, continuous, disturb_rate, disturb_frames, seed=seeds[0])
         try:
-            results = run_episodes(PolicyDriver(policy), list(range(first, first + episodes)), continuous=continuous,
+            results = run_episodes(PolicyDriver(policy), seeds, continuous=continuous,
                                    max_steps=max_steps, env=env, progress=progress)
-            write_dataset(data, dataset_name(r, seed), env.take_episodes(), env.unwrapped, expert=teacher.name,
+            write_dataset(data, dataset_name(r, seed), env.take_episodes(), env.env, expert=teacher.name,
                           description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled"
                           + (f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame"
                              if disturb_rate else ""))
@@ -63,8 +65,17 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
         run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
                                             run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
+        log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
         policy_path = run_dir / "best"
     return policy_path
+
+
+def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:
+    """The collection-range tracks a DAgger round drives."""
+    from nac_drive.simulators.carracing import COLLECT_SEED_BASE
+
+    first = COLLECT_SEED_BASE + DAGGER_SEED_OFFSET + 1000 * seed + episodes * round_index
+    return list(range(first, first + episodes))
 
 
 def dataset_name(round_index: int, seed: int) -> str:

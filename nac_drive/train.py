@@ -8,7 +8,9 @@ first frames of an episode in closed loop). Validation uses held-out *episodes*.
 run folder (``<out>/<run name>``, or ``<run name>-2``, ``-3``, ... when that is taken; only
 ``--resume`` writes into an existing one) holds ``best/`` (lowest validation loss;
 ``config.json`` + ``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
-``metrics.csv``, TensorBoard events and ``train_args.json``. ``best/`` and ``last/`` are
+``metrics.csv``, TensorBoard events (``tensorboard/``: per-step ``train/`` and per-epoch
+``val/`` scalars, and the run's hyperparameters; :mod:`nac_drive.run_log`) and
+``train_args.json``. ``best/`` and ``last/`` are
 replaced whole (:func:`~nac_drive.atomic.atomic_write_dir`): a kill leaves the previous one.
 """
 
@@ -179,15 +181,15 @@ def train(args: TrainArgs) -> Path:
         run_dir = _fresh_run_dir(run_dir, rank, world)
     csv_path = run_dir / "metrics.csv"
 
-    writer = None
+    log = None
     if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
+        from nac_drive.run_log import RunLog
         print(f"run folder: {run_dir}", flush=True)
         if args.resume:   # rows of epochs after the checkpoint are about to be trained again
             _keep_csv_rows(csv_path, start_epoch)
         write_json(run_dir / "train_args.json", {**asdict(args), "world_size": world, "data_info": data_info,
                                                   "policy_config": asdict(config)})
-        writer = SummaryWriter(str(run_dir / "tensorboard"))
+        log = RunLog(run_dir, hyperparameters(args, config, world), first_step=start_epoch * steps_per_epoch)
 
     for epoch in range(start_epoch, args.epochs):
         sampler.epoch = epoch
@@ -197,7 +199,7 @@ def train(args: TrainArgs) -> Path:
         seen, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", disable=rank != 0 or not args.progress,
                    unit="batch", leave=False)
-        for frames, stamps, target in bar:
+        for batch, (frames, stamps, target) in enumerate(bar):
             outputs = model(frames, stamps)
             loss, right = bc_loss(outputs, target, weights)
             right = right if config.action == "discrete" else 0
@@ -209,6 +211,9 @@ def train(args: TrainArgs) -> Path:
             n = target.shape[0] * target.shape[1]
             seen, loss_sum, correct = seen + n, loss_sum + loss.item() * n, correct + (right or 0)
             bar.set_postfix(loss=f"{loss_sum / seen:.3f}")
+            if log:
+                log.step(epoch * steps_per_epoch + batch + 1, loss.item(), schedule.get_last_lr()[0],
+                         right / n if config.action == "discrete" else None)
         elapsed = time.perf_counter() - t0
         if rank != 0:
             continue
@@ -218,9 +223,7 @@ def train(args: TrainArgs) -> Path:
                "val_loss": val["loss"], "val_accuracy": val["accuracy"], "val_mae": val["mae"],
                "lr": schedule.get_last_lr()[0], "frames_per_s": seen * world / elapsed}
         _append_csv(csv_path, row)
-        for key, value in row.items():
-            if key != "epoch" and value == value:
-                writer.add_scalar(key, value, epoch + 1)
+        log.epoch((epoch + 1) * steps_per_epoch, row)
         score = val["loss"] if val["loss"] == val["loss"] else row["train_loss"]
         if score < best:
             best = score
@@ -234,13 +237,24 @@ def train(args: TrainArgs) -> Path:
             (("val loss", val["loss"], 4), ("val acc", val["accuracy"], 3), ("val MAE", val["mae"], 4))
             if value == value]   # NaN: no validation set, or not this kind of action
         print(f"epoch {epoch + 1}: {', '.join(shown)}, {row['frames_per_s']:.0f} frames/s", flush=True)
-    if writer:
-        writer.close()
+    if log:
+        log.close()
     if world > 1:
         _record_rank_agreement(policy, run_dir, rank, world)
     if started_group:  # gloo's threads left running at interpreter exit can abort the process
         dist.destroy_process_group()
     return run_dir
+
+
+def hyperparameters(args: TrainArgs, config: PolicyConfig, world: int) -> dict:
+    """What TensorBoard's HParams table shows of a run (what tells runs apart)."""
+    core = config.core
+    return {"task": config.task, "action": config.action, "core": core.core,
+            "mode": core.mode if core.core == "nac" else "-", "window": core.window, "d_model": core.d_model,
+            "num_heads": core.num_heads, "topk": core.topk, "epochs": args.epochs,
+            "windows_per_epoch": args.windows_per_epoch, "batch_size": args.batch_size * world, "lr": args.lr,
+            "weight_decay": args.weight_decay, "class_weighting": args.class_weighting, "seed": args.seed,
+            "init_from": args.init_from or "-"}
 
 
 def _fresh_run_dir(path: Path, rank: int, world: int) -> Path:

@@ -39,6 +39,29 @@ EVAL_SEED_BASE = 900_000
 NUM_EVAL_TRACKS = 20  # the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE + 19
 
 
+# Returns on the held-out tracks 900000..900019, per track, measured with
+# `nac-drive expert eval --expert NAME --episodes 20 --json`: the random policy and the
+# privileged teacher of each action type. Their means are the reference scores (0 and 1)
+# of Minari's `get_normalized_score` for every dataset nac-drive writes.
+REFERENCE_RETURNS: dict[str, tuple[float, ...]] = {
+    "random-discrete": (-56.95, -61.29, -58.48, -62.38, -54.25, -56.99, -64.63, -56.81, -64.05, -60.73,
+                        -55.39, -57.24, -61.64, -57.93, -45.85, -53.02, -60.53, -54.95, -52.86, -50.0),
+    "teacher-discrete": (911.3, 904.8, 906.9, 846.71, 905.7, 909.9, 867.85, 907.6, 908.0, 833.53,
+                         927.8, 906.0, 727.4, 907.1, 915.7, 916.5, 903.1, 848.95, 912.6, 912.0),
+    "random": (-37.09, -35.48, -30.8, -40.44, -37.91, -31.9, -38.91, -33.55, -37.91, -39.58,
+               -25.65, -34.21, -45.21, -35.28, -27.8, -32.89, -37.5, -42.94, -32.66, -32.14),
+    "teacher": (907.0, 901.6, 911.0, 834.17, 906.1, 905.8, 809.97, 904.9, 907.2, 812.39,
+                931.0, 907.8, 724.66, 909.4, 903.1, 917.5, 901.4, 737.84, 907.0, 903.6),
+}
+
+
+def reference_scores(continuous: bool) -> tuple[float, float, int]:
+    """(random policy's mean return, teacher's mean return, tracks) on the held-out tracks."""
+    suffix = "" if continuous else "-discrete"
+    low, high = REFERENCE_RETURNS["random" + suffix], REFERENCE_RETURNS["teacher" + suffix]
+    return float(np.mean(low)), float(np.mean(high)), len(low)
+
+
 def eval_seeds(n: int = NUM_EVAL_TRACKS, base: int = EVAL_SEED_BASE) -> list[int]:
     """The seeds of the first ``n`` held-out evaluation tracks."""
     if n < 1:

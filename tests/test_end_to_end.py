@@ -75,3 +75,11 @@ def test_collect_train_drive(tmp_path):
     assert labelled[0].seed == 150_000                                 # collection range, never evaluation
     tuned = DrivingPolicy.from_pretrained(final)
     assert not torch.equal(tuned.head[1].weight, policy.head[1].weight)
+
+    # TensorBoard: the round's run shows how the student it started from drove (closed_loop/)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(train_dir / "dg-r0" / "tensorboard"))
+    events.Reload()
+    (drove,) = events.Scalars("closed_loop/mean_return")
+    assert drove.value == pytest.approx(labelled[0].total_reward, abs=1e-3)

@@ -167,7 +167,7 @@ def test_a_killed_dataset_write_leaves_no_dataset(tmp_path, point):
         from support.demos import synthetic_episodes
         write_dataset(target, "demo", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
         """, tmp_path)
-    assert not (tmp_path / "demo-v0").exists() and hidden(tmp_path) != []
+    assert not list(tmp_path.glob("nac_drive/demo/seeds-*")) and hidden(tmp_path) != []
     with pytest.raises(DatasetError, match="no Minari dataset"):
         find_datasets(tmp_path)
     write_dataset(tmp_path, "demo", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
@@ -175,16 +175,25 @@ def test_a_killed_dataset_write_leaves_no_dataset(tmp_path, point):
 
 
 def test_collect_and_dagger_refuse_a_taken_dataset_name_before_driving(tmp_path, capsys):
-    write_dataset(tmp_path, "mine", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
-    write_dataset(tmp_path, "dagger-r1-s0", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
-    before = (tmp_path / "mine-v0" / "data" / "main_data.hdf5").read_bytes()
+    from nac_drive.dagger import round_seeds
+
+    mine = write_dataset(tmp_path, "mine", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
+    round_1 = synthetic_episodes(5, 8)
+    for episode, seed in zip(round_1, round_seeds(1, 0, 5)):
+        episode["seed"] = seed
+    write_dataset(tmp_path, "dagger-r1-s0", round_1, "CarRacing-v3", expert="x", description="")
+    before = (mine / "data" / "main_data.hdf5").read_bytes()
+    assert main(["collect", "carracing", "--expert", "teacher", "--episodes", "1", "--out", str(tmp_path),
+                 "--name", "mine"]) == 2                                          # the same track
+    assert "mine/seeds-100000-100000-v1: a dataset of that name exists" in capsys.readouterr().err
     assert main(["collect", "carracing", "--expert", "teacher", "--episodes", "50", "--out", str(tmp_path),
-                 "--name", "mine"]) == 2
-    assert "mine-v0: a dataset of that name exists" in capsys.readouterr().err
+                 "--name", "mine", "--workers", "2"]) == 2                         # a shard holding it
+    assert "dataset mine already holds some of the tracks 100000..100024" in capsys.readouterr().err
     assert main(["dagger", "--policy", str(tmp_path / "none"), "--data", str(tmp_path), "--rounds", "2"]) == 2
-    assert "dagger-r1-s0-v0: a dataset of that name exists" in capsys.readouterr().err
-    assert (tmp_path / "mine-v0" / "data" / "main_data.hdf5").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dagger-r1-s0-v0", "mine-v0"]
+    assert "dagger-r1-s0/seeds-150005-150009-v1: a dataset of that name exists" in capsys.readouterr().err
+    assert (mine / "data" / "main_data.hdf5").read_bytes() == before
+    assert sorted(str(p.relative_to(tmp_path)) for p in find_datasets(tmp_path)) == [
+        "nac_drive/dagger-r1-s0/seeds-150005-150009-v1", "nac_drive/mine/seeds-100000-100000-v1"]
 
 
 def test_expert_runs_and_traces_take_new_folders(tmp_path, capsys):

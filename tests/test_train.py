@@ -57,8 +57,8 @@ def test_dataset_under_a_relative_folder_and_no_half_written_dataset(tmp_path, m
     monkeypatch.setattr(minari, "create_dataset_from_buffers", dies_after_writing)
     with pytest.raises(KeyboardInterrupt):
         write_dataset("demos", "killed", synthetic_episodes(1, 20), "CarRacing-v3", expert="x", description="")
-    assert not (tmp_path / "demos" / "killed-v0").exists()
-    assert [p.name for p in find_datasets("demos")] == ["rel-v0"]
+    assert not (tmp_path / "demos" / "nac_drive" / "killed").exists()
+    assert [str(p) for p in find_datasets("demos")] == ["demos/nac_drive/rel/seeds-100000-100000-v1"]
 
 
 def test_corrupt_and_inconsistent_files_are_named(tmp_path):
@@ -142,6 +142,39 @@ def test_training_learns_and_resumes(dataset, tmp_path):
     train(args)
     rows = (run / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
+
+
+def test_tensorboard_has_step_scalars_grouped_tags_and_hparams(dataset, tmp_path):
+    """Read back with TensorBoard's own readers: per-step train scalars, val/ per epoch,
+    no duplicate steps after a resume, and HParams sessions that set runs of two cores side by side."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    tiny = dict(data=str(dataset), out=str(tmp_path), window=4, d_model=16, num_heads=2, topk=3,
+                windows_per_epoch=64, batch_size=16, progress=False, val_fraction=0.25)
+    nac = train(TrainArgs(**tiny, epochs=2, run_name="nac"))
+    train(TrainArgs(**tiny, epochs=3, run_name="nac", resume=True))        # steps 9..12 appended once
+    train(TrainArgs(**tiny, epochs=1, core="gru", run_name="gru"))
+
+    events = EventAccumulator(str(nac / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {t.split("/")[0] for t in tags} == {"train", "val"} and "train/loss" in tags
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 13))   # 4 steps an epoch
+    assert [e.step for e in events.Scalars("val/loss")] == [4, 8, 12]
+    val_loss = [float(r.split(",")[3]) for r in (nac / "metrics.csv").read_text().splitlines()[1:]]
+    assert [e.value for e in events.Scalars("val/loss")] == pytest.approx(val_loss, rel=1e-6)
+
+    runs = EventMultiplexer()
+    runs.AddRunsFromDirectory(str(tmp_path))
+    runs.Reload()
+    sessions = {run: metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
+                for run, tags in runs.PluginRunToTagToContent(metadata.PLUGIN_NAME).items()}
+    cores = {run.split("/")[0]: session.hparams["core"].string_value for run, session in sessions.items()}
+    assert cores == {"nac": "nac", "gru": "gru"}
+    window = {session.hparams["window"].number_value for session in sessions.values()}
+    assert window == {4.0}
 
 
 @pytest.mark.slow

@@ -46,8 +46,8 @@ def add_parser(subparsers) -> None:
     ev = sub.add_parser("eval", help="evaluate an expert on held-out tracks",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--expert", default=None,
-                    help="SB3 zip of a PPO expert, 'teacher' (privileged, continuous) or "
-                         "'teacher-discrete'; default: the shipped PPO expert")
+                    help="SB3 zip of a PPO expert, 'teacher' (privileged, continuous), "
+                         "'teacher-discrete', 'random' or 'random-discrete'; default: the shipped PPO expert")
     ev.add_argument("--episodes", type=COUNT, default=20, help="number of tracks")
     ev.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE,
                     help="seed of the first track (held-out tracks start at 900000)")

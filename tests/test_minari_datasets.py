@@ -1,0 +1,131 @@
+"""Demonstration datasets through Minari's own API: ids, the recovered env (its TimeLimit and
+wrappers), the evaluation env, reference scores, shards written by parallel workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nac_drive.cli import main
+from nac_drive.data_collection.carracing_dataset import (load_episodes, minari_root, refuse_existing, shard_id,
+                                                         write_dataset)
+from nac_drive.simulators.carracing import REFERENCE_RETURNS, ActionBursts, make_carracing
+from support.demos import synthetic_episodes
+
+torch.set_num_threads(1)
+minari = pytest.importorskip("minari")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """One plain collection shard and one DAgger shard recorded through random-action bursts."""
+    root = tmp_path_factory.mktemp("demos")
+    write_dataset(root, "teacher", synthetic_episodes(2, 10), make_carracing(continuous=False), expert="teacher-discrete",
+                  description="test")
+    bursts = ActionBursts(make_carracing(continuous=False), rate=0.05, burst_frames=7, seed=3)
+    write_dataset(root, "dagger", synthetic_episodes(1, 10), bursts, expert="teacher-discrete", description="test")
+    return root
+
+
+def test_ids_are_namespaced_and_versioned_and_minari_loads_them(root):
+    with minari_root(root):
+        assert sorted(minari.list_local_datasets()) == ["nac_drive/dagger/seeds-100000-100000-v1",
+                                                         "nac_drive/teacher/seeds-100000-100001-v1"]
+        dataset = minari.load_dataset("nac_drive/teacher/seeds-100000-100001-v1")
+    assert dataset.total_episodes == 2
+    assert (dataset.spec.namespace, dataset.spec.dataset_name, dataset.spec.version) == (
+        "nac_drive/teacher", "seeds-100000-100001", 1)
+    metadata = dataset.storage.metadata
+    assert metadata["algorithm_name"] == "teacher-discrete" and metadata["author"] == {"nac-drive"}
+    assert metadata["code_permalink"].startswith("nac-drive ")
+    np.testing.assert_array_equal(next(dataset.iterate_episodes()).observations,
+                                  synthetic_episodes(2, 10)[0]["observations"])   # lossless
+
+
+def test_recovered_envs_are_the_task_and_the_recording_env(root):
+    from gymnasium.wrappers import TimeLimit
+
+    with minari_root(root):
+        plain = minari.load_dataset("nac_drive/teacher/seeds-100000-100001-v1")
+        dagger = minari.load_dataset("nac_drive/dagger/seeds-100000-100000-v1")
+    env = plain.recover_environment()
+    assert env.spec.max_episode_steps == 1000 and isinstance(env, TimeLimit) and env.unwrapped.continuous is False
+    recorded = dagger.recover_environment()           # the bursts the data was recorded through
+    assert isinstance(recorded, ActionBursts) and (recorded.rate, recorded.burst_frames, recorded.base_seed) == (
+        0.05, 7, 3)
+    evaluation = dagger.recover_environment(eval_env=True)   # the held-out task: no bursts
+    assert isinstance(evaluation, TimeLimit) and evaluation.spec.additional_wrappers == ()
+    assert evaluation.spec.max_episode_steps == 1000
+
+
+def test_normalized_scores_use_the_measured_random_and_teacher_returns(root):
+    with minari_root(root):
+        dataset = minari.load_dataset("nac_drive/teacher/seeds-100000-100001-v1")
+    random, teacher = np.mean(REFERENCE_RETURNS["random-discrete"]), np.mean(REFERENCE_RETURNS["teacher-discrete"])
+    assert random < 0 < 800 < teacher
+    scores = minari.get_normalized_score(dataset, np.array([random, teacher, (random + teacher) / 2]))
+    np.testing.assert_allclose(scores, [0.0, 1.0, 0.5], atol=1e-9)
+
+
+def test_a_wrapper_the_spec_cannot_rebuild_and_overlapping_tracks_are_refused(root):
+    from nac_drive.data_collection.episode_recorder import RecordEpisodes
+
+    recorder = RecordEpisodes(make_carracing(continuous=False), fps=50)   # no RecordConstructorArgs
+    with pytest.raises(ValueError, match="RecordEpisodes cannot be recreated from env.spec"):
+        write_dataset(root, "opaque", synthetic_episodes(1, 10), recorder, expert="x", description="")
+    with pytest.raises(FileExistsError, match="teacher already holds some of the tracks 100001..100003"):
+        refuse_existing(root, "teacher", [100_001, 100_002, 100_003])
+    assert refuse_existing(root, "teacher", [100_002]).name == "seeds-100002-100002-v1"
+    with pytest.raises(ValueError, match="consecutive"):
+        shard_id("teacher", [100_000, 100_002])
+    with pytest.raises(ValueError, match="letters, digits"):
+        shard_id("../up", [1])
+
+
+@pytest.mark.slow
+def test_the_recovered_env_truncates_at_1000_steps(root):
+    with minari_root(root):
+        env = minari.load_dataset("nac_drive/teacher/seeds-100000-100001-v1").recover_environment()
+    env.reset(seed=900_000)
+    steps, terminated, truncated = 0, False, False
+    while not (terminated or truncated):
+        _, _, terminated, truncated, _ = env.step(0)   # no-op: the car stands still, only the limit ends it
+        steps += 1
+    assert steps == 1000 and truncated and not terminated
+
+
+@pytest.mark.slow
+def test_the_reference_returns_are_reproducible():
+    from nac_drive.agents.experts import load_expert
+    from nac_drive.simulators.carracing import run_episodes
+
+    for name in ("random-discrete", "teacher-discrete"):
+        actor, continuous = load_expert(name)
+        result = run_episodes(actor, [900_000], continuous=continuous)
+        assert round(result.returns[0], 2) == pytest.approx(REFERENCE_RETURNS[name][0], abs=0.01), name
+
+
+@pytest.mark.slow
+def test_two_workers_write_the_episodes_of_one_and_their_shards_combine(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, workers in ((one, "1"), (two, "2")):
+        assert main(["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "3", "--max-steps", "30",
+                     "--seed", "5", "--out", str(out), "--workers", workers]) == 0
+    assert sorted(p.name for p in (two / "nac_drive" / "carracing-teacher-discrete").iterdir() if p.is_dir()) == [
+        "seeds-100005-100006-v1", "seeds-100007-100007-v1"]
+    alone, parallel = load_episodes(one), load_episodes(two)
+    assert [e.seed for e in parallel] == [e.seed for e in alone] == [100_005, 100_006, 100_007]
+    for a, b in zip(alone, parallel):
+        np.testing.assert_array_equal(a.frames, b.frames)
+        np.testing.assert_array_equal(a.actions, b.actions)
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+
+    with minari_root(two):
+        shards = [minari.load_dataset(i) for i in sorted(minari.list_local_datasets())]
+        joined = minari.combine_datasets(shards, "nac_drive/carracing-teacher-discrete-v1")
+        assert joined.total_episodes == 3
+        assert joined.spec.env_spec.max_episode_steps == 1000
+        for episode, original in zip(joined.iterate_episodes(), alone):
+            np.testing.assert_array_equal(episode.actions, original.actions)
+            np.testing.assert_allclose(episode.rewards, original.rewards, rtol=1e-6)
