@@ -267,7 +267,7 @@ def load_saliency(path: str | os.PathLike, trace: RunTrace | None = None) -> Run
             r.require(recorded == trace.sha256, METADATA_MEMBER,
                       f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
                       f"{trace.sha256[:12]}...): recompute it with nac-drive saliency" if recorded else
-                      f"names no trace.npz it was computed from (an older file): recompute it with nac-drive saliency")
+                      "names no trace.npz it was computed from (an older file): recompute it with nac-drive saliency")
             r.require(n == trace.num_steps, METADATA_MEMBER,
                       f"num_steps is {n} but the run's trace has {trace.num_steps} steps (recompute the saliency)")
         maps = r.array("maps", "u", 3)
