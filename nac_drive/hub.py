@@ -76,7 +76,7 @@ def download_checkpoint(repo_id: str, *, revision: str | None = None, cache_dir:
         except (EntryNotFoundError, OSError, ValueError) as e:   # every Hub, cache and offline error
             first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise CheckpointError(f"{repo_id}: no checkpoint folder of that name here, and the Hub's {filename} "
-                                  f"could not be had ({type(e).__name__}: {first_line})") from None
+                                  f"could not be fetched ({type(e).__name__}: {first_line})") from None
     config = fetch(CONFIG, revision)
     snapshot = config.parent   # <cache>/models--owner--name/snapshots/<commit>/
     fetch(WEIGHTS, snapshot.name)
