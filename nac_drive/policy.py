@@ -218,19 +218,24 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         return _FrameModel(self, self._state, self._frames_seen * self.config.frame_dt)
 
     # ---------------------------------------------------------------- checkpoints
-    def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None,
-                        model_card_kwargs: dict[str, Any] | None = None, **kwargs) -> Path | str:
+    def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
+                        push_to_hub: bool = False, model_card_kwargs: dict[str, Any] | None = None,
+                        **push_to_hub_kwargs) -> Path | str:
         """Write ``config.json``, ``model.safetensors`` and a model card ``README.md`` (kept if
         the folder already has one: the mixin's rule) into ``save_directory``; returns the
-        folder (the commit URL with ``push_to_hub=True``).
+        folder, or with ``push_to_hub=True`` the commit URL of :meth:`push_to_hub` to
+        ``repo_id`` (default: the folder's name).
 
         model_card_kwargs: ``data`` (what the policy learnt from), ``held_out_score`` (a
         number; also written as Hub model-index metadata), ``held_out_metric``.
         """
         if config is not None:
             raise ValueError("config: a DrivingPolicy always saves its own PolicyConfig (policy.config)")
-        url = super().save_pretrained(save_directory, model_card_kwargs=model_card_kwargs, **kwargs)
-        return url if kwargs.get("push_to_hub") else Path(save_directory)
+        super().save_pretrained(save_directory, model_card_kwargs=model_card_kwargs)
+        if push_to_hub:   # not through the mixin's, which hands push_to_hub a config of its own
+            return self.push_to_hub(repo_id or Path(save_directory).name, model_card_kwargs=model_card_kwargs,
+                                    **push_to_hub_kwargs)
+        return Path(save_directory)
 
     def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs) -> str:
         """Save into a temporary folder and upload it as one commit (the mixin's

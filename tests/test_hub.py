@@ -68,6 +68,10 @@ def test_push_to_hub_uploads_checkpoint_and_card_and_a_hub_id_loads_it(tmp_path)
         assert 'DrivingPolicy.from_pretrained("someone/tiny-nac")' in uploaded["README.md"].decode()
 
         loaded = DrivingPolicy.from_pretrained("someone/tiny-nac", cache_dir=tmp_path / "cache")
+        url = policy.save_pretrained(tmp_path / "also", push_to_hub=True, repo_id="someone/also", token="hf_test")
+        also = hub.files("someone/also")
+        assert url.endswith(hub.main["someone/also"]) and also["model.safetensors"] == uploaded["model.safetensors"]
+        assert 'from_pretrained("someone/also")' in also["README.md"].decode()
     assert same_outputs(loaded, policy)
     sha = hub.main["someone/tiny-nac"]
     assert ("GET", "/someone/tiny-nac/resolve/main/config.json") in hub.requests
