@@ -9,8 +9,10 @@
     actions, _ = policy.predict(obs_batch, episode_start=starts)   # stable-baselines3 protocol
     policy.check_env(env)                  # ValueError naming the space where env and policy disagree
 
-Checkpoints are a folder with ``config.json`` + ``model.safetensors``
-(:meth:`save_pretrained` / :meth:`from_pretrained`); loading never unpickles.
+Checkpoints are a folder with ``config.json`` + ``model.safetensors`` + a model card
+``README.md`` (:meth:`save_pretrained`); :meth:`from_pretrained` takes such a folder or a
+Hugging Face Hub id, :meth:`push_to_hub` publishes one (huggingface_hub's
+``PyTorchModelHubMixin``). Loading never unpickles.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from torch import nn
 
+from nac_drive import hub
 from nac_drive.atomic import readable_dir
 from nac_drive.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes, dataclass_from_json, load_state_into,
                                   read_json, read_tensors, save_model, tensor_shapes)
@@ -88,7 +92,9 @@ class PolicyConfig:
         return config
 
 
-class DrivingPolicy(nn.Module):
+class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", license="mit",
+                    pipeline_tag="reinforcement-learning", tags=["behaviour-cloning", "driving", "nac-drive"],
+                    paper_url="https://arxiv.org/abs/2512.10282", model_card_template=hub.CARD_TEMPLATE):
     def __init__(self, config: PolicyConfig | None = None):
         super().__init__()
         self.config = config = config or PolicyConfig()
@@ -257,13 +263,69 @@ class DrivingPolicy(nn.Module):
         return _FrameModel(self, self._state, self._frames_seen * self.config.frame_dt)
 
     # ---------------------------------------------------------------- checkpoints
-    def save_pretrained(self, directory: str | Path) -> Path:
-        directory = Path(directory)
-        save_model(directory, asdict(self.config), self)
-        return directory
+    def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
+                        push_to_hub: bool = False, model_card_kwargs: dict[str, Any] | None = None,
+                        **push_to_hub_kwargs) -> Path | str:
+        """Write ``config.json``, ``model.safetensors`` and a model card ``README.md`` (kept if
+        the folder already has one: the mixin's rule) into ``save_directory``; returns the
+        folder, or with ``push_to_hub=True`` the commit URL of :meth:`push_to_hub` to
+        ``repo_id`` (default: the folder's name).
+
+        model_card_kwargs: ``data`` (what the policy learnt from), ``held_out_score`` (a
+        number; also written as Hub model-index metadata), ``held_out_metric``.
+        """
+        if config is not None:
+            raise ValueError("config: a DrivingPolicy always saves its own PolicyConfig (policy.config)")
+        super().save_pretrained(save_directory, model_card_kwargs=model_card_kwargs)
+        if push_to_hub:   # not through the mixin's, which hands push_to_hub a config of its own
+            return self.push_to_hub(repo_id or Path(save_directory).name, model_card_kwargs=model_card_kwargs,
+                                    **push_to_hub_kwargs)
+        return Path(save_directory)
+
+    def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs) -> str:
+        """Save into a temporary folder and upload it as one commit (the mixin's
+        ``push_to_hub``); the card's loading example names ``repo_id``. Returns the commit URL."""
+        return super().push_to_hub(repo_id, model_card_kwargs={"repo_id": repo_id, **(model_card_kwargs or {})},
+                                   **kwargs)
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        save_model(save_directory, asdict(self.config), self)
+
+    def generate_model_card(self, *args, **kwargs) -> ModelCard:
+        info = self._hub_mixin_info
+        return hub.model_card(self.config, info.model_card_data, info.model_card_template, info.paper_url, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "DrivingPolicy":
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, force_download: bool = False,
+                        token: str | bool | None = None, cache_dir: str | Path | None = None,
+                        local_files_only: bool = False, revision: str | None = None) -> "DrivingPolicy":
+        """A policy from a checkpoint folder or a Hub id (``owner/name``, downloaded into the
+        huggingface_hub cache first; the keyword arguments are ``hf_hub_download``'s).
+
+        The mixin's own ``from_pretrained`` is not used: it parses ``config.json`` unchecked
+        (any size, any shape) before calling :meth:`_from_pretrained`, which does it all here."""
+        return cls._from_pretrained(model_id=str(pretrained_model_name_or_path), revision=revision,
+                                    cache_dir=cache_dir, force_download=force_download,
+                                    local_files_only=local_files_only, token=token)
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
+                         force_download: bool, local_files_only: bool, token: str | bool | None,
+                         config: Any = None, **unexpected) -> "DrivingPolicy":
+        """The mixin's loading hook: a Hub id becomes its cached snapshot folder, then
+        :meth:`load_folder` checks it (a ``config`` the mixin parsed is ignored: the file is
+        read again, checked)."""
+        if unexpected:
+            raise ValueError(f"from_pretrained: unexpected arguments {sorted(unexpected)}")
+        folder = model_id
+        if hub.is_hub_id(model_id):
+            folder = hub.download_checkpoint(model_id, revision=revision, cache_dir=cache_dir,
+                                             force_download=force_download, local_files_only=local_files_only,
+                                             token=token)
+        return cls.load_folder(folder)
+
+    @classmethod
+    def load_folder(cls, directory: str | Path) -> "DrivingPolicy":
         """Load a checkpoint folder. Nothing is unpickled, and nothing is allocated for
         sizes the files disagree on: the config's sizes are bounded, and the network is
         first built on PyTorch's "meta" device (shapes, no memory) and checked against the

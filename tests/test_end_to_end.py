@@ -35,7 +35,7 @@ def test_collect_train_drive(tmp_path):
         "--epochs", "8", "--windows-per-epoch", "256", "--batch-size", "16", "--class-weighting", "none",
         "--val-fraction", "0", "--lr", "3e-3", "--no-progress")
     best = train_dir / "tiny" / "best"
-    assert {p.name for p in best.iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in best.iterdir()} == {"README.md", "config.json", "model.safetensors"}
 
     # The trained policy beats the best constant-action policy on its training data:
     # its cross-entropy is below the entropy of the action frequencies.

@@ -23,6 +23,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from huggingface_hub import constants as hf_constants
+from support.fake_hub import FakeHub, serve
 
 from nac_drive.agents.expert_zip import export_for_shipping, load_policy
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
@@ -259,6 +261,29 @@ def test_policy_checkpoint_with_a_crafted_file(canary, tmp_path, capsys, demos, 
                      ["dagger", "--policy", run / "last", "--data", tmp_path / "dg", "--rounds", "1"],
                      ["train", "--data", demos, "--out", tmp_path / "ft", "--init-from", run / "last", *TINY]):
             assert f"last/{name}" in one_line_error(capsys, *argv)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_hub_checkpoint_with_a_crafted_file_is_refused_like_a_folder(canary, tmp_path, capsys, monkeypatch,
+                                                                       trained_run, name):
+    """Served by a (faked) Hub, downloaded into the cache by huggingface_hub: same refusal."""
+    files = {f: (trained_run / "last" / f).read_bytes() for f in ("config.json", "model.safetensors")}
+    hub = FakeHub()
+    hub.add_commit("attacker/policy", {**files, name: canary.pickle})
+    config = json.loads(files["config.json"])
+    hub.add_commit("attacker/huge", {**files, "config.json": json.dumps(
+        {**config, "core": {**config["core"], "d_model": 10**9}}).encode()})
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    with serve(hub):
+        with pytest.raises(CheckpointError, match=f"models--attacker--policy/snapshots/[0-9a-f]{{40}}/{name}: not "):
+            DrivingPolicy.from_pretrained("attacker/policy")
+        assert f"/{name}: not " in one_line_error(capsys, "drive", "carracing", "--policy", "attacker/policy",
+                                                  "--episodes", "1")
+        with pytest.raises(CheckpointError, match=r"config.core.d_model: 1000000000 is outside 1\.\.1024"):
+            DrivingPolicy.from_pretrained("attacker/huge")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)   # the cached snapshot alone: still refused
+    with pytest.raises(CheckpointError, match=f"snapshots/[0-9a-f]{{40}}/{name}: not "):
+        DrivingPolicy.from_pretrained("attacker/policy")
 
 
 # ------------------------------------------------------------------ run archives

@@ -136,7 +136,7 @@ def test_udacity_policy_spaces():
 def test_checkpoint_round_trip_and_errors(tmp_path):
     policy = policy_for(core="nac")
     path = policy.save_pretrained(tmp_path / "ckpt")
-    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in path.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     loaded = DrivingPolicy.from_pretrained(path)
     x = frames(5)
     with torch.no_grad():

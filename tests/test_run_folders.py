@@ -100,7 +100,7 @@ def test_a_checkpoint_folder_killed_at_any_step_loads_whole(tmp_path, point):
     # the next write repairs what the kill left and leaves nothing hidden behind
     atomic_write_dir(target, _policy(3).save_pretrained)
     assert torch.equal(DrivingPolicy.from_pretrained(target).head[1].weight, _policy(3).head[1].weight)
-    assert hidden(tmp_path) == [] and sorted(p.name for p in target.iterdir()) == ["config.json",
+    assert hidden(tmp_path) == [] and sorted(p.name for p in target.iterdir()) == ["README.md", "config.json",
                                                                                   "model.safetensors"]
 
 

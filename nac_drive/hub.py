@@ -1,0 +1,115 @@
+"""Checkpoints on the Hugging Face Hub: a Hub id to a local folder, and the model card.
+
+A Hub id (``owner/name``) is fetched by ``huggingface_hub.hf_hub_download`` into its cache
+(``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads the cache only) and the snapshot folder it
+lands in is then loaded like any checkpoint folder, with every check of the folder loader:
+nothing the Hub sends is parsed or built on another path.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from huggingface_hub import ModelCard, ModelCardData, hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
+
+from nac_drive.atomic import readable_dir
+from nac_drive.checkpoint import CONFIG, WEIGHTS, CheckpointError
+
+if TYPE_CHECKING:
+    from nac_drive.policy import PolicyConfig
+
+# owner/name: letters, digits, "-", "_", "." (the Hub's rule, simplified). A bare name is
+# taken for a folder, so a mistyped folder name does not go looking on the Hub.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+# The evaluation environment each task is scored in (the model-index "dataset" of a score).
+EVAL_ENVS = {"carracing": "CarRacing-v3", "udacity": "udacity-simulator"}
+CARD_KEYS = ("data", "held_out_score", "held_out_metric")
+
+CARD_TEMPLATE = """---
+{{ card_data }}
+---
+
+# nac-drive {{ task }} policy ({{ core }} core)
+
+A driving policy from nac-drive (the Neuronal Attention Circuit, [paper]({{ paper_url }})):
+a per-frame `{{ encoder }}` encoder, a `{{ core }}` temporal core over a causal window of
+{{ window }} frames and a head with {{ num_outputs }} {{ action }} output(s), trained by
+behaviour cloning.
+
+| | |
+|---|---|
+| task | `{{ task }}` (evaluated in `{{ eval_env }}`) |
+| core | {{ core_details }} |
+| data | {{ data | default("not recorded", true) }} |
+| held-out score | {{ score_text }} |
+
+Load it (nothing is unpickled; sizes are checked before anything is allocated):
+
+```python
+from nac_drive.policy import DrivingPolicy
+policy = DrivingPolicy.from_pretrained("{{ repo_id | default("owner/name", true) }}")
+```
+"""
+
+
+def is_hub_id(source: str | Path) -> bool:
+    """Whether ``source`` names a Hub repository rather than a folder: no folder of that name
+    exists (whole or parked aside mid-write, see :func:`readable_dir`) and it has the shape
+    ``owner/name``."""
+    return not readable_dir(source).exists() and _HUB_ID.fullmatch(str(source)) is not None
+
+
+def download_checkpoint(repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None,
+                        force_download: bool = False, local_files_only: bool = False,
+                        token: str | bool | None = None) -> Path:
+    """The cached snapshot folder holding ``repo_id``'s config and weights, downloaded if
+    needed. Both files come from one commit: the weights are fetched at the commit the
+    config resolved to, so a push between the two downloads cannot mix checkpoints."""
+    def fetch(filename: str, at: str | None) -> Path:
+        try:
+            return Path(hf_hub_download(repo_id=repo_id, filename=filename, revision=at, cache_dir=cache_dir,
+                                        force_download=force_download, local_files_only=local_files_only,
+                                        token=token))
+        except (EntryNotFoundError, OSError, ValueError) as e:   # every Hub, cache and offline error
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(f"{repo_id}: no checkpoint folder of that name here, and the Hub's {filename} "
+                                  f"could not be fetched ({type(e).__name__}: {first_line})") from None
+    config = fetch(CONFIG, revision)
+    snapshot = config.parent   # <cache>/models--owner--name/snapshots/<commit>/
+    fetch(WEIGHTS, snapshot.name)
+    return snapshot
+
+
+def model_card(config: PolicyConfig, base: ModelCardData, template: str, paper_url: str | None,
+               **kwargs: Any) -> ModelCard:
+    """The card of a policy with ``config``: metadata ``base`` (library, tags) plus the task
+    tag and, when ``held_out_score`` is given, a model-index entry the Hub displays.
+
+    kwargs: ``data`` (what it was trained on: a dataset path or id), ``held_out_score`` (a
+    number), ``held_out_metric`` (what the score measures), ``repo_id``.
+    """
+    unknown = sorted(set(kwargs) - {*CARD_KEYS, "repo_id"})
+    if unknown:
+        raise ValueError(f"model_card_kwargs: unknown keys {unknown}; known: {', '.join(CARD_KEYS)}")
+    score, metric = kwargs.get("held_out_score"), kwargs.get("held_out_metric") or "mean episode return"
+    if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+        raise ValueError(f"model_card_kwargs.held_out_score: expected a number, got {score!r}")
+    core = config.core
+    metadata = ModelCardData(**base.to_dict())   # a copy: the class's metadata is shared by every policy
+    metadata.tags = sorted({*(metadata.tags or []), config.task, core.core})
+    eval_env = EVAL_ENVS[config.task]
+    if score is not None:
+        from huggingface_hub import EvalResult
+        metadata.model_name = kwargs.get("repo_id") or f"nac-drive-{config.task}-{core.core}"
+        metadata.eval_results = [EvalResult(task_type="reinforcement-learning", dataset_type=eval_env,
+                                        dataset_name=eval_env, metric_type=metric, metric_value=float(score))]
+    details = (f"`{core.core}`, window {core.window}, d_model {core.d_model}, {core.num_heads} heads, "
+               f"top-k {core.topk}, mode `{core.mode}`")
+    return ModelCard.from_template(
+        metadata, template_str=template, paper_url=paper_url, task=config.task, eval_env=eval_env, core=core.core,
+        core_details=details, window=core.window, encoder=config.encoder, action=config.action,
+        num_outputs=config.num_outputs, data=kwargs.get("data"), repo_id=kwargs.get("repo_id"),
+        score_text="not measured" if score is None else f"{score:g} ({metric}, {eval_env})")
