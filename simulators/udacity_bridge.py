@@ -343,7 +343,7 @@ def load_policy_factory(spec: str):
 
 def main(argv: list[str] | None = None) -> int:
     """Developer entry point (tests, benchmarks): drive with a policy given as module:callable.
-    Users run ``nac-drive drive udacity`` / ``nac-drive record udacity``."""
+    Users run ``nac-drive drive udacity`` / ``nac-drive collect udacity``."""
     p = argparse.ArgumentParser(prog="python -m nac_drive.simulators.udacity_bridge", description=main.__doc__)
     p.add_argument("--policy", help="module:callable returning a policy; omit to record manual driving")
     p.add_argument("--host", default="127.0.0.1")

@@ -2,6 +2,8 @@
 through the bridge with a policy that steers from the lane markings it sees."""
 
 import math
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -205,7 +207,10 @@ def test_emulator_shows_laps_distance_and_cross_track_error_live_on_a_terminal(t
             assert f"{summary['distance_m']:.0f} m" in stderr  # the distance counter
         else:
             assert "cte" not in stderr, (name, stderr)
-    # recording: the same switch for its frame counter
-    _, _, quiet = _emulator_cli(port, "--record", str(tmp_path / "a"), "--frames", "5")
-    _, _, shown = _emulator_cli(port, "--record", str(tmp_path / "b"), "--frames", "5", "--progress")
+    # the scripted driver's recordings (collect udacity): the same switch for its frame counter
+    record = [sys.executable, "-m", "nac_drive.cli", "collect", "udacity", "--driver", "scripted", "--frames", "5",
+              "--json", "--out"]
+    quiet = subprocess.run([*record, str(tmp_path / "a")], capture_output=True, text=True, timeout=120).stderr
+    shown = subprocess.run([*record, str(tmp_path / "b"), "--progress"], capture_output=True, text=True,
+                           timeout=120).stderr
     assert "recording lakeside" not in quiet and "recording lakeside" in shown and "5/5" in shown

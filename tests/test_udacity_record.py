@@ -1,4 +1,4 @@
-"""Recording: `nac-drive record udacity` (pass-through of a human's driving), the SIGKILL test,
+"""Recording: `nac-drive collect udacity` (pass-through of a human's driving), the SIGKILL test,
 the bridge's --record, and the emulator's own training-mode recordings."""
 
 import json
@@ -90,7 +90,7 @@ def test_drive_with_record_writes_the_commands_sent(tmp_path):
 
 def test_emulator_training_recording_three_cameras(tmp_path, capsys):
     out = tmp_path / "train"
-    code = cli_main(["sim", "udacity-emulator", "--record", str(out), "--frames", "24", "--track", "canyon",
+    code = cli_main(["collect", "udacity", "--driver", "scripted", "--out", str(out), "--frames", "24", "--track", "canyon",
                      "--seed", "2", "--json"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

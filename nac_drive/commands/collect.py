@@ -1,7 +1,11 @@
-"""``nac-drive collect carracing``: record expert demonstrations as a Minari dataset.
+"""``nac-drive collect``: record demonstrations, from CarRacing or the Udacity simulator.
 
     nac-drive collect carracing --expert ppo --episodes 20 --seed 0 --out runs/demos
     nac-drive collect carracing --expert teacher-discrete --episodes 200 --workers 2   # one process per core
+    nac-drive collect udacity --out runs/udacity/my_drive                  # you drive the Udacity simulator
+    nac-drive collect udacity --driver scripted --out runs/udacity/lakeside --frames 3000   # headless
+
+CarRacing:
 
 Track seeds are ``100000 + seed + i`` (the collection range: never used by expert
 training, nor by evaluation, which starts at 900000). Every frame stores the raw RGB
@@ -19,11 +23,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nac_drive.arguments import COUNT, SEED
+from nac_drive.arguments import COUNT, PORT, POSITIVE, SEED, number
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("collect", help="record expert demonstrations", description=__doc__,
+    parser = subparsers.add_parser("collect", help="record demonstrations (CarRacing expert, Udacity driving)",
+                                   description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="collect_target", metavar="SIMULATOR", required=True)
     car = sub.add_parser("carracing", help="CarRacing-v3 demonstrations (Minari dataset)",
@@ -38,6 +43,70 @@ def add_parser(subparsers) -> None:
     car.add_argument("--workers", type=COUNT, default=1,
                      help="processes driving episodes in parallel (one per core), one shard each")
     car.set_defaults(func=run)
+
+    uda = sub.add_parser("udacity", help="Udacity driving logs (driving_log.csv + IMG/): you in the simulator, "
+                                         "or the headless emulator's scripted driver",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    uda.add_argument("--out", required=True, metavar="DIR", help="recording folder (driving_log.csv + IMG/)")
+    uda.add_argument("--driver", choices=["human", "scripted"], default="human",
+                     help="human: serve the Udacity simulator (it connects to --host:--port; start it in "
+                          "training mode) and record what you drive, centre camera, until Ctrl-C; scripted: "
+                          "the headless emulator's pure-pursuit driver records --frames frames, three cameras")
+    human = uda.add_argument_group("--driver human")
+    human.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    human.add_argument("--port", type=PORT, default=None, help="port the simulator connects to (default 4567)")
+    human.add_argument("--exit-on-disconnect", action="store_true", help="stop when the simulator disconnects")
+    scripted = uda.add_argument_group("--driver scripted")
+    scripted.add_argument("--track", default=None,
+                          help="gentle, lakeside, serpentine, canyon, or random-<seed> (default lakeside)")
+    scripted.add_argument("--frames", type=COUNT, default=None, help="frames to record (default 1000)")
+    scripted.add_argument("--seed", type=SEED, default=None, help="start position and steering noise (default 0)")
+    scripted.add_argument("--noise", type=number(float, min=0), default=None,
+                          help="steering noise of the scripted driver (default 0.3)")
+    scripted.add_argument("--speed", type=POSITIVE, default=None, help="target speed, mph (default 9)")
+    scripted.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                          help="show the frames recorded on stderr (default: when stderr is a terminal)")
+    uda.add_argument("--json", action="store_true", help="print the final summary as one JSON line")
+    uda.set_defaults(func=run_udacity)
+
+
+# flags of one --driver only, with the defaults they stand for
+_HUMAN_FLAGS = {"host": "127.0.0.1", "port": 4567, "exit_on_disconnect": False}
+_SCRIPTED_FLAGS = {"track": "lakeside", "frames": 1000, "seed": 0, "noise": 0.3, "speed": 9.0, "progress": None}
+
+
+def run_udacity(args: argparse.Namespace) -> int:
+    """``collect udacity``: a human's driving through the bridge, or the emulator's scripted driver."""
+    from nac_drive.arguments import flag_name
+
+    mine, other = ((_HUMAN_FLAGS, _SCRIPTED_FLAGS) if args.driver == "human" else (_SCRIPTED_FLAGS, _HUMAN_FLAGS))
+    for name, default in other.items():
+        if getattr(args, name) not in (None, False):
+            raise ValueError(f"{flag_name(name)}: only with --driver {'scripted' if args.driver == 'human' else 'human'}")
+    values = {name: default if getattr(args, name) is None else getattr(args, name) for name, default in mine.items()}
+    if args.driver == "human":
+        import logging
+
+        from nac_drive.simulators.udacity_bridge import record_udacity
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        return record_udacity(args.out, values["host"], values["port"], args.json, values["exit_on_disconnect"])
+
+    import sys
+
+    from nac_drive.commands.sim import print_summary
+    from nac_drive.simulators.udacity_emulator import record_training
+    from nac_drive.simulators.udacity_track import track_spec
+
+    try:
+        track_spec(values["track"])
+    except ValueError as e:
+        raise ValueError(f"--track: {e}") from None
+    progress = sys.stderr.isatty() if values["progress"] is None else values["progress"]
+    summary = record_training(args.out, track=values["track"], frames=values["frames"], seed=values["seed"],
+                              speed_mph=values["speed"], noise=values["noise"], progress_bar=progress)
+    print_summary(summary, args.json)
+    return 0
 
 
 def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps: int | None = None,

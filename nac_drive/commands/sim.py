@@ -1,9 +1,9 @@
 """``nac-drive sim``: simulators that run without a display.
 
 ``nac-drive sim udacity-emulator`` connects to a Udacity bridge (``nac-drive drive udacity``
-or ``nac-drive record udacity``) exactly like the Unity simulator would, or, with
-``--record DIR``, writes a training-mode recording (driving_log.csv + IMG/, three cameras)
-driven by a scripted pure-pursuit driver.
+or ``nac-drive collect udacity``) exactly like the Unity simulator would, and reports how the
+car was driven. (Its scripted driver's own recordings: ``nac-drive collect udacity --driver
+scripted``.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from nac_drive.arguments import COUNT, PORT, POSITIVE, SEED, number
+from nac_drive.arguments import COUNT, PORT, POSITIVE, number
 
 
 def add_parser(subparsers) -> None:
@@ -25,28 +25,22 @@ def add_parser(subparsers) -> None:
     p.add_argument("--track", default="lakeside",
                    help="gentle, lakeside, serpentine, canyon, or random-<seed> (default lakeside)")
     p.add_argument("--frames", type=COUNT, default=None,
-                   help="stop after N telemetry messages (live) / record N frames (--record; default 1000)")
-    p.add_argument("--laps", type=POSITIVE, default=None, help="stop after this many laps (live)")
-    p.add_argument("--start", type=number(float), default=0.0, help="start position, metres along the track (live)")
-    p.add_argument("--human", action="store_true",
-                   help="a scripted human drives; empty telemetry {} while it holds the throttle key")
-    p.add_argument("--decimal-comma", action="store_true", help="format numbers like a comma locale (12,3456)")
+                   help="stop after N telemetry messages")
+    p.add_argument("--laps", type=POSITIVE, default=None, help="stop after this many laps")
+    p.add_argument("--start", type=number(float), default=0.0, help="start position, metres along the track")
     p.add_argument("--stop-off-road", action="store_true", help="stop at the first off-road event")
     p.add_argument("--realtime", action="store_true",
                    help="one step per 1/15 s of wall clock, like the real simulator (default: as fast as answered)")
     p.add_argument("--timeout", type=POSITIVE, default=5.0, help="seconds to wait for an answer (default 5)")
-    p.add_argument("--record", metavar="DIR", help="write a training-mode recording instead of connecting")
-    p.add_argument("--seed", type=SEED, default=0, help="recording: start position and steering noise seed")
-    p.add_argument("--noise", type=number(float, min=0), default=0.3, help="recording: steering noise of the scripted driver")
-    p.add_argument("--speed", type=POSITIVE, default=9.0, help="recording/human: target speed (mph)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show laps, distance and cross-track error live on stderr (recording: frames) "
+                   help="show laps, distance and cross-track error live on stderr "
                         "(default: when stderr is a terminal)")
     p.set_defaults(func=run_udacity_emulator)
 
 
-def _print(summary: dict, as_json: bool) -> None:
+def print_summary(summary: dict, as_json: bool) -> None:
+    """A run's summary: one JSON line, or one ``key: value`` line per entry."""
     if as_json:
         print(json.dumps(summary), flush=True)
     else:
@@ -55,7 +49,7 @@ def _print(summary: dict, as_json: bool) -> None:
 
 
 def run_udacity_emulator(args) -> int:
-    from nac_drive.simulators.udacity_emulator import EmulatorConfig, record_training, run_emulator
+    from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
     from nac_drive.simulators.udacity_track import track_spec
 
     try:
@@ -63,22 +57,15 @@ def run_udacity_emulator(args) -> int:
     except ValueError as e:
         raise ValueError(f"--track: {e}") from None
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    if args.record:
-        frames = args.frames if args.frames is not None else 1000
-        summary = record_training(args.record, track=args.track, frames=frames, seed=args.seed,
-                                  speed_mph=args.speed, noise=args.noise, progress_bar=progress)
-        _print(summary, args.json)
-        return 0
     cfg = EmulatorConfig(host=args.host, port=args.port, track=args.track, frames=args.frames, laps=args.laps,
-                         start=args.start, human=args.human, human_speed_mph=args.speed,
-                         decimal_comma=args.decimal_comma, stop_off_road=args.stop_off_road, realtime=args.realtime,
-                         answer_timeout=args.timeout, seed=args.seed, progress=progress)
+                         start=args.start, stop_off_road=args.stop_off_road, realtime=args.realtime,
+                         answer_timeout=args.timeout, progress=progress)
     try:
         report = run_emulator(cfg)
     except OSError as e:
         raise OSError(f"cannot connect to a Udacity bridge at {args.host}:{args.port}: {e}") from None
     summary = report.as_dict()
-    _print(summary, args.json)
+    print_summary(summary, args.json)
     if report.no_answer:
         print(f"no answer to telemetry within {args.timeout} s: the server ignores a client that never sends "
               "the Socket.IO namespace CONNECT ('40'), as python-socketio >= 5 does (the bridge needs "

@@ -120,8 +120,8 @@ class SocketIOClient:
 
 
 def start_recorder(port: int, out: str) -> Proc:
-    """``nac-drive record udacity`` as a subprocess (the CLI users run)."""
-    proc = Proc([sys.executable, "-m", "nac_drive.cli", "record", "udacity", "--out", out, "--port", str(port),
+    """``nac-drive collect udacity`` (a human drives) as a subprocess (the CLI users run)."""
+    proc = Proc([sys.executable, "-m", "nac_drive.cli", "collect", "udacity", "--out", out, "--port", str(port),
                  "--json"])
     proc.wait_for("listening on")
     return proc
