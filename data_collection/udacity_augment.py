@@ -1,10 +1,10 @@
-"""Preprocessing and augmentations for Udacity frames (PilotNet input).
+"""Augmentations of Udacity frames (PilotNet input).
 
-``preprocess`` is THE one function that turns a simulator frame into network input, used
-both by the training dataset and by live driving (``DrivingPolicy``), so the two can never
-drift apart: crop rows 60:-25 (sky and the car's hood), resize to 66x200, RGB -> YUV.
-It returns uint8 ``[66, 200, 3]``; both users then move channels first and scale by 1/255
-(the dataset with ``to_chw_float``, the policy's encoder on uint8 input).
+The frames are preprocessed by :func:`nac_drive.tasks.udacity_frame`, the one function
+that turns a simulator frame into network input for the training data and for live
+driving alike: crop rows 60:-25 (sky and the car's hood), resize to 66x200, RGB -> YUV,
+uint8 ``[66, 200, 3]``; the dataset then moves channels first and scales by 1/255
+(``to_chw_float``), the policy's encoder does the same on uint8 input.
 
 Augmentations (all take/return uint8 RGB [H, W, 3] and a steering value, positive =
 right; each takes a ``numpy.random.Generator`` so results are reproducible):
@@ -26,22 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CROP_TOP, CROP_BOTTOM = 60, 25
-INPUT_HEIGHT, INPUT_WIDTH = 66, 200
 SIDE_CAMERA_CORRECTION = 0.2
 STEER_PER_PIXEL = 0.002
-
-
-def preprocess(image_rgb: np.ndarray) -> np.ndarray:
-    """uint8 RGB [160, 320, 3] -> uint8 YUV [66, 200, 3] (crop rows 60:-25, resize, RGB->YUV)."""
-    import cv2
-
-    img = np.asarray(image_rgb)
-    if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] <= CROP_TOP + CROP_BOTTOM:
-        raise ValueError(f"preprocess expects an RGB image [H>{CROP_TOP + CROP_BOTTOM}, W, 3], got shape {img.shape}")
-    img = img[CROP_TOP:img.shape[0] - CROP_BOTTOM]
-    img = cv2.resize(img, (INPUT_WIDTH, INPUT_HEIGHT), interpolation=cv2.INTER_AREA)
-    return cv2.cvtColor(np.ascontiguousarray(img, dtype=np.uint8), cv2.COLOR_RGB2YUV)
 
 
 def to_chw_float(frames: np.ndarray) -> np.ndarray:

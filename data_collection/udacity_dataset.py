@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, preprocess, to_chw_float
+from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, to_chw_float
+from nac_drive.tasks import udacity_frame
 from nac_drive.data_collection.udacity_log import DrivingLogRow, check_images, load_rgb, read_driving_log
 
 DEFAULT_FPS = 15.0  # the simulator records at about 15 Hz; used when names carry no time
@@ -132,7 +133,7 @@ class UdacityWindowDataset:
                 img, s = load_rgb(r.center), r.steering
             else:
                 img, s = aug.apply(load_rgb(getattr(r, aug.camera)), r.steering)
-            frames.append(preprocess(img))
+            frames.append(udacity_frame(img))
             steering.append(float(np.clip(s, -1.0, 1.0)))
         return (torch.from_numpy(to_chw_float(np.stack(frames))),
                 torch.from_numpy((t - t[0]).astype(np.float32)),

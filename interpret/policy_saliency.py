@@ -26,10 +26,7 @@ def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam",
     run = load_trace(run_dir)
     replay = _Replay(policy, run)
     target = "predicted" if policy.config.action == "discrete" else "steer"
-    region = None
-    if policy.config.task == "udacity":   # the model sees rows 60:-25 of the frame
-        from nac_drive.data_collection.udacity_augment import CROP_BOTTOM, CROP_TOP
-        region = (CROP_TOP, CROP_BOTTOM)
+    region = policy.task.visible_rows   # Udacity: the model sees rows 60:-25 of the frame
     return compute_run_saliency(run_dir, replay.frame_model_for_step, preprocess=replay.model_input,
                                 target=target, method=method, target_layer=policy.encoder.last_conv,
                                 progress=progress, input_region=region)

@@ -35,10 +35,8 @@ from nac_drive.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes
 from nac_drive.cores import CoreConfig, build_core
 from nac_drive.encoders import ENCODERS
 from nac_drive.nac import upgrade_state_names
+from nac_drive.tasks import TASKS, Task
 
-TASKS = ("carracing", "udacity")
-# A continuous CarRacing action: steer in [-1, 1], gas and brake in [0, 1].
-CARRACING_LOW, CARRACING_HIGH = (-1.0, 0.0, 0.0), (1.0, 1.0, 1.0)
 FORMAT_VERSION = 1
 # Largest value a loaded config may give each size (far above any policy trained here):
 # a config.json naming a huge size is refused before anything is built from it.
@@ -70,7 +68,7 @@ class PolicyConfig:
     def __post_init__(self):
         if isinstance(self.core, dict):
             self.core = dataclass_from_json(CoreConfig, self.core, "core")
-        for name, allowed in (("task", TASKS), ("encoder", tuple(ENCODERS)), ("action", ("discrete", "continuous"))):
+        for name, allowed in (("task", tuple(TASKS)), ("encoder", tuple(ENCODERS)), ("action", ("discrete", "continuous"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
         if self.num_outputs < 1:
@@ -124,6 +122,11 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
             return self.head(y), trace
         return self.head(self.core(features, t))
 
+    @property
+    def task(self) -> Task:
+        """What the task makes of observations and outputs (:mod:`nac_drive.tasks`)."""
+        return TASKS[self.config.task]
+
     # ---------------------------------------------------------------- closed loop
     def reset(self) -> None:
         """Start a new episode: forget the window."""
@@ -143,10 +146,7 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         if isinstance(obs, dict):
             timestamp = obs.get("timestamp")
             obs = obs["image"]
-        image = np.asarray(obs)
-        if self.config.task == "udacity":
-            from nac_drive.data_collection.udacity_augment import preprocess
-            image = preprocess(image)
+        image = self.task.frame(np.asarray(obs))
         if image.ndim != 3 or image.shape[2] != 3:
             raise ValueError(f"obs: expected an RGB image [H, W, 3], got shape {image.shape}")
         frame = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
@@ -176,20 +176,13 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         return self.last_output
 
     def output_to_action(self, output: torch.Tensor):
-        if self.config.action == "discrete":
-            return int(output.argmax())
-        action = output.numpy().astype(np.float32)
-        if self.config.task == "carracing":
-            return np.clip(action, CARRACING_LOW, CARRACING_HIGH).astype(np.float32)
-        return np.clip(action, -1.0, 1.0)
+        """The head's output ``[num_outputs]`` -> an action of :attr:`action_space`."""
+        return self.task.action(output.numpy(), self.config.action)
 
     def select_action(self, obs):
         """One frame in, one action out (an int for discrete policies, else an array;
         Udacity: the steering angle in [-1, 1] as a float)."""
-        action = self.output_to_action(self.step_output(obs))
-        if self.config.task == "udacity":
-            return float(action[0])
-        return action
+        return self.task.actor_action(self.output_to_action(self.step_output(obs)))
 
     def act(self, obs):
         """Alias of :meth:`select_action` for the episode runners' actor protocol."""
@@ -224,25 +217,14 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         frame, or the Udacity simulator's RGB camera frame ``[160, 320, 3]`` uint8."""
         from gymnasium import spaces
 
-        if self.config.task == "udacity":
-            from nac_drive.simulators.udacity_bridge import IMAGE_SHAPE
-            shape = IMAGE_SHAPE
-        else:
-            shape = (self.frame_shape[1], self.frame_shape[2], self.frame_shape[0])
-        return spaces.Box(0, 255, shape, np.uint8)
+        return spaces.Box(0, 255, self.task.camera_shape, np.uint8)
 
     @property
     def action_space(self):
         """The gymnasium space of what :meth:`predict` returns per env: ``Discrete(num_outputs)``
         for discrete policies; continuous CarRacing: ``Box([-1, 0, 0], [1, 1, 1])`` (steer,
         gas, brake); Udacity: ``Box(-1, 1, (num_outputs,))`` (the steering angle)."""
-        from gymnasium import spaces
-
-        if self.config.action == "discrete":
-            return spaces.Discrete(self.config.num_outputs)
-        if self.config.task == "carracing" and self.config.num_outputs == len(CARRACING_LOW):
-            return spaces.Box(np.float32(CARRACING_LOW), np.float32(CARRACING_HIGH), dtype=np.float32)
-        return spaces.Box(-1.0, 1.0, (self.config.num_outputs,), np.float32)
+        return self.task.action_space(self.config.action, self.config.num_outputs)
 
     def check_env(self, env) -> None:
         """Raise ``ValueError`` naming the space on which ``env`` (a gymnasium env or an SB3
@@ -251,9 +233,7 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         for name in ("observation", "action"):
             ours, theirs = getattr(self, f"{name}_space"), getattr(env, f"{name}_space", None)
             if theirs != ours:
-                hint = ""
-                if name == "action" and self.config.task == "carracing":
-                    hint = f" (make the env with continuous={self.config.action == 'continuous'})"
+                hint = self.task.env_hint(self.config.action) if name == "action" else ""
                 raise ValueError(f"env and policy disagree on the {name} space: the env's is {theirs}, "
                                  f"this {kind}'s is {ours}{hint}")
 

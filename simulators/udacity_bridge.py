@@ -52,10 +52,11 @@ import numpy as np
 
 from nac_drive.data_collection.udacity_log import DrivingLogWriter, parse_decimal
 from nac_drive.jpeg import jpeg_size
+from nac_drive.tasks import UDACITY_CAMERA
 
 log = logging.getLogger("nac_drive.udacity_bridge")
 
-IMAGE_SHAPE = (160, 320, 3)
+IMAGE_SHAPE = UDACITY_CAMERA   # the simulator camera: RGB [160, 320, 3]
 MAX_STEER_DEG = 25.0
 SAFE_STEERING, SAFE_THROTTLE = 0.0, -1.0  # steer straight, brake
 
