@@ -1,0 +1,79 @@
+"""Imports point one way: the model library <- data and simulators <- agents and
+interpretation <- the pipeline (training, DAgger) <- the CLI (docs/ARCHITECTURE.md §1).
+
+Every ``import`` of the installed package is read from its source (function-level ones
+too, where the heavy imports live) and each must go to its own layer or one below.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nac_drive
+
+PACKAGE = Path(nac_drive.__file__).parent
+
+# layer of a module: the first rule whose prefix matches its dotted name
+LAYERS = [
+    ("nac_drive.commands", 4), ("nac_drive.cli", 4),
+    ("nac_drive.train", 3), ("nac_drive.dagger", 3),
+    ("nac_drive.agents", 2), ("nac_drive.interpret", 2),
+    ("nac_drive.data_collection", 1), ("nac_drive.simulators", 1),
+    ("nac_drive", 0),
+]
+NAMES = {0: "model library", 1: "data and simulators", 2: "agents and interpretation", 3: "pipeline", 4: "CLI"}
+# importing the package registers its gymnasium env id: gymnasium's convention, so the
+# package's front door reaches the simulator that defines it
+FRONT_DOOR = {("nac_drive", "nac_drive.simulators.udacity_env")}
+
+
+def layer(module: str) -> int:
+    for prefix, level in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return level
+    raise AssertionError(f"{module}: not in the package")
+
+
+def package_modules() -> dict[str, Path]:
+    """Dotted name -> source file of every module of the installed package."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def package_imports() -> list[tuple[str, str]]:
+    """(importing module, imported module) for every import of ``nac_drive.*`` in the package."""
+    edges = []
+    for module, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            edges += [(module, t) for t in targets if t == "nac_drive" or t.startswith("nac_drive.")]
+    return edges
+
+
+def test_the_walk_sees_every_layer():
+    levels = {layer(a) for a, _ in package_imports()} | {layer(b) for _, b in package_imports()}
+    assert levels == set(NAMES)
+    assert layer("nac_drive.train") == 3 and layer("nac_drive.train_args") == 0   # a prefix ends at a dot
+
+
+def test_no_import_points_up_a_layer():
+    upward = sorted(f"{a} ({NAMES[layer(a)]}) imports {b} ({NAMES[layer(b)]})"
+                    for a, b in package_imports() if layer(b) > layer(a) and (a, b) not in FRONT_DOOR)
+    assert upward == []
+
+
+def test_the_model_library_stands_alone():
+    """The NAC layer, policy and checkpoints import nothing but the library (and no
+    simulator, dataset or agent code), so they can be used without the rest."""
+    library = {m for m in package_modules() if layer(m) == 0} - {"nac_drive"}
+    assert {"nac_drive.nac", "nac_drive.policy", "nac_drive.checkpoint", "nac_drive.tasks"} <= library
+    assert not [(a, b) for a, b in package_imports() if a in library and layer(b) > 0]
