@@ -95,16 +95,3 @@ class PolicyDriver:
         self._pending = {}
         if self.save_every and len(self.recorder) % self.save_every == 0:
             self.recorder.save()
-
-
-def untrained_udacity_policy():
-    """A PilotNet+NAC steering policy with fresh weights: the same computation as a
-    trained one, for latency benchmarks of the bridge (``--policy
-    nac_drive.agents.driver:untrained_udacity_policy``)."""
-    import torch
-
-    from nac_drive.policy import DrivingPolicy, PolicyConfig
-
-    torch.set_num_threads(1)
-    return DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
-                                      head_dropout=0.5, frame_dt=1 / 15)).eval()

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import time
 
+from support_path import SUPPORT
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -16,9 +18,11 @@ def free_port() -> int:
 
 
 def start_listening(argv: list[str], port: int, stdout=subprocess.PIPE, timeout: float = 120) -> subprocess.Popen:
-    """Start ``argv`` (one torch thread, unbuffered) and return once it accepts connections
-    on 127.0.0.1:``port``; exits with its stderr if it dies or does not listen in time."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    """Start ``argv`` (one torch thread, unbuffered, the test policies of ``tests/support``
+    importable) and return once it accepts connections on 127.0.0.1:``port``; exits with its
+    stderr if it dies or does not listen in time."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(SUPPORT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + timeout
     while True:

@@ -22,10 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import support_path  # noqa: F401  (tests/support: the browser and synthetic runs)
+
 
 def measure(html: Path, repeats: int) -> tuple[list[float], list[float], float]:
     """-> (seconds to interactive, seconds until every panel is drawn, ms per scrubbed frame)."""
-    from nac_drive.interpret.browser import dashboard_page
+    from browser import dashboard_page
 
     ready, all_drawn = [], []
     scrub_ms = float("nan")
@@ -56,9 +58,9 @@ def main() -> int:
 
     import torch
 
-    from nac_drive.interpret.browser import find_chromium
+    from browser import find_chromium
     from nac_drive.interpret.dashboard import build_dashboard
-    from nac_drive.interpret.synthetic import make_synthetic_run
+    from synthetic_runs import make_synthetic_run
 
     torch.set_num_threads(1)
     if find_chromium() is None:

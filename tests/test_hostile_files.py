@@ -289,7 +289,7 @@ def test_a_hub_checkpoint_with_a_crafted_file_is_refused_like_a_folder(canary, t
 # ------------------------------------------------------------------ run archives
 @pytest.fixture(scope="module")
 def recorded_run(tmp_path_factory):
-    from nac_drive.interpret.synthetic import make_synthetic_run
+    from support.synthetic_runs import make_synthetic_run
 
     run = tmp_path_factory.mktemp("run")
     make_synthetic_run(run, steps=6, seed=3)
@@ -320,7 +320,7 @@ def test_a_saliency_file_of_another_trace_is_refused(tmp_path, capsys):
     """A new run recorded into a folder that holds an earlier run's saliency.npz (same
     length, other frames): the dashboard refuses to overlay the wrong maps."""
     from nac_drive.interpret.dashboard import build_dashboard
-    from nac_drive.interpret.synthetic import make_synthetic_run
+    from support.synthetic_runs import make_synthetic_run
 
     make_synthetic_run(tmp_path, steps=6, seed=1)
     assert build_dashboard(tmp_path).is_file()

@@ -13,7 +13,7 @@ from support.dashboard_pages import chromium_dashboard_page, run_data
 
 from nac_drive.cli import main
 from nac_drive.interpret.dashboard import build_dashboard
-from nac_drive.interpret.synthetic import make_synthetic_run
+from support.synthetic_runs import make_synthetic_run
 from nac_drive.interpret.trace import RunRecorder, load_trace
 
 N = 40

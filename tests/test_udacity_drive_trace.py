@@ -5,10 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from nac_drive.agents.driver import untrained_udacity_policy
 from nac_drive.interpret.trace import load_trace
 from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
 from support.udacity_procs import Proc, free_port
+from support.udacity_test_policies import untrained_udacity_policy
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from support.dashboard_pages import chromium_dashboard_page, run_data
 from nac_drive.cli import main
 from nac_drive.interpret.archive import decode_jpeg
 from nac_drive.interpret.dashboard import build_dashboard
-from nac_drive.interpret.synthetic import make_synthetic_run
+from support.synthetic_runs import make_synthetic_run
 from nac_drive.interpret.trace import load_trace
 from nac_drive.simulators.carracing import FPS, VIDEO_SCALE, run_episodes
 from nac_drive import video as video_module

@@ -16,10 +16,10 @@ def run_data(page: str) -> dict:
 
 
 def chromium_dashboard_page():
-    """:func:`nac_drive.interpret.browser.dashboard_page`, or skip the test when playwright
+    """:func:`support.browser.dashboard_page`, or skip the test when playwright
     or a Chromium is missing."""
     pytest.importorskip("playwright", reason="playwright-python is not installed (pip install nac-drive[dev])")
-    from nac_drive.interpret.browser import dashboard_page, find_chromium
+    from support.browser import dashboard_page, find_chromium
 
     if find_chromium() is None:
         pytest.skip("no Chromium found: apt-get install chromium (or set NAC_DRIVE_CHROMIUM)")

@@ -35,3 +35,16 @@ class Constant03:
 
     def select_action(self, obs):
         return 0.3
+
+
+def untrained_udacity_policy():
+    """A PilotNet+NAC steering policy with fresh weights: the same computation as a
+    trained one, for latency benchmarks of the bridge (``--policy
+    udacity_test_policies:untrained_udacity_policy``)."""
+    import torch
+
+    from nac_drive.policy import DrivingPolicy, PolicyConfig
+
+    torch.set_num_threads(1)
+    return DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                                      head_dropout=0.5, frame_dt=1 / 15)).eval()

@@ -1,4 +1,4 @@
-"""A synthetic recorded run, for tests, benchmarks and previewing the dashboard.
+"""A synthetic recorded run, for tests and benchmarks (a dashboard with no simulator).
 
 Frames are procedural top-down roads (grey road on textured grass, a red car at the
 bottom) whose curve drifts over time, so they compress like real driving frames.
