@@ -33,9 +33,10 @@ def load_policy(path: str | Path | None = None, task: str = "carracing"):
 
 
 class PolicyDriver:
-    """A policy as an actor: the episode runner's protocol (``reset``, ``reset_env``,
-    ``act``, ``on_step``) for CarRacing and the Udacity bridge's (``reset``,
-    ``select_action``).
+    """A policy as an actor (:mod:`nac_drive.actor`) that can also time and record what it
+    does: ``reset``, ``reset_env``, ``act``, and the CarRacing runner's ``on_step`` (which
+    completes a step's record with its reward; a Udacity step, which has none, is recorded
+    as soon as it is acted on).
 
     Args:
         policy: the trained policy.
@@ -76,17 +77,13 @@ class PolicyDriver:
             expert = self.oracle.action_for(self._env) if self.oracle is not None and self._env is not None else None
             self._pending = {"frame": obs["image"] if isinstance(obs, dict) else obs, "policy_action": action,
                              "expert_action": expert, "nac_trace": self.policy.last_trace}
+            if isinstance(obs, dict):   # the Udacity bridge: no reward to wait for
+                self._flush(reward=None, timestamp=obs.get("timestamp"))
         return action
 
     def on_step(self, episode: int, frame: int, obs, action, reward: float, info: dict) -> None:
         """Runner callback: completes the step's record with its reward."""
         self._flush(reward=reward, timestamp=frame * self.policy.config.frame_dt)
-
-    def select_action(self, obs):
-        """The Udacity bridge's protocol: obs is a dict with ``image`` and ``timestamp``."""
-        action = self.act(obs)
-        self._flush(reward=None, timestamp=obs.get("timestamp"))
-        return action
 
     def _flush(self, reward, timestamp) -> None:
         if self.recorder is None or not self._pending:

@@ -1,8 +1,8 @@
 """Hand-written Udacity policies (no learning) for tests, benchmarks and smoke runs.
 
-They follow the bridge's policy interface: ``reset()`` and ``select_action(obs) -> float``
-steering in [-1, 1] (positive = right), ``obs = {"image": uint8 RGB [160, 320, 3],
-"timestamp": s, "speed": mph}``.
+They are actors (:mod:`nac_drive.actor`): ``reset()`` and ``act(obs) -> float`` steering in
+[-1, 1] (positive = right), ``obs = {"image": uint8 RGB [160, 320, 3], "timestamp": s,
+"speed": mph}``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class ConstantPolicy:
     def reset(self) -> None:
         self.calls = 0
 
-    def select_action(self, obs) -> float:
+    def act(self, obs) -> float:
         self.calls += 1
         return self.steering
 
@@ -63,7 +63,7 @@ class LaneMarkingPolicy:
             centres.append((cols[starts[k]] + cols[ends[k]]) / 2)
         return float(np.median(centres)) if centres else None
 
-    def select_action(self, obs) -> float:
+    def act(self, obs) -> float:
         image = obs["image"]
         centre = self.road_centre(image)
         if centre is None:

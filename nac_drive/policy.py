@@ -185,7 +185,7 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         return self.task.actor_action(self.output_to_action(self.step_output(obs)))
 
     def act(self, obs):
-        """Alias of :meth:`select_action` for the episode runners' actor protocol."""
+        """:meth:`select_action` under the name of the actor contract (:mod:`nac_drive.actor`)."""
         return self.select_action(obs)
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):

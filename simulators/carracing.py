@@ -15,11 +15,12 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 
+from nac_drive.actor import Actor
 from nac_drive.video import WebmWriter
 
 ENV_ID = "CarRacing-v3"
@@ -215,20 +216,6 @@ class ActionBursts(gym.Wrapper, gym.utils.RecordConstructorArgs):
             action, self._burst_left = self._burst_action, self._burst_left - 1
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, reward, terminated, truncated, {**info, "disturbed": disturbed}
-
-
-class Actor(Protocol):
-    """What :func:`run_episodes` drives: anything with ``reset()`` and ``act(obs)``.
-
-    ``obs`` is the raw RGB frame ``uint8 [96, 96, 3]``; ``act`` returns an int for the
-    discrete env or ``float [3]`` (steer, gas, brake) for the continuous one. An actor
-    may also define ``reset_env(env)``: it is called after each env reset and gives
-    privileged actors (the teacher) access to the env's state.
-    """
-
-    def reset(self) -> None: ...
-
-    def act(self, obs: np.ndarray) -> Any: ...
 
 
 @dataclass

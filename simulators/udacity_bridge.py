@@ -29,7 +29,7 @@ failing recording (e.g. a full disk) is logged once and driving goes on. One con
 drives at a time; others are refused while it does. A new driving connection starts
 from a reset policy and speed controller.
 
-The policy interface: an object with ``reset()`` and ``select_action(obs) -> float``
+The policy is an actor (:mod:`nac_drive.actor`): ``reset()`` and ``act(obs) -> float``
 (steering in [-1, 1], positive = right), ``obs = {"image": uint8 RGB [160, 320, 3],
 "timestamp": float seconds (monotonic, arrival of the telemetry), "speed": float mph}``.
 """
@@ -263,7 +263,7 @@ class UdacityBridge:
             self._record(tel, float(np.clip(tel.steering_angle / MAX_STEER_DEG, -1, 1)), tel.throttle)
             return self._answer("manual", {})
         try:
-            steering = float(self.policy.select_action({"image": tel.image, "timestamp": arrived, "speed": tel.speed}))
+            steering = float(self.policy.act({"image": tel.image, "timestamp": arrived, "speed": tel.speed}))
             if not math.isfinite(steering):
                 raise ValueError(f"policy returned {steering}")
         except Exception as e:  # a broken policy must not take the connection down
@@ -323,7 +323,7 @@ def _run(bridge: UdacityBridge, host: str, port: int, json_out: bool, exit_on_di
 
 def drive_udacity(policy, host: str = "127.0.0.1", port: int = 4567, speed: float = 9.0,
                   record_dir=None, json_out: bool = False, exit_on_disconnect: bool = False) -> int:
-    """Drive the simulator with ``policy`` (``reset()`` + ``select_action(obs)``) until
+    """Drive the simulator with ``policy`` (an actor: ``reset()`` + ``act(obs)``) until
     Ctrl-C; print the summary (one JSON line with ``json_out``). Returns an exit code."""
     return _run(UdacityBridge(policy, speed, record_dir), host, port, json_out, exit_on_disconnect)
 

@@ -42,7 +42,7 @@ class Recorder:
     def reset(self):
         self.resets += 1
 
-    def select_action(self, obs):
+    def act(self, obs):
         self.obs.append(obs)
         return self.value
 
@@ -156,7 +156,7 @@ def test_one_connection_drives_the_others_are_refused_and_touch_nothing():
 
 def test_malformed_and_policy_failures_get_the_safe_command_and_are_logged_once(caplog):
     class Broken(Recorder):
-        def select_action(self, obs):
+        def act(self, obs):
             raise RuntimeError("boom")
 
     bridge = UdacityBridge(Broken())

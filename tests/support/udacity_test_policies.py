@@ -19,7 +19,7 @@ class ResetProbe:
         self.calls = 0
         self.last_t = None
 
-    def select_action(self, obs):
+    def act(self, obs):
         img = obs["image"]
         assert isinstance(img, np.ndarray) and img.shape == (160, 320, 3) and img.dtype == np.uint8
         assert isinstance(obs["speed"], float) and isinstance(obs["timestamp"], float)
@@ -33,7 +33,7 @@ class Constant03:
     def reset(self):
         pass
 
-    def select_action(self, obs):
+    def act(self, obs):
         return 0.3
 
 
