@@ -21,7 +21,7 @@ def shipped_policy_path(task: str = "carracing") -> Path:
     return Path(str(files("nac_drive") / "assets" / f"policy_{task}_nac"))
 
 
-def load_policy(path: str | Path | None = None, task: str = "carracing"):
+def load_driving_policy(path: str | Path | None = None, task: str = "carracing"):
     """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one for
     ``task``), in eval mode."""
     import torch

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.agents.ppo_expert_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK
+from nac_drive.agents.expert_training_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK
 from nac_drive.simulators.carracing import ActionRepeat, ConsecutiveTrackSeeds, make_carracing
 
 GRAYSCALE = "cv2.COLOR_RGB2GRAY"    # the only colour conversion this package applies

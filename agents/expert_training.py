@@ -1,6 +1,6 @@
 """Training a PPO expert (stable-baselines3), resuming a run, and scoring its checkpoints.
 
-Training recipe (measured on a 2-core CPU, see :class:`TrainArgs`): PPO with
+Training recipe (measured on a 2-core CPU, see :class:`ExpertTrainArgs`): PPO with
 NatureCNN and [256] heads, 2 SubprocVecEnv workers, reward normalisation only, a
 linearly decayed learning rate, and a training-only truncation after a streak of
 negative rewards (an episode stuck on the grass teaches nothing). Checkpoints vary a
@@ -22,14 +22,14 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
 from nac_drive.agents.expert_env import Preprocessing, make_vec_env
-from nac_drive.agents.expert_zip import LoadedPolicy, load_policy, read_tensors, trained_agent_steps
-from nac_drive.agents.ppo_expert_args import FRAME_SIZE, TrainArgs
+from nac_drive.agents.expert_zip import LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps
+from nac_drive.agents.expert_training_args import FRAME_SIZE, ExpertTrainArgs
 from nac_drive.atomic import atomic_write, fresh_dir
 from nac_drive.checkpoint import dataclass_from_json, read_json
 from nac_drive.simulators.carracing import EpisodeResults
 
 
-def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
+def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> Path:
     """Train a PPO expert; returns the path of the best checkpoint's zip.
 
     ``from_checkpoint``: a checkpoint the run ``args.out/args.run_name`` kept at an
@@ -41,7 +41,7 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     kind = "continuous" if args.continuous else "discrete"
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
-    start = load_policy(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
+    start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
     if from_checkpoint is None:   # a new run never writes into an existing run's folder
         run_dir = fresh_dir(Path(args.out) / run_name)
         args = replace(args, run_name=run_dir.name)
@@ -91,12 +91,12 @@ def train(args: TrainArgs, from_checkpoint: Path | None = None) -> Path:
     return best if best.exists() else run_dir / "final_model.zip"
 
 
-def _eval_freq(args: TrainArgs) -> int:
+def _eval_freq(args: ExpertTrainArgs) -> int:
     """Agent steps per worker between evaluations."""
     return max(1, args.eval_every_frames // (args.action_repeat * args.n_envs))
 
 
-def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
+def resume_expert(run_dir: str | Path, total_frames: int | None = None) -> Path:
     """Continue a run that was stopped (one session is rarely enough for millions of
     frames) from the last checkpoint it kept at an evaluation: weights, Adam state, reward
     normalisation, frame count, evaluation history and best score. What it did after that
@@ -110,7 +110,7 @@ def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
     if not saved.is_file():
         raise FileNotFoundError(f"resume: {saved} not found (is {run_dir} a run folder of `expert train`?)")
     saved_args = _without_retired(read_json(saved), saved)
-    args = dataclass_from_json(TrainArgs, {**saved_args, "out": str(run_dir.parent), "run_name": run_dir.name},
+    args = dataclass_from_json(ExpertTrainArgs, {**saved_args, "out": str(run_dir.parent), "run_name": run_dir.name},
                                str(saved))
     if total_frames is not None:
         args.total_frames = total_frames
@@ -119,7 +119,7 @@ def resume(run_dir: str | Path, total_frames: int | None = None) -> Path:
     if done >= args.total_frames:
         raise ValueError(f"resume: {kept} is at {done} frames, the run's target is {args.total_frames}; "
                          "set a larger one with --total-frames")
-    return train(args, from_checkpoint=kept)
+    return train_expert(args, from_checkpoint=kept)
 
 
 # Options runs once had (their experiments did not ship; BENCHMARKS.md section 3), with the
@@ -137,7 +137,7 @@ def _without_retired(saved: dict[str, Any], path: Path) -> dict[str, Any]:
     return {name: value for name, value in saved.items() if name not in _RETIRED}
 
 
-def resume_seed(args: TrainArgs, agent_steps_done: int) -> int:
+def resume_seed(args: ExpertTrainArgs, agent_steps_done: int) -> int:
     """Seed of a run resumed after ``agent_steps_done``: new tracks and new noise for each
     evaluation interval, inside the training seed range and clear of the validation tracks."""
     from nac_drive.simulators.carracing import COLLECT_SEED_BASE
@@ -178,7 +178,7 @@ def _restore(model, kept: Path, callback: EvalCallback) -> None:
         raise FileNotFoundError(f"resume: {state_path} not found: without it {kept.name} cannot be "
                                 "resumed (start a new run from it with --init-from)")
     state = _kept_state(state_path)
-    policy = load_policy(kept).policy
+    policy = load_expert_zip(kept).policy
     try:
         model.policy.load_state_dict(policy.state_dict())
     except RuntimeError as exc:
@@ -221,7 +221,7 @@ def _kept_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _start_from(policy, start: LoadedPolicy, args: TrainArgs) -> None:
+def _start_from(policy, start: LoadedPolicy, args: ExpertTrainArgs) -> None:
     """Load ``start`` (the policy of ``args.init_from``) into ``policy``."""
     run_kind = "continuous" if args.continuous else "discrete"
     start_kind = "continuous" if start.continuous else "discrete"
@@ -248,7 +248,7 @@ def score_checkpoint(path: str | Path, episodes: int, seed_base: int) -> Episode
     if episodes < 1:
         raise ValueError(f"score_checkpoint: episodes must be >= 1, got {episodes}")
     torch.set_num_threads(1)  # a small CNN: more threads only contend with the env
-    loaded = load_policy(path)
+    loaded = load_expert_zip(path)
     venv = make_vec_env(continuous=loaded.continuous, preprocessing=loaded.preprocessing)
     venv.seed(seed_base)
     results = EpisodeResults()

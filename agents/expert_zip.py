@@ -80,7 +80,7 @@ def read_tensors(path: str | Path, member: str) -> Any:
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-def load_policy(path: str | Path) -> LoadedPolicy:
+def load_expert_zip(path: str | Path) -> LoadedPolicy:
     """Build the SB3 actor-critic of an expert zip without unpickling anything.
 
     Raises ``ValueError`` naming the file and field when the zip is not a CarRacing expert
@@ -183,7 +183,7 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
     """Write ``src``'s policy as a new SB3 zip ``dst`` without optimizer state (~3x smaller).
 
     Nothing of ``src`` is unpickled or copied as is: the policy is read by
-    :func:`load_policy`, and the zip is written from it, its checked JSON fields and a
+    :func:`load_expert_zip`, and the zip is written from it, its checked JSON fields and a
     handful of plain hyper-parameters. The result loads with :class:`PPOExpert` and with
     SB3's ``PPO.load`` (a fresh optimizer, learning rate and clip range 0).
     """
@@ -191,7 +191,7 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
     from stable_baselines3.common.save_util import save_to_zip_file
     from stable_baselines3.common.utils import ConstantSchedule
 
-    loaded = load_policy(src)
+    loaded = load_expert_zip(src)
     source = read_data(src)
     policy = loaded.policy
     data: dict[str, Any] = {name: source[name] for name in _SHIPPED_FIELDS
@@ -208,5 +208,5 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
-__all__ = ["LoadedPolicy", "ZipMemberError", "export_for_shipping", "load_policy", "read_data", "read_preprocessing",
+__all__ = ["LoadedPolicy", "ZipMemberError", "export_for_shipping", "load_expert_zip", "read_data", "read_preprocessing",
            "read_tensors", "trained_agent_steps"]

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.agents.expert_env import observe_as_expert
-from nac_drive.agents.expert_zip import load_policy
+from nac_drive.agents.expert_zip import load_expert_zip
 
 
 def shipped_expert_path() -> Path:
@@ -47,7 +47,7 @@ class _HandedFrames(gym.Env):
 
 
 class PPOExpert:
-    """Drives the raw env with a PPO expert zip (:func:`~nac_drive.agents.expert_training.train`).
+    """Drives the raw env with a PPO expert zip (:func:`~nac_drive.agents.expert_training.train_expert`).
 
     ``continuous``: whether it drives the continuous env. ``act(obs)`` takes the raw RGB frame
     ``uint8 [96, 96, 3]`` every env frame. Every ``action_repeat`` frames (the zip's
@@ -64,7 +64,7 @@ class PPOExpert:
         import torch
 
         self.path = Path(path) if path is not None else shipped_expert_path()
-        self.policy, self.continuous, self.preprocessing = load_policy(self.path)
+        self.policy, self.continuous, self.preprocessing = load_expert_zip(self.path)
         self.action_repeat = action_repeat or self.preprocessing.action_repeat
         self.frame_stack = self.preprocessing.frame_stack
         self.name = f"ppo:{self.path.stem}"

@@ -42,7 +42,7 @@ def main() -> int:
     import torch
 
     import nac_drive  # noqa: F401  (registers the env id)
-    from nac_drive.agents.driver import load_policy
+    from nac_drive.agents.driver import load_driving_policy
     from nac_drive.simulators.udacity_env import ENV_ID, SpeedControl
     from nac_drive.simulators.udacity_track import pure_pursuit
 
@@ -52,7 +52,7 @@ def main() -> int:
         env = gym.make(ENV_ID, track=args.track, jpeg_quality=quality)
         u = env.unwrapped
         rows[name] = _run(env, lambda obs: [pure_pursuit(u.track, u.car, u.progress.index), 0.3], args.steps)
-    policy = load_policy(task="udacity")
+    policy = load_driving_policy(task="udacity")
     env = SpeedControl(gym.make(ENV_ID, track=args.track))
     rows["env + shipped PilotNet+NAC policy (SpeedControl)"] = _run(env, lambda obs: [policy.select_action(obs)],
                                                                     args.steps, on_reset=policy.reset)

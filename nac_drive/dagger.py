@@ -31,7 +31,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     ``disturb_rate`` > 0 wraps the student's env in :class:`ActionBursts` (the chance per
     undisturbed frame that a ``disturb_frames``-frame burst of one random action starts).
     """
-    from nac_drive.agents.driver import PolicyDriver, load_policy
+    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
     from nac_drive.run_log import log_closed_loop
@@ -47,7 +47,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         refuse_existing(data, dataset_name(r, seed), round_seeds(r, seed, episodes))
     policy_path = Path(policy_path)
     for r in range(rounds):
-        policy = load_policy(policy_path)
+        policy = load_driving_policy(policy_path)
         continuous = policy.config.action == "continuous"
         teacher = PurePursuitTeacher(continuous=continuous)
         seeds = round_seeds(r, seed, episodes)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nac_drive.agents.expert_env import Preprocessing, preprocess
-from nac_drive.agents.expert_zip import load_policy
+from nac_drive.agents.expert_zip import load_expert_zip
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.agents.teacher import PurePursuitTeacher
 from nac_drive.simulators.carracing import (
@@ -436,9 +436,9 @@ def test_load_policy_rejects_bad_files(tmp_path):
     bad = tmp_path / "bad.zip"
     bad.write_text("not a zip")
     with pytest.raises(ValueError, match="bad.zip"):
-        load_policy(bad)
+        load_expert_zip(bad)
     with pytest.raises(FileNotFoundError, match="missing.zip"):
-        load_policy(tmp_path / "missing.zip")
+        load_expert_zip(tmp_path / "missing.zip")
     # the preprocessing record: checked, consistent with the observation space; zips
     # from before it existed fall back to their 'action_repeat' (4 if absent)
     def with_data(name, **changes):
@@ -461,12 +461,12 @@ def test_load_policy_rejects_bad_files(tmp_path):
             ("stack.zip", {"frame_stack": 3}, r"stack.zip: field 'observation_space' has shape \[2, 64, 64\], its "
                                               r"preprocessing makes \[3, 64, 64\]")):
         with pytest.raises(ValueError, match=message):
-            load_policy(with_data(name, preprocessing={**record, **change}))
-    old = load_policy(with_data("old.zip", preprocessing=None, action_repeat=2))
+            load_expert_zip(with_data(name, preprocessing={**record, **change}))
+    old = load_expert_zip(with_data("old.zip", preprocessing=None, action_repeat=2))
     assert old.preprocessing == Preprocessing(action_repeat=2)
-    assert load_policy(with_data("older.zip", preprocessing=None)).action_repeat == 4
+    assert load_expert_zip(with_data("older.zip", preprocessing=None)).action_repeat == 4
     with pytest.raises(ValueError, match="old0.zip: field 'preprocessing': action_repeat is 0"):
-        load_policy(with_data("old0.zip", preprocessing=None, action_repeat=0))
+        load_expert_zip(with_data("old0.zip", preprocessing=None, action_repeat=0))
 
 
 @pytest.mark.slow
@@ -550,44 +550,44 @@ def test_cli_eval_bad_expert_path_names_it(tmp_path, capsys):
 def test_expert_training_starts_from_init_from(tmp_path):
     import torch
 
-    from nac_drive.agents.expert_training import train
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training import train_expert
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
                 eval_every_frames=10**9, progress_bar=False)
     # learning rate 0: the run's weights stay exactly those it started from
-    final = train(TrainArgs(run_name="ft", init_from=str(shipped_expert_path()), learning_rate=0.0, **tiny))
-    trained = load_policy(final).policy
-    shipped = load_policy(shipped_expert_path()).policy
+    final = train_expert(ExpertTrainArgs(run_name="ft", init_from=str(shipped_expert_path()), learning_rate=0.0, **tiny))
+    trained = load_expert_zip(final).policy
+    shipped = load_expert_zip(shipped_expert_path()).policy
     for name, tensor in shipped.state_dict().items():
         assert torch.equal(trained.state_dict()[name], tensor), name
     # evaluated every 16 frames (8 agent steps at repeat 2): both checkpoints are kept
-    fresh_zip = train(TrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2,
+    fresh_zip = train_expert(ExpertTrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2,
                                 **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
     kept = sorted(p.name for p in (tmp_path / "fresh" / "evaluated").glob("*.zip"))
     assert kept == ["frames_16.zip", "frames_32.zip"] and fresh_zip.name == "best_model.zip"
-    assert torch.equal(load_policy(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
-                       load_policy(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
+    assert torch.equal(load_expert_zip(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
+                       load_expert_zip(fresh_zip)[0].action_net.weight)  # learning rate 0: all the same
     assert not (tmp_path / "ft" / "evaluated").exists()   # never evaluated
-    fresh, _, fresh_preprocessing = load_policy(fresh_zip)
+    fresh, _, fresh_preprocessing = load_expert_zip(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
     assert fresh_preprocessing == Preprocessing(action_repeat=2) and PPOExpert(fresh_zip).action_repeat == 2
     assert PPOExpert(final).action_repeat == 4
     with pytest.raises(ValueError, match="init_from"):
-        train(TrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
+        train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 
 
 def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeypatch):
     import torch
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_training import resume, train
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training import resume_expert, train_expert
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
     from nac_drive.cli import main
 
     # 32 agent steps (repeat 2) in rollouts of 8; evaluated and kept at 16 and 32 steps
-    train(TrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
+    train_expert(ExpertTrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
                     total_frames=64, action_repeat=2, eval_every_frames=32, eval_episodes=1,
                     progress_bar=False))
     run, kept = tmp_path / "r", tmp_path / "r" / "evaluated"
@@ -619,12 +619,12 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
         patch.setattr(PPO, "learn", record_start)
         # kept before evaluations drove consecutive tracks: its best score is not carried over
         (kept / "frames_32.json").write_text(json.dumps({k: v for k, v in at_32.items() if k != "eval_tracks"}))
-        resume(run)
+        resume_expert(run)
         assert started["best"] == -np.inf
         (kept / "frames_32.json").write_text(json.dumps(at_32))
-        resume(run)
+        resume_expert(run)
         assert started["best"] == at_32["best_mean_reward"] and at_32["eval_tracks"] == "consecutive"
-    kept_policy = load_policy(kept / "frames_32.zip").policy   # one Adam step from the fresh weights
+    kept_policy = load_expert_zip(kept / "frames_32.zip").policy   # one Adam step from the fresh weights
     for name, tensor in kept_policy.state_dict().items():
         assert torch.equal(started["weights"][name], tensor), name
     for key, value in optimizer_state(kept / "frames_32.zip").items():
@@ -639,54 +639,54 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     with zipfile.ZipFile(run / "final_model.zip") as zf:
         assert json.loads(zf.read("data"))["num_timesteps"] == 32
     with pytest.raises(ValueError, match="--total-frames"):
-        resume(run)                                              # the target is reached
+        resume_expert(run)                                              # the target is reached
     assert json.loads((run / "args.json").read_text())["total_frames"] == 64
     # args.json of a run from before the retired options left: read without them if unused
     saved = json.loads((run / "args.json").read_text())
     (run / "args.json").write_text(json.dumps({**saved, "combined_actions": False, "released_brake": -1.0}))
     with pytest.raises(ValueError, match="--total-frames"):
-        resume(run)
+        resume_expert(run)
     (run / "args.json").write_text(json.dumps({**saved, "negative_streak_terminates": True}))
     with pytest.raises(ValueError, match="negative_streak_terminates=True, an option removed after commit 9f5ea65"):
-        resume(run, total_frames=128)
+        resume_expert(run, total_frames=128)
     (run / "args.json").write_text(json.dumps(saved))
     with pytest.raises(FileNotFoundError, match="args.json"):
-        resume(tmp_path / "nowhere")
+        resume_expert(tmp_path / "nowhere")
     (kept / "frames_64.json").unlink()
     with pytest.raises(FileNotFoundError, match="frames_64.json"):
-        resume(run, total_frames=128)
+        resume_expert(run, total_frames=128)
 
 
 def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
     from nac_drive.agents.expert_training import resume_seed
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
 
-    args = TrainArgs(seed=20, n_envs=2, action_repeat=4, eval_every_frames=200_000, eval_seed=62_000)
+    args = ExpertTrainArgs(seed=20, n_envs=2, action_repeat=4, eval_every_frames=200_000, eval_seed=62_000)
     per_eval = 200_000 // 4   # agent steps of both workers between evaluations
     seeds = [resume_seed(args, k * per_eval) for k in range(1, 200)]
     assert seeds[:2] == [22, 24] and len(set(seeds)) == len(seeds)   # each interval its own tracks
     # workers 62000, 62001 would start on validation tracks (62000..62007): moved past them
-    near_validation = resume_seed(TrainArgs(seed=61_998, n_envs=2, eval_seed=62_000, eval_episodes=8), 12_500)
+    near_validation = resume_seed(ExpertTrainArgs(seed=61_998, n_envs=2, eval_seed=62_000, eval_episodes=8), 12_500)
     assert near_validation == 62_008
-    inside = resume_seed(TrainArgs(seed=62_003, n_envs=2, eval_seed=62_000, eval_episodes=8), 12_500)
+    inside = resume_seed(ExpertTrainArgs(seed=62_003, n_envs=2, eval_seed=62_000, eval_episodes=8), 12_500)
     assert inside == 62_008                                          # would have been 62005, 62006
-    assert resume_seed(TrainArgs(seed=61_996, n_envs=2, eval_seed=62_000), 12_500) == 61_998
+    assert resume_seed(ExpertTrainArgs(seed=61_996, n_envs=2, eval_seed=62_000), 12_500) == 61_998
     with pytest.raises(ValueError, match="training seed range"):
-        resume_seed(TrainArgs(seed=99_999, n_envs=2), 12_500)
+        resume_seed(ExpertTrainArgs(seed=99_999, n_envs=2), 12_500)
 
 
 def test_a_run_starts_only_from_an_expert_with_its_kind_of_actions(tmp_path):
     import torch
 
-    from nac_drive.agents.expert_training import train
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training import train_expert
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
                 eval_every_frames=10**9, progress_bar=False, continuous=True)
-    fresh = load_policy(train(TrainArgs(run_name="c", log_std_init=-1.5, **tiny)))
+    fresh = load_expert_zip(train_expert(ExpertTrainArgs(run_name="c", log_std_init=-1.5, **tiny)))
     assert fresh.continuous and torch.allclose(fresh.policy.log_std, torch.full((3,), -1.5), atol=0.01)
     with pytest.raises(ValueError, match="init_from: .* has discrete actions; a continuous run"):
-        train(TrainArgs(run_name="from-discrete", init_from=str(shipped_expert_path()), **tiny))
+        train_expert(ExpertTrainArgs(run_name="from-discrete", init_from=str(shipped_expert_path()), **tiny))
     assert not (tmp_path / "from-discrete" / "final_model.zip").exists()
 
 

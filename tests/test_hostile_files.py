@@ -26,7 +26,7 @@ import torch
 from huggingface_hub import constants as hf_constants
 from support.fake_hub import FakeHub, serve
 
-from nac_drive.agents.expert_zip import export_for_shipping, load_policy
+from nac_drive.agents.expert_zip import export_for_shipping, load_expert_zip
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.checkpoint import CheckpointError
 from nac_drive.cli import main
@@ -133,13 +133,13 @@ def test_expert_zip_with_a_crafted_torch_member(canary, tmp_path, capsys, member
     crafted = rewrite_zip(shipped_expert_path(), tmp_path / "expert.zip", **{member.replace(".", "__"):
                                                                              getattr(canary, kind)})
     if member != "policy.pth":   # never read to drive or ship: loading and shipping work, the pickle stays inert
-        assert not load_policy(crafted).continuous and PPOExpert(crafted).action_repeat == 4
+        assert not load_expert_zip(crafted).continuous and PPOExpert(crafted).action_repeat == 4
         shipped = export_for_shipping(crafted, tmp_path / "ship.zip")
         assert canary.marker.name.encode() not in zip_bytes(shipped)
-        assert torch.equal(load_policy(shipped).policy.action_net.weight,
-                           load_policy(shipped_expert_path()).policy.action_net.weight)
+        assert torch.equal(load_expert_zip(shipped).policy.action_net.weight,
+                           load_expert_zip(shipped_expert_path()).policy.action_net.weight)
         return
-    for load in (load_policy, PPOExpert, lambda p: export_for_shipping(p, tmp_path / "ship.zip")):
+    for load in (load_expert_zip, PPOExpert, lambda p: export_for_shipping(p, tmp_path / "ship.zip")):
         with pytest.raises(ValueError, match=r"expert\.zip: member 'policy\.pth' is not a plain tensor file"):
             load(crafted)
     assert not (tmp_path / "ship.zip").exists()
@@ -155,26 +155,26 @@ def test_expert_zip_whose_json_holds_crafted_pickles(canary, tmp_path):
     run here, and a shipped copy carries none of their bytes."""
     crafted = rewrite_zip(shipped_expert_path(), tmp_path / "expert.zip",
                           data=json.dumps(with_crafted_serialized(shipped_data(), canary.b64)).encode())
-    assert torch.equal(load_policy(crafted).policy.action_net.weight,
-                       load_policy(shipped_expert_path()).policy.action_net.weight)
+    assert torch.equal(load_expert_zip(crafted).policy.action_net.weight,
+                       load_expert_zip(shipped_expert_path()).policy.action_net.weight)
     expert = PPOExpert(crafted)
     assert expert.act(np.zeros((96, 96, 3), np.uint8)) in range(5)
     shipped = export_for_shipping(crafted, tmp_path / "ship.zip")
-    assert canary.b64[:40].encode() not in zip_bytes(shipped) and load_policy(shipped).action_repeat == 4
+    assert canary.b64[:40].encode() not in zip_bytes(shipped) and load_expert_zip(shipped).action_repeat == 4
     # a pickled policy_kwargs (it could name any class) is refused
     data = {**shipped_data(), "policy_kwargs": {":type:": "<class 'dict'>", ":serialized:": canary.b64}}
     rewrite_zip(shipped_expert_path(), tmp_path / "kwargs.zip", data=json.dumps(data).encode())
     with pytest.raises(ValueError, match="kwargs.zip: field 'policy_kwargs' is not plain JSON"):
-        load_policy(tmp_path / "kwargs.zip")
+        load_expert_zip(tmp_path / "kwargs.zip")
 
 
 def _tiny_expert_run(tmp_path: Path) -> Path:
     """A real `expert train` run of 32 frames (action repeat 2), kept and best at 32 frames."""
-    from nac_drive.agents.expert_training import train
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training import train_expert
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
 
-    train(TrainArgs(out=str(tmp_path / "runs"), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
-                    total_frames=32, action_repeat=2, eval_every_frames=32, eval_episodes=1, progress_bar=False))
+    train_expert(ExpertTrainArgs(out=str(tmp_path / "runs"), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
+                                 total_frames=32, action_repeat=2, eval_every_frames=32, eval_episodes=1, progress_bar=False))
     return tmp_path / "runs" / "r"
 
 
@@ -194,8 +194,8 @@ def test_ship_after_a_resume_that_saved_no_new_best_never_unpickles(canary, tmp_
     out = capsys.readouterr().out
     assert f"best checkpoint: {run / 'best_model.zip'}" in out and "shipped copy:" in out
     assert (run / "best_model.zip").read_bytes() == best_before
-    assert torch.equal(load_policy(tmp_path / "ship.zip").policy.action_net.weight,
-                       load_policy(kept).policy.action_net.weight)
+    assert torch.equal(load_expert_zip(tmp_path / "ship.zip").policy.action_net.weight,
+                       load_expert_zip(kept).policy.action_net.weight)
     assert canary.b64[:40].encode() not in zip_bytes(tmp_path / "ship.zip")
 
 
@@ -370,7 +370,7 @@ def test_expert_zip_sizes_are_checked_before_building(tmp_path):
     for name, (crafted, message) in cases.items():
         rewrite_zip(shipped_expert_path(), tmp_path / f"{name}.zip", data=json.dumps(crafted).encode())
         with pytest.raises(ValueError, match=message):
-            load_policy(tmp_path / f"{name}.zip")
+            load_expert_zip(tmp_path / f"{name}.zip")
 
 
 def test_zip_members_are_capped_before_they_are_inflated(tmp_path):
@@ -378,7 +378,7 @@ def test_zip_members_are_capped_before_they_are_inflated(tmp_path):
     bomb = rewrite_zip(shipped_expert_path(), tmp_path / "bomb.zip", data=b" " * (65 * 2**20))
     assert bomb.stat().st_size < 4_000_000
     with pytest.raises(ValueError, match=r"bomb.zip: member 'data' would inflate to 68157440 bytes, more than"):
-        load_policy(bomb)
+        load_expert_zip(bomb)
     # a directory that understates a member's size: reading stops at the declared size
     raw = bytearray(shipped_expert_path().read_bytes())
     entry = raw.find(b"PK\x01\x02")   # central directory entries: name length at +28, name at +46
@@ -387,7 +387,7 @@ def test_zip_members_are_capped_before_they_are_inflated(tmp_path):
     raw[entry + 24:entry + 28] = struct.pack("<I", 1000)   # its uncompressed size: 1000 bytes
     (tmp_path / "lying.zip").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"lying.zip: member 'policy.pth' is unreadable \(BadZipFile: Bad CRC"):
-        load_policy(tmp_path / "lying.zip")
+        load_expert_zip(tmp_path / "lying.zip")
 
 
 def test_run_archive_sizes_are_checked_before_reading(tmp_path, recorded_run, monkeypatch):

@@ -197,13 +197,13 @@ def test_collect_and_dagger_refuse_a_taken_dataset_name_before_driving(tmp_path,
 
 
 def test_expert_runs_and_traces_take_new_folders(tmp_path, capsys):
-    from nac_drive.agents.expert_training import train
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training import train_expert
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
     from nac_drive.interpret.trace import load_trace
 
-    tiny = TrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
-                     total_frames=32, eval_every_frames=10**9, progress_bar=False)
-    assert train(tiny).parent == tmp_path / "r" and train(tiny).parent == tmp_path / "r-2"
+    tiny = ExpertTrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
+                           total_frames=32, eval_every_frames=10**9, progress_bar=False)
+    assert train_expert(tiny).parent == tmp_path / "r" and train_expert(tiny).parent == tmp_path / "r-2"
     assert json.loads((tmp_path / "r-2" / "args.json").read_text())["run_name"] == "r-2"   # resumable as is
     for name in ("run", "run-2"):
         assert main(["drive", "carracing", "--episodes", "1", "--max-steps", str(3 if name == "run" else 5),

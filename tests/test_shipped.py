@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive.agents.driver import load_policy, shipped_policy_path
+from nac_drive.agents.driver import load_driving_policy, shipped_policy_path
 from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
 torch.set_num_threads(1)
@@ -26,13 +26,13 @@ def test_shipped_policy_is_small_and_complete():
     files = {p.name: p.stat().st_size for p in path.iterdir()}
     assert set(files) == {"config.json", "model.safetensors"}
     assert files["model.safetensors"] < 5_000_000
-    policy = load_policy()
+    policy = load_driving_policy()
     assert policy.config.task == "carracing" and policy.config.core.core == "nac"
     assert not policy.training
 
 
 def test_shipped_udacity_policy_loads_and_steers():
-    policy = load_policy(task="udacity")
+    policy = load_driving_policy(task="udacity")
     assert policy.config.task == "udacity" and policy.config.encoder == "pilotnet"
     road = np.full((160, 320, 3), 90, np.uint8)
     road[:60] = (120, 170, 230)                      # sky over a grey road
@@ -43,8 +43,8 @@ def test_shipped_udacity_policy_loads_and_steers():
 @pytest.mark.slow
 def test_shipped_policy_drives_better_than_standing_still_or_flooring_it():
     seeds = eval_seeds(2)
-    policy = run_episodes(load_policy(), seeds, max_steps=250)
-    assert all(isinstance(a, int) for a in [load_policy().select_action(np.zeros((96, 96, 3), np.uint8))])
+    policy = run_episodes(load_driving_policy(), seeds, max_steps=250)
+    assert all(isinstance(a, int) for a in [load_driving_policy().select_action(np.zeros((96, 96, 3), np.uint8))])
     for constant in (0, 3):   # no-op, gas
         baseline = run_episodes(Constant(constant), seeds, max_steps=250)
         assert np.mean(policy.returns) > np.mean(baseline.returns) + 20, (policy.returns, baseline.returns)

@@ -128,7 +128,7 @@ def test_shipped_policy_scores_in_the_env_as_over_the_bridge():
     pytest.importorskip("websocket")
     from support.udacity_procs import Proc, free_port
 
-    from nac_drive.agents.driver import load_policy
+    from nac_drive.agents.driver import load_driving_policy
     from nac_drive.simulators.udacity_emulator import run_emulator
 
     frames, track = 900, "serpentine"
@@ -142,7 +142,7 @@ def test_shipped_policy_scores_in_the_env_as_over_the_bridge():
     over_bridge = report.as_dict()
     assert over_bridge["commands"] == frames and bridge.json_summary()["policy_errors"] == 0
 
-    policy = load_policy(task="udacity")
+    policy = load_driving_policy(task="udacity")
     env = SpeedControl(gym.make(ENV_ID, track=track, start=0.0, max_episode_steps=frames), speed_mph=9.0)
     obs, _ = env.reset(seed=0)
     policy.reset()

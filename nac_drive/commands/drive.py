@@ -59,7 +59,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
                     video=None, trace_dir=None, progress: bool = True) -> dict:
     """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
     folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...)."""
-    from nac_drive.agents.driver import PolicyDriver, load_policy
+    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
     from nac_drive.video import check_video_path
@@ -68,7 +68,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
     if video is not None:
         check_video_path(video)   # before driving
-    policy = load_policy(policy_path)
+    policy = load_driving_policy(policy_path)
     if policy.config.task != "carracing":
         raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
     recorder, oracle = None, None
@@ -122,10 +122,10 @@ def run_carracing(args: argparse.Namespace) -> int:
 
 
 def run_udacity(args: argparse.Namespace) -> int:
-    from nac_drive.agents.driver import PolicyDriver, load_policy
+    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.simulators.udacity_bridge import drive_udacity
 
-    policy = load_policy(args.policy, task="udacity")
+    policy = load_driving_policy(args.policy, task="udacity")
     if policy.config.task != "udacity":
         raise ValueError(f"{args.policy} is a {policy.config.task!r} policy, not a Udacity one")
     recorder = None

@@ -26,10 +26,10 @@ def add_parser(subparsers) -> None:
 
     train = sub.add_parser("train", help="train a PPO expert (stable-baselines3)",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
     from nac_drive.arguments import add_dataclass_arguments
 
-    add_dataclass_arguments(train, TrainArgs)
+    add_dataclass_arguments(train, ExpertTrainArgs)
     train.add_argument("--ship", metavar="ZIP", default=None,
                        help="also write the best checkpoint, without optimizer state, to ZIP")
     train.set_defaults(func=_train)
@@ -75,17 +75,17 @@ def add_parser(subparsers) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nac_drive.agents.expert_training import train
-    from nac_drive.agents.ppo_expert_args import TrainArgs
+    from nac_drive.agents.expert_training import train_expert
+    from nac_drive.agents.expert_training_args import ExpertTrainArgs
     from nac_drive.arguments import from_namespace
 
-    return _report(train(from_namespace(TrainArgs, args)), args.ship)
+    return _report(train_expert(from_namespace(ExpertTrainArgs, args)), args.ship)
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from nac_drive.agents.expert_training import resume
+    from nac_drive.agents.expert_training import resume_expert
 
-    return _report(resume(args.run_dir, args.total_frames), args.ship)
+    return _report(resume_expert(args.run_dir, args.total_frames), args.ship)
 
 
 def _report(best, ship: str | None) -> int:
@@ -104,10 +104,10 @@ def _compare(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from nac_drive.agents.expert_training import score_checkpoint
-    from nac_drive.agents.expert_zip import load_policy
+    from nac_drive.agents.expert_zip import load_expert_zip
 
     for path in args.zips:
-        load_policy(path)  # a bad zip fails before any other is driven
+        load_expert_zip(path)  # a bad zip fails before any other is driven
     summaries = {}
     for path in tqdm(args.zips, desc="zips", unit="zip", disable=args.json):
         results = score_checkpoint(path, args.episodes, args.seed_base)

@@ -83,11 +83,11 @@ def _collect_and_train(args: argparse.Namespace, out: Path) -> Path:
 
 
 def _dashboard(policy_path, run: Path, out: Path, with_saliency: bool, progress: bool) -> Path:
-    from nac_drive.agents.driver import load_policy
+    from nac_drive.agents.driver import load_driving_policy
     from nac_drive.interpret.dashboard import build_dashboard
 
     if with_saliency:
         from nac_drive.interpret.policy_saliency import policy_saliency
 
-        policy_saliency(load_policy(policy_path), run, progress=progress)
+        policy_saliency(load_driving_policy(policy_path), run, progress=progress)
     return build_dashboard(run, out / "dashboard.html", title="nac-drive quickstart", video=out / VIDEO)

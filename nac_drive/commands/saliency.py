@@ -23,9 +23,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nac_drive.agents.driver import load_policy
+    from nac_drive.agents.driver import load_driving_policy
     from nac_drive.interpret.policy_saliency import policy_saliency
 
-    path = policy_saliency(load_policy(args.policy), args.run, args.method)
+    path = policy_saliency(load_driving_policy(args.policy), args.run, args.method)
     print(f"wrote {path}")
     return 0

@@ -13,7 +13,7 @@ FRAME_SIZE = 64  # the expert sees gray FRAME_SIZE x FRAME_SIZE frames
 
 
 @dataclass
-class TrainArgs:
+class ExpertTrainArgs:
     """Arguments of ``nac-drive expert train`` (defaults: the recipe that works here)."""
 
     out: str = arg("runs/expert", "folder for runs (checkpoints, TensorBoard logs, zips)")
