@@ -1,9 +1,9 @@
 """A gymnasium wrapper that keeps every episode the env plays, for writing a dataset.
 
 Whoever drives (an expert, or a student under DAgger) steps the wrapped env as usual;
-the wrapper stores observations, actions, rewards and end flags per episode. With a
-``labeler`` (DAgger) the stored action is the labeler's answer for the state the
-driver acted in, while the env executes the driver's action.
+the wrapper stores observations, actions, rewards and end flags per episode. With an
+``oracle`` (DAgger) the stored action is the oracle's answer for the state the driver
+acted in, while the env executes the driver's action.
 
 It does what ``minari.DataCollector`` does and hands :func:`write_dataset` the fields of
 Minari's ``EpisodeBuffer``. DataCollector cannot serve here: every step it stores goes
@@ -15,7 +15,7 @@ data in, which a loader would otherwise find after a kill.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -28,25 +28,38 @@ class RecordEpisodes(gym.Wrapper, gym.utils.RecordConstructorArgs):
     ``terminations``, ``truncations`` ``[N]``, ``timestamps`` ``[N+1]`` (env time,
     ``frame / fps``), ``seed``. An episode cut short by the driver (not terminated or
     truncated by the env) is marked truncated at its last step.
+
+    ``oracle``: an actor as :func:`~nac_drive.simulators.carracing.run_episodes` drives
+    (``reset()``, ``act(obs)``, optionally ``reset_env(env)``, called after each env reset
+    with the wrapped env); it sees every frame the driver sees, and its ``act`` is the label.
     """
 
-    def __init__(self, env: gym.Env, fps: float, labeler: Callable[[gym.Env], Any] | None = None):
-        gym.utils.RecordConstructorArgs.__init__(self, fps=fps, labeler=labeler)
+    def __init__(self, env: gym.Env, fps: float, oracle: Any = None):
+        gym.utils.RecordConstructorArgs.__init__(self, fps=fps, oracle=oracle)
         gym.Wrapper.__init__(self, env)
-        self.fps, self.labeler = fps, labeler
+        self.fps, self.oracle = fps, oracle
         self.episodes: list[dict[str, Any]] = []
         self._current: dict[str, list] | None = None
+        self._obs: Any = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         self._finish()
         obs, info = self.env.reset(seed=seed, options=options)
+        self._obs = obs
+        if self.oracle is not None:
+            self.oracle.reset()
+            if hasattr(self.oracle, "reset_env"):
+                self.oracle.reset_env(self.env)
         self._current = {"observations": [obs], "actions": [], "rewards": [], "terminations": [],
                          "truncations": [], "seed": seed}
         return obs, info
 
     def step(self, action):
-        label = self.labeler(self.env) if self.labeler is not None else action
+        if self.oracle is not None and self._obs is None:
+            raise RuntimeError("RecordEpisodes: reset the env before stepping it (the oracle must see the frame)")
+        label = self.oracle.act(self._obs) if self.oracle is not None else action
         obs, reward, terminated, truncated, info = self.env.step(action)
+        self._obs = obs
         if self._current is not None:
             self._current["observations"].append(obs)
             self._current["actions"].append(label)

@@ -1,9 +1,11 @@
-"""DAgger (Ross et al. 2011) for CarRacing: the student drives, the privileged teacher labels.
+"""DAgger (Ross et al. 2011) for CarRacing: the student drives, an oracle labels.
 
-Each round drives the current policy on fresh collection tracks while the pure-pursuit
-teacher answers, for every state the student reached, what it would have done; those
-labels join the dataset as a new Minari dataset (``nac_drive/dagger-r<round>-s<seed>``, recorded
-through its ActionBursts wrapper, if any, which its env spec keeps) and the
+Each round drives the current policy on fresh collection tracks while the oracle (by
+default the privileged pure-pursuit teacher; ``--oracle ppo``: the PPO expert, which sees
+the frames the student sees) answers, for every state the student reached, what it would
+have done; those labels join the dataset as a new Minari dataset
+(``nac_drive/dagger-r<round>-s<seed>``, recorded through its ActionBursts wrapper, if any,
+which its env spec keeps) and the
 policy is fine-tuned on everything. Student mistakes thus become training data, which
 plain behaviour cloning never sees. ``--disturb-rate`` adds bursts of a random action
 (after DART, Laskey et al. 2017) that push the car off its line; the teacher then labels
@@ -11,6 +13,7 @@ how to recover, a state a good student rarely reaches by itself.
 
     nac-drive dagger --policy runs/train/<run>/best --data runs/demos --rounds 3 --episodes 5
     nac-drive dagger ... --disturb-rate 0.01 --disturb-frames 10
+    nac-drive dagger ... --oracle ppo          # or --oracle path/to/expert.zip
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive
 
 def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int, train_args: TrainArgs,
            seed: int = 0, max_steps: int | None = None, progress: bool = True,
-           disturb_rate: float = 0.0, disturb_frames: int = 10) -> Path:
+           disturb_rate: float = 0.0, disturb_frames: int = 10, oracle: str = "teacher") -> Path:
     """Run ``rounds`` of DAgger from ``policy_path``; returns the final checkpoint folder.
 
     ``disturb_rate`` > 0 wraps the student's env in :class:`ActionBursts` (the chance per
     undisturbed frame that a ``disturb_frames``-frame burst of one random action starts).
+    ``oracle``: who labels, see :func:`make_oracle`.
     """
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
-    from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
     from nac_drive.run_log import log_closed_loop
     from nac_drive.simulators.carracing import run_episodes
@@ -46,10 +49,10 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     for r in range(rounds):   # before driving: the rounds' datasets must be new
         refuse_existing(data, dataset_name(r, seed), round_seeds(r, seed, episodes))
     policy_path = Path(policy_path)
+    continuous = load_driving_policy(policy_path).config.action == "continuous"
+    teacher = make_oracle(oracle, continuous)   # a bad oracle fails before any driving
     for r in range(rounds):
         policy = load_driving_policy(policy_path)
-        continuous = policy.config.action == "continuous"
-        teacher = PurePursuitTeacher(continuous=continuous)
         seeds = round_seeds(r, seed, episodes)
         env = student_env(teacher, continuous, disturb_rate, disturb_frames, seed=seeds[0])
         try:
@@ -83,13 +86,33 @@ def dataset_name(round_index: int, seed: int) -> str:
     return f"dagger-r{round_index}-s{seed}"
 
 
+def make_oracle(spec: str, continuous: bool):
+    """The DAgger oracle: ``"teacher"`` (privileged pure pursuit, reads the env's state),
+    ``"ppo"`` (the shipped PPO expert) or the path of a PPO expert zip. A PPO oracle sees the
+    frames the student sees (it preprocesses them itself) and, between its decisions, labels
+    the action it is holding, as it would drive. Its actions must match the student's
+    (``continuous``)."""
+    if spec == "teacher":
+        from nac_drive.agents.teacher import PurePursuitTeacher
+
+        return PurePursuitTeacher(continuous=continuous)
+    from nac_drive.agents.ppo_expert import PPOExpert
+
+    expert = PPOExpert(None if spec == "ppo" else spec)
+    if expert.continuous != continuous:
+        kind = lambda c: "continuous" if c else "discrete"   # noqa: E731
+        raise ValueError(f"--oracle {spec}: the expert has {kind(expert.continuous)} actions, "
+                         f"the student {kind(continuous)} ones")
+    return expert
+
+
 def student_env(teacher, continuous: bool, disturb_rate: float = 0.0, disturb_frames: int = 10, seed: int = 0):
     """The env a DAgger round drives: CarRacing, with random-action bursts if
-    ``disturb_rate`` > 0, recorded with ``teacher.action_for`` as every frame's label."""
+    ``disturb_rate`` > 0, recorded with the oracle ``teacher``'s action as every frame's label."""
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
     from nac_drive.simulators.carracing import FPS, ActionBursts, make_carracing
 
     env = make_carracing(continuous=continuous)
     if disturb_rate:
         env = ActionBursts(env, disturb_rate, disturb_frames, seed=seed)
-    return RecordEpisodes(env, fps=FPS, labeler=teacher.action_for)
+    return RecordEpisodes(env, fps=FPS, oracle=teacher)

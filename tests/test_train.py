@@ -95,14 +95,28 @@ def test_split_is_by_episode_and_windows_stay_inside_episodes(dataset):
 
 def test_recorder_wrapper_keeps_what_the_env_emitted():
     gym = pytest.importorskip("gymnasium")
-    env = RecordEpisodes(gym.make("CarRacing-v3", continuous=False), fps=50, labeler=lambda e: 4)
+    class FrameCounter:   # an oracle: labels each frame with how many frames it has seen this episode
+        def reset(self):
+            self.seen = []
+
+        def act(self, obs):
+            self.seen.append(obs.copy())
+            return len(self.seen)
+
+    oracle = FrameCounter()
+    env = RecordEpisodes(gym.make("CarRacing-v3", continuous=False), fps=50, oracle=oracle)
+    with pytest.raises(RuntimeError, match="reset the env"):
+        env.step(3)
     obs, _ = env.reset(seed=100_123)
     first = obs.copy()
     for _ in range(5):
         env.step(3)
     (episode,) = env.take_episodes()
     assert episode["observations"].shape == (6, 96, 96, 3) and np.array_equal(episode["observations"][0], first)
-    assert episode["actions"].tolist() == [4] * 5          # the labeler's answer, not the executed gas
+    assert episode["actions"].tolist() == [1, 2, 3, 4, 5]   # the oracle's answers, not the executed gas
+    np.testing.assert_array_equal(np.stack(oracle.seen), episode["observations"][:5])   # it saw each frame
+    env.reset(seed=100_124)
+    assert oracle.seen == []                                  # reset with the env
     assert episode["truncations"][-1] and not episode["terminations"].any()   # cut short by the driver
     assert episode["seed"] == 100_123
 

@@ -1,4 +1,4 @@
-"""``nac-drive dagger``: DAgger rounds with the privileged teacher as the oracle (nac_drive.dagger)."""
+"""``nac-drive dagger``: DAgger rounds, the privileged teacher or a PPO expert as the oracle (nac_drive.dagger)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from nac_drive.arguments import COUNT, number
 def add_parser(subparsers) -> None:
     from nac_drive import dagger, train_args
 
-    p = subparsers.add_parser("dagger", help="improve a policy with DAgger (teacher labels the student's states)",
+    p = subparsers.add_parser("dagger", help="improve a policy with DAgger (an oracle labels the student's states)",
                               description=dagger.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", required=True, help="checkpoint folder to start from")
     p.add_argument("--rounds", type=COUNT, default=3, help="DAgger rounds (default 3)")
@@ -20,6 +20,9 @@ def add_parser(subparsers) -> None:
                    help="chance per undisturbed frame that a burst of one random action replaces the "
                         "student's, so the teacher labels recoveries (after DART; default 0: none)")
     p.add_argument("--disturb-frames", type=COUNT, default=10, help="frames per disturbance burst (default 10)")
+    p.add_argument("--oracle", default="teacher",
+                   help="who labels: 'teacher' (privileged pure pursuit, the default), 'ppo' (the shipped PPO "
+                        "expert, from the frames the student sees) or the path of a PPO expert zip")
     train_args.add_arguments(p)   # --data, --out, --epochs, ... for each round's fine-tuning
     p.set_defaults(func=run)
 
@@ -30,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
 
     final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
                    seed=args.seed, max_steps=args.max_steps, progress=args.progress,
-                   disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames)
+                   disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames, oracle=args.oracle)
     print(f"final checkpoint: {final}")
     return 0

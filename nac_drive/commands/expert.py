@@ -1,6 +1,7 @@
 """``nac-drive expert``: train a PPO expert on CarRacing, or evaluate an expert.
 
     nac-drive expert train [--continuous] [--total-frames N] [--seed S] [--out DIR] ...
+    nac-drive expert kickstart [--rounds 8] [--episodes 4] [--action-repeat 1] ...
     nac-drive expert resume RUN_DIR [--total-frames N]
     nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--json]
     nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--json]
@@ -33,6 +34,14 @@ def add_parser(subparsers) -> None:
     train.add_argument("--ship", metavar="ZIP", default=None,
                        help="also write the best checkpoint, without optimizer state, to ZIP")
     train.set_defaults(func=_train)
+
+    kick = sub.add_parser("kickstart", help="teach a PPO expert's network by DAgger from the privileged teacher "
+                                            "(continue it with 'train --init-from')",
+                          description=kickstart_doc(), formatter_class=RawDefaults)
+    from nac_drive.agents.expert_kickstart import KickstartArgs
+
+    add_dataclass_arguments(kick, KickstartArgs)
+    kick.set_defaults(func=_kickstart)
 
     res = sub.add_parser("resume", help="continue a training run from its last kept checkpoint",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -72,6 +81,24 @@ def add_parser(subparsers) -> None:
     cmp.add_argument("--json", action="store_true",
                      help="end the output with one line of JSON: a summary per zip")
     cmp.set_defaults(func=_compare)
+
+
+class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Help with the description as written and every flag's default."""
+
+
+def kickstart_doc() -> str:
+    from nac_drive.agents import expert_kickstart
+
+    return expert_kickstart.__doc__
+
+
+def _kickstart(args: argparse.Namespace) -> int:
+    from nac_drive.agents.expert_kickstart import KickstartArgs, kickstart
+    from nac_drive.arguments import from_namespace
+
+    print(f"kickstart zip: {kickstart(from_namespace(KickstartArgs, args))}")
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
