@@ -35,7 +35,9 @@ class RecordEpisodes(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """
 
     def __init__(self, env: gym.Env, fps: float, oracle: Any = None):
-        gym.utils.RecordConstructorArgs.__init__(self, fps=fps, oracle=oracle)
+        # the oracle (an actor holding a network or the env's state) is not part of the env:
+        # a spec rebuilds the recorder without it, recording the actions the env plays
+        gym.utils.RecordConstructorArgs.__init__(self, fps=fps)
         gym.Wrapper.__init__(self, env)
         self.fps, self.oracle = fps, oracle
         self.episodes: list[dict[str, Any]] = []
