@@ -555,11 +555,12 @@ class NAC(nn.Module):
         empty = slots < C - cache.steps   # in the first steps of a window the oldest slots are empty
         q_times = now[:, None] if (t is not None or self.time_input == "elapsed") else None
         q_side, key_rows = self._query_side(q, params), cache.feats
-        backend = self._backend(qh, key_rows[..., self.layout.key], q_side, key_rows, params, return_trace)
+        keys = key_rows[..., self.layout.key]                                         # [B,H,C,depth]
+        backend = self._backend(qh, keys, q_side, key_rows, params, return_trace)
         if self.select == "all":
             idx = slots.masked_fill(empty, NO_KEY).expand(B, self.num_heads, 1, C)
         else:  # the forward's exact Top-K (and tie rule) over the slots, which are all in the past
-            idx = self._select(qh, key_rows[..., self.layout.key],
+            idx = self._select(qh, keys,
                                Visibility(causal=False, key_valid=(~empty).expand(B, C)),
                                backend.selection_on_kernels)
         out, parts = self._attend(q_side, q_times, key_rows, idx, params, return_trace, backend.pairs_on_kernels)

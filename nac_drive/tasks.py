@@ -78,7 +78,7 @@ class Task:
         if action == "discrete":
             return int(np.argmax(output))
         low, high = self._bounds(len(output))
-        return np.clip(output.astype(np.float32), low, high).astype(np.float32)
+        return np.clip(output, low, high).astype(np.float32)
 
     def actor_action(self, action):
         """What :meth:`DrivingPolicy.select_action` returns: the action, or the steering
