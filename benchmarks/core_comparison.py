@@ -20,8 +20,8 @@ CORE_CHOICES = ("nac-exact", "nac-euler", "nac-steady", "lstm", "gru", "cfc", "l
 
 def main() -> None:
     from nac_drive.commands.drive import drive_carracing
-    from nac_drive.train import train
-    from nac_drive.train_args import CLASS_WEIGHTINGS, TrainArgs
+    from nac_drive.pipeline.train import train
+    from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="CarRacing demonstrations (Minari)")

@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 from bridge_process import free_port, start_listening
+from support_path import SUPPORT
 
 
 def main() -> int:
@@ -35,7 +36,7 @@ def main() -> int:
     from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
 
     port = free_port()
-    bridge = start_listening([sys.executable, "-m", "nac_drive.simulators.udacity_bridge", "--policy", args.policy,
+    bridge = start_listening([sys.executable, str(SUPPORT / "bridge_main.py"), "--policy", args.policy,
                               "--port", str(port), "--json", "--exit-on-disconnect"], port)
     report = run_emulator(EmulatorConfig(port=port, track=args.track, frames=args.frames + args.warmup,
                                          single_chain=True, answer_timeout=30))

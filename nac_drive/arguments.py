@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import math
 import operator
+import typing
 from typing import Any, Callable
 
 BOUNDS = ("min", "max", "above", "below")
@@ -54,6 +55,10 @@ PORT = number(int, min=1, max=65535)
 POSITIVE = number(float, above=0)      # speeds, durations, laps, budgets
 
 
+class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Help with the description as written and every flag's default."""
+
+
 def arg(default: Any, help: str, choices: tuple | None = None, **kwargs) -> Any:
     """A dataclass field with a help text, optional allowed values and optional numeric
     bounds (``min``, ``max``, ``above``, ``below``), for :func:`add_dataclass_arguments`."""
@@ -64,7 +69,9 @@ def arg(default: Any, help: str, choices: tuple | None = None, **kwargs) -> Any:
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One ``--flag`` per field of ``cls``: booleans get ``--flag/--no-flag``."""
+    """One ``--flag`` per field of ``cls``: booleans get ``--flag/--no-flag``; a field
+    annotated ``int | None`` (or ``float | None``) parses as a checked number."""
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -74,10 +81,16 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
         if isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
-            kind = type(default) if isinstance(default, (int, float, str)) else str
+            kind = type(default) if isinstance(default, (int, float, str)) else _optional_number(hints[f.name])
             if kind in (int, float):
                 kind = number(kind, **_bounds(f))
             parser.add_argument(flag, type=kind, default=default, help=help_text, choices=f.metadata.get("choices"))
+
+
+def _optional_number(hint) -> type:
+    """``int | None`` -> int, ``float | None`` -> float, anything else -> str."""
+    kinds = [k for k in typing.get_args(hint) if k is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float) else str
 
 
 def flag_name(field_name: str) -> str:

@@ -36,10 +36,8 @@ The policy is an actor (:mod:`nac_drive.actor`): ``reset()`` and ``act(obs) -> f
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
-import importlib
 import json
 import logging
 import math
@@ -332,36 +330,3 @@ def record_udacity(out_dir, host: str = "127.0.0.1", port: int = 4567, json_out:
                    exit_on_disconnect: bool = False) -> int:
     """Record a human's driving (pass-through: answers ``manual``) to ``out_dir``."""
     return _run(UdacityBridge(None, record_dir=out_dir), host, port, json_out, exit_on_disconnect)
-
-
-def load_policy_factory(spec: str):
-    """``"package.module:callable"`` -> the object ``callable()`` returns."""
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise SystemExit(f"--policy must look like package.module:callable, got {spec!r}")
-    return getattr(importlib.import_module(module), name)()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Developer entry point (tests, benchmarks): drive with a policy given as module:callable.
-    Users run ``nac-drive drive udacity`` / ``nac-drive collect udacity``."""
-    p = argparse.ArgumentParser(prog="python -m nac_drive.simulators.udacity_bridge", description=main.__doc__)
-    p.add_argument("--policy", help="module:callable returning a policy; omit to record manual driving")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=4567)
-    p.add_argument("--speed", type=float, default=9.0, help="set speed (mph)")
-    p.add_argument("--record", metavar="DIR")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--exit-on-disconnect", action="store_true")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.policy is None:
-        if not args.record:
-            p.error("without --policy, --record DIR is required")
-        return record_udacity(args.record, args.host, args.port, args.json, args.exit_on_disconnect)
-    return drive_udacity(load_policy_factory(args.policy), args.host, args.port, args.speed, args.record,
-                         args.json, args.exit_on_disconnect)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

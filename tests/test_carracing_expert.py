@@ -183,7 +183,7 @@ class _GasTeacher:
 
 
 def test_dagger_student_env_records_the_teachers_labels_under_bursts():
-    from nac_drive.dagger import student_env
+    from nac_drive.pipeline.dagger import student_env
 
     env = student_env(_GasTeacher(), continuous=False, disturb_rate=1.0, disturb_frames=5, seed=0)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nac_drive.arguments import check_number
-from nac_drive.train_args import TrainArgs
+from nac_drive.pipeline.train_args import TrainArgs
 
 NAC_DRIVE = str(Path(sys.executable).parent / "nac-drive")
 MISSING = "/nonexistent/nac-drive-test"

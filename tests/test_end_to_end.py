@@ -83,3 +83,42 @@ def test_collect_train_drive(tmp_path):
     events.Reload()
     (drove,) = events.Scalars("closed_loop/mean_return")
     assert drove.value == pytest.approx(labelled[0].total_reward, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_quickstart_full_makes_a_policy_from_the_ppo_expert_and_scores_both(tmp_path):
+    """``quickstart --full``: the PPO expert demonstrates, behaviour cloning, one DAgger round
+    in which the PPO expert labels the student, then the last round's checkpoint drives and
+    the expert is scored on the same track (every episode capped at 60 frames)."""
+    out = cli("quickstart", "--full", "--budget", "small", "--collect-episodes", "1", "--epochs", "1",
+              "--windows-per-epoch", "32", "--dagger-rounds", "1", "--episodes", "1", "--max-steps", "60",
+              "--no-saliency", "--out", str(tmp_path / "qs"), "--json")
+    summary = json.loads(out.strip().splitlines()[-1])
+    qs = tmp_path / "qs"
+    assert summary["policy"] == str(qs / "train" / "dagger-r0" / "best")      # DAgger's, not behaviour cloning's
+    assert list(summary["stage_seconds"]) == ["collect", "train", "dagger", "drive", "expert", "dashboard"]
+    assert summary["seconds"] >= sum(summary["stage_seconds"].values()) - 1
+
+    episodes = load_episodes(qs / "demos")
+    demos = [e for e in episodes if "quickstart-s0" in e.source]
+    labelled = [e for e in episodes if "dagger-r0-s0" in e.source]
+    assert [len(e) for e in demos] == [60] and [len(e) for e in labelled] == [60, 60]   # small budget: 2 episodes
+    assert {e.expert for e in demos} == {e.expert for e in labelled} == {summary["expert"]["name"]}
+    assert summary["expert"]["name"].startswith("ppo")
+
+    expert = summary["expert"]
+    assert expert["seeds"] == summary["seeds"] == [900_000] and expert["lengths"] == summary["lengths"] == [60]
+    if expert["mean_return"] > 0:
+        assert summary["share_of_expert"] == pytest.approx(summary["mean_return"] / expert["mean_return"], abs=1e-4)
+    assert (qs / "dashboard.html").stat().st_size > 0 and (qs / "drive.webm").stat().st_size > 0
+
+
+def test_quickstart_budgets_give_way_to_explicit_sizes():
+    from nac_drive.pipeline.quickstart import BUDGETS, QuickstartArgs
+
+    assert QuickstartArgs(full=True).stages() == BUDGETS["full"]
+    small = QuickstartArgs(full=True, budget="small", epochs=7, dagger_rounds=0).stages()
+    assert small.epochs == 7 and small.dagger_rounds == 0
+    assert small.collect_episodes == BUDGETS["small"].collect_episodes < BUDGETS["full"].collect_episodes
+    with pytest.raises(ValueError, match="--budget"):
+        QuickstartArgs(budget="huge")

@@ -149,7 +149,7 @@ def test_kickstart_cli_refuses_bad_values_in_one_line(tmp_path, capsys):
 # --- DAgger with a PPO expert as the oracle ------------------------------------------------
 
 def test_ppo_oracle_labels_are_the_ppo_experts_actions_on_the_students_frames():
-    from nac_drive.dagger import make_oracle, student_env
+    from nac_drive.pipeline.dagger import make_oracle, student_env
 
     oracle = make_oracle("ppo", continuous=False)
     assert isinstance(oracle, PPOExpert) and oracle.path == shipped_expert_path()
@@ -173,7 +173,7 @@ def test_dagger_oracle_choices_and_refusals(tmp_path, capsys):
     from nac_drive.agents.driver import shipped_policy_path
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.cli import main
-    from nac_drive.dagger import make_oracle
+    from nac_drive.pipeline.dagger import make_oracle
 
     assert isinstance(make_oracle("teacher", continuous=True), PurePursuitTeacher)
     assert make_oracle(str(shipped_expert_path()), continuous=False).path == shipped_expert_path()

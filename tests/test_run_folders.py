@@ -175,7 +175,7 @@ def test_a_killed_dataset_write_leaves_no_dataset(tmp_path, point):
 
 
 def test_collect_and_dagger_refuse_a_taken_dataset_name_before_driving(tmp_path, capsys):
-    from nac_drive.dagger import round_seeds
+    from nac_drive.pipeline.dagger import round_seeds
 
     mine = write_dataset(tmp_path, "mine", synthetic_episodes(1, 8), "CarRacing-v3", expert="x", description="")
     round_1 = synthetic_episodes(5, 8)

@@ -14,8 +14,8 @@ import torch
 from nac_drive.data_collection.carracing_dataset import (DatasetError, WindowDataset, find_datasets, load_episodes,
                                                          split_by_episode, write_dataset)
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
-from nac_drive.train import EpochSampler, class_weights, train
-from nac_drive.train_args import TrainArgs, add_arguments
+from nac_drive.pipeline.train import EpochSampler, class_weights, train
+from nac_drive.pipeline.train_args import TrainArgs, add_arguments
 from support.demos import synthetic_episodes
 
 torch.set_num_threads(1)

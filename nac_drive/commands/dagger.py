@@ -1,4 +1,4 @@
-"""``nac-drive dagger``: DAgger rounds, the privileged teacher or a PPO expert as the oracle (nac_drive.dagger)."""
+"""``nac-drive dagger``: DAgger rounds, the privileged teacher or a PPO expert as the oracle (nac_drive.pipeline.dagger)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from nac_drive.arguments import COUNT, number
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive import dagger, train_args
+    from nac_drive.pipeline import dagger, train_args
 
     p = subparsers.add_parser("dagger", help="improve a policy with DAgger (an oracle labels the student's states)",
                               description=dagger.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,8 +28,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nac_drive.dagger import dagger
-    from nac_drive.train_args import args_from_namespace
+    from nac_drive.pipeline.dagger import dagger
+    from nac_drive.pipeline.train_args import args_from_namespace
 
     final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
                    seed=args.seed, max_steps=args.max_steps, progress=args.progress,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from nac_drive.arguments import COUNT, PORT, POSITIVE, SEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
@@ -55,58 +54,9 @@ def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="end the output with one line of JSON")
 
 
-def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
-                    video=None, trace_dir=None, progress: bool = True) -> dict:
-    """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
-    folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...)."""
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
-    from nac_drive.atomic import fresh_dir
-    from nac_drive.simulators.carracing import eval_seeds, run_episodes
-    from nac_drive.video import check_video_path
-
-    if episodes < 1:
-        raise ValueError(f"episodes: must be >= 1, got {episodes}")
-    if video is not None:
-        check_video_path(video)   # before driving
-    policy = load_driving_policy(policy_path)
-    if policy.config.task != "carracing":
-        raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
-    recorder, oracle = None, None
-    if trace_dir is not None:
-        from nac_drive.agents.teacher import PurePursuitTeacher
-
-        continuous = policy.config.action == "continuous"
-        names = ["noop", "right", "left", "gas", "brake"] if not continuous else ["steer", "gas", "brake"]
-        trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
-        recorder = _recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
-        oracle = PurePursuitTeacher(continuous=continuous)
-    driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
-    seeds = eval_seeds(episodes, base=seed_base)
-    results = run_episodes(driver, seeds, continuous=policy.config.action == "continuous", max_steps=max_steps,
-                           render_mode=render, on_step=driver.on_step, video_path=video, progress=progress)
-    results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
-    if recorder is not None:
-        recorder.save()
-    summary = results.summary()
-    summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core, text=results.format())
-    if trace_dir is not None:
-        summary["trace"] = str(trace_dir)
-    return summary
-
-
-def _recorder(trace_dir, policy, policy_path, env: str, action_names: list[str]):
-    """A RunRecorder for a policy's closed-loop run (its NAC's wiring included)."""
-    from dataclasses import asdict
-
-    from nac_drive.interpret.trace import RunRecorder
-
-    nac = policy.core.nac if policy.config.core.core == "nac" else None
-    return RunRecorder(trace_dir, metadata={"env": env, "policy": str(policy_path or "shipped"),
-                                            "policy_config": asdict(policy.config)},
-                       nac=nac, action_names=action_names, expert_action_names=action_names)
-
-
 def run_carracing(args: argparse.Namespace) -> int:
+    from nac_drive.pipeline.drive import drive_carracing
+
     summary = drive_carracing(args.policy, args.episodes, args.seed_base, args.max_steps, args.render,
                               args.video, args.trace, progress=not args.json)
     for seed, ret, n in zip(summary["seeds"], summary["returns"], summary["lengths"]):
@@ -122,23 +72,6 @@ def run_carracing(args: argparse.Namespace) -> int:
 
 
 def run_udacity(args: argparse.Namespace) -> int:
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
-    from nac_drive.simulators.udacity_bridge import drive_udacity
+    from nac_drive.pipeline.drive import drive_udacity_policy
 
-    policy = load_driving_policy(args.policy, task="udacity")
-    if policy.config.task != "udacity":
-        raise ValueError(f"{args.policy} is a {policy.config.task!r} policy, not a Udacity one")
-    recorder = None
-    if args.trace:
-        from nac_drive.atomic import fresh_dir
-
-        recorder = _recorder(fresh_dir(args.trace), policy, args.policy, "udacity", ["steering"])
-        print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
-    driver = PolicyDriver(policy, recorder=recorder)
-    try:
-        return drive_udacity(driver, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
-                             json_out=args.json)
-    finally:
-        if recorder is not None and len(recorder):
-            recorder.save()
-            print(f"trace: {recorder.path}", file=sys.stderr)
+    return drive_udacity_policy(args.policy, args.host, args.port, args.speed, args.record, args.trace, args.json)

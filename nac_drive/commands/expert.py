@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from nac_drive.arguments import COUNT, SEED
+from nac_drive.arguments import COUNT, SEED, RawDefaults
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
@@ -83,10 +83,6 @@ def add_parser(subparsers) -> None:
     cmp.set_defaults(func=_compare)
 
 
-class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Help with the description as written and every flag's default."""
-
-
 def kickstart_doc() -> str:
     from nac_drive.agents import expert_kickstart
 
@@ -128,36 +124,22 @@ def _report(best, ship: str | None) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from nac_drive.pipeline.evaluate import compare_experts
 
-    from nac_drive.agents.expert_training import score_checkpoint
-    from nac_drive.agents.expert_zip import load_expert_zip
-
-    for path in args.zips:
-        load_expert_zip(path)  # a bad zip fails before any other is driven
-    summaries = {}
-    for path in tqdm(args.zips, desc="zips", unit="zip", disable=args.json):
-        results = score_checkpoint(path, args.episodes, args.seed_base)
-        summaries[path] = results.summary()
-        tqdm.write(f"{path}: {results.format()}")
+    scored = compare_experts(args.zips, args.episodes, args.seed_base, progress=not args.json)
     if args.json:
-        print(json.dumps(summaries))
+        print(json.dumps({path: results.summary() for path, results in scored.items()}))
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from nac_drive.agents.experts import load_expert
-    from nac_drive.simulators.carracing import eval_seeds, run_episodes
+    from nac_drive.pipeline.evaluate import evaluate_expert
 
-    actor, continuous = load_expert(args.expert)
-    seeds = eval_seeds(args.episodes, base=args.seed_base)
-    results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps,
-                           video_path=args.video, progress=not args.json)
+    name, results = evaluate_expert(args.expert, args.episodes, args.seed_base, args.max_steps, args.video,
+                                    progress=not args.json)
     for seed, ret, n, lap in zip(results.seeds, results.returns, results.lengths, results.laps):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}  lap {'yes' if lap else 'no'}")
-    print(f"{actor.name}: {results.format()}")
+    print(f"{name}: {results.format()}")
     if args.json:
-        summary = results.summary()
-        summary["expert"] = actor.name
-        print(json.dumps(summary))
+        print(json.dumps({**results.summary(), "expert": name}))
     return 0

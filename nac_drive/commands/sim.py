@@ -48,14 +48,20 @@ def print_summary(summary: dict, as_json: bool) -> None:
             print(f"{k}: {v}")
 
 
-def run_udacity_emulator(args) -> int:
-    from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
+def check_track(name: str) -> None:
+    """Refuse an unknown ``--track`` before anything connects or drives."""
     from nac_drive.simulators.udacity_track import track_spec
 
     try:
-        track_spec(args.track)
+        track_spec(name)
     except ValueError as e:
         raise ValueError(f"--track: {e}") from None
+
+
+def run_udacity_emulator(args) -> int:
+    from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
+
+    check_track(args.track)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     cfg = EmulatorConfig(host=args.host, port=args.port, track=args.track, frames=args.frames, laps=args.laps,
                          start=args.start, stop_off_road=args.stop_off_road, realtime=args.realtime,

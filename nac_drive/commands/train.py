@@ -1,4 +1,4 @@
-"""``nac-drive train``: behaviour cloning of a CNN + temporal-core policy (see nac_drive.train)."""
+"""``nac-drive train``: behaviour cloning of a CNN + temporal-core policy (see nac_drive.pipeline.train)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 def add_parser(subparsers) -> None:
     import argparse
 
-    from nac_drive import train_args
+    from nac_drive.pipeline import train_args
 
     parser = subparsers.add_parser("train", help="behaviour-clone a policy on demonstrations",
                                    description=train_args.__doc__,
@@ -18,8 +18,8 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import os
 
-    from nac_drive.train import train
-    from nac_drive.train_args import args_from_namespace
+    from nac_drive.pipeline.train import train
+    from nac_drive.pipeline.train_args import args_from_namespace
 
     run_dir = train(args_from_namespace(args))
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one line for the run, not one per process

@@ -74,9 +74,9 @@ class Proc:
 
 def start_bridge(port: int, policy: str | None, record: str | None = None, extra: list[str] = (),
                  max_open_files: int | None = None) -> Proc:
-    """Start ``python -m nac_drive.simulators.udacity_bridge`` and wait until it listens
+    """Start the bridge (``bridge_main.py``: a test policy by name) and wait until it listens
     (``max_open_files``: its file descriptor limit)."""
-    argv = [sys.executable, "-m", "nac_drive.simulators.udacity_bridge", "--port", str(port), "--json"]
+    argv = [sys.executable, str(SUPPORT / "bridge_main.py"), "--port", str(port), "--json"]
     if policy:
         argv += ["--policy", policy]
     if record:

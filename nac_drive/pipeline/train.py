@@ -34,7 +34,7 @@ from nac_drive.atomic import atomic_write, atomic_write_dir, fresh_dir, readable
 from nac_drive.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
 from nac_drive.cores import CORES, CoreConfig
 from nac_drive.policy import DrivingPolicy, PolicyConfig, read_policy_weights
-from nac_drive.train_args import CLASS_WEIGHTINGS, TrainArgs
+from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs
 
 
 def run_name(args: TrainArgs, task: str) -> str:

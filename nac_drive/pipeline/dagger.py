@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from nac_drive.train_args import TrainArgs
+from nac_drive.pipeline.train_args import TrainArgs
 
 DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
 
@@ -39,7 +39,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
     from nac_drive.run_log import log_closed_loop
     from nac_drive.simulators.carracing import run_episodes
-    from nac_drive.train import train
+    from nac_drive.pipeline.train import train
 
     if rounds < 1 or episodes < 1:
         raise ValueError(f"rounds and episodes must be >= 1, got {rounds} and {episodes}")

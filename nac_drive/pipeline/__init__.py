@@ -1,0 +1,12 @@
+"""The pipeline: each verb of ``nac-drive`` as a function, above every layer it composes.
+
+- :mod:`~nac_drive.pipeline.collect`: experts drive CarRacing, demonstrations become a Minari dataset;
+- :mod:`~nac_drive.pipeline.train`: behaviour cloning (its arguments: :mod:`~nac_drive.pipeline.train_args`);
+- :mod:`~nac_drive.pipeline.dagger`: DAgger rounds, an oracle labelling the student's states;
+- :mod:`~nac_drive.pipeline.drive`: a trained policy closed-loop (CarRacing, or Udacity through the bridge);
+- :mod:`~nac_drive.pipeline.evaluate`: experts scored on tracks;
+- :mod:`~nac_drive.pipeline.quickstart`: collect -> train -> drive -> dashboard in one call.
+
+``nac_drive.commands`` only parses arguments and calls these; nothing below imports them
+(``tests/test_layers.py``).
+"""

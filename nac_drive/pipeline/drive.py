@@ -1,0 +1,87 @@
+"""Driving: a trained policy closed-loop, scored on CarRacing tracks or serving the Udacity
+simulator through the bridge, optionally recording its NAC traces for the dashboard.
+
+The policy streams through ``NAC.step()`` (:class:`~nac_drive.agents.driver.PolicyDriver`);
+the latency it reports is the policy's own time per frame.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from nac_drive.simulators.carracing import EVAL_SEED_BASE
+
+
+def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
+                    video=None, trace_dir=None, progress: bool = True) -> dict:
+    """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
+    folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...)."""
+    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.atomic import fresh_dir
+    from nac_drive.simulators.carracing import eval_seeds, run_episodes
+    from nac_drive.video import check_video_path
+
+    if episodes < 1:
+        raise ValueError(f"episodes: must be >= 1, got {episodes}")
+    if video is not None:
+        check_video_path(video)   # before driving
+    policy = load_driving_policy(policy_path)
+    if policy.config.task != "carracing":
+        raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
+    recorder, oracle = None, None
+    if trace_dir is not None:
+        from nac_drive.agents.teacher import PurePursuitTeacher
+
+        continuous = policy.config.action == "continuous"
+        names = ["noop", "right", "left", "gas", "brake"] if not continuous else ["steer", "gas", "brake"]
+        trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
+        recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
+        oracle = PurePursuitTeacher(continuous=continuous)
+    driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
+    seeds = eval_seeds(episodes, base=seed_base)
+    results = run_episodes(driver, seeds, continuous=policy.config.action == "continuous", max_steps=max_steps,
+                           render_mode=render, on_step=driver.on_step, video_path=video, progress=progress)
+    results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
+    if recorder is not None:
+        recorder.save()
+    summary = results.summary()
+    summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core, text=results.format())
+    if trace_dir is not None:
+        summary["trace"] = str(trace_dir)
+    return summary
+
+
+def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list[str]):
+    """A RunRecorder for a policy's closed-loop run (its NAC's wiring included)."""
+    from dataclasses import asdict
+
+    from nac_drive.interpret.trace import RunRecorder
+
+    nac = policy.core.nac if policy.config.core.core == "nac" else None
+    return RunRecorder(trace_dir, metadata={"env": env, "policy": str(policy_path or "shipped"),
+                                            "policy_config": asdict(policy.config)},
+                       nac=nac, action_names=action_names, expert_action_names=action_names)
+
+
+def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567, speed: float = 9.0,
+                         record_dir=None, trace_dir=None, json_out: bool = False) -> int:
+    """Serve the Udacity simulator with a Udacity policy (default: the shipped one) until
+    Ctrl-C; ``trace_dir``: also record the run for the dashboard. Returns an exit code."""
+    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.atomic import fresh_dir
+    from nac_drive.simulators.udacity_bridge import drive_udacity
+
+    policy = load_driving_policy(policy_path, task="udacity")
+    if policy.config.task != "udacity":
+        raise ValueError(f"{policy_path} is a {policy.config.task!r} policy, not a Udacity one")
+    recorder = None
+    if trace_dir:
+        recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, "udacity", ["steering"])
+        print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
+    driver = PolicyDriver(policy, recorder=recorder)
+    try:
+        return drive_udacity(driver, host=host, port=port, speed=speed, record_dir=record_dir, json_out=json_out)
+    finally:
+        if recorder is not None and len(recorder):
+            recorder.save()
+            print(f"trace: {recorder.path}", file=sys.stderr)

@@ -1,0 +1,175 @@
+"""The main job on built-in defaults: drive a policy on unseen tracks, record its traces
+and Grad-CAM overlays, and build the dashboard; ``full`` first makes that policy with the
+shipped recipe, from an expert: collect -> behaviour cloning -> DAgger with disturbances
+(the expert labels the student's states while random-action bursts push it off its line).
+
+Everything goes into a fresh output folder (``out``, or ``out-2``, ... if it exists):
+``drive.webm``, ``run/trace.npz`` (+ ``run/saliency.npz``) and ``dashboard.html``;
+``full`` adds ``demos/`` (Minari datasets: the expert's and each DAgger round's) and
+``train/`` (the run folders), and also scores the expert on the tracks the policy drove, so
+the summary says what share of its expert the policy reached.
+
+How big each stage is comes from ``budget`` (:data:`BUDGETS`); a flag given explicitly
+overrides its budget's value.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from nac_drive.arguments import arg, check_fields
+
+VIDEO = "drive.webm"
+DAGGER_LR = 2e-4   # DAgger's fine-tuning, as in the shipped recipe (BENCHMARKS.md §3)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Sizes of the stages of ``quickstart --full``."""
+
+    collect_episodes: int      # expert demonstrations (one track each)
+    epochs: int                # behaviour cloning: passes over ...
+    windows_per_epoch: int     # ... this many sampled windows
+    dagger_rounds: int         # DAgger rounds after behaviour cloning (0: none)
+    dagger_episodes: int       # student episodes per round
+    dagger_epochs: int         # fine-tuning epochs per round ...
+    dagger_windows: int        # ... of this many windows
+
+
+# "full": the shipped CNN+NAC recipe, scaled to ~45 minutes on a 2-core CPU;
+# "small": the same stages, a first look in under 10 minutes (BENCHMARKS.md §3 has both timings)
+BUDGETS = {
+    "small": Budget(collect_episodes=3, epochs=3, windows_per_epoch=1024, dagger_rounds=1, dagger_episodes=2,
+                    dagger_epochs=1, dagger_windows=1024),
+    "full": Budget(collect_episodes=10, epochs=10, windows_per_epoch=4096, dagger_rounds=2, dagger_episodes=4,
+                   dagger_epochs=3, dagger_windows=3072),
+}
+
+@dataclass
+class QuickstartArgs:
+    out: str = arg("runs/quickstart", "output folder (<out>-2, -3, ... if it exists)")
+    episodes: int = arg(3, "held-out tracks to drive", min=1)
+    max_steps: int | None = arg(None, "cap every episode, driven or collected (env frames; default the env's 1000)",
+                                min=1)
+    saliency: bool = arg(True, "Grad-CAM overlays of the driven frames (--no-saliency skips them)")
+    full: bool = arg(False, "make the policy first (collect -> train -> DAgger) instead of driving the shipped one")
+    budget: str = arg("full", "--full: stage sizes, 'small' (a first look) or 'full' (the shipped recipe)",
+                      choices=tuple(BUDGETS))
+    expert: str = arg("ppo", "--full: expert that demonstrates and labels (ppo, teacher, teacher-discrete or a "
+                             "PPO zip)")
+    collect_episodes: int | None = arg(None, "--full: demonstration episodes (default: the budget's)", min=1)
+    core: str = arg("nac", "--full: temporal core (nac, lstm, gru, cfc, ltc, mha)")
+    epochs: int | None = arg(None, "--full: behaviour-cloning epochs (default: the budget's)", min=1)
+    windows_per_epoch: int | None = arg(None, "--full: windows per epoch, 0: all (default: the budget's)", min=0)
+    dagger_rounds: int | None = arg(None, "--full: DAgger rounds, 0: none (default: the budget's)", min=0)
+    disturb_rate: float = arg(0.02, "--full: chance per frame of a random-action burst in DAgger", min=0, max=1)
+    disturb_frames: int = arg(8, "--full: frames per burst", min=1)
+    seed: int = arg(0, "--full: seed of collection, training and DAgger", min=0)
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def stages(self) -> Budget:
+        """The budget's stage sizes, with the ones given explicitly in their place."""
+        given = {f.name: getattr(self, f.name) for f in fields(Budget)
+                 if hasattr(self, f.name) and getattr(self, f.name) is not None}
+        return replace(BUDGETS[self.budget], **given)
+
+
+def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
+    """Run the quickstart; returns the drive summary with the paths it wrote, ``seconds``
+    (wall time) and ``stage_seconds``; with ``full`` also ``expert`` (the expert's summary on
+    the same tracks) and ``share_of_expert`` (the policy's mean return over the expert's)."""
+    from nac_drive.atomic import fresh_dir
+    from nac_drive.pipeline.drive import drive_carracing
+
+    out = fresh_dir(args.out)
+    print(f"output folder: {out}", flush=True)
+    started = time.perf_counter()
+    stage_seconds: dict[str, float] = {}
+
+    def stage(name: str, since: float) -> float:
+        now = time.perf_counter()
+        stage_seconds[name] = round(now - since, 1)
+        return now
+
+    policy_path = _make_policy(args, out, progress, stage) if args.full else None
+    t = time.perf_counter()
+    print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
+          f"held-out tracks ...", flush=True)
+    summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
+                              video=str(out / VIDEO), trace_dir=str(out / "run"), progress=progress)
+    print(summary.pop("text"))
+    t = stage("drive", t)
+    if args.full:
+        expert = _score_expert(args, progress)
+        t = stage("expert", t)
+        share = summary["mean_return"] / expert["mean_return"] if expert["mean_return"] > 0 else float("nan")
+        summary.update(expert=expert, share_of_expert=round(share, 4))
+        print(f"the expert on the same tracks: {expert['mean_return']:.1f}; the policy reached "
+              f"{100 * share:.1f}% of it", flush=True)
+    run = Path(summary["trace"])
+    dashboard = _dashboard(policy_path, run, out, with_saliency=args.saliency, progress=progress)
+    stage("dashboard", t)
+    summary.update(video=str(out / VIDEO), trace=str(run / "trace.npz"), dashboard=str(dashboard),
+                   seconds=round(time.perf_counter() - started, 1), stage_seconds=stage_seconds)
+    return summary
+
+
+def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage) -> Path:
+    """collect -> behaviour cloning -> DAgger with disturbances; returns the final checkpoint."""
+    from nac_drive.pipeline.collect import collect_carracing
+    from nac_drive.pipeline.dagger import dagger
+    from nac_drive.pipeline.train import train
+    from nac_drive.pipeline.train_args import TrainArgs
+
+    sizes = args.stages()
+    demos = out / "demos"
+    t = time.perf_counter()
+    print(f"collecting {sizes.collect_episodes} episodes with the {args.expert} expert ...", flush=True)
+    _, results = collect_carracing(args.expert, sizes.collect_episodes, args.seed, str(demos), args.max_steps,
+                                   name=f"quickstart-s{args.seed}", progress=progress)
+    print(results.format())
+    t = stage("collect", t)
+    print(f"training a CNN+{args.core} policy on {demos} ...", flush=True)
+    train_args = TrainArgs(data=str(demos), out=str(out / "train"), core=args.core, epochs=sizes.epochs,
+                           windows_per_epoch=sizes.windows_per_epoch, seed=args.seed, progress=progress)
+    policy = train(train_args) / "best"
+    t = stage("train", t)
+    if sizes.dagger_rounds:
+        print(f"{sizes.dagger_rounds} DAgger rounds, the {args.expert} expert labelling ...", flush=True)
+        fine_tune = replace(train_args, epochs=sizes.dagger_epochs, windows_per_epoch=sizes.dagger_windows,
+                            lr=DAGGER_LR, run_name="dagger")
+        policy = dagger(policy, demos, sizes.dagger_rounds, sizes.dagger_episodes, fine_tune, seed=args.seed,
+                        max_steps=args.max_steps, progress=progress, disturb_rate=args.disturb_rate,
+                        disturb_frames=args.disturb_frames, oracle=_oracle(args.expert))
+        stage("dagger", t)
+    return policy
+
+
+def _oracle(expert: str) -> str:
+    """The DAgger oracle that labels as ``expert`` demonstrated (``nac-drive dagger --oracle``)."""
+    return "teacher" if expert in ("teacher", "teacher-discrete") else expert
+
+
+def _score_expert(args: QuickstartArgs, progress: bool) -> dict:
+    """The expert's summary on the tracks the policy drove."""
+    from nac_drive.pipeline.evaluate import evaluate_expert
+
+    print(f"scoring the {args.expert} expert on the same tracks ...", flush=True)
+    name, results = evaluate_expert(args.expert, args.episodes,
+                                    max_steps=args.max_steps, progress=progress)
+    return {"name": name, **results.summary()}
+
+
+def _dashboard(policy_path, run: Path, out: Path, with_saliency: bool, progress: bool) -> Path:
+    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.interpret.dashboard import build_dashboard
+
+    if with_saliency:
+        from nac_drive.interpret.policy_saliency import policy_saliency
+
+        policy_saliency(load_driving_policy(policy_path), run, progress=progress)
+    return build_dashboard(run, out / "dashboard.html", title="nac-drive quickstart", video=out / VIDEO)
