@@ -47,8 +47,11 @@ BUDGETS = {
                    dagger_epochs=3, dagger_windows=3072),
 }
 
+
 @dataclass
 class QuickstartArgs:
+    """Arguments of ``nac-drive quickstart`` (one flag per field)."""
+
     out: str = arg("runs/quickstart", "output folder (<out>-2, -3, ... if it exists)")
     episodes: int = arg(3, "held-out tracks to drive", min=1)
     max_steps: int | None = arg(None, "cap every episode, driven or collected (env frames; default the env's 1000)",
