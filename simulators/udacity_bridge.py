@@ -63,6 +63,14 @@ class Busy(Exception):
     """A connection arrived while another one drives: it is refused."""
 
 
+class MissingUdacityExtra(ValueError):
+    """The socket libraries the simulator needs (the ``udacity`` extra) are missing or too new."""
+
+    def __init__(self, why: str):
+        super().__init__(f"{why}; the Udacity bridge needs the 'udacity' extra: pip install 'nac-drive[udacity]' "
+                         "(python-socketio 4.6, python-engineio 3.13, eventlet)")
+
+
 class MalformedTelemetry(ValueError):
     """A telemetry message the bridge cannot use; ``kind`` names what was wrong."""
 
@@ -302,10 +310,11 @@ def _run(bridge: UdacityBridge, host: str, port: int, json_out: bool, exit_on_di
               file=sys.stderr, flush=True)
 
     try:
-        try:
-            from nac_drive.simulators.udacity_server import serve
-        except ImportError as e:
-            raise SystemExit(f"the Udacity bridge needs the 'udacity' extra: pip install 'nac-drive[udacity]' ({e})")
+        from nac_drive.simulators.udacity_server import serve
+    except ImportError as e:   # before serving: no summary of a run that never started
+        bridge.close()
+        raise MissingUdacityExtra(str(e)) from None
+    try:
         serve(bridge, host, port, exit_on_disconnect, ready=ready)
     finally:
         bridge.close()

@@ -49,6 +49,10 @@ from engineio.async_drivers import eventlet as engineio_eventlet  # noqa: E402
 
 from nac_drive.simulators.udacity_bridge import Busy, UdacityBridge  # noqa: E402
 
+if int(version("python-socketio").split(".")[0]) >= 5:   # the bridge reports it as a missing extra
+    raise ImportError(f"python-socketio {version('python-socketio')} cannot talk to the Udacity simulator "
+                      "(it needs 4.x)")
+
 log = logging.getLogger("nac_drive.udacity_bridge")
 
 MAX_MESSAGE_BYTES = 1 << 20
@@ -167,9 +171,6 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
     # our own log lines only: the socket libraries log every packet at INFO
     logging.getLogger("socketio").setLevel(logging.WARNING)
     logging.getLogger("engineio").setLevel(logging.WARNING)
-    if int(version("python-socketio").split(".")[0]) >= 5:
-        raise SystemExit("python-socketio >= 5 cannot talk to the Udacity simulator; "
-                         "pip install 'nac-drive[udacity]' (python-socketio 4.6, python-engineio 3.13)")
 
     _patch_eventlet_websocket()
     # async_handlers=False: telemetry is handled in arrival order on the connection's reader,

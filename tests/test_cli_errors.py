@@ -97,6 +97,20 @@ def test_a_port_in_use_and_an_unwritable_output_end_in_one_line(tmp_path):
     assert str(blocker) in out.stderr.strip().splitlines()[-1]
 
 
+def test_a_missing_udacity_extra_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path):
+    """Without the socket libraries of the 'udacity' extra, serving the simulator says which
+    extra to install, before any summary of a run that never started."""
+    import sys
+
+    from nac_drive import cli
+
+    monkeypatch.setitem(sys.modules, "nac_drive.simulators.udacity_server", None)   # import fails
+    assert cli.main(["collect", "udacity", "--out", str(tmp_path / "rec")]) == 2
+    err = capsys.readouterr()
+    assert err.out == "" and len(err.err.strip().splitlines()) == 1
+    assert err.err.startswith("nac-drive collect: error:") and "pip install 'nac-drive[udacity]'" in err.err
+
+
 def test_a_bug_is_one_line_and_exit_1_unless_a_traceback_is_asked_for(monkeypatch, capsys):
     from nac_drive import cli
 
