@@ -19,7 +19,7 @@ CORE_CHOICES = ("nac-exact", "nac-euler", "nac-steady", "lstm", "gru", "cfc", "l
 
 
 def main() -> None:
-    from nac_drive.commands.drive import drive_carracing
+    from nac_drive.pipeline.drive import drive_carracing
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs
 

@@ -49,7 +49,6 @@ def number(kind: type = int, **bounds) -> Callable[[str], Any]:
 
 
 COUNT = number(int, min=1)             # episodes, epochs, frames: at least one
-SIZE = number(int, min=0)              # 0 allowed (e.g. "all windows")
 SEED = number(int, min=0)
 PORT = number(int, min=1, max=65535)
 POSITIVE = number(float, above=0)      # speeds, durations, laps, budgets

@@ -110,15 +110,19 @@ def test_quickstart_full_makes_a_policy_from_the_ppo_expert_and_scores_both(tmp_
     assert expert["seeds"] == summary["seeds"] == [900_000] and expert["lengths"] == summary["lengths"] == [60]
     if expert["mean_return"] > 0:
         assert summary["share_of_expert"] == pytest.approx(summary["mean_return"] / expert["mean_return"], abs=1e-4)
+    else:   # no share of a return <= 0 (valid JSON: null, never NaN)
+        assert summary["share_of_expert"] is None
     assert (qs / "dashboard.html").stat().st_size > 0 and (qs / "drive.webm").stat().st_size > 0
 
 
 def test_quickstart_budgets_give_way_to_explicit_sizes():
     from nac_drive.pipeline.quickstart import BUDGETS, QuickstartArgs
 
-    assert QuickstartArgs(full=True).stages() == BUDGETS["full"]
+    assert QuickstartArgs(full=True).stages() == BUDGETS["standard"]
     small = QuickstartArgs(full=True, budget="small", epochs=7, dagger_rounds=0).stages()
     assert small.epochs == 7 and small.dagger_rounds == 0
-    assert small.collect_episodes == BUDGETS["small"].collect_episodes < BUDGETS["full"].collect_episodes
+    assert small.collect_episodes == BUDGETS["small"].collect_episodes < BUDGETS["standard"].collect_episodes
     with pytest.raises(ValueError, match="--budget"):
-        QuickstartArgs(budget="huge")
+        QuickstartArgs(full=True, budget="huge")
+    with pytest.raises(ValueError, match="--dagger-rounds: only with --full"):   # it would do nothing
+        QuickstartArgs(dagger_rounds=3)

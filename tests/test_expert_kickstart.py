@@ -1,5 +1,5 @@
 """Kickstarting a PPO expert from the teacher (agents/expert_kickstart.py) and DAgger with a
-PPO expert as the oracle (nac_drive/dagger.py)."""
+PPO expert as the oracle (nac_drive/pipeline/dagger.py)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ too, where the heavy imports live) and each must go to its own layer or one belo
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import nac_drive
@@ -46,12 +47,20 @@ def package_modules() -> dict[str, Path]:
 
 
 def package_imports() -> list[tuple[str, str]]:
-    """(importing module, imported module) for every import of ``nac_drive.*`` in the package."""
+    """(importing module, imported module) for every import of ``nac_drive.*`` in the package:
+    relative imports resolved, and ``from package import name`` counted as an import of the
+    submodule ``package.name`` when there is one."""
+    modules = package_modules()
     edges = []
-    for module, path in package_modules().items():
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module]
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:   # from . import x, from ..pipeline import y
+                    parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -70,6 +79,21 @@ def test_no_import_points_up_a_layer():
     upward = sorted(f"{a} ({NAMES[layer(a)]}) imports {b} ({NAMES[layer(b)]})"
                     for a, b in package_imports() if layer(b) > layer(a) and (a, b) not in FRONT_DOOR)
     assert upward == []
+
+
+def test_relative_and_submodule_imports_are_seen(tmp_path, monkeypatch):
+    """A relative import or ``from package import submodule`` cannot hide an upward edge."""
+    fake = tmp_path / "nac_drive"
+    (fake / "pipeline").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "pipeline" / "__init__.py").write_text("")
+    (fake / "pipeline" / "train.py").write_text("")
+    (fake / "policy.py").write_text("from .pipeline import train\nfrom nac_drive.pipeline import train\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert sorted(package_imports()) == [("nac_drive.policy", "nac_drive.pipeline"),
+                                         ("nac_drive.policy", "nac_drive.pipeline"),
+                                         ("nac_drive.policy", "nac_drive.pipeline.train"),
+                                         ("nac_drive.policy", "nac_drive.pipeline.train")]
 
 
 def test_the_model_library_stands_alone():

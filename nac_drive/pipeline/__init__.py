@@ -5,8 +5,8 @@
 - :mod:`~nac_drive.pipeline.dagger`: DAgger rounds, an oracle labelling the student's states;
 - :mod:`~nac_drive.pipeline.drive`: a trained policy closed-loop (CarRacing, or Udacity through the bridge);
 - :mod:`~nac_drive.pipeline.evaluate`: experts scored on tracks;
-- :mod:`~nac_drive.pipeline.quickstart`: collect -> train -> drive -> dashboard in one call.
+- :mod:`~nac_drive.pipeline.quickstart`: collect -> train -> DAgger -> drive -> dashboard in one call.
 
-``nac_drive.commands`` only parses arguments and calls these; nothing below imports them
+``nac_drive.commands`` parses arguments and calls these; nothing below imports them
 (``tests/test_layers.py``).
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from nac_drive.simulators.carracing import EVAL_SEED_BASE
+from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
 
 
 def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
@@ -33,7 +33,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         from nac_drive.agents.teacher import PurePursuitTeacher
 
         continuous = policy.config.action == "continuous"
-        names = ["noop", "right", "left", "gas", "brake"] if not continuous else ["steer", "gas", "brake"]
+        names = list(ACTION_NAMES) if not continuous else ["steer", "gas", "brake"]
         trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
         recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
         oracle = PurePursuitTeacher(continuous=continuous)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from nac_drive.arguments import arg, check_fields
+from nac_drive.arguments import arg, check_fields, flag_name
 
 VIDEO = "drive.webm"
 DAGGER_LR = 2e-4   # DAgger's fine-tuning, as in the shipped recipe (BENCHMARKS.md §3)
@@ -38,12 +38,12 @@ class Budget:
     dagger_windows: int        # ... of this many windows
 
 
-# "full": the shipped CNN+NAC recipe, scaled to ~45 minutes on a 2-core CPU;
-# "small": the same stages, a first look in under 10 minutes (BENCHMARKS.md §3 has both timings)
+# "standard": the stages of the shipped CNN+NAC recipe (12 minutes here, within 45 on a slower 2-core CPU);
+# "small": the same stages smaller, a first look (2.5 minutes here). Timings: BENCHMARKS.md §3.
 BUDGETS = {
     "small": Budget(collect_episodes=3, epochs=3, windows_per_epoch=1024, dagger_rounds=1, dagger_episodes=2,
                     dagger_epochs=1, dagger_windows=1024),
-    "full": Budget(collect_episodes=10, epochs=10, windows_per_epoch=4096, dagger_rounds=2, dagger_episodes=4,
+    "standard": Budget(collect_episodes=10, epochs=10, windows_per_epoch=4096, dagger_rounds=2, dagger_episodes=4,
                    dagger_epochs=3, dagger_windows=3072),
 }
 
@@ -58,8 +58,9 @@ class QuickstartArgs:
                                 min=1)
     saliency: bool = arg(True, "Grad-CAM overlays of the driven frames (--no-saliency skips them)")
     full: bool = arg(False, "make the policy first (collect -> train -> DAgger) instead of driving the shipped one")
-    budget: str = arg("full", "--full: stage sizes, 'small' (a first look) or 'full' (the shipped recipe)",
-                      choices=tuple(BUDGETS))
+    budget: str = arg("standard", "--full: stage sizes, 'small' (a first look) or 'standard' (the recipe's); "
+                                  "the flags below override them (DAgger's fine-tuning sizes come from the "
+                                  "budget alone)", choices=tuple(BUDGETS))
     expert: str = arg("ppo", "--full: expert that demonstrates and labels (ppo, teacher, teacher-discrete or a "
                              "PPO zip)")
     collect_episodes: int | None = arg(None, "--full: demonstration episodes (default: the budget's)", min=1)
@@ -73,6 +74,10 @@ class QuickstartArgs:
 
     def __post_init__(self):
         check_fields(self)
+        if not self.full:   # a flag of --full alone would silently do nothing
+            for f in fields(self):
+                if f.metadata["help"].startswith("--full:") and getattr(self, f.name) != f.default:
+                    raise ValueError(f"{flag_name(f.name)}: only with --full")
 
     def stages(self) -> Budget:
         """The budget's stage sizes, with the ones given explicitly in their place."""
@@ -88,6 +93,8 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     from nac_drive.atomic import fresh_dir
     from nac_drive.pipeline.drive import drive_carracing
 
+    if args.full:
+        _check_recipe(args)
     out = fresh_dir(args.out)
     print(f"output folder: {out}", flush=True)
     started = time.perf_counter()
@@ -109,10 +116,11 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     if args.full:
         expert = _score_expert(args, progress)
         t = stage("expert", t)
-        share = summary["mean_return"] / expert["mean_return"] if expert["mean_return"] > 0 else float("nan")
-        summary.update(expert=expert, share_of_expert=round(share, 4))
+        # a share of a return <= 0 (e.g. episodes cut short by max_steps) means nothing: None
+        share = round(summary["mean_return"] / expert["mean_return"], 4) if expert["mean_return"] > 0 else None
+        summary.update(expert=expert, share_of_expert=share)
         print(f"the expert on the same tracks: {expert['mean_return']:.1f}; the policy reached "
-              f"{100 * share:.1f}% of it", flush=True)
+              f"{'n/a' if share is None else f'{100 * share:.1f}%'} of it", flush=True)
     run = Path(summary["trace"])
     dashboard = _dashboard(policy_path, run, out, with_saliency=args.saliency, progress=progress)
     stage("dashboard", t)
@@ -152,8 +160,25 @@ def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage) -> Path
     return policy
 
 
+def _check_recipe(args: QuickstartArgs) -> None:
+    """Refuse a core, expert or oracle that cannot work before any folder or stage: each
+    stage takes minutes."""
+    from nac_drive.agents.experts import load_expert
+    from nac_drive.cores import CORES
+    from nac_drive.pipeline.dagger import make_oracle
+
+    if args.core not in CORES:
+        raise ValueError(f"--core: must be one of {', '.join(CORES)}, got {args.core!r}")
+    _, continuous = load_expert(args.expert)
+    if args.stages().dagger_rounds:
+        make_oracle(_oracle(args.expert), continuous)
+
+
 def _oracle(expert: str) -> str:
     """The DAgger oracle that labels as ``expert`` demonstrated (``nac-drive dagger --oracle``)."""
+    if expert.startswith("random"):
+        raise ValueError(f"--expert {expert}: random actions cannot label DAgger rounds (--dagger-rounds 0 "
+                         "skips them)")
     return "teacher" if expert in ("teacher", "teacher-discrete") else expert
 
 
