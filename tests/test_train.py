@@ -149,6 +149,8 @@ def test_training_learns_and_resumes(dataset, tmp_path):
     last = dict(zip(rows[0].split(","), rows[-1].split(",")))
     assert float(last["val_accuracy"]) > 0.5        # chance is 0.2: the bands were learned
     assert (run / "best" / "config.json").is_file() and (run / "last" / "optimizer.safetensors").is_file()
+    card = (run / "best" / "README.md").read_text()
+    assert f"| data | {dataset} |" in card   # the model card names the data it learnt from
     saved = json.loads((run / "train_args.json").read_text())
     assert saved["data_info"]["val_episodes"] == 1 and saved["core"] == "nac"
     # resume: the optimizer state comes back and training continues from epoch 4

@@ -191,6 +191,7 @@ def train(args: TrainArgs) -> Path:
                                                   "policy_config": asdict(config)})
         log = RunLog(run_dir, hyperparameters(args, config, world), first_step=start_epoch * steps_per_epoch)
 
+    card = {"data": str(args.data)}   # the model card says what the policy learnt from
     for epoch in range(start_epoch, args.epochs):
         sampler.epoch = epoch
         if hasattr(train_set, "set_epoch"):   # fresh augmentation draws
@@ -227,10 +228,10 @@ def train(args: TrainArgs) -> Path:
         score = val["loss"] if val["loss"] == val["loss"] else row["train_loss"]
         if score < best:
             best = score
-            atomic_write_dir(run_dir / "best", policy.save_pretrained)
+            atomic_write_dir(run_dir / "best", lambda folder: policy.save_pretrained(folder, model_card_kwargs=card))
         # one step: a kill leaves the previous last/ whole (weights and optimizer of one epoch)
         atomic_write_dir(run_dir / "last", lambda folder: (
-            policy.save_pretrained(folder),
+            policy.save_pretrained(folder, model_card_kwargs=card),
             save_optimizer(folder, optimizer, {"epoch": epoch, "best_val_loss": best})))
         shown = [f"train loss {row['train_loss']:.4f}"] + [
             f"{label} {value:.{digits}f}" for label, value, digits in
