@@ -55,7 +55,11 @@ POSITIVE = number(float, above=0)      # speeds, durations, laps, budgets
 
 
 class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Help with the description as written and every flag's default."""
+    """Help with the description as written and every flag's default (none shown for a
+    default of None, whose help says what stands in for it)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def arg(default: Any, help: str, choices: tuple | None = None, **kwargs) -> Any:

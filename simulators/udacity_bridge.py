@@ -299,7 +299,17 @@ class UdacityBridge:
             self.writer.close()
 
 
-def _run(bridge: UdacityBridge, host: str, port: int, json_out: bool, exit_on_disconnect: bool) -> int:
+def require_udacity_extra():
+    """The socket server's ``serve`` (the ``udacity`` extra); raises :class:`MissingUdacityExtra`
+    without it. Called before anything is made: no folder, no summary of a run that never starts."""
+    try:
+        from nac_drive.simulators.udacity_server import serve
+    except ImportError as e:
+        raise MissingUdacityExtra(str(e)) from None
+    return serve
+
+
+def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exit_on_disconnect: bool) -> int:
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
@@ -309,11 +319,6 @@ def _run(bridge: UdacityBridge, host: str, port: int, json_out: bool, exit_on_di
               f"{', recording to ' + str(bridge.writer.out_dir) if bridge.writer else ''})",
               file=sys.stderr, flush=True)
 
-    try:
-        from nac_drive.simulators.udacity_server import serve
-    except ImportError as e:   # before serving: no summary of a run that never started
-        bridge.close()
-        raise MissingUdacityExtra(str(e)) from None
     try:
         serve(bridge, host, port, exit_on_disconnect, ready=ready)
     finally:
@@ -332,10 +337,12 @@ def drive_udacity(policy, host: str = "127.0.0.1", port: int = 4567, speed: floa
                   record_dir=None, json_out: bool = False, exit_on_disconnect: bool = False) -> int:
     """Drive the simulator with ``policy`` (an actor: ``reset()`` + ``act(obs)``) until
     Ctrl-C; print the summary (one JSON line with ``json_out``). Returns an exit code."""
-    return _run(UdacityBridge(policy, speed, record_dir), host, port, json_out, exit_on_disconnect)
+    serve = require_udacity_extra()
+    return _run(UdacityBridge(policy, speed, record_dir), serve, host, port, json_out, exit_on_disconnect)
 
 
 def record_udacity(out_dir, host: str = "127.0.0.1", port: int = 4567, json_out: bool = False,
                    exit_on_disconnect: bool = False) -> int:
     """Record a human's driving (pass-through: answers ``manual``) to ``out_dir``."""
-    return _run(UdacityBridge(None, record_dir=out_dir), host, port, json_out, exit_on_disconnect)
+    serve = require_udacity_extra()
+    return _run(UdacityBridge(None, record_dir=out_dir), serve, host, port, json_out, exit_on_disconnect)

@@ -264,7 +264,12 @@ class UdacityEmulator:
         """Connect, drive until a stop condition or the server closes, return the report.
         Raises ``OSError`` when it cannot connect (``ConnectionRefusedError`` when the
         server refuses the handshake, as the bridge does while another client drives)."""
-        import websocket
+        try:
+            import websocket
+        except ImportError as e:
+            from nac_drive.simulators.udacity_bridge import MissingUdacityExtra
+
+            raise MissingUdacityExtra(str(e)) from None
 
         cfg, r = self.cfg, self.report
         try:

@@ -109,10 +109,13 @@ def test_a_missing_udacity_extra_is_one_line_and_exit_2(monkeypatch, capsys, tmp
     from nac_drive import cli
 
     monkeypatch.setitem(sys.modules, "nac_drive.simulators.udacity_server", None)   # import fails
-    assert cli.main(["collect", "udacity", "--out", str(tmp_path / "rec")]) == 2
-    err = capsys.readouterr()
-    assert err.out == "" and len(err.err.strip().splitlines()) == 1
-    assert err.err.startswith("nac-drive collect: error:") and "pip install 'nac-drive[udacity]'" in err.err
+    for verb in (["collect", "udacity", "--out", str(tmp_path / "rec")],
+                 ["drive", "udacity", "--trace", str(tmp_path / "trace"), "--record", str(tmp_path / "log")]):
+        assert cli.main(verb) == 2
+        err = capsys.readouterr()
+        assert err.out == "" and len(err.err.strip().splitlines()) == 1
+        assert err.err.startswith(f"nac-drive {verb[0]}: error:") and "pip install 'nac-drive[udacity]'" in err.err
+    assert list(tmp_path.iterdir()) == []   # no recording or trace folder was made
 
 
 def test_a_bug_is_one_line_and_exit_1_unless_a_traceback_is_asked_for(monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""The pipeline: each verb of ``nac-drive`` as a function, above every layer it composes.
+"""The pipeline: the verbs of ``nac-drive`` that compose several parts of the package, as
+functions, above every layer they use.
 
 - :mod:`~nac_drive.pipeline.collect`: experts drive CarRacing, demonstrations become a Minari dataset;
 - :mod:`~nac_drive.pipeline.train`: behaviour cloning (its arguments: :mod:`~nac_drive.pipeline.train_args`);

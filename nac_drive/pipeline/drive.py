@@ -69,8 +69,9 @@ def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567,
     Ctrl-C; ``trace_dir``: also record the run for the dashboard. Returns an exit code."""
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.atomic import fresh_dir
-    from nac_drive.simulators.udacity_bridge import drive_udacity
+    from nac_drive.simulators.udacity_bridge import drive_udacity, require_udacity_extra
 
+    require_udacity_extra()   # before the trace folder exists
     policy = load_driving_policy(policy_path, task="udacity")
     if policy.config.task != "udacity":
         raise ValueError(f"{policy_path} is a {policy.config.task!r} policy, not a Udacity one")

@@ -24,7 +24,7 @@ def evaluate_expert(expert: str | None, episodes: int, seed_base: int = EVAL_SEE
 def compare_experts(zips: list[str], episodes: int, seed_base: int, progress: bool = True) -> dict:
     """Score PPO zips on the same tracks in the training's evaluation env (only the frames
     the expert sees are drawn; same returns as :func:`evaluate_expert`). Every zip is
-    checked before any drives; with ``progress``, a bar over the zips and one line per zip.
+    checked before any drives; one line per zip as it finishes, and with ``progress`` a bar.
     Returns {path: EpisodeResults}."""
     from tqdm import tqdm
 
@@ -36,6 +36,5 @@ def compare_experts(zips: list[str], episodes: int, seed_base: int, progress: bo
     scored = {}
     for path in tqdm(zips, desc="zips", unit="zip", disable=not progress):
         scored[path] = score_checkpoint(path, episodes, seed_base)
-        if progress:
-            tqdm.write(f"{path}: {scored[path].format()}")
+        tqdm.write(f"{path}: {scored[path].format()}")
     return scored

@@ -38,7 +38,8 @@ class Budget:
     dagger_windows: int        # ... of this many windows
 
 
-# "standard": the stages of the shipped CNN+NAC recipe (12 minutes here, within 45 on a slower 2-core CPU);
+# "standard": a smaller run of the shipped CNN+NAC recipe's stages (12 minutes here, within 45 on a slower
+# 2-core CPU);
 # "small": the same stages smaller, a first look (2.5 minutes here). Timings: BENCHMARKS.md §3.
 BUDGETS = {
     "small": Budget(collect_episodes=3, epochs=3, windows_per_epoch=1024, dagger_rounds=1, dagger_episodes=2,
@@ -58,7 +59,7 @@ class QuickstartArgs:
                                 min=1)
     saliency: bool = arg(True, "Grad-CAM overlays of the driven frames (--no-saliency skips them)")
     full: bool = arg(False, "make the policy first (collect -> train -> DAgger) instead of driving the shipped one")
-    budget: str = arg("standard", "--full: stage sizes, 'small' (a first look) or 'standard' (the recipe's); "
+    budget: str = arg("standard", "--full: stage sizes, 'small' (a first look) or 'standard' (>= 95% of the expert); "
                                   "the flags below override them (DAgger's fine-tuning sizes come from the "
                                   "budget alone)", choices=tuple(BUDGETS))
     expert: str = arg("ppo", "--full: expert that demonstrates and labels (ppo, teacher, teacher-discrete or a "
