@@ -71,19 +71,22 @@ def add_parser(subparsers) -> None:
 
 
 # flags of one --driver only, with the defaults they stand for
-_HUMAN_FLAGS = {"host": "127.0.0.1", "port": 4567, "exit_on_disconnect": False}
-_SCRIPTED_FLAGS = {"track": "lakeside", "frames": 1000, "seed": 0, "noise": 0.3, "speed": 9.0, "progress": None}
+_DRIVER_FLAGS = {
+    "human": {"host": "127.0.0.1", "port": 4567, "exit_on_disconnect": False},
+    "scripted": {"track": "lakeside", "frames": 1000, "seed": 0, "noise": 0.3, "speed": 9.0, "progress": None},
+}
 
 
 def run_udacity(args: argparse.Namespace) -> int:
     """``collect udacity``: a human's driving through the bridge, or the emulator's scripted driver."""
     from nac_drive.arguments import flag_name
 
-    mine, other = ((_HUMAN_FLAGS, _SCRIPTED_FLAGS) if args.driver == "human" else (_SCRIPTED_FLAGS, _HUMAN_FLAGS))
-    for name, default in other.items():
+    other_driver = "scripted" if args.driver == "human" else "human"
+    for name in _DRIVER_FLAGS[other_driver]:
         if getattr(args, name) not in (None, False):
-            raise ValueError(f"{flag_name(name)}: only with --driver {'scripted' if args.driver == 'human' else 'human'}")
-    values = {name: default if getattr(args, name) is None else getattr(args, name) for name, default in mine.items()}
+            raise ValueError(f"{flag_name(name)}: only with --driver {other_driver}")
+    values = {name: default if getattr(args, name) is None else getattr(args, name)
+              for name, default in _DRIVER_FLAGS[args.driver].items()}
     if args.driver == "human":
         import logging
 

@@ -1,4 +1,5 @@
-"""``nac-drive dagger``: DAgger rounds, the privileged teacher or a PPO expert as the oracle (nac_drive.pipeline.dagger)."""
+"""``nac-drive dagger``: DAgger rounds, the privileged teacher or a PPO expert as the oracle
+(:mod:`nac_drive.pipeline.dagger`)."""
 
 from __future__ import annotations
 

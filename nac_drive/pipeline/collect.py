@@ -19,7 +19,7 @@ def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps
 
     if episodes < 1 or workers < 1:
         raise ValueError(f"episodes and workers must be >= 1, got {episodes} and {workers}")
-    actor, _ = load_expert(None if expert == "ppo" else expert)   # a bad expert fails here, before any process
+    actor, _ = load_expert(expert)   # a bad expert fails here, before any process
     name = name or f"carracing-{actor.name.replace(':', '-').replace('/', '-')}"
     seeds = [COLLECT_SEED_BASE + seed + i for i in range(episodes)]
     chunks = [c for c in _split(seeds, workers) if c]
@@ -49,7 +49,7 @@ def _collect_shard(expert: str, seeds: list[int], out: str, name: str, max_steps
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
     from nac_drive.simulators.carracing import FPS, make_carracing, run_episodes
 
-    actor, continuous = load_expert(None if expert == "ppo" else expert)
+    actor, continuous = load_expert(expert)
     env = RecordEpisodes(make_carracing(continuous=continuous), fps=FPS)
     try:
         results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, env=env, progress=progress)

@@ -37,9 +37,9 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     """
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
+    from nac_drive.pipeline.train import train
     from nac_drive.run_log import log_closed_loop
     from nac_drive.simulators.carracing import run_episodes
-    from nac_drive.pipeline.train import train
 
     if rounds < 1 or episodes < 1:
         raise ValueError(f"rounds and episodes must be >= 1, got {rounds} and {episodes}")

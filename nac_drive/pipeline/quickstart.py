@@ -16,6 +16,7 @@ overrides its budget's value.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -82,8 +83,7 @@ class QuickstartArgs:
 
     def stages(self) -> Budget:
         """The budget's stage sizes, with the ones given explicitly in their place."""
-        given = {f.name: getattr(self, f.name) for f in fields(Budget)
-                 if hasattr(self, f.name) and getattr(self, f.name) is not None}
+        given = {f.name: value for f in fields(Budget) if (value := getattr(self, f.name, None)) is not None}
         return replace(BUDGETS[self.budget], **given)
 
 
@@ -100,38 +100,40 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     print(f"output folder: {out}", flush=True)
     started = time.perf_counter()
     stage_seconds: dict[str, float] = {}
-
-    def stage(name: str, since: float) -> float:
-        now = time.perf_counter()
-        stage_seconds[name] = round(now - since, 1)
-        return now
-
-    policy_path = _make_policy(args, out, progress, stage) if args.full else None
-    t = time.perf_counter()
+    policy_path = _make_policy(args, out, progress, stage_seconds) if args.full else None
     print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
           f"held-out tracks ...", flush=True)
-    summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
-                              video=str(out / VIDEO), trace_dir=str(out / "run"), progress=progress)
+    with _timed(stage_seconds, "drive"):
+        summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
+                                  video=str(out / VIDEO), trace_dir=str(out / "run"), progress=progress)
     print(summary.pop("text"))
-    t = stage("drive", t)
     if args.full:
-        expert = _score_expert(args, progress)
-        t = stage("expert", t)
+        with _timed(stage_seconds, "expert"):
+            expert = _score_expert(args, progress)
         # a share of a return <= 0 (e.g. episodes cut short by max_steps) means nothing: None
         share = round(summary["mean_return"] / expert["mean_return"], 4) if expert["mean_return"] > 0 else None
         summary.update(expert=expert, share_of_expert=share)
         print(f"the expert on the same tracks: {expert['mean_return']:.1f}; the policy reached "
               f"{'n/a' if share is None else f'{100 * share:.1f}%'} of it", flush=True)
     run = Path(summary["trace"])
-    dashboard = _dashboard(policy_path, run, out, with_saliency=args.saliency, progress=progress)
-    stage("dashboard", t)
+    with _timed(stage_seconds, "dashboard"):
+        dashboard = _dashboard(policy_path, run, out, with_saliency=args.saliency, progress=progress)
     summary.update(video=str(out / VIDEO), trace=str(run / "trace.npz"), dashboard=str(dashboard),
                    seconds=round(time.perf_counter() - started, 1), stage_seconds=stage_seconds)
     return summary
 
 
-def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage) -> Path:
-    """collect -> behaviour cloning -> DAgger with disturbances; returns the final checkpoint."""
+@contextmanager
+def _timed(stage_seconds: dict[str, float], name: str):
+    """Record the wall time of the block as ``stage_seconds[name]``."""
+    start = time.perf_counter()
+    yield
+    stage_seconds[name] = round(time.perf_counter() - start, 1)
+
+
+def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage_seconds: dict[str, float]) -> Path:
+    """collect -> behaviour cloning -> DAgger with disturbances; returns the final checkpoint
+    (each stage's wall time goes into ``stage_seconds``)."""
     from nac_drive.pipeline.collect import collect_carracing
     from nac_drive.pipeline.dagger import dagger
     from nac_drive.pipeline.train import train
@@ -139,25 +141,24 @@ def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage) -> Path
 
     sizes = args.stages()
     demos = out / "demos"
-    t = time.perf_counter()
     print(f"collecting {sizes.collect_episodes} episodes with the {args.expert} expert ...", flush=True)
-    _, results = collect_carracing(args.expert, sizes.collect_episodes, args.seed, str(demos), args.max_steps,
-                                   name=f"quickstart-s{args.seed}", progress=progress)
+    with _timed(stage_seconds, "collect"):
+        _, results = collect_carracing(args.expert, sizes.collect_episodes, args.seed, str(demos), args.max_steps,
+                                       name=f"quickstart-s{args.seed}", progress=progress)
     print(results.format())
-    t = stage("collect", t)
     print(f"training a CNN+{args.core} policy on {demos} ...", flush=True)
     train_args = TrainArgs(data=str(demos), out=str(out / "train"), core=args.core, epochs=sizes.epochs,
                            windows_per_epoch=sizes.windows_per_epoch, seed=args.seed, progress=progress)
-    policy = train(train_args) / "best"
-    t = stage("train", t)
+    with _timed(stage_seconds, "train"):
+        policy = train(train_args) / "best"
     if sizes.dagger_rounds:
         print(f"{sizes.dagger_rounds} DAgger rounds, the {args.expert} expert labelling ...", flush=True)
         fine_tune = replace(train_args, epochs=sizes.dagger_epochs, windows_per_epoch=sizes.dagger_windows,
                             lr=DAGGER_LR, run_name="dagger")
-        policy = dagger(policy, demos, sizes.dagger_rounds, sizes.dagger_episodes, fine_tune, seed=args.seed,
-                        max_steps=args.max_steps, progress=progress, disturb_rate=args.disturb_rate,
-                        disturb_frames=args.disturb_frames, oracle=_oracle(args.expert))
-        stage("dagger", t)
+        with _timed(stage_seconds, "dagger"):
+            policy = dagger(policy, demos, sizes.dagger_rounds, sizes.dagger_episodes, fine_tune, seed=args.seed,
+                            max_steps=args.max_steps, progress=progress, disturb_rate=args.disturb_rate,
+                            disturb_frames=args.disturb_frames, oracle=_oracle(args.expert))
     return policy
 
 
@@ -188,8 +189,7 @@ def _score_expert(args: QuickstartArgs, progress: bool) -> dict:
     from nac_drive.pipeline.evaluate import evaluate_expert
 
     print(f"scoring the {args.expert} expert on the same tracks ...", flush=True)
-    name, results = evaluate_expert(args.expert, args.episodes,
-                                    max_steps=args.max_steps, progress=progress)
+    name, results = evaluate_expert(args.expert, args.episodes, max_steps=args.max_steps, progress=progress)
     return {"name": name, **results.summary()}
 
 
