@@ -60,13 +60,12 @@ class PPOExpert:
     env is needed.
     """
 
-    def __init__(self, path: str | Path | None = None, action_repeat: int | None = None):
+    def __init__(self, path: str | Path | None = None):
         import torch
 
         self.path = Path(path) if path is not None else shipped_expert_path()
         self.policy, self.continuous, self.preprocessing = load_expert_zip(self.path)
-        self.action_repeat = action_repeat or self.preprocessing.action_repeat
-        self.frame_stack = self.preprocessing.frame_stack
+        self.action_repeat = self.preprocessing.action_repeat
         self.name = f"ppo:{self.path.stem}"
         self._torch = torch
         self._frames = _HandedFrames()
@@ -76,17 +75,16 @@ class PPOExpert:
     def reset(self) -> None:
         """Start of an episode: empty frame stack, decide at the next frame."""
         self._frame = 0
-        self._started = False
         self.observation: np.ndarray | None = None  # the last stack decided on
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
         """Push one raw frame onto the stack; returns the stack
         ``uint8 [frame_stack, frame_size, frame_size]``."""
         self._frames.frame = obs
-        if self._started:
-            self.observation = self._view.step(0)[0]
+        if self.observation is None:   # the episode's first frame
+            self.observation = self._view.reset()[0]
         else:
-            self.observation, self._started = self._view.reset()[0], True
+            self.observation = self._view.step(0)[0]
         return self.observation
 
     def act(self, obs: np.ndarray):

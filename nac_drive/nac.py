@@ -202,9 +202,8 @@ def upgrade_state_names(state: dict) -> dict:
     """A state dict (or name -> shape map) with :data:`RENAMED_PARAMETERS` applied to the
     last component of every name, so checkpoints written before a rename still load."""
     def new(name: str) -> str:
-        prefix, _, last = name.rpartition(".")
-        return f"{prefix}.{RENAMED_PARAMETERS[last]}" if prefix and last in RENAMED_PARAMETERS else \
-            RENAMED_PARAMETERS.get(name, name)
+        last = name.rpartition(".")[2]
+        return name[:len(name) - len(last)] + RENAMED_PARAMETERS.get(last, last)
     return {new(name): value for name, value in state.items()}
 
 
@@ -370,7 +369,8 @@ class NAC(nn.Module):
         stage only when no gradient, trace or active dropout is needed."""
         selection = nac_kernels.handles_selection(qh, kh)
         pairs = (selection and not want_trace and not (self.training and self.attn_dropout.p > 0)
-                 and nac_kernels.handles_pairs(q_side, key_rows, params.pair_stage(), params.kernel_arrays))
+                 and nac_kernels.handles_pairs(q_side, key_rows, params.pair_stage())
+                 and params.kernel_arrays[1])   # last: the weights become arrays only for a kernel call
         return _Backend(selection, pairs)
 
     def _select(self, qh: torch.Tensor, kh: torch.Tensor, vis: Visibility, on_kernels: bool) -> torch.Tensor:
@@ -459,16 +459,18 @@ class NAC(nn.Module):
         return torch.sigmoid(affine[..., 0] * t_in + affine[..., 1])
 
     def _logits(self, phi: torch.Tensor, tau: torch.Tensor, t_interp: torch.Tensor,
-                valid: torch.Tensor | None = None) -> torch.Tensor:
-        """The logit a_ij of eq. 2 at the horizon t_ij, by ``mode``; all ``[B,H,Tq,K]``."""
+                valid: torch.Tensor) -> torch.Tensor:
+        """The logit a_ij of eq. 2 at the horizon t_ij, by ``mode``; all ``[B,H,Tq,K]``
+        (``valid``: the filled Top-K slots, whose step sizes the Euler guard checks)."""
         if self.mode == "steady":                                          # eq. 18
             return phi / tau
         if self.mode == "exact":                                           # eq. 3
             return phi / tau * -torch.expm1(-tau * t_interp)
         # eq. 2 from a(0) = 0: a <- a + dt (phi - tau a) = a (1 - dt tau) + dt phi, one fused op a step
         dt = t_interp / self.euler_steps
-        _check_euler_stability(dt * tau if valid is None else (dt * tau).masked_fill(~valid, 0.0), self.euler_steps)
-        decay, drive = 1.0 - dt * tau, dt * phi
+        dt_tau = dt * tau
+        _check_euler_stability(dt_tau.masked_fill(~valid, 0.0), self.euler_steps)
+        decay, drive = 1.0 - dt_tau, dt * phi
         logit = drive
         for _ in range(self.euler_steps - 1):
             logit = torch.addcmul(drive, logit, decay)

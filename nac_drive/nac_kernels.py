@@ -82,18 +82,17 @@ def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
             and available() and not _scripting() and _finite(q.detach().numpy(), k.detach().numpy()))
 
 
-def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[torch.Tensor, ...],
-                  weight_arrays: tuple[tuple, bool]) -> bool:
-    """Whether :func:`attend` serves a pair stage on these inputs and pair-stage weights
-    (``weight_arrays``: :func:`pair_arrays` of them): CPU, float32, finite, and no
-    gradient needed. (Traces and dropout are the caller's to rule out.)"""
+def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
+    """Whether :func:`attend` can serve a pair stage on these inputs and pair-stage weights:
+    CPU, float32, finite inputs, and no gradient needed. (Traces and dropout are the
+    caller's to rule out, and whether the weights are finite too: :func:`pair_arrays`.)"""
     if not available() or _scripting():
         return False
     tensors = (q_side, key_rows, *weights)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and _finite(q_side.detach().numpy(), key_rows.detach().numpy()) and weight_arrays[1])
+            and _finite(q_side.detach().numpy(), key_rows.detach().numpy()))
 
 
 def pair_arrays(weights: tuple[torch.Tensor, ...]) -> tuple[tuple[np.ndarray, ...], bool]:
