@@ -42,7 +42,7 @@ class ExpertTrainArgs:
                              "--learning-rate on new --seed tracks; the same kind of actions as the "
                              "run); read without unpickling")
     log_std_init: float = arg(
-        0.0, "continuous runs: initial log standard deviation of the Gaussian policy (SB3's default 0)")
+        0.0, "continuous runs: initial log standard deviation of the Gaussian policy (0 as in SB3)")
     eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames", min=1)
     keep_evaluated: bool = arg(
         True, "keep every evaluated checkpoint as evaluated/frames_<N>.zip (to compare on more tracks later)")

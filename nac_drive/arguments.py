@@ -55,11 +55,22 @@ POSITIVE = number(float, above=0)      # speeds, durations, laps, budgets
 
 
 class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Help with the description as written and every flag's default (none shown for a
-    default of None, whose help says what stands in for it)."""
+    """Help with the description as written and every flag's default. None is not shown
+    (the help says what stands in for it), nor a switch's False."""
 
     def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
+        unset_switch = action.const is True and action.default is False   # store_true
+        if action.default is None or unset_switch:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of ``nac-drive`` and of each of its verbs (argparse makes a subcommand's
+    parser of its parent's class): help in the :class:`RawDefaults` format everywhere."""
+
+    def __init__(self, *args, formatter_class=RawDefaults, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
 def arg(default: Any, help: str, choices: tuple | None = None, **kwargs) -> Any:

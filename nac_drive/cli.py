@@ -25,8 +25,9 @@ COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "drive", "sal
 
 def build_parser() -> argparse.ArgumentParser:
     from nac_drive import __version__
+    from nac_drive.arguments import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="nac-drive",
         description="Driving agents built on the Neuronal Attention Circuit (NAC): collect "
                     "demonstrations, train CNN+NAC policies, drive them live, look inside.",

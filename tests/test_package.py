@@ -105,6 +105,38 @@ def test_cli_version_and_help():
     assert out.returncode == 0 and "usage: nac-drive" in out.stdout
 
 
+def _verb_parsers(parser, name="nac-drive"):
+    """(command line, parser) of every verb that takes flags, e.g. ("nac-drive expert eval", ...)."""
+    import argparse
+
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        yield name, parser
+    for group in groups:
+        for verb, child in group.choices.items():
+            yield from _verb_parsers(child, f"{name} {verb}")
+
+
+def test_every_verb_help_shows_each_default_once():
+    import argparse
+
+    from nac_drive.cli import build_parser
+
+    verbs = dict(_verb_parsers(build_parser()))
+    assert {"nac-drive train", "nac-drive dagger", "nac-drive expert eval", "nac-drive sim udacity-emulator"} <= set(verbs)
+    for name, parser in verbs.items():
+        text = " ".join(parser.format_help().split())
+        assert "(default: None)" not in text, name
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+                continue
+            shown = formatter._get_help_string(action).replace("%(default)s", "")
+            assert len(re.findall("default", shown, flags=re.I)) <= 1, (name, action.dest, shown)
+            unset_switch = action.const is True and action.default is False
+            if action.default not in (None, argparse.SUPPRESS) and not unset_switch:
+                assert f"(default: {action.default})" in text, (name, action.dest)
+
 def test_cv2_and_pytorch_grad_cam_import_together():
     # grad-cam needs opencv-python-headless; a second cv2 distribution breaks imports
     import cv2

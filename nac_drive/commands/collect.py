@@ -28,11 +28,9 @@ from nac_drive.arguments import COUNT, PORT, POSITIVE, SEED, number
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("collect", help="record demonstrations (CarRacing expert, Udacity driving)",
-                                   description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=__doc__)
     sub = parser.add_subparsers(dest="collect_target", metavar="SIMULATOR", required=True)
-    car = sub.add_parser("carracing", help="CarRacing-v3 demonstrations (Minari dataset)",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    car = sub.add_parser("carracing", help="CarRacing-v3 demonstrations (Minari dataset)")
     car.add_argument("--expert", default="ppo",
                      help="'ppo' (the shipped PPO expert), a PPO zip path, 'teacher' or 'teacher-discrete'")
     car.add_argument("--episodes", type=COUNT, default=20, help="episodes (one track each)")
@@ -45,8 +43,7 @@ def add_parser(subparsers) -> None:
     car.set_defaults(func=run)
 
     uda = sub.add_parser("udacity", help="Udacity driving logs (driving_log.csv + IMG/): you in the simulator, "
-                                         "or the headless emulator's scripted driver",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                         "or the headless emulator's scripted driver")
     uda.add_argument("--out", required=True, metavar="DIR", help="recording folder (driving_log.csv + IMG/)")
     uda.add_argument("--driver", choices=["human", "scripted"], default="human",
                      help="human: serve the Udacity simulator (it connects to --host:--port; start it in "

@@ -12,17 +12,17 @@ def add_parser(subparsers) -> None:
     from nac_drive.pipeline import dagger, train_args
 
     p = subparsers.add_parser("dagger", help="improve a policy with DAgger (an oracle labels the student's states)",
-                              description=dagger.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=dagger.__doc__)
     p.add_argument("--policy", required=True, help="checkpoint folder to start from")
-    p.add_argument("--rounds", type=COUNT, default=3, help="DAgger rounds (default 3)")
-    p.add_argument("--episodes", type=COUNT, default=5, help="student episodes per round (default 5)")
+    p.add_argument("--rounds", type=COUNT, default=3, help="DAgger rounds")
+    p.add_argument("--episodes", type=COUNT, default=5, help="student episodes per round")
     p.add_argument("--max-steps", type=COUNT, default=None, help="cap each student episode (env frames)")
     p.add_argument("--disturb-rate", type=number(float, min=0, max=1), default=0.0,
                    help="chance per undisturbed frame that a burst of one random action replaces the "
-                        "student's, so the teacher labels recoveries (after DART; default 0: none)")
-    p.add_argument("--disturb-frames", type=COUNT, default=10, help="frames per disturbance burst (default 10)")
+                        "student's, so the teacher labels recoveries (after DART; 0: none)")
+    p.add_argument("--disturb-frames", type=COUNT, default=10, help="frames per disturbance burst")
     p.add_argument("--oracle", default="teacher",
-                   help="who labels: 'teacher' (privileged pure pursuit, the default), 'ppo' (the shipped PPO "
+                   help="who labels: 'teacher' (privileged pure pursuit), 'ppo' (the shipped PPO "
                         "expert, from the frames the student sees) or the path of a PPO expert zip")
     train_args.add_arguments(p)   # --data, --out, --epochs, ... for each round's fine-tuning
     p.set_defaults(func=run)

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
                         "(default: RUN_DIR/video.webm if present)")
     p.add_argument("--title", default=None, help="page title (default: the run directory's name)")
     p.add_argument("--image-budget-mb", type=POSITIVE, default=20.0,
-                   help="frames + overlays above this many MB (base64) are re-encoded smaller (default 20)")
+                   help="frames + overlays above this many MB (base64) are re-encoded smaller")
     p.set_defaults(func=run)
 
 

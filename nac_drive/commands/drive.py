@@ -18,15 +18,13 @@ from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("drive", help="drive a trained policy closed-loop", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser("drive", help="drive a trained policy closed-loop", description=__doc__)
     sub = parser.add_subparsers(dest="drive_target", metavar="SIMULATOR", required=True)
-    car = sub.add_parser("carracing", help="CarRacing-v3", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    car = sub.add_parser("carracing", help="CarRacing-v3")
     add_carracing_arguments(car)
     car.set_defaults(func=run_carracing)
 
-    uda = sub.add_parser("udacity", help="the Udacity simulator, through the socket bridge",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    uda = sub.add_parser("udacity", help="the Udacity simulator, through the socket bridge")
     uda.add_argument("--policy", default=None,
                      help="checkpoint folder of a Udacity policy (default: the shipped PilotNet+NAC policy)")
     uda.add_argument("--host", default="127.0.0.1", help="address to bind (the simulator connects to it)")

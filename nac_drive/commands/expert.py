@@ -15,18 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from nac_drive.arguments import COUNT, SEED, RawDefaults
+from nac_drive.arguments import COUNT, SEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("expert", help="train or evaluate a CarRacing expert",
-                                   description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=__doc__)
     sub = parser.add_subparsers(dest="expert_command", metavar="SUBCOMMAND", required=True)
 
-    train = sub.add_parser("train", help="train a PPO expert (stable-baselines3)",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    train = sub.add_parser("train", help="train a PPO expert (stable-baselines3)")
     from nac_drive.agents.expert_training_args import ExpertTrainArgs
     from nac_drive.arguments import add_dataclass_arguments
 
@@ -37,14 +35,13 @@ def add_parser(subparsers) -> None:
 
     kick = sub.add_parser("kickstart", help="teach a PPO expert's network by DAgger from the privileged teacher "
                                             "(continue it with 'train --init-from')",
-                          description=kickstart_doc(), formatter_class=RawDefaults)
+                          description=kickstart_doc())
     from nac_drive.agents.expert_kickstart import KickstartArgs
 
     add_dataclass_arguments(kick, KickstartArgs)
     kick.set_defaults(func=_kickstart)
 
-    res = sub.add_parser("resume", help="continue a training run from its last kept checkpoint",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    res = sub.add_parser("resume", help="continue a training run from its last kept checkpoint")
     res.add_argument("run_dir", help="the run's folder (with args.json and evaluated/)")
     res.add_argument("--total-frames", type=COUNT, default=None,
                      help="new target of the run in env frames (default: the one in its args.json)")
@@ -52,8 +49,7 @@ def add_parser(subparsers) -> None:
                      help="also write the best checkpoint, without optimizer state, to ZIP")
     res.set_defaults(func=_resume)
 
-    ev = sub.add_parser("eval", help="evaluate an expert on held-out tracks",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ev = sub.add_parser("eval", help="evaluate an expert on held-out tracks")
     ev.add_argument("--expert", default=None,
                     help="SB3 zip of a PPO expert, 'teacher' (privileged, continuous), "
                          "'teacher-discrete', 'random' or 'random-discrete'; default: the shipped PPO expert")
@@ -71,8 +67,7 @@ def add_parser(subparsers) -> None:
                          description="Each zip drives its most likely actions in the training's evaluation "
                                      "env, where only the frames the expert sees are drawn (~4x faster than "
                                      "'expert eval', same returns). Choose on tracks outside the held-out "
-                                     "range, then check the choice once with 'expert eval'.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     "range, then check the choice once with 'expert eval'.")
     cmp.add_argument("zips", nargs="+", metavar="ZIP", help="SB3 zips of PPO experts")
     cmp.add_argument("--episodes", type=COUNT, default=20, help="number of tracks")
     cmp.add_argument("--seed-base", type=SEED, default=70_000,

@@ -24,12 +24,11 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.arguments import RawDefaults, add_dataclass_arguments
+    from nac_drive.arguments import add_dataclass_arguments
     from nac_drive.pipeline.quickstart import QuickstartArgs
 
     p = subparsers.add_parser("quickstart", help="drive the shipped policy and build its dashboard (--full: the "
-                              "whole pipeline)", description=__doc__,
-                              formatter_class=RawDefaults)
+                              "whole pipeline)", description=__doc__)
     add_dataclass_arguments(p, QuickstartArgs)
     p.add_argument("--json", action="store_true", help="end the output with one line of JSON")
     p.set_defaults(func=run)

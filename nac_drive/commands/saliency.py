@@ -13,12 +13,11 @@ import argparse
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("saliency", help="Grad-CAM overlays for a recorded run", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("saliency", help="Grad-CAM overlays for a recorded run", description=__doc__)
     p.add_argument("--policy", default=None, help="checkpoint folder (default: the shipped CNN+NAC policy)")
     p.add_argument("--run", required=True, metavar="RUN_DIR", help="run folder holding trace.npz (drive --trace)")
     p.add_argument("--method", default="gradcam",
-                   help="CAM method: gradcam (default), gradcam++, eigencam, hirescam, xgradcam or layercam")
+                   help="CAM method: gradcam, gradcam++, eigencam, hirescam, xgradcam or layercam")
     p.set_defaults(func=run)
 
 

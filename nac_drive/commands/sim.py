@@ -17,13 +17,13 @@ from nac_drive.arguments import COUNT, PORT, POSITIVE, number
 
 def add_parser(subparsers) -> None:
     sim = subparsers.add_parser("sim", help="headless simulators (Udacity protocol emulator)",
-                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                description=__doc__)
     kinds = sim.add_subparsers(dest="simulator", metavar="SIMULATOR", required=True)
     p = kinds.add_parser("udacity-emulator", help="Udacity Term-1 simulator stand-in (procedural road)")
-    p.add_argument("--host", default="127.0.0.1", help="bridge host (default 127.0.0.1)")
-    p.add_argument("--port", type=PORT, default=4567, help="bridge port (default 4567, as the simulator)")
+    p.add_argument("--host", default="127.0.0.1", help="bridge host")
+    p.add_argument("--port", type=PORT, default=4567, help="bridge port (the simulator's)")
     p.add_argument("--track", default="lakeside",
-                   help="gentle, lakeside, serpentine, canyon, or random-<seed> (default lakeside)")
+                   help="gentle, lakeside, serpentine, canyon, or random-<seed>")
     p.add_argument("--frames", type=COUNT, default=None,
                    help="stop after N telemetry messages")
     p.add_argument("--laps", type=POSITIVE, default=None, help="stop after this many laps")
@@ -31,7 +31,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--stop-off-road", action="store_true", help="stop at the first off-road event")
     p.add_argument("--realtime", action="store_true",
                    help="one step per 1/15 s of wall clock, like the real simulator (default: as fast as answered)")
-    p.add_argument("--timeout", type=POSITIVE, default=5.0, help="seconds to wait for an answer (default 5)")
+    p.add_argument("--timeout", type=POSITIVE, default=5.0, help="seconds to wait for an answer")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show laps, distance and cross-track error live on stderr "

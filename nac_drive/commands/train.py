@@ -4,13 +4,10 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    import argparse
-
     from nac_drive.pipeline import train_args
 
     parser = subparsers.add_parser("train", help="behaviour-clone a policy on demonstrations",
-                                   description=train_args.__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=train_args.__doc__)
     train_args.add_arguments(parser)
     parser.set_defaults(func=run)
 

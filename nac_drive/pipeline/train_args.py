@@ -1,8 +1,12 @@
-"""Arguments of ``nac-drive train`` (no heavy imports: the CLI builds its parser from them).
+"""Behaviour cloning of a CNN + temporal-core policy on recorded demonstrations.
 
     nac-drive train --data runs/demos --core nac --window 16
     torchrun --nproc-per-node 2 --no-python nac-drive train --data runs/demos   # DistributedDataParallel
+
+Each run folder holds ``best/`` and ``last/`` checkpoints (``config.json`` +
+``model.safetensors``), ``metrics.csv`` and TensorBoard events.
 """
+# The CLI builds ``nac-drive train``'s parser from this module: keep its imports light.
 
 from __future__ import annotations
 
@@ -51,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, TrainArgs, skip=("extra",))
     parser.add_argument("--select", choices=["exact", "all"], default=None,
                         help="NAC key selection: exact Top-K or every key of the window (block selection "
-                             "cannot stream, and a policy drives frame by frame).")
-    parser.add_argument("--euler-steps", type=COUNT, default=None, help="NAC Euler steps (mode euler).")
+                             "cannot stream, and a policy drives frame by frame; default: exact).")
+    parser.add_argument("--euler-steps", type=COUNT, default=None, help="NAC Euler steps (mode euler; default: 6).")
 
 
 def args_from_namespace(ns: argparse.Namespace) -> TrainArgs:
