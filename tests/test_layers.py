@@ -58,8 +58,8 @@ def package_imports() -> list[tuple[str, str]]:
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:   # from . import x, from ..pipeline import y
-                    parent = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    base = ".".join(parent + ([node.module] if node.module else []))
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
                 targets = [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]

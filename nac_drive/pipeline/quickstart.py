@@ -46,7 +46,7 @@ BUDGETS = {
     "small": Budget(collect_episodes=3, epochs=3, windows_per_epoch=1024, dagger_rounds=1, dagger_episodes=2,
                     dagger_epochs=1, dagger_windows=1024),
     "standard": Budget(collect_episodes=10, epochs=10, windows_per_epoch=4096, dagger_rounds=2, dagger_episodes=4,
-                   dagger_epochs=3, dagger_windows=3072),
+                       dagger_epochs=3, dagger_windows=3072),
 }
 
 
