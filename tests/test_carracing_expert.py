@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -276,7 +277,21 @@ def expert() -> PPOExpert:
     return PPOExpert()  # the shipped zip
 
 
-def test_expert_repeats_actions_and_stacks_frames(expert, monkeypatch):
+def shipped_with_data(path: Path, **changes) -> Path:
+    """A copy of the shipped zip at ``path`` with its JSON ``data`` fields changed (None: removed)."""
+    with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(path, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "data":
+                data = {**json.loads(data), **changes}
+                data = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
+            dst.writestr(item, data)
+    return path
+
+
+def test_expert_repeats_actions_and_stacks_frames(tmp_path, monkeypatch):
+    record = json.loads(zipfile.ZipFile(shipped_expert_path()).read("data"))["preprocessing"]
+    expert = PPOExpert(shipped_with_data(tmp_path / "rep4.zip", preprocessing={**record, "action_repeat": 4}))
     decided = []
 
     def fake_decide(stack):
@@ -308,16 +323,16 @@ def test_expert_matches_sb3_on_the_training_env(expert):
     # PPO.load unpickles: only for the zip this package ships (never for a zip from elsewhere)
     no_schedules = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
     model = PPO.load(expert.path, device="cpu", custom_objects=no_schedules)
-    venv = make_vec_env(continuous=False)
+    venv = make_vec_env(continuous=False, preprocessing=expert.preprocessing)
     venv.seed(900_003)
     vec_obs = venv.reset()
     raw = make_carracing()
     obs, _ = raw.reset(seed=900_003)
     expert.reset()
     try:
-        for step in range(20):
+        for step in range(80 // expert.action_repeat):   # 80 env frames
             sb3_action = int(model.predict(vec_obs, deterministic=True)[0][0])
-            for k in range(4):
+            for k in range(expert.action_repeat):
                 action = expert.act(obs)
                 if k == 0:
                     assert np.array_equal(expert.observation, vec_obs[0]), step
@@ -345,9 +360,9 @@ def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert):
     expert.reset()
     sb3_actions, expert_actions = [], []
     try:
-        for step in range(100):   # 400 env frames
+        for step in range(400 // expert.action_repeat):   # 400 env frames
             action, _ = model.predict(obs, deterministic=True)
-            for k in range(4):
+            for k in range(expert.action_repeat):
                 expert_actions.append(expert.act(raw_obs))
                 sb3_actions.append(int(action))
                 if k == 0:
@@ -392,19 +407,19 @@ def test_expert_evaluation_env_drives_consecutive_track_seeds():
 @pytest.mark.slow
 def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     """The fast path (training's evaluation env, undrawn frames skipped) drives the same
-    episodes as the raw env with PPOExpert: one lap finished early (70005), one not."""
+    episodes as the raw env with PPOExpert: one lap finished early (900004), one not."""
     from nac_drive.agents.expert_training import score_checkpoint
     from nac_drive.cli import main
 
-    fast = score_checkpoint(expert.path, episodes=2, seed_base=70_004)
-    raw = run_episodes(expert, [70_004, 70_005])
-    assert fast.seeds == raw.seeds == [70_004, 70_005]
+    fast = score_checkpoint(expert.path, episodes=2, seed_base=900_003)
+    raw = run_episodes(expert, [900_003, 900_004])
+    assert fast.seeds == raw.seeds == [900_003, 900_004]
     assert fast.lengths == raw.lengths and fast.laps == raw.laps == [False, True]
     assert raw.lengths[1] < 1000
     np.testing.assert_allclose(fast.returns, raw.returns, rtol=0, atol=1e-5)  # Monitor rounds to 6 decimals
 
     zip_path = str(expert.path)
-    assert main(["expert", "compare", zip_path, "--episodes", "1", "--seed-base", "70005", "--json"]) == 0
+    assert main(["expert", "compare", zip_path, "--episodes", "1", "--seed-base", "900004", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert list(summary) == [zip_path] and summary[zip_path]["returns"] == [pytest.approx(raw.returns[1], abs=0.01)]
     with pytest.raises(SystemExit) as refused:   # argparse refuses --episodes 0
@@ -449,17 +464,10 @@ def test_load_policy_rejects_bad_files(tmp_path):
     # the preprocessing record: checked, consistent with the observation space; zips
     # from before it existed fall back to their 'action_repeat' (4 if absent)
     def with_data(name, **changes):
-        with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(tmp_path / name, "w") as dst:
-            for item in src.infolist():
-                data = src.read(item.filename)
-                if item.filename == "data":
-                    data = {**json.loads(data), **changes}
-                    data = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
-                dst.writestr(item, data)
-        return tmp_path / name
+        return shipped_with_data(tmp_path / name, **changes)
 
     record = json.loads(zipfile.ZipFile(shipped_expert_path()).read("data"))["preprocessing"]
-    assert record == {"frame_size": 64, "frame_stack": 2, "action_repeat": 4,
+    assert record == {"frame_size": 64, "frame_stack": 2, "action_repeat": 1,
                       "grayscale": "cv2.COLOR_RGB2GRAY", "interpolation": "cv2.INTER_AREA"}
     for name, change, message in (
             ("rep.zip", {"action_repeat": 0}, "rep.zip: field 'preprocessing': action_repeat is 0"),

@@ -82,6 +82,10 @@ def shipped_data() -> dict:
         return json.loads(zf.read("data"))
 
 
+def shipped_repeat() -> int:
+    return shipped_data()["preprocessing"]["action_repeat"]
+
+
 def with_crafted_serialized(data: dict, b64: str) -> dict:
     """``data`` with every pickled (``:serialized:``) value, which SB3's PPO.load runs, crafted."""
     return {key: {**value, ":serialized:": b64} if isinstance(value, dict) and ":serialized:" in value else value
@@ -133,7 +137,7 @@ def test_expert_zip_with_a_crafted_torch_member(canary, tmp_path, capsys, member
     crafted = rewrite_zip(shipped_expert_path(), tmp_path / "expert.zip", **{member.replace(".", "__"):
                                                                              getattr(canary, kind)})
     if member != "policy.pth":   # never read to drive or ship: loading and shipping work, the pickle stays inert
-        assert not load_expert_zip(crafted).continuous and PPOExpert(crafted).action_repeat == 4
+        assert not load_expert_zip(crafted).continuous and PPOExpert(crafted).action_repeat == shipped_repeat()
         shipped = export_for_shipping(crafted, tmp_path / "ship.zip")
         assert canary.marker.name.encode() not in zip_bytes(shipped)
         assert torch.equal(load_expert_zip(shipped).policy.action_net.weight,
@@ -160,7 +164,7 @@ def test_expert_zip_whose_json_holds_crafted_pickles(canary, tmp_path):
     expert = PPOExpert(crafted)
     assert expert.act(np.zeros((96, 96, 3), np.uint8)) in range(5)
     shipped = export_for_shipping(crafted, tmp_path / "ship.zip")
-    assert canary.b64[:40].encode() not in zip_bytes(shipped) and load_expert_zip(shipped).action_repeat == 4
+    assert canary.b64[:40].encode() not in zip_bytes(shipped) and load_expert_zip(shipped).action_repeat == shipped_repeat()
     # a pickled policy_kwargs (it could name any class) is refused
     data = {**shipped_data(), "policy_kwargs": {":type:": "<class 'dict'>", ":serialized:": canary.b64}}
     rewrite_zip(shipped_expert_path(), tmp_path / "kwargs.zip", data=json.dumps(data).encode())

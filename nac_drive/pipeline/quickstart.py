@@ -39,13 +39,16 @@ class Budget:
     dagger_windows: int        # ... of this many windows
 
 
-# "standard": a smaller run of the shipped CNN+NAC recipe's stages (12 minutes here, within 45 on a slower
+# "standard": a smaller run of the shipped CNN+NAC recipe's stages (16 minutes here, within 45 on a slower
 # 2-core CPU);
-# "small": the same stages smaller, a first look (2.5 minutes here). Timings: BENCHMARKS.md §3.
+# "small": the same stages smaller, a first look (3 minutes here). Timings: BENCHMARKS.md §3.
+# The shipped PPO expert steers in one-frame pulses: behaviour cloning needs about 8k windows before
+# it predicts more than its most common action (gas), and the student needs 4 DAgger rounds to stop
+# spinning out.
 BUDGETS = {
-    "small": Budget(collect_episodes=3, epochs=3, windows_per_epoch=1024, dagger_rounds=1, dagger_episodes=2,
+    "small": Budget(collect_episodes=5, epochs=4, windows_per_epoch=2048, dagger_rounds=1, dagger_episodes=2,
                     dagger_epochs=1, dagger_windows=1024),
-    "standard": Budget(collect_episodes=10, epochs=10, windows_per_epoch=4096, dagger_rounds=2, dagger_episodes=4,
+    "standard": Budget(collect_episodes=20, epochs=10, windows_per_epoch=4096, dagger_rounds=4, dagger_episodes=4,
                        dagger_epochs=3, dagger_windows=3072),
 }
 
