@@ -25,7 +25,8 @@ class ExpertTrainArgs:
     seed: int = arg(EXPERT_TRAIN_SEED_BASE,
                      "seed of the training tracks, the network init and PPO's sampling", min=0)
     n_envs: int = arg(2, "parallel SubprocVecEnv workers (one per core)", min=1)
-    action_repeat: int = arg(ACTION_REPEAT, "env frames per agent decision", min=1)
+    action_repeat: int | None = arg(None, f"env frames per agent decision (default: the --init-from zip's, "
+                                          f"else {ACTION_REPEAT})", min=1)
     frame_stack: int = arg(FRAME_STACK, "observations stacked as channels", min=1)
     n_steps: int = arg(256, "rollout length per worker", min=2)
     batch_size: int = arg(128, "PPO minibatch size", min=2)
@@ -55,3 +56,5 @@ class ExpertTrainArgs:
 
     def __post_init__(self):
         check_fields(self)
+        if self.action_repeat is None and not self.init_from:   # an --init-from zip's is read by train_expert
+            self.action_repeat = ACTION_REPEAT

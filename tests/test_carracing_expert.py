@@ -588,7 +588,8 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
     assert fresh_preprocessing == Preprocessing(action_repeat=2) and PPOExpert(fresh_zip).action_repeat == 2
-    assert PPOExpert(final).action_repeat == 4
+    # without --action-repeat a fine-tune acts at its start's rate (the shipped expert's 1, not 4)
+    assert PPOExpert(final).action_repeat == PPOExpert().action_repeat == 1
     with pytest.raises(ValueError, match="init_from"):
         train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 
