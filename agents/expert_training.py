@@ -42,9 +42,7 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
-    if args.action_repeat is None:   # a fine-tune acts at the rate its start was trained at
-        if start is None:
-            raise ValueError(f"resume: {run_name}/args.json has no action_repeat")
+    if args.action_repeat is None:   # a fine-tune acts at the rate its start was trained at (resume: args.json's)
         args = replace(args, action_repeat=start.preprocessing.action_repeat)
     if from_checkpoint is None:   # a new run never writes into an existing run's folder
         run_dir = fresh_dir(Path(args.out) / run_name)

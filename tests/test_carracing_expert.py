@@ -289,9 +289,22 @@ def shipped_with_data(path: Path, **changes) -> Path:
     return path
 
 
-def test_expert_repeats_actions_and_stacks_frames(tmp_path, monkeypatch):
+def shipped_at_repeat(path: Path, repeat: int) -> Path:
+    """The shipped zip's network acting every ``repeat`` frames."""
     record = json.loads(zipfile.ZipFile(shipped_expert_path()).read("data"))["preprocessing"]
-    expert = PPOExpert(shipped_with_data(tmp_path / "rep4.zip", preprocessing={**record, "action_repeat": 4}))
+    return shipped_with_data(path, preprocessing={**record, "action_repeat": repeat})
+
+
+@pytest.fixture(scope="module", params=["shipped", "repeat 4"])
+def expert_at_each_rate(request, expert, tmp_path_factory) -> PPOExpert:
+    """The shipped expert (acting every frame), and its network acting every 4th frame."""
+    if request.param == "shipped":
+        return expert
+    return PPOExpert(shipped_at_repeat(tmp_path_factory.mktemp("rep") / "rep4.zip", 4))
+
+
+def test_expert_repeats_actions_and_stacks_frames(tmp_path, monkeypatch):
+    expert = PPOExpert(shipped_at_repeat(tmp_path / "rep4.zip", 4))
     decided = []
 
     def fake_decide(stack):
@@ -314,12 +327,13 @@ def test_expert_repeats_actions_and_stacks_frames(tmp_path, monkeypatch):
     assert expert.act(frames[5]) == 4 and (decided[3][0] == 0).all()
 
 
-def test_expert_matches_sb3_on_the_training_env(expert):
+def test_expert_matches_sb3_on_the_training_env(expert_at_each_rate):
     """The adapter on the raw env picks the actions SB3 picks on the training wrappers."""
     from stable_baselines3 import PPO
 
     from nac_drive.agents.expert_env import make_vec_env
 
+    expert = expert_at_each_rate
     # PPO.load unpickles: only for the zip this package ships (never for a zip from elsewhere)
     no_schedules = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
     model = PPO.load(expert.path, device="cpu", custom_objects=no_schedules)
@@ -344,7 +358,7 @@ def test_expert_matches_sb3_on_the_training_env(expert):
         raw.close()
 
 
-def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert):
+def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert_at_each_rate):
     """Issue 18: plain SB3 (``PPO.load(...).predict``) on the gymnasium stack that the zip's
     preprocessing record builds (README) takes PPOExpert's action at every env frame of a
     real episode prefix, on the same observations, and the two cars stay together."""
@@ -352,7 +366,8 @@ def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert):
 
     from nac_drive.agents.expert_env import make_expert_env
 
-    model = PPO.load(shipped_expert_path(), device="cpu")   # unpickles: only for the zip this package ships
+    expert = expert_at_each_rate
+    model = PPO.load(expert.path, device="cpu")   # unpickles: only for the zip this package ships (and a copy)
     env = make_expert_env(Preprocessing(**model.preprocessing))
     raw = make_carracing()
     obs, _ = env.reset(seed=900_003)
@@ -588,8 +603,13 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
     assert fresh_preprocessing == Preprocessing(action_repeat=2) and PPOExpert(fresh_zip).action_repeat == 2
-    # without --action-repeat a fine-tune acts at its start's rate (the shipped expert's 1, not 4)
+    # without --action-repeat a fine-tune acts at its start's rate (the shipped expert's 1, not 4),
+    # and its args.json records the rate (what `expert resume` reads); --action-repeat overrides it
     assert PPOExpert(final).action_repeat == PPOExpert().action_repeat == 1
+    assert json.loads((tmp_path / "ft" / "args.json").read_text())["action_repeat"] == 1
+    at_two = train_expert(ExpertTrainArgs(run_name="ft2", init_from=str(shipped_expert_path()), action_repeat=2,
+                                          learning_rate=0.0, **tiny))
+    assert PPOExpert(at_two).action_repeat == 2
     with pytest.raises(ValueError, match="init_from"):
         train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 
