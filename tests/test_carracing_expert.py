@@ -13,9 +13,10 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.expert_zips import shipped_with_data
 
 from nac_drive.agents.expert_env import Preprocessing, preprocess
-from nac_drive.agents.expert_zip import load_expert_zip
+from nac_drive.agents.expert_zip import load_expert_zip, read_data
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.agents.teacher import PurePursuitTeacher
 from nac_drive.simulators.carracing import (
@@ -277,21 +278,9 @@ def expert() -> PPOExpert:
     return PPOExpert()  # the shipped zip
 
 
-def shipped_with_data(path: Path, **changes) -> Path:
-    """A copy of the shipped zip at ``path`` with its JSON ``data`` fields changed (None: removed)."""
-    with zipfile.ZipFile(shipped_expert_path()) as src, zipfile.ZipFile(path, "w") as dst:
-        for item in src.infolist():
-            data = src.read(item.filename)
-            if item.filename == "data":
-                data = {**json.loads(data), **changes}
-                data = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
-            dst.writestr(item, data)
-    return path
-
-
 def shipped_at_repeat(path: Path, repeat: int) -> Path:
     """The shipped zip's network acting every ``repeat`` frames."""
-    record = json.loads(zipfile.ZipFile(shipped_expert_path()).read("data"))["preprocessing"]
+    record = read_data(shipped_expert_path())["preprocessing"]
     return shipped_with_data(path, preprocessing={**record, "action_repeat": repeat})
 
 
@@ -481,7 +470,7 @@ def test_load_policy_rejects_bad_files(tmp_path):
     def with_data(name, **changes):
         return shipped_with_data(tmp_path / name, **changes)
 
-    record = json.loads(zipfile.ZipFile(shipped_expert_path()).read("data"))["preprocessing"]
+    record = read_data(shipped_expert_path())["preprocessing"]
     assert record == {"frame_size": 64, "frame_stack": 2, "action_repeat": 1,
                       "grayscale": "cv2.COLOR_RGB2GRAY", "interpolation": "cv2.INTER_AREA"}
     for name, change, message in (

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 import torch
 from huggingface_hub import constants as hf_constants
+from support.expert_zips import rewrite_zip
 from support.fake_hub import FakeHub, serve
 
-from nac_drive.agents.expert_zip import export_for_shipping, load_expert_zip
+from nac_drive.agents.expert_zip import export_for_shipping, load_expert_zip, read_data
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.checkpoint import CheckpointError
 from nac_drive.cli import main
@@ -66,20 +67,8 @@ def one_line_error(capsys, *argv, code=2) -> str:
     return err[0]
 
 
-def rewrite_zip(src: Path, dst: Path, **members: bytes) -> Path:
-    """Copy the zip ``src`` to ``dst`` with the named members (dots as ``__``) replaced."""
-    members = {name.replace("__", "."): data for name, data in members.items()}
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
-        for item in zin.infolist():
-            zout.writestr(item.filename, members.pop(item.filename, None) or zin.read(item.filename))
-        for name, data in members.items():
-            zout.writestr(name, data)
-    return dst
-
-
 def shipped_data() -> dict:
-    with zipfile.ZipFile(shipped_expert_path()) as zf:
-        return json.loads(zf.read("data"))
+    return read_data(shipped_expert_path())
 
 
 def shipped_repeat() -> int:
