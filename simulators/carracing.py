@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -227,6 +227,11 @@ class EpisodeResults:
     lengths: list[int] = field(default_factory=list)  # env frames
     laps: list[bool] = field(default_factory=list)  # lap finished (terminated by the env)
     latencies_ms: list[float] = field(default_factory=list)  # one per act() call
+
+    def extend(self, other: "EpisodeResults") -> None:
+        """Append ``other``'s episodes and latencies (one run driven in parts)."""
+        for f in fields(self):
+            getattr(self, f.name).extend(getattr(other, f.name))
 
     def summary(self) -> dict[str, Any]:
         """Aggregate figures; the JSON line of every evaluating command."""

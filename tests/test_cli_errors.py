@@ -47,6 +47,7 @@ NONSENSE = [
     (["expert", "compare", "x.zip", "--episodes", "0"], "--episodes: must be >= 1"),
     (["quickstart", "--max-steps", "0"], "--max-steps: must be >= 1"),
     (["quickstart", "--episodes", "-1"], "--episodes: must be >= 1"),
+    (["quickstart", "--recorded", "0"], "--recorded: must be >= 1"),
     (["quickstart", "--full", "--epochs", "0"], "--epochs: must be >= 1"),
     (["quickstart", "--budget", "small"], "--budget: only with --full"),
     (["quickstart", "--full", "--core", "transformer"], "--core: must be one of"),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nac_drive.data_collection.carracing_dataset import WindowDataset, load_episodes
+from nac_drive.interpret.trace import load_trace
 from nac_drive.policy import DrivingPolicy
 
 torch.set_num_threads(1)
@@ -56,8 +57,6 @@ def test_collect_train_drive(tmp_path):
     assert summary["episodes"] == 1 and summary["seeds"] == [900_000] and summary["lengths"] == [60]
     for key in ("mean_return", "std_return", "laps_finished", "latency_ms_p50"):
         assert key in summary
-    from nac_drive.interpret.trace import load_trace
-
     trace = load_trace(run)
     assert trace.num_steps == 60 and trace.q.shape == (60, policy.config.core.d_model)
     assert np.isfinite(trace.expert_action).all()     # the teacher labelled every frame
@@ -88,11 +87,12 @@ def test_collect_train_drive(tmp_path):
 @pytest.mark.slow
 def test_quickstart_full_makes_a_policy_from_the_ppo_expert_and_scores_both(tmp_path):
     """``quickstart --full``: the PPO expert demonstrates, behaviour cloning, one DAgger round
-    in which the PPO expert labels the student, then the last round's checkpoint drives and
-    the expert is scored on the same track (every episode capped at 60 frames)."""
+    in which the PPO expert labels the student, then the last round's checkpoint drives two
+    tracks (the first recorded) and the expert is scored on the same two (every episode
+    capped at 60 frames)."""
     out = cli("quickstart", "--full", "--budget", "small", "--collect-episodes", "1", "--epochs", "1",
-              "--windows-per-epoch", "32", "--dagger-rounds", "1", "--episodes", "1", "--max-steps", "60",
-              "--no-saliency", "--out", str(tmp_path / "qs"), "--json")
+              "--windows-per-epoch", "32", "--dagger-rounds", "1", "--episodes", "2", "--recorded", "1",
+              "--max-steps", "60", "--no-saliency", "--out", str(tmp_path / "qs"), "--json")
     summary = json.loads(out.strip().splitlines()[-1])
     qs = tmp_path / "qs"
     assert summary["policy"] == str(qs / "train" / "dagger-r0" / "best")      # DAgger's, not behaviour cloning's
@@ -107,18 +107,24 @@ def test_quickstart_full_makes_a_policy_from_the_ppo_expert_and_scores_both(tmp_
     assert summary["expert"]["name"].startswith("ppo")
 
     expert = summary["expert"]
-    assert expert["seeds"] == summary["seeds"] == [900_000] and expert["lengths"] == summary["lengths"] == [60]
+    assert expert["seeds"] == summary["seeds"] == [900_000, 900_001]
+    assert expert["lengths"] == summary["lengths"] == [60, 60]
     if expert["mean_return"] > 0:
         assert summary["share_of_expert"] == pytest.approx(summary["mean_return"] / expert["mean_return"], abs=1e-4)
     else:   # no share of a return <= 0 (valid JSON: null, never NaN)
         assert summary["share_of_expert"] is None
     assert (qs / "dashboard.html").stat().st_size > 0 and (qs / "drive.webm").stat().st_size > 0
+    trace = load_trace(qs / "run")   # the first track only: the second was scored, not recorded
+    assert trace.num_steps == 60 and set(trace.episode.tolist()) == {0}
 
 
 def test_quickstart_budgets_give_way_to_explicit_sizes():
-    from nac_drive.pipeline.quickstart import BUDGETS, QuickstartArgs
+    from nac_drive.pipeline.quickstart import BUDGETS, TRACKS, QuickstartArgs
 
     assert QuickstartArgs(full=True).stages() == BUDGETS["standard"]
+    # tracks driven: the budget's with --full (more than the shipped policy's quick look), or as given
+    assert QuickstartArgs().tracks() == TRACKS < QuickstartArgs(full=True).tracks() == BUDGETS["standard"].episodes
+    assert QuickstartArgs(episodes=5).tracks() == QuickstartArgs(full=True, episodes=5).tracks() == 5
     small = QuickstartArgs(full=True, budget="small", epochs=7, dagger_rounds=0).stages()
     assert small.epochs == 7 and small.dagger_rounds == 0
     assert small.collect_episodes == BUDGETS["small"].collect_episodes < BUDGETS["standard"].collect_episodes

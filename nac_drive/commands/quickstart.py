@@ -6,7 +6,9 @@
 
 ``--full`` runs the stages of the shipped policy's recipe: the expert demonstrates (collect), behaviour cloning,
 DAgger rounds in which the expert labels the student's states while random-action bursts
-push it off its line, then drives the result and scores the expert on the same tracks.
+push it off its line, then drives the result on 20 held-out tracks (``--budget small``: 3) and
+scores the expert on the same tracks. The video, traces and dashboard show the first 3
+tracks driven (``--recorded``).
 
 Writes into ``--out`` (default ``runs/quickstart``; ``runs/quickstart-2``, ... if that
 exists, so a run never overwrites another): ``drive.webm``, the run's traces

@@ -8,21 +8,25 @@ the latency it reports is the policy's own time per frame.
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
 
 
 def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
-                    video=None, trace_dir=None, progress: bool = True) -> dict:
+                    video=None, trace_dir=None, progress: bool = True, recorded: int | None = None) -> dict:
     """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
-    folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...)."""
+    folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...).
+
+    ``recorded``: only the first this many episodes go into ``video`` and the trace (all are
+    scored); default all."""
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
     from nac_drive.video import check_video_path
 
-    if episodes < 1:
-        raise ValueError(f"episodes: must be >= 1, got {episodes}")
+    if episodes < 1 or (recorded is not None and recorded < 1):
+        raise ValueError(f"episodes and recorded: must be >= 1, got {episodes} and {recorded}")
     if video is not None:
         check_video_path(video)   # before driving
     policy = load_driving_policy(policy_path)
@@ -39,8 +43,14 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         oracle = PurePursuitTeacher(continuous=continuous)
     driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
     seeds = eval_seeds(episodes, base=seed_base)
-    results = run_episodes(driver, seeds, continuous=policy.config.action == "continuous", max_steps=max_steps,
-                           render_mode=render, on_step=driver.on_step, video_path=video, progress=progress)
+    shown, scored_only = seeds[:recorded], seeds[recorded:]
+    drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=max_steps,
+                    render_mode=render, progress=progress)
+    results = drive(driver, shown, on_step=driver.on_step, video_path=video)
+    if scored_only:
+        plain = PolicyDriver(policy)   # records nothing
+        results.extend(drive(plain, scored_only))
+        driver.latencies_ms += plain.latencies_ms
     results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
     if recorder is not None:
         recorder.save()

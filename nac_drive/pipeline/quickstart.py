@@ -4,8 +4,8 @@ shipped recipe, from an expert: collect -> behaviour cloning -> DAgger with dist
 (the expert labels the student's states while random-action bursts push it off its line).
 
 Everything goes into a fresh output folder (``out``, or ``out-2``, ... if it exists):
-``drive.webm``, ``run/trace.npz`` (+ ``run/saliency.npz``) and ``dashboard.html``;
-``full`` adds ``demos/`` (Minari datasets: the expert's and each DAgger round's) and
+``drive.webm``, ``run/trace.npz`` (+ ``run/saliency.npz``) and ``dashboard.html``, of the
+first ``recorded`` tracks driven (all are scored); ``full`` adds ``demos/`` (Minari datasets: the expert's and each DAgger round's) and
 ``train/`` (the run folders), and also scores the expert on the tracks the policy drove, so
 the summary says what share of its expert the policy reached.
 
@@ -23,6 +23,7 @@ from pathlib import Path
 from nac_drive.arguments import arg, check_fields, flag_name
 
 VIDEO = "drive.webm"
+TRACKS = 3         # held-out tracks the shipped policy drives (without --full)
 DAGGER_LR = 2e-4   # DAgger's fine-tuning, as in the shipped recipe (BENCHMARKS.md §3)
 
 
@@ -37,6 +38,7 @@ class Budget:
     dagger_episodes: int       # student episodes per round
     dagger_epochs: int         # fine-tuning epochs per round ...
     dagger_windows: int        # ... of this many windows
+    episodes: int              # held-out tracks the policy and its expert are scored on
 
 
 # "standard": a smaller run of the shipped CNN+NAC recipe's stages (16 minutes here, within 45 on a slower
@@ -47,9 +49,9 @@ class Budget:
 # spinning out.
 BUDGETS = {
     "small": Budget(collect_episodes=5, epochs=4, windows_per_epoch=2048, dagger_rounds=1, dagger_episodes=2,
-                    dagger_epochs=1, dagger_windows=1024),
+                    dagger_epochs=1, dagger_windows=1024, episodes=3),
     "standard": Budget(collect_episodes=20, epochs=10, windows_per_epoch=4096, dagger_rounds=4, dagger_episodes=4,
-                       dagger_epochs=3, dagger_windows=3072),
+                       dagger_epochs=3, dagger_windows=3072, episodes=20),
 }
 
 
@@ -58,7 +60,10 @@ class QuickstartArgs:
     """Arguments of ``nac-drive quickstart`` (one flag per field)."""
 
     out: str = arg("runs/quickstart", "output folder (<out>-2, -3, ... if it exists)")
-    episodes: int = arg(3, "held-out tracks to drive", min=1)
+    episodes: int | None = arg(None, "held-out tracks to drive and score (default: 3; with --full the budget's, "
+                                     "20 for 'standard' so the share of the expert is not 3 tracks' luck)", min=1)
+    recorded: int = arg(3, "of the driven tracks, the first this many go into the video, traces, Grad-CAM "
+                           "overlays and dashboard", min=1)
     max_steps: int | None = arg(None, "cap every episode, driven or collected (env frames; default the env's 1000)",
                                 min=1)
     saliency: bool = arg(True, "Grad-CAM overlays of the driven frames (--no-saliency skips them)")
@@ -89,6 +94,12 @@ class QuickstartArgs:
         given = {f.name: value for f in fields(Budget) if (value := getattr(self, f.name, None)) is not None}
         return replace(BUDGETS[self.budget], **given)
 
+    def tracks(self) -> int:
+        """Held-out tracks to drive and score."""
+        if self.full:
+            return self.stages().episodes
+        return TRACKS if self.episodes is None else self.episodes
+
 
 def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     """Run the quickstart; returns the drive summary with the paths it wrote, ``seconds``
@@ -104,11 +115,12 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     started = time.perf_counter()
     stage_seconds: dict[str, float] = {}
     policy_path = _make_policy(args, out, progress, stage_seconds) if args.full else None
-    print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {args.episodes} "
-          f"held-out tracks ...", flush=True)
+    tracks = args.tracks()
+    print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {tracks} held-out tracks "
+          f"(recording the first {min(args.recorded, tracks)}) ...", flush=True)
     with _timed(stage_seconds, "drive"):
-        summary = drive_carracing(policy_path, args.episodes, max_steps=args.max_steps,
-                                  video=str(out / VIDEO), trace_dir=str(out / "run"), progress=progress)
+        summary = drive_carracing(policy_path, tracks, max_steps=args.max_steps, video=str(out / VIDEO),
+                                  trace_dir=str(out / "run"), progress=progress, recorded=args.recorded)
     print(summary.pop("text"))
     if args.full:
         with _timed(stage_seconds, "expert"):
@@ -192,7 +204,7 @@ def _score_expert(args: QuickstartArgs, progress: bool) -> dict:
     from nac_drive.pipeline.evaluate import evaluate_expert
 
     print(f"scoring the {args.expert} expert on the same tracks ...", flush=True)
-    name, results = evaluate_expert(args.expert, args.episodes, max_steps=args.max_steps, progress=progress)
+    name, results = evaluate_expert(args.expert, args.tracks(), max_steps=args.max_steps, progress=progress)
     return {"name": name, **results.summary()}
 
 
