@@ -57,9 +57,11 @@ policy = DrivingPolicy.from_pretrained("{{ repo_id | default("owner/name", true)
 
 def is_hub_id(source: str | Path) -> bool:
     """Whether ``source`` names a Hub repository rather than a folder: no folder of that name
-    exists (whole or parked aside mid-write, see :func:`readable_dir`) and it has the shape
-    ``owner/name``."""
-    return not readable_dir(source).exists() and _HUB_ID.fullmatch(str(source)) is not None
+    exists (whole or parked aside mid-write, see :func:`readable_dir`), it has the shape
+    ``owner/name``, and no folder here is named like its owner (``runs/typo`` is a mistyped
+    folder, not a repository to look for on the Hub)."""
+    return (not readable_dir(source).exists() and _HUB_ID.fullmatch(str(source)) is not None
+            and not Path(source).parent.is_dir())
 
 
 def download_checkpoint(repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None,

@@ -124,3 +124,9 @@ def test_a_missing_hub_repo_or_file_is_one_clear_line(tmp_path, capsys, monkeypa
     assert len(err) == 1 and "nobody/nothing" in err[0]
     with pytest.raises(CheckpointError, match="not a checkpoint folder"):   # a bare name is a folder
         DrivingPolicy.from_pretrained("nothing")
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with serve(hub):   # so is owner/name when a folder named like the owner is here: no Hub request
+        with pytest.raises(CheckpointError, match="runs/typo: not a checkpoint folder"):
+            DrivingPolicy.from_pretrained("runs/typo")
+    assert not any("typo" in path for _, path in hub.requests)
