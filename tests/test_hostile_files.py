@@ -137,23 +137,29 @@ def test_expert_zip_with_a_crafted_torch_member(canary, tmp_path, capsys, member
             load(crafted)
     assert not (tmp_path / "ship.zip").exists()
     for argv in (["expert", "compare", crafted], ["expert", "eval", "--expert", crafted, "--episodes", "1"],
+                 ["expert", "ship", crafted, tmp_path / "ship.zip"],
                  ["collect", "carracing", "--expert", crafted, "--episodes", "1", "--out", tmp_path / "demos"],
                  ["expert", "train", "--init-from", crafted, "--out", tmp_path / "runs", "--n-envs", "1"]):
         assert "policy.pth" in one_line_error(capsys, *argv)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "demos").exists()   # refused before starting
+    assert not (tmp_path / "ship.zip").exists()
 
 
-def test_expert_zip_whose_json_holds_crafted_pickles(canary, tmp_path):
+def test_expert_zip_whose_json_holds_crafted_pickles(canary, tmp_path, capsys):
     """SB3 stores spaces, schedules and classes as pickles inside ``data``: they are never
-    run here, and a shipped copy carries none of their bytes."""
+    run here, and a shipped copy (``expert ship``) carries none of their bytes."""
     crafted = rewrite_zip(shipped_expert_path(), tmp_path / "expert.zip",
                           data=json.dumps(with_crafted_serialized(shipped_data(), canary.b64)).encode())
     assert torch.equal(load_expert_zip(crafted).policy.action_net.weight,
                        load_expert_zip(shipped_expert_path()).policy.action_net.weight)
     expert = PPOExpert(crafted)
     assert expert.act(np.zeros((96, 96, 3), np.uint8)) in range(5)
-    shipped = export_for_shipping(crafted, tmp_path / "ship.zip")
+    shipped = tmp_path / "ship.zip"
+    assert main(["expert", "ship", str(crafted), str(shipped)]) == 0
+    assert capsys.readouterr().out.strip() == f"shipped copy: {shipped}"
     assert canary.b64[:40].encode() not in zip_bytes(shipped) and load_expert_zip(shipped).action_repeat == shipped_repeat()
+    assert torch.equal(load_expert_zip(shipped).policy.action_net.weight,
+                       load_expert_zip(shipped_expert_path()).policy.action_net.weight)
     # a pickled policy_kwargs (it could name any class) is refused
     data = {**shipped_data(), "policy_kwargs": {":type:": "<class 'dict'>", ":serialized:": canary.b64}}
     rewrite_zip(shipped_expert_path(), tmp_path / "kwargs.zip", data=json.dumps(data).encode())

@@ -5,6 +5,7 @@
     nac-drive expert resume RUN_DIR [--total-frames N]
     nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--json]
     nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--json]
+    nac-drive expert ship ZIP OUT
 
 ``eval`` scores on the held-out tracks (seeds 900000, 900001, ...) by default and
 uses the shipped expert without ``--expert``.
@@ -77,6 +78,14 @@ def add_parser(subparsers) -> None:
                      help="end the output with one line of JSON: a summary per zip")
     cmp.set_defaults(func=_compare)
 
+    ship = sub.add_parser("ship", help="write a chosen checkpoint (e.g. the one 'compare' picked) without "
+                                       "optimizer state, as --ship does",
+                          description="Copies the policy weights and plain hyper-parameters of ZIP, read "
+                                      "without unpickling, into a new SB3 zip OUT (about a third of the size).")
+    ship.add_argument("zip", metavar="ZIP", help="SB3 zip of a PPO expert")
+    ship.add_argument("out", metavar="OUT", help="the zip to write")
+    ship.set_defaults(func=_ship)
+
 
 def kickstart_doc() -> str:
     from nac_drive.agents import expert_kickstart
@@ -115,6 +124,13 @@ def _report(best, ship: str | None) -> int:
     if ship:
         export_for_shipping(best, ship)
         print(f"shipped copy: {ship}")
+    return 0
+
+
+def _ship(args: argparse.Namespace) -> int:
+    from nac_drive.agents.expert_zip import export_for_shipping
+
+    print(f"shipped copy: {export_for_shipping(args.zip, args.out)}")
     return 0
 
 
