@@ -41,9 +41,9 @@ class Budget:
     episodes: int              # held-out tracks the policy and its expert are scored on
 
 
-# "standard": a smaller run of the shipped CNN+NAC recipe's stages (16 minutes here, within 45 on a slower
-# 2-core CPU);
-# "small": the same stages smaller, a first look (3 minutes here). Timings: BENCHMARKS.md §3.
+# "standard": a smaller run of the shipped CNN+NAC recipe's stages, scored on 20 held-out tracks (19 minutes
+# here);
+# "small": the same stages smaller, scored on 3, a first look (3 minutes here). Timings: BENCHMARKS.md §3.
 # The shipped PPO expert steers in one-frame pulses: behaviour cloning needs about 8k windows before
 # it predicts more than its most common action (gas), and the student needs 4 DAgger rounds to stop
 # spinning out.
