@@ -5,9 +5,10 @@ shipped recipe, from an expert: collect -> behaviour cloning -> DAgger with dist
 
 Everything goes into a fresh output folder (``out``, or ``out-2``, ... if it exists):
 ``drive.webm``, ``run/trace.npz`` (+ ``run/saliency.npz``) and ``dashboard.html``, of the
-first ``recorded`` tracks driven (all are scored); ``full`` adds ``demos/`` (Minari datasets: the expert's and each DAgger round's) and
-``train/`` (the run folders), and also scores the expert on the tracks the policy drove, so
-the summary says what share of its expert the policy reached.
+first ``recorded`` tracks driven (all are scored); ``full`` adds ``demos/`` (Minari
+datasets: the expert's and each DAgger round's) and ``train/`` (the run folders), and also
+scores the expert on the tracks the policy drove, so the summary says what share of its
+expert the policy reached.
 
 How big each stage is comes from ``budget`` (:data:`BUDGETS`); a flag given explicitly
 overrides its budget's value.
