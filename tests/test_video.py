@@ -66,6 +66,18 @@ def test_episodes_are_written_as_vp9_webm_one_frame_per_env_frame(tmp_path):
     assert np.abs(frames[12] - upscaled[11]).mean() > 3 * errors[12]   # the second track's first frame
 
 
+def test_drive_records_the_first_tracks_and_scores_them_all(tmp_path):
+    from nac_drive.pipeline.drive import drive_carracing
+
+    every = drive_carracing(None, 2, max_steps=6, progress=False)
+    assert every["seeds"] == [900_000, 900_001] and every["lengths"] == [6, 6]   # each track driven once
+    split = drive_carracing(None, 3, max_steps=6, video=str(tmp_path / "drive.webm"), trace_dir=str(tmp_path / "run"),
+                            progress=False, recorded=1)
+    assert split["seeds"] == [900_000, 900_001, 900_002] and split["lengths"] == [6, 6, 6]
+    assert split["returns"][:2] == pytest.approx(every["returns"])   # recording changes no action
+    assert read_webm_info(tmp_path / "drive.webm").frames == 6 and load_trace(tmp_path / "run").num_steps == 6
+
+
 def test_a_video_that_is_not_webm_is_refused_before_driving(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"run\.mp4: videos are written as WebM \(VP9\), name the file \*\.webm"):
         run_episodes(_Gas(), [5], max_steps=2, video_path=tmp_path / "run.mp4")

@@ -19,7 +19,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
     folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...).
 
     ``recorded``: only the first this many episodes go into ``video`` and the trace (all are
-    scored); default all."""
+    scored, and the latency covers all, traced or not); default all."""
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
@@ -43,7 +43,8 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         oracle = PurePursuitTeacher(continuous=continuous)
     driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
     seeds = eval_seeds(episodes, base=seed_base)
-    shown, scored_only = seeds[:recorded], seeds[recorded:]
+    first = len(seeds) if recorded is None else recorded
+    shown, scored_only = seeds[:first], seeds[first:]
     drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=max_steps,
                     render_mode=render, progress=progress)
     results = drive(driver, shown, on_step=driver.on_step, video_path=video)

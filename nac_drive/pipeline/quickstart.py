@@ -70,8 +70,8 @@ class QuickstartArgs:
     saliency: bool = arg(True, "Grad-CAM overlays of the driven frames (--no-saliency skips them)")
     full: bool = arg(False, "make the policy first (collect -> train -> DAgger) instead of driving the shipped one")
     budget: str = arg("standard", "--full: stage sizes, 'small' (a first look) or 'standard' (~95% of the expert "
-                                  "on 20 held-out tracks); the flags below override them (DAgger's fine-tuning "
-                                  "sizes come from the budget alone)", choices=tuple(BUDGETS))
+                                  "on 20 held-out tracks); --episodes and the flags below override them (DAgger's "
+                                  "fine-tuning sizes come from the budget alone)", choices=tuple(BUDGETS))
     expert: str = arg("ppo", "--full: expert that demonstrates and labels (ppo, teacher, teacher-discrete or a "
                              "PPO zip)")
     collect_episodes: int | None = arg(None, "--full: demonstration episodes (default: the budget's)", min=1)
