@@ -118,20 +118,22 @@ def _resume(args: argparse.Namespace) -> int:
 def _report(best, ship: str | None) -> int:
     """Print the best zip a training run returned and ship it if asked (a bad zip, args.json
     or kept state ends in one line through nac_drive.cli.run_verb)."""
-    from nac_drive.agents.expert_zip import export_for_shipping
-
     print(f"best checkpoint: {best}")
     if ship:
-        export_for_shipping(best, ship)
-        print(f"shipped copy: {ship}")
+        _write_shipped(best, ship)
     return 0
 
 
 def _ship(args: argparse.Namespace) -> int:
+    _write_shipped(args.zip, args.out)
+    return 0
+
+
+def _write_shipped(src, dst) -> None:
+    """``src`` without optimizer state at ``dst`` (read without unpickling)."""
     from nac_drive.agents.expert_zip import export_for_shipping
 
-    print(f"shipped copy: {export_for_shipping(args.zip, args.out)}")
-    return 0
+    print(f"shipped copy: {export_for_shipping(src, dst)}")
 
 
 def _compare(args: argparse.Namespace) -> int:

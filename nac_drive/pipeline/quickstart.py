@@ -125,7 +125,7 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     print(summary.pop("text"))
     if args.full:
         with _timed(stage_seconds, "expert"):
-            expert = _score_expert(args, progress)
+            expert = _score_expert(args, tracks, progress)
         # a share of a return <= 0 (e.g. episodes cut short by max_steps) means nothing: None
         share = round(summary["mean_return"] / expert["mean_return"], 4) if expert["mean_return"] > 0 else None
         summary.update(expert=expert, share_of_expert=share)
@@ -200,12 +200,12 @@ def _oracle(expert: str) -> str:
     return "teacher" if expert in ("teacher", "teacher-discrete") else expert
 
 
-def _score_expert(args: QuickstartArgs, progress: bool) -> dict:
-    """The expert's summary on the tracks the policy drove."""
+def _score_expert(args: QuickstartArgs, tracks: int, progress: bool) -> dict:
+    """The expert's summary on the ``tracks`` held-out tracks the policy drove."""
     from nac_drive.pipeline.evaluate import evaluate_expert
 
     print(f"scoring the {args.expert} expert on the same tracks ...", flush=True)
-    name, results = evaluate_expert(args.expert, args.tracks(), max_steps=args.max_steps, progress=progress)
+    name, results = evaluate_expert(args.expert, tracks, max_steps=args.max_steps, progress=progress)
     return {"name": name, **results.summary()}
 
 
