@@ -71,7 +71,8 @@ class KickstartArgs:
     value_episodes: int = arg(4, "episodes the kept policy drives to warm up the value head (0: skip)", min=0)
     value_epochs: int = arg(10, "passes of the value head's fit", min=1)
     gamma: float = arg(0.99, "discount per decision of the PPO run that will continue from the zip "
-                             "(its --gamma; the value head is fitted with it)", above=0, max=1)
+                             "(the value head is fitted with it; the zip records it and `expert train "
+                             "--init-from` trains with it)", above=0, max=1)
     seed: int = arg(0, "seed of the tracks driven, the network's init and the fit's shuffling", min=0,
                     max=(COLLECT_SEED_BASE - TRACKS_BASE) // TRACKS_PER_SEED - 1)
     eval_episodes: int = arg(8, "validation tracks scored after each round (0: keep the last round)", min=0)
@@ -346,8 +347,8 @@ def kickstart(args: KickstartArgs) -> Path:
         _warm_up_value(best, args, rng, write_json)
     result = run_dir / "kickstart.zip"
     export_for_shipping(best, result)
-    print(f"kickstart zip: {result}  (continue with: nac-drive expert train --init-from {result} "
-          f"--action-repeat {args.action_repeat} --gamma {args.gamma} ...)")
+    print(f"kickstart zip: {result}  (continue with: nac-drive expert train --init-from {result} ..., "
+          "which trains at its action repeat and discount)")
     return result
 
 

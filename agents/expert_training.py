@@ -22,7 +22,8 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
 from nac_drive.agents.expert_env import Preprocessing, make_vec_env
-from nac_drive.agents.expert_zip import LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps
+from nac_drive.agents.expert_zip import (LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps,
+                                         trained_gamma)
 from nac_drive.agents.expert_training_args import FRAME_SIZE, ExpertTrainArgs
 from nac_drive.atomic import atomic_write, fresh_dir
 from nac_drive.checkpoint import dataclass_from_json, read_json
@@ -42,8 +43,9 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
-    if args.action_repeat is None:   # a fine-tune acts at the rate its start was trained at (resume: args.json's)
-        args = replace(args, action_repeat=start.preprocessing.action_repeat)
+    if start is not None:   # a fine-tune acts at its start's rate and discounts as it was trained, unless told
+        args = replace(args, action_repeat=args.action_repeat or start.action_repeat,
+                       gamma=args.gamma or trained_gamma(args.init_from))
     if from_checkpoint is None:   # a new run never writes into an existing run's folder
         run_dir = fresh_dir(Path(args.out) / run_name)
         args = replace(args, run_name=run_dir.name)

@@ -9,6 +9,7 @@ from nac_drive.simulators.carracing import EXPERT_TRAIN_SEED_BASE
 
 ACTION_REPEAT = 4
 FRAME_STACK = 2
+GAMMA = 0.99
 FRAME_SIZE = 64  # the expert sees gray FRAME_SIZE x FRAME_SIZE frames
 
 
@@ -33,7 +34,8 @@ class ExpertTrainArgs:
     n_epochs: int = arg(4, "PPO epochs per rollout", min=1)
     learning_rate: float = arg(3e-4, "initial learning rate, decayed linearly to 0", min=0)
     ent_coef: float = arg(0.01, "entropy bonus", min=0)
-    gamma: float = arg(0.99, "discount (per agent step)", above=0, max=1)
+    gamma: float | None = arg(None, f"discount per agent step (default: the --init-from zip's, else {GAMMA})",
+                              above=0, max=1)
     gae_lambda: float = arg(0.95, "GAE lambda", min=0, max=1)
     clip_range: float = arg(0.2, "PPO clip range", above=0)
     head_units: int = arg(256, "units of the hidden layer of the policy and value heads", min=1)
@@ -56,5 +58,6 @@ class ExpertTrainArgs:
 
     def __post_init__(self):
         check_fields(self)
-        if self.action_repeat is None and not self.init_from:   # an --init-from zip's is read by train_expert
-            self.action_repeat = ACTION_REPEAT
+        if not self.init_from:   # else train_expert reads the defaults from the zip
+            self.action_repeat = self.action_repeat or ACTION_REPEAT
+            self.gamma = self.gamma or GAMMA

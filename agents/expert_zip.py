@@ -66,6 +66,14 @@ def trained_agent_steps(path: str | Path) -> int:
     return steps
 
 
+def trained_gamma(path: str | Path) -> float:
+    """The discount (per agent step) an SB3 zip was trained with, from its JSON ``data``."""
+    gamma = read_data(path).get("gamma")
+    if not (isinstance(gamma, (int, float)) and not isinstance(gamma, bool) and 0 < gamma <= 1):
+        raise ValueError(f"{path}: field 'gamma' is {gamma!r}, expected a number in (0, 1]")
+    return float(gamma)
+
+
 def read_tensors(path: str | Path, member: str) -> Any:
     """A torch file inside an SB3 zip (``policy.pth``, ``policy.optimizer.pth``), loaded with
     ``weights_only=True``: tensors and plain containers only, no code runs."""

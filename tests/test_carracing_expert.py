@@ -581,7 +581,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
     for name, tensor in shipped.state_dict().items():
         assert torch.equal(trained.state_dict()[name], tensor), name
     # evaluated every 16 frames (8 agent steps at repeat 2): both checkpoints are kept
-    fresh_zip = train_expert(ExpertTrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2,
+    fresh_zip = train_expert(ExpertTrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2, gamma=0.97,
                                 **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
     kept = sorted(p.name for p in (tmp_path / "fresh" / "evaluated").glob("*.zip"))
     assert kept == ["frames_16.zip", "frames_32.zip"] and fresh_zip.name == "best_model.zip"
@@ -597,8 +597,12 @@ def test_expert_training_starts_from_init_from(tmp_path):
     assert PPOExpert(final).action_repeat == PPOExpert().action_repeat == 1
     assert json.loads((tmp_path / "ft" / "args.json").read_text())["action_repeat"] == 1
     at_two = train_expert(ExpertTrainArgs(run_name="ft2", init_from=str(shipped_expert_path()), action_repeat=2,
-                                          learning_rate=0.0, **tiny))
+                                          gamma=0.9, learning_rate=0.0, **tiny))
     assert PPOExpert(at_two).action_repeat == 2
+    assert json.loads((tmp_path / "ft2" / "args.json").read_text())["gamma"] == 0.9
+    # ... and it trains with its start's discount (the fresh run's 0.97, not the default 0.99)
+    train_expert(ExpertTrainArgs(run_name="ft3", init_from=str(fresh_zip), learning_rate=0.0, **tiny))
+    assert json.loads((tmp_path / "ft3" / "args.json").read_text())["gamma"] == 0.97
     with pytest.raises(ValueError, match="init_from"):
         train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 
