@@ -269,7 +269,7 @@ def run_episodes(
     on_step: StepCallback | None = None,
     video_path: str | Path | None = None,
     env: gym.Env | None = None,
-    progress: bool = False,
+    progress: bool | str = False,
 ) -> EpisodeResults:
     """Drive ``actor`` for one episode per seed and collect the results.
 
@@ -277,7 +277,8 @@ def run_episodes(
     ``on_step(episode, frame, obs, action, reward, info)`` is called after each frame,
     with the ``obs`` the actor saw. ``video_path`` writes all episodes to one WebM (VP9,
     one video frame per env frame, upscaled ``VIDEO_SCALE`` times). ``env`` reuses an
-    existing env (its ``continuous`` must match).
+    existing env (its ``continuous`` must match). ``progress``: show a progress bar (a
+    string: labelled with it).
     """
     own_env = env is None
     if own_env:
@@ -287,7 +288,7 @@ def run_episodes(
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(seeds), desc="episodes", unit="ep")
+        bar = tqdm(total=len(seeds), desc=progress if isinstance(progress, str) else "episodes", unit="ep")
     try:
         for ep, seed in enumerate(seeds):
             obs, info = env.reset(seed=int(seed))

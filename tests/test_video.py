@@ -66,13 +66,16 @@ def test_episodes_are_written_as_vp9_webm_one_frame_per_env_frame(tmp_path):
     assert np.abs(frames[12] - upscaled[11]).mean() > 3 * errors[12]   # the second track's first frame
 
 
-def test_drive_records_the_first_tracks_and_scores_them_all(tmp_path):
+def test_drive_records_the_first_tracks_and_scores_them_all(tmp_path, capsys):
     from nac_drive.pipeline.drive import drive_carracing
 
     every = drive_carracing(None, 2, max_steps=6, progress=False)
     assert every["seeds"] == [900_000, 900_001] and every["lengths"] == [6, 6]   # each track driven once
+    capsys.readouterr()
     split = drive_carracing(None, 3, max_steps=6, video=str(tmp_path / "drive.webm"), trace_dir=str(tmp_path / "run"),
-                            progress=False, recorded=1)
+                            progress=True, recorded=1)
+    bars = capsys.readouterr().err   # one bar per part, each saying what it drives
+    assert "recorded episodes: 100%" in bars and "other episodes: 100%" in bars and "| 2/2" in bars
     assert split["seeds"] == [900_000, 900_001, 900_002] and split["lengths"] == [6, 6, 6]
     assert split["returns"][:2] == pytest.approx(every["returns"])   # recording changes no action
     assert read_webm_info(tmp_path / "drive.webm").frames == 6 and load_trace(tmp_path / "run").num_steps == 6

@@ -46,11 +46,12 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
     first = len(seeds) if recorded is None else recorded
     shown, scored_only = seeds[:first], seeds[first:]
     drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=max_steps,
-                    render_mode=render, progress=progress)
-    results = drive(driver, shown, on_step=driver.on_step, video_path=video)
+                    render_mode=render)
+    results = drive(driver, shown, on_step=driver.on_step, video_path=video,
+                    progress=progress and ("recorded episodes" if scored_only else "episodes"))
     if scored_only:
         plain = PolicyDriver(policy)   # records nothing
-        results.extend(drive(plain, scored_only))
+        results.extend(drive(plain, scored_only, progress=progress and "other episodes"))
         driver.latencies_ms += plain.latencies_ms
     results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
     if recorder is not None:
