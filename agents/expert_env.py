@@ -4,7 +4,7 @@ The expert acts every ``action_repeat`` env frames on a stack of its last ``fram
 observations, each the frame in grey, area-resized to ``frame_size`` x ``frame_size``
 (:class:`Preprocessing`; its zip records it). One gymnasium stack serves everyone:
 
-    CarRacing-v3 -> ActionRepeat -> GrayObservation -> FrameStackObservation (zero padding)
+    CarRacing-v3 [-> DiscreteActions] -> ActionRepeat -> GrayObservation -> FrameStackObservation (zero padding)
 
 observations ``uint8 [frame_stack, frame_size, frame_size]``, what the SB3 policy takes.
 A stable-baselines3 user drives an expert zip with :func:`make_expert_env` and
@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.agents.expert_training_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK
-from nac_drive.simulators.carracing import ActionRepeat, ConsecutiveTrackSeeds, make_carracing
+from nac_drive.simulators.carracing import DISCRETE_GAS, ActionRepeat, ConsecutiveTrackSeeds, make_carracing
 
 GRAYSCALE = "cv2.COLOR_RGB2GRAY"    # the only colour conversion this package applies
 INTERPOLATION = "cv2.INTER_AREA"    # the only resize it applies
@@ -31,14 +31,17 @@ MAX_FRAME_STACK, MAX_ACTION_REPEAT = 64, 100
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """What the expert's policy sees: recorded as JSON in its zip (``data["preprocessing"]``,
-    a key SB3 ignores), read back by ``Preprocessing(**record)``, which checks it."""
+    """What the expert's policy sees, and how its actions reach the env: recorded as JSON
+    in its zip (``data["preprocessing"]``, a key SB3 ignores), read back by
+    ``Preprocessing(**record)``, which checks it. ``gas``: what a discrete expert's GAS
+    presses (``DISCRETE_GAS``: gymnasium's discrete env; more: :class:`DiscreteActions`)."""
 
     frame_size: int = FRAME_SIZE
     frame_stack: int = FRAME_STACK
     action_repeat: int = ACTION_REPEAT
     grayscale: str = GRAYSCALE
     interpolation: str = INTERPOLATION
+    gas: float = DISCRETE_GAS
 
     def __post_init__(self):
         for name, low, high in (("frame_size", MIN_FRAME_SIZE, MAX_FRAME_SIZE),
@@ -49,6 +52,8 @@ class Preprocessing:
         for name, only in (("grayscale", GRAYSCALE), ("interpolation", INTERPOLATION)):
             if getattr(self, name) != only:
                 raise ValueError(f"{name} is {getattr(self, name)!r}; this package applies only {only!r}")
+        if not (isinstance(self.gas, (int, float)) and not isinstance(self.gas, bool) and 0 < self.gas <= 1):
+            raise ValueError(f"gas is {self.gas!r}, expected a number in (0, 1]")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -119,12 +124,13 @@ def observe_as_expert(env: gym.Env, preprocessing: Preprocessing) -> gym.Env:
 def make_expert_env(preprocessing: Preprocessing = Preprocessing(), continuous: bool = False, *,
                     skip_render: bool = False, render_mode: str | None = None,
                     track_stride: int | None = None, patience: int | None = None) -> gym.Env:
-    """CarRacing-v3 as the expert sees it (gymnasium only): action repeat, grey, frame stack.
+    """CarRacing-v3 as the expert sees it (gymnasium only): its GAS (discrete), action repeat,
+    grey, frame stack.
 
     Training adds ``track_stride`` (evaluation: :class:`ConsecutiveTrackSeeds`) and
     ``patience`` (:class:`NegativeRewardTruncation`) below the observation wrappers, and
     ``skip_render`` (frames the agent never sees are not drawn; same observations)."""
-    env = make_carracing(continuous=continuous, render_mode=render_mode)
+    env = make_carracing(continuous=continuous, render_mode=render_mode, gas=preprocessing.gas)
     if track_stride:
         env = ConsecutiveTrackSeeds(env, stride=track_stride)
     env = ActionRepeat(env, preprocessing.action_repeat, skip_render=skip_render)

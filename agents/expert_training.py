@@ -27,7 +27,7 @@ from nac_drive.agents.expert_zip import (LoadedPolicy, load_expert_zip, read_ten
 from nac_drive.agents.expert_training_args import FRAME_SIZE, ExpertTrainArgs
 from nac_drive.atomic import atomic_write, fresh_dir
 from nac_drive.checkpoint import dataclass_from_json, read_json
-from nac_drive.simulators.carracing import EpisodeResults
+from nac_drive.simulators.carracing import DISCRETE_GAS, EpisodeResults
 
 
 def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> Path:
@@ -45,7 +45,7 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
     if start is not None:   # a fine-tune acts at its start's rate and discounts as it was trained, unless told
         args = replace(args, action_repeat=args.action_repeat or start.action_repeat,
-                       gamma=args.gamma or trained_gamma(args.init_from))
+                       gamma=args.gamma or trained_gamma(args.init_from), gas=args.gas or start.preprocessing.gas)
     if from_checkpoint is None:   # a new run never writes into an existing run's folder
         run_dir = fresh_dir(Path(args.out) / run_name)
         args = replace(args, run_name=run_dir.name)
@@ -55,7 +55,7 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     atomic_write(run_dir / "args.json", lambda tmp: Path(tmp).write_text(json.dumps(asdict(args), indent=2)))
 
     view = dict(continuous=args.continuous, skip_render=args.skip_render,
-                preprocessing=Preprocessing(FRAME_SIZE, args.frame_stack, args.action_repeat))
+                preprocessing=Preprocessing(FRAME_SIZE, args.frame_stack, args.action_repeat, gas=args.gas))
     venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma, **view)
     venv.seed(args.seed)
     eval_env = make_vec_env(**view)
@@ -113,7 +113,8 @@ def resume_expert(run_dir: str | Path, total_frames: int | None = None) -> Path:
     saved = run_dir / "args.json"
     if not saved.is_file():
         raise FileNotFoundError(f"resume: {saved} not found (is {run_dir} a run folder of `expert train`?)")
-    saved_args = _without_retired(read_json(saved), saved)
+    # runs from before --gas existed drove gymnasium's discrete env
+    saved_args = {"gas": DISCRETE_GAS, **_without_retired(read_json(saved), saved)}
     args = dataclass_from_json(ExpertTrainArgs, {**saved_args, "out": str(run_dir.parent), "run_name": run_dir.name},
                                str(saved))
     if total_frames is not None:

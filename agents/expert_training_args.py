@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nac_drive.arguments import arg, check_fields
-from nac_drive.simulators.carracing import EXPERT_TRAIN_SEED_BASE
+from nac_drive.simulators.carracing import DISCRETE_GAS, EXPERT_TRAIN_SEED_BASE
 
 ACTION_REPEAT = 4
 FRAME_STACK = 2
@@ -29,6 +29,9 @@ class ExpertTrainArgs:
     action_repeat: int | None = arg(None, f"env frames per agent decision (default: the --init-from zip's, "
                                           f"else {ACTION_REPEAT})", min=1)
     frame_stack: int = arg(FRAME_STACK, "observations stacked as channels", min=1)
+    gas: float | None = arg(None, f"discrete runs: what the GAS action presses (default: the --init-from "
+                                  f"zip's, else {DISCRETE_GAS}, gymnasium's discrete env; more drives the "
+                                  f"continuous env through DiscreteActions)", above=0, max=1)
     n_steps: int = arg(256, "rollout length per worker", min=2)
     batch_size: int = arg(128, "PPO minibatch size", min=2)
     n_epochs: int = arg(4, "PPO epochs per rollout", min=1)
@@ -61,3 +64,4 @@ class ExpertTrainArgs:
         if not self.init_from:   # else train_expert reads the defaults from the zip
             self.action_repeat = self.action_repeat or ACTION_REPEAT
             self.gamma = self.gamma or GAMMA
+            self.gas = self.gas or DISCRETE_GAS

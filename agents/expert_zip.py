@@ -22,6 +22,7 @@ import numpy as np
 from nac_drive.agents.expert_env import Preprocessing
 from nac_drive.atomic import atomic_write
 from nac_drive.checkpoint import parse_json_object
+from nac_drive.simulators.carracing import DISCRETE_GAS
 from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
 
 DATA_LIMIT = 64 * 2**20       # the JSON ``data`` of an expert zip is ~60 kB
@@ -157,6 +158,9 @@ def _spaces(data: dict[str, Any], path: Path, preprocessing: Preprocessing):
         if str(act.get("n")) != "5":  # SB3 writes it as a string
             raise ValueError(f"{path}: field 'action_space' has n={act.get('n')}, expected 5")
         action_space, continuous = gym.spaces.Discrete(5), False
+    elif "Box" in act_type and preprocessing.gas != DISCRETE_GAS:
+        raise ValueError(f"{path}: field 'preprocessing' has gas {preprocessing.gas}; only a discrete expert's "
+                         f"GAS has a fixed gas")
     elif "Box" in act_type:
         box = gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32))
         action_space, continuous = box, True

@@ -49,7 +49,8 @@ class _HandedFrames(gym.Env):
 class PPOExpert:
     """Drives the raw env with a PPO expert zip (:func:`~nac_drive.agents.expert_training.train_expert`).
 
-    ``continuous``: whether it drives the continuous env. ``act(obs)`` takes the raw RGB frame
+    ``continuous``: whether it drives the continuous env; ``gas``: what its GAS presses (the env
+    it drives is ``make_carracing(continuous=..., gas=...)``). ``act(obs)`` takes the raw RGB frame
     ``uint8 [96, 96, 3]`` every env frame. Every ``action_repeat`` frames (the zip's
     ``preprocessing``) the frame goes through the expert's observation wrappers (grey,
     resized, stacked; zeros before the first after ``reset()``) and the policy's most likely
@@ -66,6 +67,7 @@ class PPOExpert:
         self.path = Path(path) if path is not None else shipped_expert_path()
         self.policy, self.continuous, self.preprocessing = load_expert_zip(self.path)
         self.action_repeat = self.preprocessing.action_repeat
+        self.gas = self.preprocessing.gas
         self.name = f"ppo:{self.path.stem}"
         self._torch = torch
         self._frames = _HandedFrames()

@@ -31,6 +31,7 @@ VIDEO_SCALE = 2   # video frames: the 96x96 observations upscaled (nearest); VP9
 # Discrete action ids of CarRacing-v3.
 NOOP, RIGHT, LEFT, GAS, BRAKE = 0, 1, 2, 3, 4
 ACTION_NAMES = ("noop", "right", "left", "gas", "brake")
+DISCRETE_GAS = 0.2  # what the discrete env's GAS presses (the continuous env's gas goes to 1)
 
 # Seed ranges (disjoint): expert training and its checkpoint selection use
 # [0, 100_000); demonstrations [100_000, 900_000); held-out evaluation >= 900_000.
@@ -77,27 +78,63 @@ def make_carracing(
     max_episode_steps: int = MAX_EPISODE_FRAMES,
     domain_randomize: bool = False,
     lap_complete_percent: float = 0.95,
+    gas: float = DISCRETE_GAS,
 ) -> gym.Env:
     """Create CarRacing-v3.
 
     With ``seed`` the env is reset once with it (and the action space seeded), so the
     env's track generator is in a reproducible state; later ``reset()`` calls without a
     seed then give the same sequence of tracks for the same ``seed``. Observations are
-    raw RGB frames, ``uint8 [96, 96, 3]``.
+    raw RGB frames, ``uint8 [96, 96, 3]``. ``gas`` other than ``DISCRETE_GAS``: the 5
+    discrete actions with a stronger GAS (:class:`DiscreteActions` on the continuous env).
     """
+    stronger_gas = gas != DISCRETE_GAS
+    if continuous and stronger_gas:
+        raise ValueError(f"gas {gas!r}: only discrete actions have a fixed gas (the continuous env's is the action's)")
     env = gym.make(
         ENV_ID,
-        continuous=continuous,
+        continuous=continuous or stronger_gas,
         render_mode=render_mode,
         max_episode_steps=max_episode_steps,
         domain_randomize=domain_randomize,
         lap_complete_percent=lap_complete_percent,
         disable_env_checker=True,  # a stock env; the checker also rejects skipped frames
     )
+    if stronger_gas:
+        env = DiscreteActions(env, gas)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+class DiscreteActions(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
+    """CarRacing's 5 discrete actions on the continuous env, with GAS pressing ``gas``.
+
+    Each action is the (steer, gas, brake) the discrete env applies (steer 0.6 right or
+    left, brake 0.8), except that GAS presses ``gas`` instead of ``DISCRETE_GAS``. The
+    discrete env's weak gas is what keeps its laps slow: the privileged teacher, unchanged,
+    finishes more laps in time with a stronger one (BENCHMARKS.md). With ``gas=DISCRETE_GAS``
+    it drives exactly as the discrete env (tested).
+    """
+
+    def __init__(self, env: gym.Env, gas: float = DISCRETE_GAS):
+        gym.utils.RecordConstructorArgs.__init__(self, gas=gas)
+        gym.ActionWrapper.__init__(self, env)
+        if not (isinstance(gas, (int, float)) and not isinstance(gas, bool) and 0 < gas <= 1):
+            raise ValueError(f"DiscreteActions: gas must be a number in (0, 1], got {gas!r}")
+        if getattr(env.unwrapped, "continuous", None) is not True:
+            raise ValueError("DiscreteActions: wrap the continuous env (CarRacing-v3 with continuous=True)")
+        self.gas = float(gas)
+        self.action_space = gym.spaces.Discrete(5)
+        # float64: the continuous env steps in float64, so these equal the discrete env's values
+        self._controls = np.array([[0.0, 0.0, 0.0], [0.6, 0.0, 0.0], [-0.6, 0.0, 0.0],
+                                   [0.0, self.gas, 0.0], [0.0, 0.0, 0.8]])
+
+    def action(self, action) -> np.ndarray:
+        if not self.action_space.contains(action):
+            raise ValueError(f"DiscreteActions: action {action!r} is not one of 0..4")
+        return self._controls[int(action)]
 
 
 class ActionRepeat(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -270,6 +307,7 @@ def run_episodes(
     video_path: str | Path | None = None,
     env: gym.Env | None = None,
     progress: bool | str = False,
+    gas: float = DISCRETE_GAS,
 ) -> EpisodeResults:
     """Drive ``actor`` for one episode per seed and collect the results.
 
@@ -278,11 +316,11 @@ def run_episodes(
     with the ``obs`` the actor saw. ``video_path`` writes all episodes to one WebM (VP9,
     one video frame per env frame, upscaled ``VIDEO_SCALE`` times). ``env`` reuses an
     existing env (its ``continuous`` must match). ``progress``: show a progress bar (a
-    string: labelled with it).
+    string: labelled with it). ``gas``: see :func:`make_carracing`.
     """
     own_env = env is None
     if own_env:
-        env = make_carracing(continuous=continuous, render_mode=render_mode)
+        env = make_carracing(continuous=continuous, render_mode=render_mode, gas=gas)
     writer = WebmWriter(video_path, FPS, scale=VIDEO_SCALE) if video_path else None
     results = EpisodeResults()
     bar = None

@@ -436,6 +436,29 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     assert "return" not in out and len(err.strip().splitlines()) == 1 and "nope.zip" in err
 
 
+@pytest.mark.slow
+def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path):
+    """A zip whose GAS presses 0.5 is driven through DiscreteActions by `expert eval` and
+    `expert compare` alike; what drives gymnasium's own envs (demonstrations, DAgger,
+    quickstart) refuses it."""
+    from nac_drive.agents.expert_training import score_checkpoint
+    from nac_drive.agents.experts import load_expert
+    from nac_drive.pipeline.dagger import make_oracle
+    from nac_drive.pipeline.evaluate import evaluate_expert
+
+    record = read_data(shipped_expert_path())["preprocessing"]
+    path = shipped_with_data(tmp_path / "gas.zip", preprocessing={**record, "gas": 0.5})
+    _, evaluated = evaluate_expert(str(path), 1, seed_base=900_004, progress=False)
+    fast = score_checkpoint(path, 1, 900_004)
+    stock = run_episodes(PPOExpert(path), [900_004])   # the same network in gymnasium's discrete env
+    assert fast.lengths == evaluated.lengths
+    np.testing.assert_allclose(fast.returns, evaluated.returns, rtol=0, atol=1e-5)
+    assert abs(evaluated.returns[0] - stock.returns[0]) > 1
+    for refused in (lambda: load_expert(str(path)), lambda: make_oracle(str(path), False)):
+        with pytest.raises(ValueError, match="gas.zip: this expert's GAS presses 0.5 .*only 'expert eval'"):
+            refused()
+
+
 def test_negative_reward_streak_truncates_the_episode():
     """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
     episode ends as a truncation, which PPO bootstraps with the last state's value."""
@@ -473,14 +496,19 @@ def test_load_policy_rejects_bad_files(tmp_path):
     record = read_data(shipped_expert_path())["preprocessing"]
     assert record == {"frame_size": 64, "frame_stack": 2, "action_repeat": 1,
                       "grayscale": "cv2.COLOR_RGB2GRAY", "interpolation": "cv2.INTER_AREA"}
+    assert load_expert_zip(shipped_expert_path()).preprocessing.gas == 0.2   # absent: gymnasium's
     for name, change, message in (
             ("rep.zip", {"action_repeat": 0}, "rep.zip: field 'preprocessing': action_repeat is 0"),
             ("lin.zip", {"interpolation": "cv2.INTER_LINEAR"}, "lin.zip: .*applies only 'cv2.INTER_AREA'"),
             ("extra.zip", {"crop": [0, 84]}, "extra.zip: field 'preprocessing' is"),
+            ("gas.zip", {"gas": 0}, r"gas.zip: field 'preprocessing': gas is 0, expected a number in \(0, 1\]"),
+            ("gasb.zip", {"gas": True}, "gasb.zip: field 'preprocessing': gas is True"),
             ("stack.zip", {"frame_stack": 3}, r"stack.zip: field 'observation_space' has shape \[2, 64, 64\], its "
                                               r"preprocessing makes \[3, 64, 64\]")):
         with pytest.raises(ValueError, match=message):
             load_expert_zip(with_data(name, preprocessing={**record, **change}))
+    with pytest.raises(ValueError, match="box.zip: field 'preprocessing' has gas 0.5; only a discrete expert"):
+        load_expert_zip(with_data("box.zip", preprocessing={**record, "gas": 0.5}, action_space={":type:": "Box"}))
     old = load_expert_zip(with_data("old.zip", preprocessing=None, action_repeat=2))
     assert old.preprocessing == Preprocessing(action_repeat=2)
     assert load_expert_zip(with_data("older.zip", preprocessing=None)).action_repeat == 4
@@ -582,7 +610,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
         assert torch.equal(trained.state_dict()[name], tensor), name
     # evaluated every 16 frames (8 agent steps at repeat 2): both checkpoints are kept
     fresh_zip = train_expert(ExpertTrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2, gamma=0.97,
-                                **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
+                                             gas=0.5, **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
     kept = sorted(p.name for p in (tmp_path / "fresh" / "evaluated").glob("*.zip"))
     assert kept == ["frames_16.zip", "frames_32.zip"] and fresh_zip.name == "best_model.zip"
     assert torch.equal(load_expert_zip(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
@@ -591,7 +619,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
     fresh, _, fresh_preprocessing = load_expert_zip(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
-    assert fresh_preprocessing == Preprocessing(action_repeat=2) and PPOExpert(fresh_zip).action_repeat == 2
+    assert fresh_preprocessing == Preprocessing(action_repeat=2, gas=0.5) and PPOExpert(fresh_zip).action_repeat == 2
     # without --action-repeat a fine-tune acts at its start's rate (the shipped expert's 1, not 4),
     # and its args.json records the rate (what `expert resume` reads); --action-repeat overrides it
     assert PPOExpert(final).action_repeat == PPOExpert().action_repeat == 1
@@ -600,9 +628,11 @@ def test_expert_training_starts_from_init_from(tmp_path):
                                           gamma=0.9, learning_rate=0.0, **tiny))
     assert PPOExpert(at_two).action_repeat == 2
     assert json.loads((tmp_path / "ft2" / "args.json").read_text())["gamma"] == 0.9
-    # ... and it trains with its start's discount (the fresh run's 0.97, not the default 0.99)
-    train_expert(ExpertTrainArgs(run_name="ft3", init_from=str(fresh_zip), learning_rate=0.0, **tiny))
-    assert json.loads((tmp_path / "ft3" / "args.json").read_text())["gamma"] == 0.97
+    # ... and it trains with its start's discount and gas (the fresh run's 0.97 and 0.5, not 0.99 and 0.2)
+    ft3 = train_expert(ExpertTrainArgs(run_name="ft3", init_from=str(fresh_zip), learning_rate=0.0, **tiny))
+    saved = json.loads((tmp_path / "ft3" / "args.json").read_text())
+    assert saved["gamma"] == 0.97 and saved["gas"] == 0.5 and PPOExpert(ft3).gas == 0.5
+    assert PPOExpert(final).gas == 0.2
     with pytest.raises(ValueError, match="init_from"):
         train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 

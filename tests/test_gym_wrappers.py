@@ -17,7 +17,15 @@ from gymnasium.utils.env_checker import check_env
 import nac_drive
 from nac_drive.agents.expert_env import GrayObservation, NegativeRewardTruncation, Preprocessing, make_expert_env
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
-from nac_drive.simulators.carracing import ActionBursts, ActionRepeat, ConsecutiveTrackSeeds, make_carracing
+from nac_drive.simulators.carracing import (
+    DISCRETE_GAS,
+    GAS,
+    ActionBursts,
+    ActionRepeat,
+    ConsecutiveTrackSeeds,
+    DiscreteActions,
+    make_carracing,
+)
 from nac_drive.simulators.udacity_env import SpeedControl
 
 # Each project wrapper around the env it serves, with arguments that make it act.
@@ -25,6 +33,7 @@ WRAPPED = {
     ActionRepeat: lambda: ActionRepeat(make_carracing(), 3, skip_render=True),
     ConsecutiveTrackSeeds: lambda: ConsecutiveTrackSeeds(make_carracing(), stride=2),
     ActionBursts: lambda: ActionBursts(make_carracing(), rate=0.2, burst_frames=3, seed=5),
+    DiscreteActions: lambda: DiscreteActions(make_carracing(continuous=True), gas=0.5),
     GrayObservation: lambda: GrayObservation(make_carracing(), 40),
     NegativeRewardTruncation: lambda: NegativeRewardTruncation(make_carracing(continuous=True), patience=2),
     RecordEpisodes: lambda: RecordEpisodes(make_carracing(), fps=50),
@@ -33,7 +42,8 @@ WRAPPED = {
 STACKS = {**{cls.__name__: make for cls, make in WRAPPED.items()},
           # the PPO expert's whole stack, training's extras included
           "expert env": lambda: make_expert_env(Preprocessing(frame_stack=3, action_repeat=2), track_stride=2,
-                                                patience=5, skip_render=True)}
+                                                patience=5, skip_render=True),
+          "expert env, stronger gas": lambda: make_expert_env(Preprocessing(action_repeat=2, gas=0.5))}
 
 
 def _package_wrappers() -> set[type]:
@@ -96,3 +106,39 @@ def test_wrapper_passes_check_env_and_is_rebuilt_from_its_spec(name):
             rebuilt.close()
     finally:
         env.close()
+
+
+def test_discrete_actions_drive_as_the_discrete_env_until_gas_is_stronger():
+    """At ``DISCRETE_GAS`` the wrapper is gymnasium's discrete env, frame for frame; a
+    stronger gas only changes how hard GAS accelerates."""
+    actions = np.random.default_rng(0).integers(0, 5, 200)
+    actions[:60] = GAS
+
+    def drive(env):
+        env.reset(seed=70_000)
+        steps = [env.step(int(a))[:2] for a in actions]
+        return steps, np.array(env.unwrapped.car.hull.position)
+
+    stock, same = drive(make_carracing()), drive(DiscreteActions(make_carracing(continuous=True), DISCRETE_GAS))
+    for (obs, reward), (obs2, reward2) in zip(stock[0], same[0], strict=True):
+        assert reward == reward2 and np.array_equal(obs, obs2)
+    np.testing.assert_array_equal(stock[1], same[1])
+
+    def speed_after_gas(env):
+        env.reset(seed=70_000)
+        for _ in range(60):
+            env.step(GAS)
+        return env.unwrapped.car.hull.linearVelocity.length
+
+    stronger = make_carracing(gas=0.5)
+    assert isinstance(stronger, DiscreteActions) and type(make_carracing()) is not DiscreteActions
+    assert speed_after_gas(stronger) > 1.5 * speed_after_gas(make_carracing())
+    with pytest.raises(ValueError, match="action 5 is not one of 0..4"):
+        stronger.step(5)
+    with pytest.raises(ValueError, match="only discrete actions have a fixed gas"):
+        make_carracing(continuous=True, gas=0.5)
+    with pytest.raises(ValueError, match="wrap the continuous env"):
+        DiscreteActions(make_carracing(), 0.5)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="gas must be a number in"):
+            DiscreteActions(make_carracing(continuous=True), bad)

@@ -96,9 +96,11 @@ def make_oracle(spec: str, continuous: bool):
         from nac_drive.agents.teacher import PurePursuitTeacher
 
         return PurePursuitTeacher(continuous=continuous)
+    from nac_drive.agents.experts import require_stock_env
     from nac_drive.agents.ppo_expert import PPOExpert
 
     expert = PPOExpert(None if spec == "ppo" else spec)
+    require_stock_env(expert)
     if expert.continuous != continuous:
         kind = lambda c: "continuous" if c else "discrete"   # noqa: E731
         raise ValueError(f"--oracle {spec}: the expert has {kind(expert.continuous)} actions, "

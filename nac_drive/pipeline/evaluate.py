@@ -12,12 +12,12 @@ def evaluate_expert(expert: str | None, episodes: int, seed_base: int = EVAL_SEE
     """Drive ``expert`` (see :func:`~nac_drive.agents.experts.load_expert`; None: the shipped
     PPO expert) on ``episodes`` tracks; returns (its name, EpisodeResults)."""
     from nac_drive.agents.experts import load_expert
-    from nac_drive.simulators.carracing import eval_seeds, run_episodes
+    from nac_drive.simulators.carracing import DISCRETE_GAS, eval_seeds, run_episodes
 
-    actor, continuous = load_expert(expert)
+    actor, continuous = load_expert(expert, stock_env=False)
     seeds = eval_seeds(episodes, base=seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, video_path=video,
-                           progress=progress)
+                           progress=progress, gas=getattr(actor, "gas", DISCRETE_GAS))
     return actor.name, results
 
 
