@@ -52,6 +52,7 @@ COUNT = number(int, min=1)             # episodes, epochs, frames: at least one
 SEED = number(int, min=0)
 PORT = number(int, min=1, max=65535)
 POSITIVE = number(float, above=0)      # speeds, durations, laps, budgets
+PEDAL = number(float, above=0, max=1)  # how far a pedal is pressed: (0, 1]
 
 
 class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

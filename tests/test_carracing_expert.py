@@ -444,6 +444,7 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path):
     from nac_drive.agents.expert_training import score_checkpoint
     from nac_drive.agents.experts import load_expert
     from nac_drive.pipeline.dagger import make_oracle
+    from nac_drive.cli import main
     from nac_drive.pipeline.evaluate import evaluate_expert
 
     record = read_data(shipped_expert_path())["preprocessing"]
@@ -457,6 +458,15 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path):
     for refused in (lambda: load_expert(str(path)), lambda: make_oracle(str(path), False)):
         with pytest.raises(ValueError, match="gas.zip: this expert's GAS presses 0.5 .*only 'expert eval'"):
             refused()
+    with pytest.raises(ValueError, match="--gas: ppo:gas was trained with gas 0.5"):
+        evaluate_expert(str(path), 1, gas=0.3)
+    # the teacher with a stronger gas (`expert eval --expert teacher-discrete --gas 0.5`)
+    teacher = {gas: evaluate_expert("teacher-discrete", 1, seed_base=900_004, max_steps=300, progress=False,
+                                    gas=gas)[1] for gas in (None, 0.5)}
+    assert teacher[None].returns[0] < teacher[0.5].returns[0] - 5   # more tiles in the same 300 frames
+    with pytest.raises(SystemExit) as refused:   # argparse refuses a gas outside (0, 1]
+        main(["expert", "eval", "--expert", "teacher-discrete", "--gas", "0"])
+    assert refused.value.code == 2
 
 
 def test_negative_reward_streak_truncates_the_episode():

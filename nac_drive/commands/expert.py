@@ -3,7 +3,7 @@
     nac-drive expert train [--continuous] [--total-frames N] [--seed S] [--out DIR] ...
     nac-drive expert kickstart [--rounds 8] [--episodes 4] [--action-repeat 1] ...
     nac-drive expert resume RUN_DIR [--total-frames N]
-    nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--json]
+    nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--gas G] [--json]
     nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--json]
     nac-drive expert ship ZIP OUT
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from nac_drive.arguments import COUNT, SEED
+from nac_drive.arguments import COUNT, PEDAL, SEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
@@ -59,6 +59,9 @@ def add_parser(subparsers) -> None:
                     help="seed of the first track (held-out tracks start at 900000)")
     ev.add_argument("--max-steps", type=COUNT, default=None,
                     help="cap each episode at this many env frames (default: the env's 1000)")
+    ev.add_argument("--gas", type=PEDAL, default=None,
+                    help="teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
+                         "gymnasium's discrete env); a PPO zip drives with the gas it was trained with")
     ev.add_argument("--video", default=None, metavar="WEBM", help="write the episodes to a WebM (VP9) video")
     ev.add_argument("--json", action="store_true",
                     help="end the output with one line of JSON (mean_return, std_return, ...)")
@@ -149,7 +152,7 @@ def _eval(args: argparse.Namespace) -> int:
     from nac_drive.pipeline.evaluate import evaluate_expert
 
     name, results = evaluate_expert(args.expert, args.episodes, args.seed_base, args.max_steps, args.video,
-                                    progress=not args.json)
+                                    progress=not args.json, gas=args.gas)
     for seed, ret, n, lap in zip(results.seeds, results.returns, results.lengths, results.laps):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}  lap {'yes' if lap else 'no'}")
     print(f"{name}: {results.format()}")

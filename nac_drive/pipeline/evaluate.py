@@ -8,16 +8,21 @@ from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 
 def evaluate_expert(expert: str | None, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None,
-                    video: str | None = None, progress: bool = True):
+                    video: str | None = None, progress: bool = True, gas: float | None = None):
     """Drive ``expert`` (see :func:`~nac_drive.agents.experts.load_expert`; None: the shipped
-    PPO expert) on ``episodes`` tracks; returns (its name, EpisodeResults)."""
+    PPO expert) on ``episodes`` tracks; returns (its name, EpisodeResults). ``gas``: what a
+    discrete teacher's or random actor's GAS presses (default ``DISCRETE_GAS``); a PPO zip
+    drives with its own."""
     from nac_drive.agents.experts import load_expert
     from nac_drive.simulators.carracing import DISCRETE_GAS, eval_seeds, run_episodes
 
     actor, continuous = load_expert(expert, stock_env=False)
+    trained_gas = getattr(actor, "gas", None)
+    if gas is not None and trained_gas is not None and gas != trained_gas:
+        raise ValueError(f"--gas: {actor.name} was trained with gas {trained_gas}, which its zip sets")
     seeds = eval_seeds(episodes, base=seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, video_path=video,
-                           progress=progress, gas=getattr(actor, "gas", DISCRETE_GAS))
+                           progress=progress, gas=trained_gas or gas or DISCRETE_GAS)
     return actor.name, results
 
 
