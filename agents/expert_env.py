@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.agents.expert_training_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK
+from nac_drive.arguments import in_unit_interval
 from nac_drive.simulators.carracing import DISCRETE_GAS, ActionRepeat, ConsecutiveTrackSeeds, make_carracing
 
 GRAYSCALE = "cv2.COLOR_RGB2GRAY"    # the only colour conversion this package applies
@@ -52,7 +53,7 @@ class Preprocessing:
         for name, only in (("grayscale", GRAYSCALE), ("interpolation", INTERPOLATION)):
             if getattr(self, name) != only:
                 raise ValueError(f"{name} is {getattr(self, name)!r}; this package applies only {only!r}")
-        if not (isinstance(self.gas, (int, float)) and not isinstance(self.gas, bool) and 0 < self.gas <= 1):
+        if not in_unit_interval(self.gas):
             raise ValueError(f"gas is {self.gas!r}, expected a number in (0, 1]")
 
     def to_json(self) -> dict:

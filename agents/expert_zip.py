@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.agents.expert_env import Preprocessing
+from nac_drive.arguments import in_unit_interval
 from nac_drive.atomic import atomic_write
 from nac_drive.checkpoint import parse_json_object
 from nac_drive.simulators.carracing import DISCRETE_GAS
@@ -70,7 +71,7 @@ def trained_agent_steps(path: str | Path) -> int:
 def trained_gamma(path: str | Path) -> float:
     """The discount (per agent step) an SB3 zip was trained with, from its JSON ``data``."""
     gamma = read_data(path).get("gamma")
-    if not (isinstance(gamma, (int, float)) and not isinstance(gamma, bool) and 0 < gamma <= 1):
+    if not in_unit_interval(gamma):
         raise ValueError(f"{path}: field 'gamma' is {gamma!r}, expected a number in (0, 1]")
     return float(gamma)
 

@@ -31,6 +31,11 @@ def check_number(value: float, *, min=None, max=None, above=None, below=None) ->
     return None
 
 
+def in_unit_interval(value: Any) -> bool:
+    """Whether ``value`` is a real number (not a bool) in (0, 1]: a pedal, a discount."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+
+
 def number(kind: type = int, **bounds) -> Callable[[str], Any]:
     """An argparse ``type``: parses ``kind`` (int or float) and applies :func:`check_number`."""
     def parse(text: str):

@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.actor import Actor
+from nac_drive.arguments import in_unit_interval
 from nac_drive.video import WebmWriter
 
 ENV_ID = "CarRacing-v3"
@@ -86,21 +87,21 @@ def make_carracing(
     env's track generator is in a reproducible state; later ``reset()`` calls without a
     seed then give the same sequence of tracks for the same ``seed``. Observations are
     raw RGB frames, ``uint8 [96, 96, 3]``. ``gas`` other than ``DISCRETE_GAS``: the 5
-    discrete actions with a stronger GAS (:class:`DiscreteActions` on the continuous env).
+    discrete actions with that GAS (:class:`DiscreteActions` on the continuous env).
     """
-    stronger_gas = gas != DISCRETE_GAS
-    if continuous and stronger_gas:
+    other_gas = gas != DISCRETE_GAS
+    if continuous and other_gas:
         raise ValueError(f"gas {gas!r}: only discrete actions have a fixed gas (the continuous env's is the action's)")
     env = gym.make(
         ENV_ID,
-        continuous=continuous or stronger_gas,
+        continuous=continuous or other_gas,
         render_mode=render_mode,
         max_episode_steps=max_episode_steps,
         domain_randomize=domain_randomize,
         lap_complete_percent=lap_complete_percent,
         disable_env_checker=True,  # a stock env; the checker also rejects skipped frames
     )
-    if stronger_gas:
+    if other_gas:
         env = DiscreteActions(env, gas)
     if seed is not None:
         env.reset(seed=seed)
@@ -121,7 +122,7 @@ class DiscreteActions(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
     def __init__(self, env: gym.Env, gas: float = DISCRETE_GAS):
         gym.utils.RecordConstructorArgs.__init__(self, gas=gas)
         gym.ActionWrapper.__init__(self, env)
-        if not (isinstance(gas, (int, float)) and not isinstance(gas, bool) and 0 < gas <= 1):
+        if not in_unit_interval(gas):
             raise ValueError(f"DiscreteActions: gas must be a number in (0, 1], got {gas!r}")
         if getattr(env.unwrapped, "continuous", None) is not True:
             raise ValueError("DiscreteActions: wrap the continuous env (CarRacing-v3 with continuous=True)")

@@ -443,8 +443,8 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path):
     quickstart) refuses it."""
     from nac_drive.agents.expert_training import score_checkpoint
     from nac_drive.agents.experts import load_expert
-    from nac_drive.pipeline.dagger import make_oracle
     from nac_drive.cli import main
+    from nac_drive.pipeline.dagger import make_oracle
     from nac_drive.pipeline.evaluate import evaluate_expert
 
     record = read_data(shipped_expert_path())["preprocessing"]
