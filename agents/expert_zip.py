@@ -13,6 +13,7 @@ on PyTorch's "meta" device (shapes, no memory) to be compared with the tensors, 
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -90,11 +91,12 @@ def read_tensors(path: str | Path, member: str) -> Any:
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-def load_expert_zip(path: str | Path) -> LoadedPolicy:
+def load_expert_zip(path: str | Path, gas: float | None = None) -> LoadedPolicy:
     """Build the SB3 actor-critic of an expert zip without unpickling anything.
 
-    Raises ``ValueError`` naming the file and field when the zip is not a CarRacing expert
-    of this project.
+    ``gas``: the expert is to drive with GAS pressing this instead of its zip's
+    (``expert compare --gas``, ``expert ship --gas``). Raises ``ValueError`` naming the file
+    and field when the zip is not a CarRacing expert of this project.
     """
     import torch
     from stable_baselines3.common.policies import ActorCriticCnnPolicy
@@ -102,6 +104,8 @@ def load_expert_zip(path: str | Path) -> LoadedPolicy:
     path = Path(path)
     data = read_data(path)
     preprocessing = read_preprocessing(data, path)
+    if gas is not None:
+        preprocessing = replace(preprocessing, gas=gas)
     observation_space, action_space, continuous = _spaces(data, path, preprocessing)
     kwargs = _policy_kwargs(data.get("policy_kwargs", {}), path)
     state = read_tensors(path, "policy.pth")
@@ -192,8 +196,9 @@ def _policy_kwargs(kwargs: Any, path: Path) -> dict[str, Any]:
     return kwargs
 
 
-def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
-    """Write ``src``'s policy as a new SB3 zip ``dst`` without optimizer state (~3x smaller).
+def export_for_shipping(src: str | Path, dst: str | Path, gas: float | None = None) -> Path:
+    """Write ``src``'s policy as a new SB3 zip ``dst`` without optimizer state (~3x smaller),
+    to drive with GAS pressing ``gas`` if given (else as ``src`` does).
 
     Nothing of ``src`` is unpickled or copied as is: the policy is read by
     :func:`load_expert_zip`, and the zip is written from it, its checked JSON fields and a
@@ -204,7 +209,7 @@ def export_for_shipping(src: str | Path, dst: str | Path) -> Path:
     from stable_baselines3.common.save_util import save_to_zip_file
     from stable_baselines3.common.utils import ConstantSchedule
 
-    loaded = load_expert_zip(src)
+    loaded = load_expert_zip(src, gas)
     source = read_data(src)
     policy = loaded.policy
     data: dict[str, Any] = {name: source[name] for name in _SHIPPED_FIELDS

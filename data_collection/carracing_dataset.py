@@ -22,7 +22,8 @@ frames the student sees, the last one after the final action; stored losslessly,
 ``rewards`` ``[N]``, ``terminations`` / ``truncations`` ``[N]``, and
 ``infos["timestamp"]`` ``[N+1]`` seconds since the episode began. Episode metadata
 holds the reset ``seed`` and the ``expert`` that chose the actions; the dataset's
-``algorithm_name`` names the expert as well.
+``algorithm_name`` names the expert as well. What the discrete GAS action pressed is read
+from the env spec (its ``DiscreteActions`` wrapper, if any; else gymnasium's 0.2).
 
 Loading (:func:`load_episodes`) accepts a shard folder or any folder above several,
 checks every field, and raises :class:`DatasetError` naming the file and field.
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from nac_drive.atomic import fsync_dir
+from nac_drive.tasks import DISCRETE_GAS
 
 FRAME_SHAPE = (96, 96, 3)
 PARTIAL = ".partial"   # suffix of the hidden folder a dataset is written in before it is renamed into place
@@ -69,6 +71,8 @@ class Episode:
     seed: int | None
     expert: str
     source: str
+    gas: float = DISCRETE_GAS
+    """what the discrete GAS action pressed in the env it was recorded in"""
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -133,8 +137,9 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
     or its ``EnvSpec`` / id): its spec, with the TimeLimit and every wrapper, becomes the
     dataset's, so ``recover_environment()`` rebuilds it; a wrapper that cannot be
     recreated from the spec is refused. ``eval_env`` (default: ``env`` without its extra
-    wrappers) is the held-out evaluation env. CarRacing datasets get the measured
-    reference scores (random policy, teacher) of their action type.
+    wrappers but :class:`DiscreteActions`, which sets what the actions do) is the held-out
+    evaluation env. CarRacing datasets get the measured reference scores (random policy,
+    teacher) of their env, where they were measured.
 
     Each episode dict holds ``observations`` ``[N+1, 96, 96, 3]``, ``actions``,
     ``rewards``, ``terminations``, ``truncations`` ``[N]``, ``timestamps`` ``[N+1]`` and
@@ -204,6 +209,8 @@ def _env_specs(env, eval_env):
     """(spec of ``env``, spec of the evaluation env); refuses a spec gymnasium cannot rebuild."""
     import gymnasium as gym
 
+    from nac_drive.simulators.carracing import DiscreteActions
+
     spec = env.spec if isinstance(env, gym.Env) else gym.spec(env) if isinstance(env, str) else env
     if spec is None:
         raise ValueError("write_dataset: the env has no spec (make it with gymnasium.make)")
@@ -211,19 +218,21 @@ def _env_specs(env, eval_env):
     if opaque:
         raise ValueError(f"write_dataset: wrapper(s) {', '.join(opaque)} cannot be recreated from env.spec "
                          "(they need gymnasium.utils.RecordConstructorArgs)")
-    if eval_env is None:
-        return spec, dataclasses.replace(spec, additional_wrappers=())
+    if eval_env is None:   # the task's env: what the actions mean stays, disturbances go
+        actions = tuple(w for w in spec.additional_wrappers if w.name == DiscreteActions.__name__)
+        return spec, dataclasses.replace(spec, additional_wrappers=actions)
     return spec, eval_env.spec if isinstance(eval_env, gym.Env) else eval_env
 
 
 def _reference_scores(eval_spec) -> dict:
     """Minari's ``ref_min_score`` / ``ref_max_score`` for CarRacing (random policy, teacher,
-    on the held-out tracks); none for another env."""
-    from nac_drive.simulators.carracing import ENV_ID, reference_scores
+    on the held-out tracks); none for another env, or a gas whose references were not measured."""
+    from nac_drive.simulators.carracing import ENV_ID, reference_scores, spec_controls
 
-    if eval_spec.id != ENV_ID:
+    scores = reference_scores(*spec_controls(eval_spec)) if eval_spec.id == ENV_ID else None
+    if scores is None:
         return {}
-    low, high, tracks = reference_scores(continuous=eval_spec.kwargs.get("continuous", True))
+    low, high, tracks = scores
     return {"ref_min_score": low, "ref_max_score": high, "num_episodes_average_score": tracks}
 
 
@@ -288,6 +297,7 @@ def _load_one(folder: Path) -> list[Episode]:
         raise DatasetError(f"{data / 'main_data.hdf5'}: cannot read the Minari dataset "
                            f"({type(e).__name__}: {e})") from None
     expert_default = str(dataset.storage.metadata.get("algorithm_name") or "unknown")
+    gas = _recorded_gas(dataset, data)
     episodes = []
     for ep, meta in zip(raw, metadata):
         where = f"{data / 'main_data.hdf5'} episode {ep.id}"
@@ -297,6 +307,8 @@ def _load_one(folder: Path) -> list[Episode]:
                  f"expected uint8 [N+1, 96, 96, 3], got {obs.dtype} {list(obs.shape)}")
         _require(len(obs) == n + 1, where, "observations", f"{len(obs)} frames for {n} actions (expected N+1)")
         _require(n > 0, where, "actions", "empty episode")
+        _require(actions.ndim == 1 or gas == DISCRETE_GAS, where, "actions",
+                 f"the env's GAS presses {gas}, so its actions must be discrete")
         if actions.ndim == 1:
             _require(np.issubdtype(actions.dtype, np.integer) and actions.min() >= 0 and actions.max() < 5,
                      where, "actions", "discrete actions must be integers in 0..4")
@@ -314,8 +326,20 @@ def _load_one(folder: Path) -> list[Episode]:
         episodes.append(Episode(frames=obs[:n], actions=actions, rewards=rewards, timestamps=stamps[:n],
                                 seed=None if seed is None else int(seed),
                                 expert=str(meta.get("expert", expert_default)) if isinstance(meta, dict)
-                                else expert_default, source=where))
+                                else expert_default, source=where, gas=gas))
     return episodes
+
+
+def _recorded_gas(dataset, data: Path) -> float:
+    """What GAS pressed in the env the dataset was recorded in (its env spec)."""
+    from nac_drive.simulators.carracing import spec_controls
+
+    if dataset.env_spec is None:
+        return DISCRETE_GAS
+    try:
+        return spec_controls(dataset.env_spec)[1]
+    except ValueError as e:
+        raise DatasetError(f"{data / 'metadata.json'}: {e}") from None
 
 
 def _check_declared_size(h5_path: Path) -> None:

@@ -41,7 +41,7 @@ behaviour cloning.
 
 | | |
 |---|---|
-| task | `{{ task }}` (evaluated in `{{ eval_env }}`) |
+| task | `{{ task }}` (evaluated in `{{ eval_env }}`{{ env_note }}) |
 | core | {{ core_details }} |
 | data | {{ data | default("not recorded", true) }} |
 | held-out score | {{ score_text }} |
@@ -111,7 +111,17 @@ def model_card(config: PolicyConfig, base: ModelCardData, template: str, paper_u
     details = (f"`{core.core}`, window {core.window}, d_model {core.d_model}, {core.num_heads} heads, "
                f"top-k {core.topk}, mode `{core.mode}`")
     return ModelCard.from_template(
-        metadata, template_str=template, paper_url=paper_url, task=config.task, eval_env=eval_env, core=core.core,
-        core_details=details, window=core.window, encoder=config.encoder, action=config.action,
-        num_outputs=config.num_outputs, data=kwargs.get("data"), repo_id=kwargs.get("repo_id"),
+        metadata, template_str=template, paper_url=paper_url, task=config.task, eval_env=eval_env,
+        env_note=_env_note(config), core=core.core, core_details=details, window=core.window, encoder=config.encoder,
+        action=config.action, num_outputs=config.num_outputs, data=kwargs.get("data"), repo_id=kwargs.get("repo_id"),
         score_text="not measured" if score is None else f"{score:g} ({metric}, {eval_env})")
+
+
+def _env_note(config: PolicyConfig) -> str:
+    """How the policy's env differs from the task's stock env (the card's task row)."""
+    from nac_drive.tasks import DISCRETE_GAS
+
+    if config.gas == DISCRETE_GAS:
+        return ""
+    return (f", its GAS action pressing {config.gas:g}: "
+            f"`nac_drive.simulators.carracing.make_carracing(gas={config.gas:g})`")

@@ -29,13 +29,14 @@ from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from torch import nn
 
 from nac_drive import hub
+from nac_drive.arguments import in_unit_interval
 from nac_drive.atomic import readable_dir
 from nac_drive.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes, dataclass_from_json, load_state_into,
                                   read_json, read_tensors, save_model, tensor_shapes)
 from nac_drive.cores import CoreConfig, build_core
 from nac_drive.encoders import ENCODERS
 from nac_drive.nac import upgrade_state_names
-from nac_drive.tasks import TASKS, Task
+from nac_drive.tasks import DISCRETE_GAS, TASKS, Task
 
 FORMAT_VERSION = 1
 # Largest value a loaded config may give each size (far above any policy trained here):
@@ -58,6 +59,9 @@ class PolicyConfig:
     """"discrete" (cross-entropy over num_outputs classes) or "continuous" (regression)."""
     num_outputs: int = 5
     """CarRacing: 5 discrete actions or 3 continuous (steer, gas, brake); Udacity: 1 (steering)."""
+    gas: float = DISCRETE_GAS
+    """CarRacing, discrete actions: what GAS presses in the env the policy learned to drive
+    (gymnasium's discrete env: 0.2; another: :class:`~nac_drive.simulators.carracing.DiscreteActions`)."""
     head_dropout: float = 0.2
     """dropout before the head (the paper's 0.2 for CarRacing)."""
     frame_dt: float = 0.02
@@ -73,6 +77,10 @@ class PolicyConfig:
                 raise ValueError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
         if self.num_outputs < 1:
             raise ValueError(f"num_outputs: must be >= 1, got {self.num_outputs}")
+        if not in_unit_interval(self.gas):
+            raise ValueError(f"gas: must be a number in (0, 1], got {self.gas!r}")
+        if self.gas != DISCRETE_GAS and (self.task, self.action) != ("carracing", "discrete"):
+            raise ValueError(f"gas: only a discrete CarRacing policy's GAS has a fixed gas, got {self.gas}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
@@ -236,6 +244,14 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
                 hint = self.task.env_hint(self.config.action) if name == "action" else ""
                 raise ValueError(f"env and policy disagree on the {name} space: the env's is {theirs}, "
                                  f"this {kind}'s is {ours}{hint}")
+        if self.config.task == "carracing" and self.config.action == "discrete" and hasattr(env, "get_wrapper_attr"):
+            try:
+                env_gas = env.get_wrapper_attr("gas")   # DiscreteActions sets it
+            except AttributeError:
+                env_gas = DISCRETE_GAS
+            if env_gas != self.config.gas:
+                raise ValueError(f"env and policy disagree on the gas: the env's GAS presses {env_gas}, this "
+                                 f"policy learned {self.config.gas} (make_carracing(gas={self.config.gas}) makes its env)")
 
     def frame_model(self) -> nn.Module:
         """An image model ``[B, C, H, W] -> [B, num_outputs]`` for the NEXT frame, with the

@@ -20,6 +20,7 @@ import numpy as np
 
 CARRACING_CAMERA = (96, 96, 3)
 CARRACING_LOW, CARRACING_HIGH = (-1.0, 0.0, 0.0), (1.0, 1.0, 1.0)   # steer, gas, brake
+DISCRETE_GAS = 0.2  # what the discrete env's GAS presses (the continuous env's gas goes to 1)
 
 UDACITY_CAMERA = (160, 320, 3)
 CROP_TOP, CROP_BOTTOM = 60, 25            # sky and the car's hood

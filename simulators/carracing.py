@@ -22,6 +22,7 @@ import numpy as np
 
 from nac_drive.actor import Actor
 from nac_drive.arguments import in_unit_interval
+from nac_drive.tasks import DISCRETE_GAS
 from nac_drive.video import WebmWriter
 
 ENV_ID = "CarRacing-v3"
@@ -32,7 +33,6 @@ VIDEO_SCALE = 2   # video frames: the 96x96 observations upscaled (nearest); VP9
 # Discrete action ids of CarRacing-v3.
 NOOP, RIGHT, LEFT, GAS, BRAKE = 0, 1, 2, 3, 4
 ACTION_NAMES = ("noop", "right", "left", "gas", "brake")
-DISCRETE_GAS = 0.2  # what the discrete env's GAS presses (the continuous env's gas goes to 1)
 
 # Seed ranges (disjoint): expert training and its checkpoint selection use
 # [0, 100_000); demonstrations [100_000, 900_000); held-out evaluation >= 900_000.
@@ -43,9 +43,10 @@ NUM_EVAL_TRACKS = 20  # the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE
 
 
 # Returns on the held-out tracks 900000..900019, per track, measured with
-# `nac-drive expert eval --expert NAME --episodes 20 --json`: the random policy and the
-# privileged teacher of each action type. Their means are the reference scores (0 and 1)
-# of Minari's `get_normalized_score` for every dataset nac-drive writes.
+# `nac-drive expert eval --expert NAME --episodes 20 --json` (NAME-gasG: with `--gas G`): the
+# random policy and the privileged teacher of each action type. Their means are the
+# reference scores (0 and 1) of Minari's `get_normalized_score` for the datasets nac-drive
+# writes in that env.
 REFERENCE_RETURNS: dict[str, tuple[float, ...]] = {
     "random-discrete": (-56.95, -61.29, -58.48, -62.38, -54.25, -56.99, -64.63, -56.81, -64.05, -60.73,
                         -55.39, -57.24, -61.64, -57.93, -45.85, -53.02, -60.53, -54.95, -52.86, -50.0),
@@ -58,10 +59,17 @@ REFERENCE_RETURNS: dict[str, tuple[float, ...]] = {
 }
 
 
-def reference_scores(continuous: bool) -> tuple[float, float, int]:
-    """(random policy's mean return, teacher's mean return, tracks) on the held-out tracks."""
-    suffix = "" if continuous else "-discrete"
-    low, high = REFERENCE_RETURNS["random" + suffix], REFERENCE_RETURNS["teacher" + suffix]
+def reference_name(actor: str, continuous: bool, gas: float = DISCRETE_GAS) -> str:
+    """The :data:`REFERENCE_RETURNS` row of ``actor`` ("random" or "teacher") in that env."""
+    return actor if continuous else f"{actor}-discrete" + ("" if gas == DISCRETE_GAS else f"-gas{gas:g}")
+
+
+def reference_scores(continuous: bool, gas: float = DISCRETE_GAS) -> tuple[float, float, int] | None:
+    """(random policy's mean return, teacher's mean return, tracks) on the held-out tracks in
+    that env; None for a gas whose references were not measured."""
+    low, high = (REFERENCE_RETURNS.get(reference_name(actor, continuous, gas)) for actor in ("random", "teacher"))
+    if low is None or high is None:
+        return None
     return float(np.mean(low)), float(np.mean(high)), len(low)
 
 
@@ -107,6 +115,21 @@ def make_carracing(
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+def spec_controls(spec: gym.envs.registration.EnvSpec) -> tuple[bool, float]:
+    """``(continuous, gas)`` of the CarRacing env ``spec`` rebuilds: the arguments of
+    :func:`make_carracing` that choose its actions. ``ValueError`` if the spec's
+    :class:`DiscreteActions` has no valid gas (a spec read from a file)."""
+    wrappers = [w for w in spec.additional_wrappers if w.name == DiscreteActions.__name__]
+    if not wrappers:
+        return bool(spec.kwargs.get("continuous", True)), DISCRETE_GAS
+    kwargs = wrappers[0].kwargs
+    gas = kwargs.get("gas") if isinstance(kwargs, dict) else None
+    if not in_unit_interval(gas):
+        raise ValueError(f"env spec: wrapper {DiscreteActions.__name__} has gas {str(gas)[:50]}, expected a "
+                         "number in (0, 1]")
+    return False, float(gas)
 
 
 class DiscreteActions(gym.ActionWrapper, gym.utils.RecordConstructorArgs):

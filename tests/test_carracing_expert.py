@@ -13,6 +13,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from support.expert_zips import shipped_with_data
 
 from nac_drive.agents.expert_env import Preprocessing, preprocess
@@ -437,12 +438,11 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
 
 
 @pytest.mark.slow
-def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path):
+def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path, capsys):
     """A zip whose GAS presses 0.5 is driven through DiscreteActions by `expert eval` and
-    `expert compare` alike; what drives gymnasium's own envs (demonstrations, DAgger,
-    quickstart) refuses it."""
+    `expert compare` alike; as a DAgger oracle it labels only a student of that env.
+    `compare --gas` drives another zip in that env, and `ship --gas` makes it that zip."""
     from nac_drive.agents.expert_training import score_checkpoint
-    from nac_drive.agents.experts import load_expert
     from nac_drive.cli import main
     from nac_drive.pipeline.dagger import make_oracle
     from nac_drive.pipeline.evaluate import evaluate_expert
@@ -455,9 +455,19 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path):
     assert fast.lengths == evaluated.lengths
     np.testing.assert_allclose(fast.returns, evaluated.returns, rtol=0, atol=1e-5)
     assert abs(evaluated.returns[0] - stock.returns[0]) > 1
-    for refused in (lambda: load_expert(str(path)), lambda: make_oracle(str(path), False)):
-        with pytest.raises(ValueError, match="gas.zip: this expert's GAS presses 0.5 .*only 'expert eval'"):
-            refused()
+    shipped = str(shipped_expert_path())
+    assert main(["expert", "compare", shipped, "--episodes", "1", "--seed-base", "900004", "--gas", "0.5",
+                 "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out.strip().splitlines()[-1])[shipped]
+    assert compared["returns"] == [pytest.approx(fast.returns[0], abs=0.01)]
+    assert main(["expert", "ship", shipped, str(tmp_path / "ship.zip"), "--gas", "0.5"]) == 0
+    reshipped = PPOExpert(tmp_path / "ship.zip")
+    assert reshipped.gas == 0.5 and PPOExpert(shipped).gas != 0.5
+    for name, tensor in load_expert_zip(shipped).policy.state_dict().items():
+        assert torch.equal(tensor, reshipped.policy.state_dict()[name]), name
+    with pytest.raises(ValueError, match="gas.zip: the expert's GAS presses 0.5, the student's 0.2"):
+        make_oracle(str(path), False)
+    assert make_oracle(str(path), False, 0.5).gas == 0.5
     with pytest.raises(ValueError, match="--gas: ppo:gas was trained with gas 0.5"):
         evaluate_expert(str(path), 1, gas=0.3)
     # the teacher with a stronger gas (`expert eval --expert teacher-discrete --gas 0.5`)

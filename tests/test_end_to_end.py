@@ -85,6 +85,59 @@ def test_collect_train_drive(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tmp_path):
+    """An expert zip whose GAS presses 0.5 records its demonstrations in that env (the
+    dataset's env spec keeps it); the policy trained on them learns that env, drives only
+    there, and its DAgger round is labelled there. Datasets of two envs are refused."""
+    from minari import MinariDataset
+    from support.expert_zips import shipped_with_data
+
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.agents.expert_zip import read_data
+    from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
+    from nac_drive.data_collection.carracing_dataset import find_datasets
+    from nac_drive.pipeline.train import train
+    from nac_drive.pipeline.train_args import TrainArgs
+    from nac_drive.simulators.carracing import make_carracing, run_episodes
+
+    record = read_data(shipped_expert_path())["preprocessing"]
+    expert = shipped_with_data(tmp_path / "gas.zip", preprocessing={**record, "gas": 0.5})
+    demos, train_dir = tmp_path / "demos", tmp_path / "train"
+    cli("collect", "carracing", "--expert", str(expert), "--episodes", "1", "--max-steps", "80", "--out", str(demos))
+    (episode,) = load_episodes(demos)
+    assert episode.gas == 0.5
+    alone = run_episodes(PPOExpert(expert), [episode.seed], max_steps=80, gas=0.5)   # the expert in its env
+    assert episode.total_reward == pytest.approx(alone.returns[0], abs=1e-3)
+    dataset = MinariDataset(find_datasets(demos)[0] / "data")
+    evaluation = dataset.recover_environment(eval_env=True)
+    assert evaluation.get_wrapper_attr("gas") == 0.5
+    assert "ref_min_score" not in dataset.storage.metadata   # no references measured at gas 0.5
+
+    cli("train", "--data", str(demos), "--out", str(train_dir), "--run-name", "gas", "--window", "8",
+        "--epochs", "1", "--windows-per-epoch", "32", "--batch-size", "16", "--val-fraction", "0", "--no-progress")
+    best = train_dir / "gas" / "best"
+    policy = DrivingPolicy.from_pretrained(best)
+    assert policy.config.gas == 0.5
+    with pytest.raises(ValueError, match="the env's GAS presses 0.2, this policy learned 0.5"):
+        PolicyDriver(policy).reset_env(make_carracing())   # what `drive` would meet in the stock env
+    summary = json.loads(cli("drive", "carracing", "--policy", str(best), "--episodes", "1", "--max-steps", "30",
+                             "--json").strip().splitlines()[-1])
+    assert summary["lengths"] == [30]
+
+    cli("dagger", "--policy", str(best), "--data", str(demos), "--out", str(train_dir), "--run-name", "dg",
+        "--oracle", str(expert), "--rounds", "1", "--episodes", "1", "--max-steps", "30", "--window", "8",
+        "--epochs", "1", "--windows-per-epoch", "16", "--batch-size", "16", "--val-fraction", "0", "--no-progress")
+    labelled = [e for e in load_episodes(demos) if "dagger-r0-s0" in e.source]
+    assert [(len(e), e.gas, e.expert) for e in labelled] == [(30, 0.5, "ppo:gas")]
+    assert DrivingPolicy.from_pretrained(train_dir / "dg-r0" / "best").config.gas == 0.5
+
+    cli("collect", "carracing", "--expert", "teacher-discrete", "--episodes", "1", "--max-steps", "20",
+        "--seed", "5", "--out", str(demos))
+    with pytest.raises(ValueError, match=r"GAS presses \[0.2, 0.5\]"):
+        train(TrainArgs(data=str(demos), out=str(train_dir), window=8, epochs=1, progress=False))
+
+
+@pytest.mark.slow
 def test_quickstart_full_makes_a_policy_from_the_ppo_expert_and_scores_both(tmp_path):
     """``quickstart --full``: the PPO expert demonstrates, behaviour cloning, one DAgger round
     in which the PPO expert labels the student, then the last round's checkpoint drives two

@@ -85,6 +85,34 @@ def test_a_wrapper_the_spec_cannot_rebuild_and_overlapping_tracks_are_refused(ro
         shard_id("../up", [1])
 
 
+def test_a_stronger_gas_stays_in_the_evaluation_env_and_in_every_episode(root, tmp_path):
+    """A DAgger shard of an env whose GAS presses 0.45: the evaluation env drops the bursts
+    but keeps DiscreteActions, the episodes say their gas, no references were measured for
+    it; a spec whose gas is not a pedal value is refused."""
+    import json
+
+    from nac_drive.data_collection.carracing_dataset import DatasetError
+    from nac_drive.simulators.carracing import DiscreteActions
+
+    bursts = ActionBursts(DiscreteActions(make_carracing(continuous=True), 0.45), rate=0.05, seed=3)
+    path = write_dataset(tmp_path, "gas", synthetic_episodes(1, 10), bursts, expert="x", description="")
+    with minari_root(tmp_path):
+        dataset = minari.load_dataset("nac_drive/gas/seeds-100000-100000-v1")
+    evaluation = dataset.recover_environment(eval_env=True)
+    assert isinstance(evaluation, DiscreteActions) and evaluation.gas == 0.45
+    assert isinstance(dataset.recover_environment(), ActionBursts)
+    assert "ref_min_score" not in dataset.storage.metadata
+    assert [e.gas for e in load_episodes(tmp_path)] == [0.45]
+    assert {e.gas for e in load_episodes(root)} == {0.2}   # recorded in gymnasium's discrete env
+
+    metadata_file = path / "data" / "metadata.json"
+    metadata = json.loads(metadata_file.read_text())
+    for bad in ("-1", '"fast"'):
+        metadata_file.write_text(json.dumps({**metadata, "env_spec": metadata["env_spec"].replace("0.45", bad)}))
+        with pytest.raises(DatasetError, match=r"metadata.json: env spec: wrapper DiscreteActions has gas"):
+            load_episodes(tmp_path)
+
+
 @pytest.mark.slow
 def test_the_recovered_env_truncates_at_1000_steps(root):
     with minari_root(root):

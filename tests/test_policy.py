@@ -121,6 +121,29 @@ def test_policy_spaces_are_the_envs_and_a_mismatch_is_named(continuous):
         run_episodes(PolicyDriver(policy), [3], env=other, max_steps=2)
 
 
+def test_a_policy_of_a_stronger_gas_names_its_env_and_refuses_another(tmp_path):
+    """A policy learned in an env whose GAS presses 0.4 keeps that in config.json and its
+    card, and refuses gymnasium's discrete env (same spaces, other meaning of GAS)."""
+    from huggingface_hub import ModelCard
+
+    from nac_drive.simulators.carracing import make_carracing
+
+    policy = policy_for(gas=0.4)
+    policy.check_env(make_carracing(gas=0.4))
+    with pytest.raises(ValueError, match=r"the env's GAS presses 0.2, this policy learned 0.4 \(make_carracing"):
+        policy.check_env(make_carracing())
+    with pytest.raises(ValueError, match="the env's GAS presses 0.4, this policy learned 0.2"):
+        policy_for().check_env(make_carracing(gas=0.4))
+    folder = policy.save_pretrained(tmp_path / "gas")
+    assert json.loads((folder / "config.json").read_text())["gas"] == 0.4
+    assert DrivingPolicy.from_pretrained(folder).config.gas == 0.4
+    assert "its GAS action pressing 0.4" in ModelCard.load(folder / "README.md").text
+    assert "GAS" not in ModelCard.load(policy_for().save_pretrained(tmp_path / "stock") / "README.md").text
+    for bad in ({"gas": 0.0}, {"gas": float("nan")}, {"gas": True}, {"gas": 0.4, **CONTINUOUS}):
+        with pytest.raises(ValueError, match="gas"):
+            policy_for(**bad)
+
+
 def test_udacity_policy_spaces():
     policy = DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1)).eval()
     assert policy.observation_space.shape == (160, 320, 3) and policy.action_space.shape == (1,)

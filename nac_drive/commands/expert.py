@@ -4,8 +4,8 @@
     nac-drive expert kickstart [--rounds 8] [--episodes 4] [--action-repeat 1] ...
     nac-drive expert resume RUN_DIR [--total-frames N]
     nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--gas G] [--json]
-    nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--json]
-    nac-drive expert ship ZIP OUT
+    nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--gas G] [--json]
+    nac-drive expert ship ZIP OUT [--gas G]
 
 ``eval`` scores on the held-out tracks (seeds 900000, 900001, ...) by default and
 uses the shipped expert without ``--expert``.
@@ -77,6 +77,9 @@ def add_parser(subparsers) -> None:
     cmp.add_argument("--seed-base", type=SEED, default=70_000,
                      help="seed of the first track (inside the expert training range, clear of its "
                           "training and validation tracks)")
+    cmp.add_argument("--gas", type=PEDAL, default=None,
+                     help="drive every zip with the GAS action pressing this instead of the gas its zip "
+                          "records (discrete experts; see 'ship --gas')")
     cmp.add_argument("--json", action="store_true",
                      help="end the output with one line of JSON: a summary per zip")
     cmp.set_defaults(func=_compare)
@@ -87,6 +90,9 @@ def add_parser(subparsers) -> None:
                                       "without unpickling, into a new SB3 zip OUT (about a third of the size).")
     ship.add_argument("zip", metavar="ZIP", help="SB3 zip of a PPO expert")
     ship.add_argument("out", metavar="OUT", help="the zip to write")
+    ship.add_argument("--gas", type=PEDAL, default=None,
+                      help="record this as what the GAS action presses, so that every command drives the "
+                           "expert in that env (choose it with 'compare --gas' first; default: ZIP's)")
     ship.set_defaults(func=_ship)
 
 
@@ -128,21 +134,21 @@ def _report(best, ship: str | None) -> int:
 
 
 def _ship(args: argparse.Namespace) -> int:
-    _write_shipped(args.zip, args.out)
+    _write_shipped(args.zip, args.out, args.gas)
     return 0
 
 
-def _write_shipped(src, dst) -> None:
+def _write_shipped(src, dst, gas: float | None = None) -> None:
     """``src`` without optimizer state at ``dst`` (read without unpickling)."""
     from nac_drive.agents.expert_zip import export_for_shipping
 
-    print(f"shipped copy: {export_for_shipping(src, dst)}")
+    print(f"shipped copy: {export_for_shipping(src, dst, gas)}")
 
 
 def _compare(args: argparse.Namespace) -> int:
     from nac_drive.pipeline.evaluate import compare_experts
 
-    scored = compare_experts(args.zips, args.episodes, args.seed_base, progress=not args.json)
+    scored = compare_experts(args.zips, args.episodes, args.seed_base, progress=not args.json, gas=args.gas)
     if args.json:
         print(json.dumps({path: results.summary() for path, results in scored.items()}))
     return 0

@@ -22,6 +22,7 @@ import dataclasses
 from pathlib import Path
 
 from nac_drive.pipeline.train_args import TrainArgs
+from nac_drive.tasks import DISCRETE_GAS
 
 DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
 
@@ -49,12 +50,13 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     for r in range(rounds):   # before driving: the rounds' datasets must be new
         refuse_existing(data, dataset_name(r, seed), round_seeds(r, seed, episodes))
     policy_path = Path(policy_path)
-    continuous = load_driving_policy(policy_path).config.action == "continuous"
-    teacher = make_oracle(oracle, continuous)   # a bad oracle fails before any driving
+    config = load_driving_policy(policy_path).config
+    continuous = config.action == "continuous"
+    teacher = make_oracle(oracle, continuous, config.gas)   # a bad oracle fails before any driving
     for r in range(rounds):
         policy = load_driving_policy(policy_path)
         seeds = round_seeds(r, seed, episodes)
-        env = student_env(teacher, continuous, disturb_rate, disturb_frames, seed=seeds[0])
+        env = student_env(teacher, continuous, config.gas, disturb_rate, disturb_frames, seed=seeds[0])
         try:
             results = run_episodes(PolicyDriver(policy), seeds, continuous=continuous,
                                    max_steps=max_steps, env=env, progress=progress)
@@ -86,35 +88,38 @@ def dataset_name(round_index: int, seed: int) -> str:
     return f"dagger-r{round_index}-s{seed}"
 
 
-def make_oracle(spec: str, continuous: bool):
+def make_oracle(spec: str, continuous: bool, gas: float = DISCRETE_GAS):
     """The DAgger oracle: ``"teacher"`` (privileged pure pursuit, reads the env's state),
     ``"ppo"`` (the shipped PPO expert) or the path of a PPO expert zip. A PPO oracle sees the
     frames the student sees (it preprocesses them itself) and, between its decisions, labels
-    the action it is holding, as it would drive. Its actions must match the student's
-    (``continuous``)."""
+    the action it is holding, as it would drive. It must drive the student's env: the same
+    actions (``continuous``) with the same ``gas``."""
     if spec == "teacher":
         from nac_drive.agents.teacher import PurePursuitTeacher
 
         return PurePursuitTeacher(continuous=continuous)
-    from nac_drive.agents.experts import require_stock_env
     from nac_drive.agents.ppo_expert import PPOExpert
 
     expert = PPOExpert(None if spec == "ppo" else spec)
-    require_stock_env(expert)
     if expert.continuous != continuous:
         kind = lambda c: "continuous" if c else "discrete"   # noqa: E731
         raise ValueError(f"--oracle {spec}: the expert has {kind(expert.continuous)} actions, "
                          f"the student {kind(continuous)} ones")
+    if expert.gas != gas:
+        raise ValueError(f"--oracle {spec}: the expert's GAS presses {expert.gas}, the student's {gas} "
+                         "(they must drive the same env)")
     return expert
 
 
-def student_env(teacher, continuous: bool, disturb_rate: float = 0.0, disturb_frames: int = 10, seed: int = 0):
-    """The env a DAgger round drives: CarRacing, with random-action bursts if
-    ``disturb_rate`` > 0, recorded with the oracle ``teacher``'s action as every frame's label."""
+def student_env(teacher, continuous: bool, gas: float = DISCRETE_GAS, disturb_rate: float = 0.0,
+                disturb_frames: int = 10, seed: int = 0):
+    """The env a DAgger round drives: CarRacing (see :func:`make_carracing`), with random-action
+    bursts if ``disturb_rate`` > 0, recorded with the oracle ``teacher``'s action as every
+    frame's label."""
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
     from nac_drive.simulators.carracing import FPS, ActionBursts, make_carracing
 
-    env = make_carracing(continuous=continuous)
+    env = make_carracing(continuous=continuous, gas=gas)
     if disturb_rate:
         env = ActionBursts(env, disturb_rate, disturb_frames, seed=seed)
     return RecordEpisodes(env, fps=FPS, oracle=teacher)

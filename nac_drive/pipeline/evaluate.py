@@ -13,33 +13,34 @@ def evaluate_expert(expert: str | None, episodes: int, seed_base: int = EVAL_SEE
     PPO expert) on ``episodes`` tracks; returns (its name, EpisodeResults). ``gas``: what a
     discrete teacher's or random actor's GAS presses (default ``DISCRETE_GAS``); a PPO zip
     drives with its own."""
-    from nac_drive.agents.experts import load_expert
-    from nac_drive.simulators.carracing import DISCRETE_GAS, eval_seeds, run_episodes
+    from nac_drive.agents.experts import expert_gas, load_expert
+    from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
-    actor, continuous = load_expert(expert, stock_env=False)
-    trained_gas = getattr(actor, "gas", None)
-    if gas is not None and trained_gas is not None and gas != trained_gas:
-        raise ValueError(f"--gas: {actor.name} was trained with gas {trained_gas}, which its zip sets")
+    actor, continuous = load_expert(expert)
+    if gas is not None and hasattr(actor, "gas") and gas != actor.gas:
+        raise ValueError(f"--gas: {actor.name} was trained with gas {actor.gas}, which its zip sets")
     seeds = eval_seeds(episodes, base=seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, video_path=video,
-                           progress=progress, gas=trained_gas or gas or DISCRETE_GAS)
+                           progress=progress, gas=gas or expert_gas(actor))
     return actor.name, results
 
 
-def compare_experts(zips: list[str], episodes: int, seed_base: int, progress: bool = True) -> dict:
+def compare_experts(zips: list[str], episodes: int, seed_base: int, progress: bool = True,
+                    gas: float | None = None) -> dict:
     """Score PPO zips on the same tracks in the training's evaluation env (only the frames
     the expert sees are drawn; same returns as :func:`evaluate_expert`). Every zip is
     checked before any drives; one line per zip as it finishes, and with ``progress`` a bar.
-    Returns {path: EpisodeResults}."""
+    ``gas``: every zip drives with GAS pressing it instead of its own. Returns
+    {path: EpisodeResults}."""
     from tqdm import tqdm
 
     from nac_drive.agents.expert_training import score_checkpoint
     from nac_drive.agents.expert_zip import load_expert_zip
 
     for path in zips:
-        load_expert_zip(path)   # a bad zip fails before any other is driven
+        load_expert_zip(path, gas)   # a bad zip fails before any other is driven
     scored = {}
     for path in tqdm(zips, desc="zips", unit="zip", disable=not progress):
-        scored[path] = score_checkpoint(path, episodes, seed_base)
+        scored[path] = score_checkpoint(path, episodes, seed_base, gas)
         tqdm.write(f"{path}: {scored[path].format()}")
     return scored

@@ -97,9 +97,13 @@ def _load_carracing(args: TrainArgs, seed: int):
     episodes = load_episodes(args.data)
     train_eps, val_eps = split_by_episode(episodes, args.val_fraction, seed)
     discrete = episodes[0].actions.ndim == 1
+    gases = sorted({e.gas for e in episodes})
+    if len(gases) > 1:
+        raise ValueError(f"{args.data}: the datasets were recorded in envs whose GAS presses {gases}; a policy "
+                         "learns one env (train on the datasets of one)")
     frame_dt = round(float(np.median(np.diff(episodes[0].timestamps))), 6) if len(episodes[0]) > 1 else 0.02
     config = PolicyConfig(task="carracing", encoder="carracing_cnn", action="discrete" if discrete else "continuous",
-                          num_outputs=5 if discrete else 3, frame_dt=frame_dt)
+                          num_outputs=5 if discrete else 3, frame_dt=frame_dt, gas=gases[0])
     train_set, val_set = WindowDataset(train_eps, args.window), WindowDataset(val_eps, args.window)
     actions = np.concatenate([e.actions for e in train_eps]) if discrete else None
     return config, train_set, val_set, actions, {
@@ -150,6 +154,9 @@ def train(args: TrainArgs) -> Path:
         if policy.config.action != config.action:
             raise ValueError(f"init_from: {args.init_from} is a {policy.config.action} policy, the data has "
                              f"{config.action} actions")
+        if policy.config.gas != config.gas:
+            raise ValueError(f"init_from: {args.init_from} learned an env whose GAS presses {policy.config.gas}, "
+                             f"the data was recorded with {config.gas}")
         config = policy.config
     else:
         policy = DrivingPolicy(config)
