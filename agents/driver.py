@@ -56,6 +56,11 @@ class PolicyDriver:
         self._env = None
         self._pending: dict[str, Any] = {}
 
+    @property
+    def gas(self) -> float:
+        """What GAS presses in the env the policy learned (see :func:`~nac_drive.simulators.carracing.actor_gas`)."""
+        return self.policy.config.gas
+
     def reset(self) -> None:
         self.policy.reset()
         if self.oracle is not None:

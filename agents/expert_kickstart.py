@@ -177,7 +177,7 @@ def drive_and_label(zip_path: Path, seeds: list[int], beta: float, rng: np.rando
     if student.continuous:
         raise ValueError(f"{zip_path}: kickstarting needs a 5-action discrete expert")
     driver = LabellingDriver(student, PurePursuitTeacher(continuous=False), beta, rng)
-    env = make_carracing(continuous=False)
+    env = make_carracing(continuous=False, gas=student.gas)
     if disturb_rate:
         env = ActionBursts(env, disturb_rate, disturb_frames, seed=seeds[0])
     try:

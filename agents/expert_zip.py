@@ -104,9 +104,11 @@ def load_expert_zip(path: str | Path, gas: float | None = None) -> LoadedPolicy:
     path = Path(path)
     data = read_data(path)
     preprocessing = read_preprocessing(data, path)
-    if gas is not None:
-        preprocessing = replace(preprocessing, gas=gas)
     observation_space, action_space, continuous = _spaces(data, path, preprocessing)
+    if gas is not None:
+        if continuous and gas != DISCRETE_GAS:
+            raise ValueError(f"gas {gas}: {path} is a continuous expert; only a discrete expert's GAS has a fixed gas")
+        preprocessing = replace(preprocessing, gas=gas)
     kwargs = _policy_kwargs(data.get("policy_kwargs", {}), path)
     state = read_tensors(path, "policy.pth")
     if not (isinstance(state, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items())):

@@ -12,8 +12,9 @@ def load_expert(spec: str | None = None, seed: int = 0) -> tuple[Any, bool]:
     ``"teacher"`` (privileged pure pursuit, continuous actions), ``"teacher-discrete"``
     (the same, mapped to the 5 discrete actions), ``"random"`` or ``"random-discrete"``
     (uniform actions: the reference scores' random policy, each track's stream seeded by
-    ``seed`` and the track). For a PPO zip, ``continuous`` comes from the zip, and the env it
-    drives from :func:`expert_gas`.
+    ``seed`` and the track). For a PPO zip, ``continuous`` comes from the zip, and so does
+    the gas of the env it drives (``PPOExpert.gas``, see
+    :func:`~nac_drive.simulators.carracing.actor_gas`).
     """
     if spec in ("teacher", "teacher-discrete"):
         from nac_drive.agents.teacher import PurePursuitTeacher
@@ -29,11 +30,3 @@ def load_expert(spec: str | None = None, seed: int = 0) -> tuple[Any, bool]:
 
     actor = PPOExpert(None if spec in (None, "ppo") else spec)
     return actor, actor.continuous
-
-
-def expert_gas(actor) -> float:
-    """What GAS presses in the env ``actor`` drives: a PPO expert's zip sets it (``PPOExpert.gas``);
-    the teacher and random actions drive gymnasium's own envs unless told otherwise."""
-    from nac_drive.simulators.carracing import DISCRETE_GAS
-
-    return getattr(actor, "gas", DISCRETE_GAS)

@@ -209,7 +209,7 @@ def _env_specs(env, eval_env):
     """(spec of ``env``, spec of the evaluation env); refuses a spec gymnasium cannot rebuild."""
     import gymnasium as gym
 
-    from nac_drive.simulators.carracing import DiscreteActions
+    from nac_drive.simulators.carracing import ENV_ID, action_wrappers, spec_action_args
 
     spec = env.spec if isinstance(env, gym.Env) else gym.spec(env) if isinstance(env, str) else env
     if spec is None:
@@ -219,17 +219,20 @@ def _env_specs(env, eval_env):
         raise ValueError(f"write_dataset: wrapper(s) {', '.join(opaque)} cannot be recreated from env.spec "
                          "(they need gymnasium.utils.RecordConstructorArgs)")
     if eval_env is None:   # the task's env: what the actions mean stays, disturbances go
-        actions = tuple(w for w in spec.additional_wrappers if w.name == DiscreteActions.__name__)
-        return spec, dataclasses.replace(spec, additional_wrappers=actions)
-    return spec, eval_env.spec if isinstance(eval_env, gym.Env) else eval_env
+        return spec, dataclasses.replace(spec, additional_wrappers=action_wrappers(spec))
+    eval_spec = eval_env.spec if isinstance(eval_env, gym.Env) else eval_env
+    if spec.id == eval_spec.id == ENV_ID and spec_action_args(spec) != spec_action_args(eval_spec):
+        raise ValueError(f"write_dataset: the evaluation env's actions (continuous, gas) "
+                         f"{spec_action_args(eval_spec)} are not the recorded env's {spec_action_args(spec)}")
+    return spec, eval_spec
 
 
 def _reference_scores(eval_spec) -> dict:
     """Minari's ``ref_min_score`` / ``ref_max_score`` for CarRacing (random policy, teacher,
     on the held-out tracks); none for another env, or a gas whose references were not measured."""
-    from nac_drive.simulators.carracing import ENV_ID, reference_scores, spec_controls
+    from nac_drive.simulators.carracing import ENV_ID, reference_scores, spec_action_args
 
-    scores = reference_scores(*spec_controls(eval_spec)) if eval_spec.id == ENV_ID else None
+    scores = reference_scores(*spec_action_args(eval_spec)) if eval_spec.id == ENV_ID else None
     if scores is None:
         return {}
     low, high, tracks = scores
@@ -330,14 +333,31 @@ def _load_one(folder: Path) -> list[Episode]:
     return episodes
 
 
+def recorded_gases(path: str | Path) -> dict[Path, float]:
+    """What GAS pressed in the env of every dataset at or below ``path`` (read from the
+    metadata: no episode is loaded), by shard folder."""
+    from minari import MinariDataset
+
+    gases = {}
+    for folder in find_datasets(path):
+        try:
+            dataset = MinariDataset(folder / "data")
+        except Exception as e:  # as in _load_one
+            raise DatasetError(f"{folder / 'data'}: cannot read the Minari dataset ({type(e).__name__}: {e})") from None
+        gases[folder] = _recorded_gas(dataset, folder / "data")
+    return gases
+
+
 def _recorded_gas(dataset, data: Path) -> float:
-    """What GAS pressed in the env the dataset was recorded in (its env spec)."""
-    from nac_drive.simulators.carracing import spec_controls
+    """What GAS pressed in the env the dataset was recorded in (its env spec; without one,
+    gymnasium's)."""
+    from nac_drive.simulators.carracing import spec_action_args
 
     if dataset.env_spec is None:
         return DISCRETE_GAS
     try:
-        return spec_controls(dataset.env_spec)[1]
+        _, gas = spec_action_args(dataset.env_spec)
+        return gas
     except ValueError as e:
         raise DatasetError(f"{data / 'metadata.json'}: {e}") from None
 

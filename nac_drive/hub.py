@@ -17,6 +17,7 @@ from huggingface_hub.errors import EntryNotFoundError
 
 from nac_drive.atomic import readable_dir
 from nac_drive.checkpoint import CONFIG, WEIGHTS, CheckpointError
+from nac_drive.tasks import DISCRETE_GAS
 
 if TYPE_CHECKING:
     from nac_drive.policy import PolicyConfig
@@ -107,7 +108,8 @@ def model_card(config: PolicyConfig, base: ModelCardData, template: str, paper_u
         from huggingface_hub import EvalResult
         metadata.model_name = kwargs.get("repo_id") or f"nac-drive-{config.task}-{core.core}"
         metadata.eval_results = [EvalResult(task_type="reinforcement-learning", dataset_type=eval_env,
-                                        dataset_name=eval_env, metric_type=metric, metric_value=float(score))]
+                                        dataset_name=eval_env, metric_type=metric, metric_value=float(score),
+                                        dataset_config=_env_config(config))]
     details = (f"`{core.core}`, window {core.window}, d_model {core.d_model}, {core.num_heads} heads, "
                f"top-k {core.topk}, mode `{core.mode}`")
     return ModelCard.from_template(
@@ -117,11 +119,15 @@ def model_card(config: PolicyConfig, base: ModelCardData, template: str, paper_u
         score_text="not measured" if score is None else f"{score:g} ({metric}, {eval_env})")
 
 
+def _env_config(config: PolicyConfig) -> str | None:
+    """The model-index ``dataset_config`` of the env the policy was scored in: None for the
+    task's stock env, ``gas-<gas>`` for CarRacing's discrete actions with another gas."""
+    return None if config.gas == DISCRETE_GAS else f"gas-{config.gas!r}"
+
+
 def _env_note(config: PolicyConfig) -> str:
     """How the policy's env differs from the task's stock env (the card's task row)."""
-    from nac_drive.tasks import DISCRETE_GAS
-
     if config.gas == DISCRETE_GAS:
         return ""
-    return (f", its GAS action pressing {config.gas:g}: "
-            f"`nac_drive.simulators.carracing.make_carracing(gas={config.gas:g})`")
+    return (f", its GAS action pressing {config.gas!r}: "
+            f"`nac_drive.simulators.carracing.make_carracing(gas={config.gas!r})`")

@@ -250,8 +250,9 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
             except AttributeError:
                 env_gas = DISCRETE_GAS
             if env_gas != self.config.gas:
+                maker = f"make_carracing({'' if self.config.gas == DISCRETE_GAS else f'gas={self.config.gas!r}'})"
                 raise ValueError(f"env and policy disagree on the gas: the env's GAS presses {env_gas}, this "
-                                 f"policy learned {self.config.gas} (make_carracing(gas={self.config.gas}) makes its env)")
+                                 f"policy learned {self.config.gas} ({maker} makes its env)")
 
     def frame_model(self) -> nn.Module:
         """An image model ``[B, C, H, W] -> [B, num_outputs]`` for the NEXT frame, with the

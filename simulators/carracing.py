@@ -43,10 +43,10 @@ NUM_EVAL_TRACKS = 20  # the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE
 
 
 # Returns on the held-out tracks 900000..900019, per track, measured with
-# `nac-drive expert eval --expert NAME --episodes 20 --json` (NAME-gasG: with `--gas G`): the
-# random policy and the privileged teacher of each action type. Their means are the
-# reference scores (0 and 1) of Minari's `get_normalized_score` for the datasets nac-drive
-# writes in that env.
+# `nac-drive expert eval --expert NAME --episodes 20 --json` (a row `NAME-gas0.3`: with
+# `--gas 0.3`): the random policy and the privileged teacher of each action type. Their
+# means are the reference scores (0 and 1) of Minari's `get_normalized_score` for the
+# datasets nac-drive writes in that env.
 REFERENCE_RETURNS: dict[str, tuple[float, ...]] = {
     "random-discrete": (-56.95, -61.29, -58.48, -62.38, -54.25, -56.99, -64.63, -56.81, -64.05, -60.73,
                         -55.39, -57.24, -61.64, -57.93, -45.85, -53.02, -60.53, -54.95, -52.86, -50.0),
@@ -59,15 +59,15 @@ REFERENCE_RETURNS: dict[str, tuple[float, ...]] = {
 }
 
 
-def reference_name(actor: str, continuous: bool, gas: float = DISCRETE_GAS) -> str:
+def _reference_name(actor: str, continuous: bool, gas: float) -> str:
     """The :data:`REFERENCE_RETURNS` row of ``actor`` ("random" or "teacher") in that env."""
-    return actor if continuous else f"{actor}-discrete" + ("" if gas == DISCRETE_GAS else f"-gas{gas:g}")
+    return actor if continuous else f"{actor}-discrete" + ("" if gas == DISCRETE_GAS else f"-gas{gas!r}")
 
 
 def reference_scores(continuous: bool, gas: float = DISCRETE_GAS) -> tuple[float, float, int] | None:
     """(random policy's mean return, teacher's mean return, tracks) on the held-out tracks in
     that env; None for a gas whose references were not measured."""
-    low, high = (REFERENCE_RETURNS.get(reference_name(actor, continuous, gas)) for actor in ("random", "teacher"))
+    low, high = (REFERENCE_RETURNS.get(_reference_name(actor, continuous, gas)) for actor in ("random", "teacher"))
     if low is None or high is None:
         return None
     return float(np.mean(low)), float(np.mean(high)), len(low)
@@ -117,11 +117,16 @@ def make_carracing(
     return env
 
 
-def spec_controls(spec: gym.envs.registration.EnvSpec) -> tuple[bool, float]:
+def action_wrappers(spec: gym.envs.registration.EnvSpec) -> tuple:
+    """The wrapper specs of ``spec`` that set what its actions do (:class:`DiscreteActions`)."""
+    return tuple(w for w in spec.additional_wrappers if w.name == DiscreteActions.__name__)
+
+
+def spec_action_args(spec: gym.envs.registration.EnvSpec) -> tuple[bool, float]:
     """``(continuous, gas)`` of the CarRacing env ``spec`` rebuilds: the arguments of
     :func:`make_carracing` that choose its actions. ``ValueError`` if the spec's
     :class:`DiscreteActions` has no valid gas (a spec read from a file)."""
-    wrappers = [w for w in spec.additional_wrappers if w.name == DiscreteActions.__name__]
+    wrappers = action_wrappers(spec)
     if not wrappers:
         return bool(spec.kwargs.get("continuous", True)), DISCRETE_GAS
     kwargs = wrappers[0].kwargs
@@ -130,6 +135,12 @@ def spec_controls(spec: gym.envs.registration.EnvSpec) -> tuple[bool, float]:
         raise ValueError(f"env spec: wrapper {DiscreteActions.__name__} has gas {str(gas)[:50]}, expected a "
                          "number in (0, 1]")
     return False, float(gas)
+
+
+def actor_gas(actor: Actor) -> float:
+    """What GAS presses in the env ``actor`` drives: its ``gas`` (a PPO expert's zip, a
+    policy's config.json), else gymnasium's."""
+    return getattr(actor, "gas", DISCRETE_GAS)
 
 
 class DiscreteActions(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
@@ -331,7 +342,7 @@ def run_episodes(
     video_path: str | Path | None = None,
     env: gym.Env | None = None,
     progress: bool | str = False,
-    gas: float = DISCRETE_GAS,
+    gas: float | None = None,
 ) -> EpisodeResults:
     """Drive ``actor`` for one episode per seed and collect the results.
 
@@ -340,11 +351,13 @@ def run_episodes(
     with the ``obs`` the actor saw. ``video_path`` writes all episodes to one WebM (VP9,
     one video frame per env frame, upscaled ``VIDEO_SCALE`` times). ``env`` reuses an
     existing env (its ``continuous`` must match). ``progress``: show a progress bar (a
-    string: labelled with it). ``gas``: see :func:`make_carracing`.
+    string: labelled with it). ``gas``: see :func:`make_carracing` (default: the actor's own,
+    :func:`actor_gas`).
     """
     own_env = env is None
     if own_env:
-        env = make_carracing(continuous=continuous, render_mode=render_mode, gas=gas)
+        env = make_carracing(continuous=continuous, render_mode=render_mode,
+                             gas=actor_gas(actor) if gas is None else gas)
     writer = WebmWriter(video_path, FPS, scale=VIDEO_SCALE) if video_path else None
     results = EpisodeResults()
     bar = None

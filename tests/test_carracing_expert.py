@@ -440,18 +440,16 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
 @pytest.mark.slow
 def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path, capsys):
     """A zip whose GAS presses 0.5 is driven through DiscreteActions by `expert eval` and
-    `expert compare` alike; as a DAgger oracle it labels only a student of that env.
-    `compare --gas` drives another zip in that env, and `ship --gas` makes it that zip."""
+    `expert compare` alike, and `compare --gas 0.5` drives another zip in that env."""
     from nac_drive.agents.expert_training import score_checkpoint
     from nac_drive.cli import main
-    from nac_drive.pipeline.dagger import make_oracle
     from nac_drive.pipeline.evaluate import evaluate_expert
 
     record = read_data(shipped_expert_path())["preprocessing"]
     path = shipped_with_data(tmp_path / "gas.zip", preprocessing={**record, "gas": 0.5})
     _, evaluated = evaluate_expert(str(path), 1, seed_base=900_004, progress=False)
     fast = score_checkpoint(path, 1, 900_004)
-    stock = run_episodes(PPOExpert(path), [900_004])   # the same network in gymnasium's discrete env
+    stock = run_episodes(PPOExpert(path), [900_004], env=make_carracing())   # the same network, gymnasium's env
     assert fast.lengths == evaluated.lengths
     np.testing.assert_allclose(fast.returns, evaluated.returns, rtol=0, atol=1e-5)
     assert abs(evaluated.returns[0] - stock.returns[0]) > 1
@@ -460,16 +458,6 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path, capsys
                  "--json"]) == 0
     compared = json.loads(capsys.readouterr().out.strip().splitlines()[-1])[shipped]
     assert compared["returns"] == [pytest.approx(fast.returns[0], abs=0.01)]
-    assert main(["expert", "ship", shipped, str(tmp_path / "ship.zip"), "--gas", "0.5"]) == 0
-    reshipped = PPOExpert(tmp_path / "ship.zip")
-    assert reshipped.gas == 0.5 and PPOExpert(shipped).gas != 0.5
-    for name, tensor in load_expert_zip(shipped).policy.state_dict().items():
-        assert torch.equal(tensor, reshipped.policy.state_dict()[name]), name
-    with pytest.raises(ValueError, match="gas.zip: the expert's GAS presses 0.5, the student's 0.2"):
-        make_oracle(str(path), False)
-    assert make_oracle(str(path), False, 0.5).gas == 0.5
-    with pytest.raises(ValueError, match="--gas: ppo:gas was trained with gas 0.5"):
-        evaluate_expert(str(path), 1, gas=0.3)
     # the teacher with a stronger gas (`expert eval --expert teacher-discrete --gas 0.5`)
     teacher = {gas: evaluate_expert("teacher-discrete", 1, seed_base=900_004, max_steps=300, progress=False,
                                     gas=gas)[1] for gas in (None, 0.5)}
@@ -477,6 +465,33 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path, capsys
     with pytest.raises(SystemExit) as refused:   # argparse refuses a gas outside (0, 1]
         main(["expert", "eval", "--expert", "teacher-discrete", "--gas", "0"])
     assert refused.value.code == 2
+
+
+def test_a_zip_shipped_with_another_gas_keeps_its_weights_and_names_its_env(tmp_path, capsys):
+    """`expert ship --gas` records the gas for every reader (PPOExpert, plain SB3's JSON);
+    DAgger and the quickstart accept such an expert as the oracle of a student of that gas
+    only; `expert eval --gas` does not override a zip's; a continuous zip has no gas."""
+    from nac_drive.cli import main
+    from nac_drive.pipeline.dagger import make_oracle
+    from nac_drive.pipeline.evaluate import evaluate_expert
+    from nac_drive.pipeline.quickstart import QuickstartArgs, _check_recipe
+
+    shipped, path = str(shipped_expert_path()), tmp_path / "gas.zip"
+    assert main(["expert", "ship", shipped, str(path), "--gas", "0.5"]) == 0
+    capsys.readouterr()
+    reshipped = PPOExpert(path)
+    assert reshipped.gas == 0.5 and PPOExpert(shipped).gas != 0.5 and read_data(path)["preprocessing"]["gas"] == 0.5
+    for name, tensor in load_expert_zip(shipped).policy.state_dict().items():
+        assert torch.equal(tensor, reshipped.policy.state_dict()[name]), name
+    with pytest.raises(ValueError, match="gas.zip: the expert's GAS presses 0.5, the student's 0.2"):
+        make_oracle(str(path), False)
+    assert make_oracle(str(path), False, gas=0.5).gas == 0.5
+    _check_recipe(QuickstartArgs(full=True, expert=str(path)))   # its own gas goes to its oracle check
+    with pytest.raises(ValueError, match=r"--gas: ppo:gas's zip sets gas 0.5 \('expert compare ZIP --gas 0.3'"):
+        evaluate_expert(str(path), 1, gas=0.3)
+    box = shipped_with_data(tmp_path / "box.zip", action_space={":type:": "Box"})
+    with pytest.raises(ValueError, match="gas 0.5: .*box.zip is a continuous expert"):
+        load_expert_zip(box, gas=0.5)
 
 
 def test_negative_reward_streak_truncates_the_episode():

@@ -96,6 +96,8 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
     from nac_drive.agents.expert_zip import read_data
     from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
     from nac_drive.data_collection.carracing_dataset import find_datasets
+    from nac_drive.pipeline.collect import collect_carracing
+    from nac_drive.pipeline.dagger import dagger
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import TrainArgs
     from nac_drive.simulators.carracing import make_carracing, run_episodes
@@ -106,7 +108,7 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
     cli("collect", "carracing", "--expert", str(expert), "--episodes", "1", "--max-steps", "80", "--out", str(demos))
     (episode,) = load_episodes(demos)
     assert episode.gas == 0.5
-    alone = run_episodes(PPOExpert(expert), [episode.seed], max_steps=80, gas=0.5)   # the expert in its env
+    alone = run_episodes(PPOExpert(expert), [episode.seed], max_steps=80)   # the expert, in its own env
     assert episode.total_reward == pytest.approx(alone.returns[0], abs=1e-3)
     dataset = MinariDataset(find_datasets(demos)[0] / "data")
     evaluation = dataset.recover_environment(eval_env=True)
@@ -131,10 +133,21 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
     assert [(len(e), e.gas, e.expert) for e in labelled] == [(30, 0.5, "ppo:gas")]
     assert DrivingPolicy.from_pretrained(train_dir / "dg-r0" / "best").config.gas == 0.5
 
-    cli("collect", "carracing", "--expert", "teacher-discrete", "--episodes", "1", "--max-steps", "20",
-        "--seed", "5", "--out", str(demos))
-    with pytest.raises(ValueError, match=r"GAS presses \[0.2, 0.5\]"):
-        train(TrainArgs(data=str(demos), out=str(train_dir), window=8, epochs=1, progress=False))
+    # gymnasium's env: a policy of gas 0.5 neither fine-tunes on its data nor joins it in DAgger
+    stock = tmp_path / "stock"
+    collect_carracing("teacher-discrete", 1, 5, str(stock), max_steps=20, progress=False)
+    tiny = dict(out=str(train_dir), window=8, epochs=1, windows_per_epoch=16, batch_size=16, val_fraction=0,
+                progress=False)
+    with pytest.raises(ValueError, match="learned an env whose GAS presses 0.5, the data was recorded with 0.2"):
+        train(TrainArgs(data=str(stock), init_from=str(best), **tiny))
+    with pytest.raises(ValueError, match=r"--data: .*seeds-100005-100005-v1 was recorded in an env whose GAS "
+                                         r"presses 0.2, the policy learned 0.5"):
+        dagger(best, stock, 1, 1, TrainArgs(**tiny), seed=1, progress=False)
+    assert {e.seed for e in load_episodes(stock)} == {100_005}   # refused before any round was driven
+    collect_carracing("teacher-discrete", 1, 5, str(demos), max_steps=20, progress=False)
+    with pytest.raises(ValueError, match=r"GAS presses \[0.2, 0.5\] \(e.g. .*seeds-100005-100005-v1.*: 0.2, "
+                                         r".*: 0.5\)"):
+        train(TrainArgs(data=str(demos), **tiny))
 
 
 @pytest.mark.slow

@@ -95,6 +95,10 @@ def test_a_stronger_gas_stays_in_the_evaluation_env_and_in_every_episode(root, t
     from nac_drive.simulators.carracing import DiscreteActions
 
     bursts = ActionBursts(DiscreteActions(make_carracing(continuous=True), 0.45), rate=0.05, seed=3)
+    with pytest.raises(ValueError, match=r"evaluation env's actions \(continuous, gas\) \(False, 0.2\) are not "
+                                         r"the recorded env's \(False, 0.45\)"):
+        write_dataset(tmp_path, "gas", synthetic_episodes(1, 10), bursts, expert="x", description="",
+                      eval_env=make_carracing())
     path = write_dataset(tmp_path, "gas", synthetic_episodes(1, 10), bursts, expert="x", description="")
     with minari_root(tmp_path):
         dataset = minari.load_dataset("nac_drive/gas/seeds-100000-100000-v1")
@@ -107,7 +111,7 @@ def test_a_stronger_gas_stays_in_the_evaluation_env_and_in_every_episode(root, t
 
     metadata_file = path / "data" / "metadata.json"
     metadata = json.loads(metadata_file.read_text())
-    for bad in ("-1", '"fast"'):
+    for bad in ("-1", '"fast"', "NaN", "true", "1e999"):
         metadata_file.write_text(json.dumps({**metadata, "env_spec": metadata["env_spec"].replace("0.45", bad)}))
         with pytest.raises(DatasetError, match=r"metadata.json: env spec: wrapper DiscreteActions has gas"):
             load_episodes(tmp_path)

@@ -139,9 +139,19 @@ def test_a_policy_of_a_stronger_gas_names_its_env_and_refuses_another(tmp_path):
     assert DrivingPolicy.from_pretrained(folder).config.gas == 0.4
     assert "its GAS action pressing 0.4" in ModelCard.load(folder / "README.md").text
     assert "GAS" not in ModelCard.load(policy_for().save_pretrained(tmp_path / "stock") / "README.md").text
+    odd = policy_for(gas=0.123456789)   # the card names the exact env, which check_env accepts
+    card = ModelCard.load(odd.save_pretrained(tmp_path / "odd", model_card_kwargs={"held_out_score": 1.0})
+                          / "README.md")
+    assert "make_carracing(gas=0.123456789)" in card.text and card.data.eval_results[0].dataset_config == "gas-0.123456789"
+    odd.check_env(make_carracing(gas=0.123456789))
     for bad in ({"gas": 0.0}, {"gas": float("nan")}, {"gas": True}, {"gas": 0.4, **CONTINUOUS}):
         with pytest.raises(ValueError, match="gas"):
             policy_for(**bad)
+    config = json.loads((folder / "config.json").read_text())
+    for bad in (float("nan"), -0.5, "0.4", None):
+        (folder / "config.json").write_text(json.dumps({**config, "gas": bad}))
+        with pytest.raises(CheckpointError, match="config.json.*gas"):
+            DrivingPolicy.from_pretrained(folder)
 
 
 def test_udacity_policy_spaces():

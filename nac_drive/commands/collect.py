@@ -9,7 +9,9 @@ CarRacing:
 
 Track seeds are ``100000 + seed + i`` (the collection range: never used by expert
 training, nor by evaluation, which starts at 900000). Every frame stores the raw RGB
-observation the student will see and the expert's action.
+observation the student will see and the expert's action, in the env the expert drives (a
+PPO zip whose GAS presses another gas than gymnasium's 0.2 drives DiscreteActions, which
+the dataset's env spec keeps, and the policy trained on it learns).
 
 The dataset ``--name`` is a Minari namespace ``nac_drive/<name>`` of shards, one per
 worker, each named by its tracks (``seeds-<first>-<last>-v1``). Machines that collect

@@ -23,7 +23,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--disturb-frames", type=COUNT, default=10, help="frames per disturbance burst")
     p.add_argument("--oracle", default="teacher",
                    help="who labels: 'teacher' (privileged pure pursuit), 'ppo' (the shipped PPO "
-                        "expert, from the frames the student sees) or the path of a PPO expert zip")
+                        "expert, from the frames the student sees) or the path of a PPO expert zip; a PPO "
+                        "oracle must drive the student's env (the same gas)")
     train_args.add_arguments(p)   # --data, --out, --epochs, ... for each round's fine-tuning
     p.set_defaults(func=run)
 

@@ -3,7 +3,8 @@
     nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--json]
     nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
 
-CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default. Without
+CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default, in the env
+the policy learned (its ``config.json`` gas: gymnasium's discrete env, or DiscreteActions). Without
 ``--policy`` the shipped policy drives (CNN+NAC for CarRacing, PilotNet+NAC for Udacity). The policy streams through
 ``NAC.step()``; the printed latency is the policy's own time per frame.
 """

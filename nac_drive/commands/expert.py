@@ -61,7 +61,8 @@ def add_parser(subparsers) -> None:
                     help="cap each episode at this many env frames (default: the env's 1000)")
     ev.add_argument("--gas", type=PEDAL, default=None,
                     help="teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
-                         "gymnasium's discrete env); a PPO zip drives with the gas it was trained with")
+                         "gymnasium's discrete env); a PPO zip drives with the gas its zip records "
+                         "('compare --gas' drives it with another)")
     ev.add_argument("--video", default=None, metavar="WEBM", help="write the episodes to a WebM (VP9) video")
     ev.add_argument("--json", action="store_true",
                     help="end the output with one line of JSON (mean_return, std_return, ...)")

@@ -45,13 +45,13 @@ def _split(seeds: list[int], parts: int) -> list[list[int]]:
 def _collect_shard(expert: str, seeds: list[int], out: str, name: str, max_steps: int | None,
                    progress: bool = False):
     """Drive ``expert`` on ``seeds`` and write them as one shard; returns EpisodeResults."""
-    from nac_drive.agents.experts import expert_gas, load_expert
+    from nac_drive.agents.experts import load_expert
     from nac_drive.data_collection.carracing_dataset import write_dataset
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
-    from nac_drive.simulators.carracing import FPS, make_carracing, run_episodes
+    from nac_drive.simulators.carracing import FPS, actor_gas, make_carracing, run_episodes
 
     actor, continuous = load_expert(expert)
-    env = RecordEpisodes(make_carracing(continuous=continuous, gas=expert_gas(actor)), fps=FPS)
+    env = RecordEpisodes(make_carracing(continuous=continuous, gas=actor_gas(actor)), fps=FPS)
     try:
         results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, env=env, progress=progress)
         write_dataset(out, name, env.take_episodes(), env.env, expert=actor.name,

@@ -4,8 +4,8 @@ Each round drives the current policy on fresh collection tracks while the oracle
 default the privileged pure-pursuit teacher; ``--oracle ppo``: the PPO expert, which sees
 the frames the student sees) answers, for every state the student reached, what it would
 have done; those labels join the dataset as a new Minari dataset
-(``nac_drive/dagger-r<round>-s<seed>``, recorded through its ActionBursts wrapper, if any,
-which its env spec keeps) and the
+(``nac_drive/dagger-r<round>-s<seed>``, recorded in the student's env, its ActionBursts
+wrapper, if any, and its DiscreteActions gas, which its env spec keeps) and the
 policy is fine-tuned on everything. Student mistakes thus become training data, which
 plain behaviour cloning never sees. ``--disturb-rate`` adds bursts of a random action
 (after DART, Laskey et al. 2017) that push the car off its line; the teacher then labels
@@ -52,11 +52,13 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     policy_path = Path(policy_path)
     config = load_driving_policy(policy_path).config
     continuous = config.action == "continuous"
-    teacher = make_oracle(oracle, continuous, config.gas)   # a bad oracle fails before any driving
+    teacher = make_oracle(oracle, continuous, gas=config.gas)   # a bad oracle fails before any driving
+    refuse_other_gas(data, config.gas)
     for r in range(rounds):
         policy = load_driving_policy(policy_path)
         seeds = round_seeds(r, seed, episodes)
-        env = student_env(teacher, continuous, config.gas, disturb_rate, disturb_frames, seed=seeds[0])
+        env = student_env(teacher, continuous, gas=config.gas, disturb_rate=disturb_rate,
+                          disturb_frames=disturb_frames, seed=seeds[0])
         try:
             results = run_episodes(PolicyDriver(policy), seeds, continuous=continuous,
                                    max_steps=max_steps, env=env, progress=progress)
@@ -88,7 +90,19 @@ def dataset_name(round_index: int, seed: int) -> str:
     return f"dagger-r{round_index}-s{seed}"
 
 
-def make_oracle(spec: str, continuous: bool, gas: float = DISCRETE_GAS):
+def refuse_other_gas(data: str | Path, gas: float) -> None:
+    """``ValueError`` if a dataset under ``data`` was recorded with another gas than the
+    student's: a round driven now could never be trained on together with it."""
+    from nac_drive.data_collection.carracing_dataset import recorded_gases
+
+    other = {folder: g for folder, g in recorded_gases(data).items() if g != gas}
+    if other:
+        folder, other_gas = next(iter(other.items()))
+        raise ValueError(f"--data: {folder} was recorded in an env whose GAS presses {other_gas}, the policy "
+                         f"learned {gas} ({len(other)} such dataset(s))")
+
+
+def make_oracle(spec: str, continuous: bool, *, gas: float = DISCRETE_GAS):
     """The DAgger oracle: ``"teacher"`` (privileged pure pursuit, reads the env's state),
     ``"ppo"`` (the shipped PPO expert) or the path of a PPO expert zip. A PPO oracle sees the
     frames the student sees (it preprocesses them itself) and, between its decisions, labels
@@ -111,7 +125,7 @@ def make_oracle(spec: str, continuous: bool, gas: float = DISCRETE_GAS):
     return expert
 
 
-def student_env(teacher, continuous: bool, gas: float = DISCRETE_GAS, disturb_rate: float = 0.0,
+def student_env(teacher, continuous: bool, *, gas: float = DISCRETE_GAS, disturb_rate: float = 0.0,
                 disturb_frames: int = 10, seed: int = 0):
     """The env a DAgger round drives: CarRacing (see :func:`make_carracing`), with random-action
     bursts if ``disturb_rate`` > 0, recorded with the oracle ``teacher``'s action as every

@@ -45,8 +45,8 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
     seeds = eval_seeds(episodes, base=seed_base)
     first = len(seeds) if recorded is None else recorded
     shown, scored_only = seeds[:first], seeds[first:]
-    drive = partial(run_episodes, continuous=policy.config.action == "continuous", gas=policy.config.gas,
-                    max_steps=max_steps, render_mode=render)
+    drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=max_steps,
+                    render_mode=render)
     results = drive(driver, shown, on_step=driver.on_step, video_path=video,
                     progress=progress and ("recorded episodes" if scored_only else "episodes"))
     if scored_only:

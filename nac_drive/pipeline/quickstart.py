@@ -181,15 +181,16 @@ def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage_seconds:
 def _check_recipe(args: QuickstartArgs) -> None:
     """Refuse a core, expert or oracle that cannot work before any folder or stage: each
     stage takes minutes."""
-    from nac_drive.agents.experts import expert_gas, load_expert
+    from nac_drive.agents.experts import load_expert
     from nac_drive.cores import CORES
     from nac_drive.pipeline.dagger import make_oracle
+    from nac_drive.simulators.carracing import actor_gas
 
     if args.core not in CORES:
         raise ValueError(f"--core: must be one of {', '.join(CORES)}, got {args.core!r}")
     actor, continuous = load_expert(args.expert)
     if args.stages().dagger_rounds:
-        make_oracle(_oracle(args.expert), continuous, expert_gas(actor))
+        make_oracle(_oracle(args.expert), continuous, gas=actor_gas(actor))
 
 
 def _oracle(expert: str) -> str:

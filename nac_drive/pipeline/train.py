@@ -97,10 +97,14 @@ def _load_carracing(args: TrainArgs, seed: int):
     episodes = load_episodes(args.data)
     train_eps, val_eps = split_by_episode(episodes, args.val_fraction, seed)
     discrete = episodes[0].actions.ndim == 1
-    gases = sorted({e.gas for e in episodes})
+    first_of_gas = {}
+    for e in episodes:
+        first_of_gas.setdefault(e.gas, e.source)
+    gases = sorted(first_of_gas)
     if len(gases) > 1:
-        raise ValueError(f"{args.data}: the datasets were recorded in envs whose GAS presses {gases}; a policy "
-                         "learns one env (train on the datasets of one)")
+        raise ValueError(f"{args.data}: the datasets were recorded in envs whose GAS presses {gases} (e.g. "
+                         + ", ".join(f"{first_of_gas[g]}: {g}" for g in gases)
+                         + "); a policy learns one env, so train on the datasets of one")
     frame_dt = round(float(np.median(np.diff(episodes[0].timestamps))), 6) if len(episodes[0]) > 1 else 0.02
     config = PolicyConfig(task="carracing", encoder="carracing_cnn", action="discrete" if discrete else "continuous",
                           num_outputs=5 if discrete else 3, frame_dt=frame_dt, gas=gases[0])
