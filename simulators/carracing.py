@@ -12,6 +12,7 @@ training or collection.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -97,6 +98,11 @@ def make_carracing(
     raw RGB frames, ``uint8 [96, 96, 3]``. ``gas`` other than ``DISCRETE_GAS``: the 5
     discrete actions with that GAS (:class:`DiscreteActions` on the continuous env).
     """
+    if render_mode == "human":
+        # CarRacing blits pygame surfaces: an OpenGL-backed window buys nothing, and Mesa's
+        # driver would put its libLLVM in the global namespace, where a later `import triton`
+        # (torch._dynamo, e.g. loading an expert zip) segfaults.
+        os.environ.setdefault("SDL_FRAMEBUFFER_ACCELERATION", "0")
     other_gas = gas != DISCRETE_GAS
     if continuous and other_gas:
         raise ValueError(f"gas {gas!r}: only discrete actions have a fixed gas (the continuous env's is the action's)")

@@ -15,6 +15,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# No real window in the tests: gymnasium's check_env opens CarRacing's "human" window, and
+# without a display SDL would back it with OpenGL, whose Mesa driver puts libLLVM in the
+# global namespace, where a later `import triton` (torch._dynamo, loading an expert zip)
+# crashes on it. SDL's dummy driver draws the window in memory.
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
 
 def pytest_configure(config):
     import nac_drive

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -46,6 +49,22 @@ def test_seed_ranges_are_disjoint():
     assert EXPERT_TRAIN_SEED_BASE < COLLECT_SEED_BASE < EVAL_SEED_BASE
     with pytest.raises(ValueError, match="n must be"):
         eval_seeds(0)
+
+
+def test_a_human_window_does_not_break_loading_an_expert_later(tmp_path):
+    """A process that showed CarRacing's window and then loads an expert zip (which imports
+    triton through torch._dynamo) must not crash. Without make_carracing's software
+    framebuffer, SDL's OpenGL window left Mesa's libLLVM loaded globally and the import
+    segfaulted. The tests' own SDL dummy driver is removed for this process."""
+    script = ("from nac_drive.simulators.carracing import make_carracing\n"
+              "from nac_drive.agents.ppo_expert import PPOExpert\n"
+              "env = make_carracing(render_mode='human'); env.reset(seed=900000); env.step(3); env.close()\n"
+              "print(PPOExpert().name)\n")
+    env = {k: v for k, v in os.environ.items() if k != "SDL_VIDEODRIVER"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ppo:ppo_carracing_discrete")
 
 
 def test_factory_seed_gives_reproducible_tracks():
