@@ -142,7 +142,8 @@ def test_a_policy_of_a_stronger_gas_names_its_env_and_refuses_another(tmp_path):
     odd = policy_for(gas=0.123456789)   # the card names the exact env, which check_env accepts
     card = ModelCard.load(odd.save_pretrained(tmp_path / "odd", model_card_kwargs={"held_out_score": 1.0})
                           / "README.md")
-    assert "make_carracing(gas=0.123456789)" in card.text and card.data.eval_results[0].dataset_config == "gas-0.123456789"
+    assert "make_carracing(gas=0.123456789)" in card.text
+    assert card.data.eval_results[0].dataset_config == "gas-0.123456789"
     odd.check_env(make_carracing(gas=0.123456789))
     for bad in ({"gas": 0.0}, {"gas": float("nan")}, {"gas": True}, {"gas": 0.4, **CONTINUOUS}):
         with pytest.raises(ValueError, match="gas"):
