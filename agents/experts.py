@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_expert(spec: str | None = None, seed: int = 0) -> tuple[Any, bool]:
+def load_expert(spec: str | None = None, seed: int = 0, gas: float | None = None) -> tuple[Any, bool]:
     """Return ``(actor, continuous)`` for ``spec``.
 
     ``spec``: ``None`` or ``"ppo"`` (the shipped PPO expert), a path to an SB3 zip,
@@ -14,19 +14,30 @@ def load_expert(spec: str | None = None, seed: int = 0) -> tuple[Any, bool]:
     (uniform actions: the reference scores' random policy, each track's stream seeded by
     ``seed`` and the track). For a PPO zip, ``continuous`` comes from the zip, and so does
     the gas of the env it drives (``PPOExpert.gas``, see
-    :func:`~nac_drive.simulators.carracing.actor_gas`).
+    :func:`~nac_drive.simulators.carracing.actor_gas`). ``gas``: what the discrete teacher's
+    or random actions' GAS presses (default: gymnasium's); a zip's own cannot be changed here
+    (``expert ship --gas`` writes a copy with another).
     """
-    if spec in ("teacher", "teacher-discrete"):
-        from nac_drive.agents.teacher import PurePursuitTeacher
+    from nac_drive.simulators.carracing import DISCRETE_GAS
 
-        cont = spec == "teacher"
-        return PurePursuitTeacher(continuous=cont), cont
-    if spec in ("random", "random-discrete"):
-        from nac_drive.agents.random_actor import RandomActor
+    if spec in ("teacher", "teacher-discrete", "random", "random-discrete"):
+        cont = spec in ("teacher", "random")
+        if cont and gas not in (None, DISCRETE_GAS):
+            raise ValueError(f"--gas: {spec} drives the continuous env, whose gas is the action's")
+        if spec.startswith("teacher"):
+            from nac_drive.agents.teacher import PurePursuitTeacher
 
-        cont = spec == "random"
-        return RandomActor(continuous=cont, seed=seed), cont
+            actor = PurePursuitTeacher(continuous=cont)
+        else:
+            from nac_drive.agents.random_actor import RandomActor
+
+            actor = RandomActor(continuous=cont, seed=seed)
+        actor.gas = DISCRETE_GAS if gas is None else gas   # the env it drives (actor_gas)
+        return actor, cont
     from nac_drive.agents.ppo_expert import PPOExpert
 
     actor = PPOExpert(None if spec in (None, "ppo") else spec)
+    if gas is not None and gas != actor.gas:
+        raise ValueError(f"--gas: {actor.name}'s zip sets gas {actor.gas} ('expert compare ZIP --gas {gas}' "
+                         f"drives it with another, 'expert ship ZIP OUT --gas {gas}' records one)")
     return actor, actor.continuous

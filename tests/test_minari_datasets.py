@@ -141,6 +141,27 @@ def test_the_reference_returns_are_reproducible():
 
 
 @pytest.mark.slow
+def test_collect_gas_records_the_teacher_in_that_env_in_every_worker(tmp_path):
+    assert main(["collect", "carracing", "--expert", "teacher-discrete", "--gas", "0.4", "--episodes", "2",
+                 "--max-steps", "20", "--out", str(tmp_path), "--workers", "2"]) == 0
+    episodes = load_episodes(tmp_path)
+    assert [(e.seed, e.gas) for e in episodes] == [(100_000, 0.4), (100_001, 0.4)]
+
+
+def test_a_gas_the_expert_cannot_drive_is_refused_before_collecting(tmp_path, capsys):
+    from nac_drive.agents.experts import load_expert
+    from nac_drive.agents.ppo_expert import shipped_expert_path
+
+    assert load_expert("random-discrete", gas=0.4)[0].gas == 0.4
+    for expert, message in (("teacher", "--gas: teacher drives the continuous env"),
+                            (str(shipped_expert_path()), "--gas: ppo:ppo_carracing_discrete's zip sets gas 0.2")):
+        assert main(["collect", "carracing", "--expert", expert, "--gas", "0.4", "--episodes", "1",
+                     "--out", str(tmp_path)]) == 2
+        assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
 def test_two_workers_write_the_episodes_of_one_and_their_shards_combine(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     for out, workers in ((one, "1"), (two, "2")):

@@ -2,6 +2,7 @@
 
     nac-drive collect carracing --expert ppo --episodes 20 --seed 0 --out runs/demos
     nac-drive collect carracing --expert teacher-discrete --episodes 200 --workers 2   # one process per core
+    nac-drive collect carracing --expert teacher-discrete --gas 0.4        # the teacher, GAS pressing 0.4
     nac-drive collect udacity --out runs/udacity/my_drive                  # you drive the Udacity simulator
     nac-drive collect udacity --driver scripted --out runs/udacity/lakeside --frames 3000   # headless
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nac_drive.arguments import COUNT, PORT, POSITIVE, SEED, number
+from nac_drive.arguments import COUNT, PEDAL, PORT, POSITIVE, SEED, number
 
 
 def add_parser(subparsers) -> None:
@@ -38,6 +39,9 @@ def add_parser(subparsers) -> None:
     car.add_argument("--episodes", type=COUNT, default=20, help="episodes (one track each)")
     car.add_argument("--seed", type=SEED, default=0, help="first track is 100000 + SEED")
     car.add_argument("--max-steps", type=COUNT, default=None, help="cap each episode (env frames; default 1000)")
+    car.add_argument("--gas", type=PEDAL, default=None,
+                     help="teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
+                          "gymnasium's discrete env); a PPO zip records its own")
     car.add_argument("--out", default="runs/demos", help="dataset root folder (Minari's MINARI_DATASETS_PATH)")
     car.add_argument("--name", default=None, help="dataset name (default: carracing-<expert>)")
     car.add_argument("--workers", type=COUNT, default=1,
@@ -111,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from nac_drive.pipeline.collect import collect_carracing
 
     path, results = collect_carracing(args.expert, args.episodes, args.seed, args.out, args.max_steps, args.name,
-                                      workers=args.workers)
+                                      workers=args.workers, gas=args.gas)
     print(results.format())
     print(f"dataset: {path} (shards: {', '.join(sorted(p.name for p in Path(path).iterdir() if p.is_dir()))})")
     return 0

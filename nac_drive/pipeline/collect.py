@@ -11,23 +11,24 @@ from __future__ import annotations
 
 
 def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps: int | None = None,
-                      name: str | None = None, progress: bool = True, workers: int = 1):
+                      name: str | None = None, progress: bool = True, workers: int = 1, gas: float | None = None):
     """Record ``episodes`` expert episodes in ``workers`` processes; returns (dataset folder,
-    EpisodeResults over all tracks in seed order)."""
+    EpisodeResults over all tracks in seed order). ``gas``: the teacher's or random actions'
+    (see :func:`~nac_drive.agents.experts.load_expert`)."""
     from nac_drive.agents.experts import load_expert
     from nac_drive.data_collection.carracing_dataset import dataset_folder, ensure_namespace, refuse_existing
     from nac_drive.simulators.carracing import COLLECT_SEED_BASE
 
     if episodes < 1 or workers < 1:
         raise ValueError(f"episodes and workers must be >= 1, got {episodes} and {workers}")
-    actor, _ = load_expert(expert)   # a bad expert fails here, before any process
+    actor, _ = load_expert(expert, gas=gas)   # a bad expert or gas fails here, before any process
     name = name or f"carracing-{actor.name.replace(':', '-').replace('/', '-')}"
     seeds = [COLLECT_SEED_BASE + seed + i for i in range(episodes)]
     chunks = [c for c in _split(seeds, workers) if c]
     for chunk in chunks:   # before driving: a shard that is taken would waste the collection
         refuse_existing(out, name, chunk)
     ensure_namespace(out, name)
-    jobs = [(expert, chunk, out, name, max_steps) for chunk in chunks]
+    jobs = [(expert, chunk, out, name, max_steps, gas) for chunk in chunks]
     if len(jobs) == 1:
         results = [_collect_shard(*jobs[0], progress=progress)]
     else:
@@ -43,14 +44,14 @@ def _split(seeds: list[int], parts: int) -> list[list[int]]:
 
 
 def _collect_shard(expert: str, seeds: list[int], out: str, name: str, max_steps: int | None,
-                   progress: bool = False):
+                   gas: float | None = None, progress: bool = False):
     """Drive ``expert`` on ``seeds`` and write them as one shard; returns EpisodeResults."""
     from nac_drive.agents.experts import load_expert
     from nac_drive.data_collection.carracing_dataset import write_dataset
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
     from nac_drive.simulators.carracing import FPS, actor_gas, make_carracing, run_episodes
 
-    actor, continuous = load_expert(expert)
+    actor, continuous = load_expert(expert, gas=gas)
     env = RecordEpisodes(make_carracing(continuous=continuous, gas=actor_gas(actor)), fps=FPS)
     try:
         results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, env=env, progress=progress)

@@ -14,16 +14,12 @@ def evaluate_expert(expert: str | None, episodes: int, seed_base: int = EVAL_SEE
     discrete teacher's or random actor's GAS presses (default ``DISCRETE_GAS``); a PPO zip
     drives with its own."""
     from nac_drive.agents.experts import load_expert
-    from nac_drive.agents.ppo_expert import PPOExpert
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
-    actor, continuous = load_expert(expert)
-    if gas is not None and isinstance(actor, PPOExpert) and gas != actor.gas:
-        raise ValueError(f"--gas: {actor.name}'s zip sets gas {actor.gas} ('expert compare ZIP --gas {gas}' "
-                         f"drives it with another, 'expert ship ZIP OUT --gas {gas}' records one)")
+    actor, continuous = load_expert(expert, gas=gas)
     seeds = eval_seeds(episodes, base=seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, video_path=video,
-                           progress=progress, gas=gas)
+                           progress=progress)
     return actor.name, results
 
 
