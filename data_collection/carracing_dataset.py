@@ -257,11 +257,13 @@ def _running(pid: int) -> bool:
     return True
 
 
-def find_datasets(path: str | Path) -> list[Path]:
+def find_datasets(path: str | Path, missing_ok: bool = False) -> list[Path]:
     """Minari dataset folders (holding ``data/metadata.json``) at or below ``path``, shards of
     one dataset in the order of their tracks; hidden folders (a dataset being written) are
-    skipped."""
+    skipped. None found is a :class:`DatasetError`, or with ``missing_ok`` an empty list."""
     path = Path(path)
+    if missing_ok and not path.exists():
+        return []
     if not path.exists():
         raise DatasetError(f"{path}: no such file or folder")
     if (path / "data" / "metadata.json").is_file():
@@ -270,7 +272,7 @@ def find_datasets(path: str | Path) -> list[Path]:
         return [path.parent]
     found = sorted((p.parent.parent for p in path.rglob("data/metadata.json")
                     if not any(part.startswith(".") for part in p.relative_to(path).parts)), key=_track_order)
-    if not found:
+    if not found and not missing_ok:
         raise DatasetError(f"{path}: no Minari dataset (…/data/metadata.json) found")
     return found
 
@@ -333,13 +335,24 @@ def _load_one(folder: Path) -> list[Episode]:
     return episodes
 
 
+def refuse_other_gas(path: str | Path, gas: float, option: str) -> None:
+    """``ValueError`` naming ``option`` if a dataset at or below ``path`` (none is fine) was
+    recorded in an env whose GAS presses another gas than ``gas``: data written there now
+    could never be trained on together with it."""
+    other = {folder: g for folder, g in recorded_gases(path).items() if g != gas}
+    if other:
+        folder, other_gas = next(iter(other.items()))
+        raise ValueError(f"{option}: {folder} was recorded in an env whose GAS presses {other_gas}, not "
+                         f"{gas} ({len(other)} such dataset(s))")
+
+
 def recorded_gases(path: str | Path) -> dict[Path, float]:
     """What GAS pressed in the env of every dataset at or below ``path`` (read from the
-    metadata: no episode is loaded), by shard folder."""
+    metadata: no episode is loaded), by shard folder; none if there is no dataset."""
     from minari import MinariDataset
 
     gases = {}
-    for folder in find_datasets(path):
+    for folder in find_datasets(path, missing_ok=True):
         try:
             dataset = MinariDataset(folder / "data")
         except Exception as e:  # as in _load_one

@@ -141,7 +141,7 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
     with pytest.raises(ValueError, match="learned an env whose GAS presses 0.5, the data was recorded with 0.2"):
         train(TrainArgs(data=str(stock), init_from=str(best), **tiny))
     with pytest.raises(ValueError, match=r"--data: .*seeds-100005-100005-v1 was recorded in an env whose GAS "
-                                         r"presses 0.2, the policy learned 0.5"):
+                                         r"presses 0.2, not 0.5"):
         dagger(best, stock, 1, 1, TrainArgs(**tiny), seed=1, progress=False)
     assert {e.seed for e in load_episodes(stock)} == {100_005}   # refused before any round was driven
     collect_carracing("teacher-discrete", 1, 5, str(demos), max_steps=20, progress=False)

@@ -16,8 +16,9 @@ def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps
     EpisodeResults over all tracks in seed order). ``gas``: the teacher's or random actions'
     (see :func:`~nac_drive.agents.experts.load_expert`)."""
     from nac_drive.agents.experts import load_expert
-    from nac_drive.data_collection.carracing_dataset import dataset_folder, ensure_namespace, refuse_existing
-    from nac_drive.simulators.carracing import COLLECT_SEED_BASE
+    from nac_drive.data_collection.carracing_dataset import (dataset_folder, ensure_namespace, refuse_existing,
+                                                             refuse_other_gas)
+    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, actor_gas
 
     if episodes < 1 or workers < 1:
         raise ValueError(f"episodes and workers must be >= 1, got {episodes} and {workers}")
@@ -27,6 +28,7 @@ def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps
     chunks = [c for c in _split(seeds, workers) if c]
     for chunk in chunks:   # before driving: a shard that is taken would waste the collection
         refuse_existing(out, name, chunk)
+    refuse_other_gas(dataset_folder(out, name), actor_gas(actor), "--name")
     ensure_namespace(out, name)
     jobs = [(expert, chunk, out, name, max_steps, gas) for chunk in chunks]
     if len(jobs) == 1:

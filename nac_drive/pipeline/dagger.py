@@ -37,7 +37,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     ``oracle``: who labels, see :func:`make_oracle`.
     """
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
-    from nac_drive.data_collection.carracing_dataset import refuse_existing, write_dataset
+    from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas, write_dataset
     from nac_drive.pipeline.train import train
     from nac_drive.run_log import log_closed_loop
     from nac_drive.simulators.carracing import run_episodes
@@ -53,7 +53,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     config = load_driving_policy(policy_path).config
     continuous = config.action == "continuous"
     teacher = make_oracle(oracle, continuous, gas=config.gas)   # a bad oracle fails before any driving
-    refuse_other_gas(data, config.gas)
+    refuse_other_gas(data, config.gas, "--data")
     for r in range(rounds):
         policy = load_driving_policy(policy_path)
         seeds = round_seeds(r, seed, episodes)
@@ -88,18 +88,6 @@ def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:
 def dataset_name(round_index: int, seed: int) -> str:
     """Name of the dataset a DAgger round adds to ``--data``."""
     return f"dagger-r{round_index}-s{seed}"
-
-
-def refuse_other_gas(data: str | Path, gas: float) -> None:
-    """``ValueError`` if a dataset under ``data`` was recorded with another gas than the
-    student's: a round driven now could never be trained on together with it."""
-    from nac_drive.data_collection.carracing_dataset import recorded_gases
-
-    other = {folder: g for folder, g in recorded_gases(data).items() if g != gas}
-    if other:
-        folder, other_gas = next(iter(other.items()))
-        raise ValueError(f"--data: {folder} was recorded in an env whose GAS presses {other_gas}, the policy "
-                         f"learned {gas} ({len(other)} such dataset(s))")
 
 
 def make_oracle(spec: str, continuous: bool, *, gas: float = DISCRETE_GAS):
