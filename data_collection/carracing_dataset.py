@@ -221,9 +221,11 @@ def _env_specs(env, eval_env):
     if eval_env is None:   # the task's env: what the actions mean stays, disturbances go
         return spec, dataclasses.replace(spec, additional_wrappers=action_wrappers(spec))
     eval_spec = eval_env.spec if isinstance(eval_env, gym.Env) else eval_env
-    if spec.id == eval_spec.id == ENV_ID and spec_action_args(spec) != spec_action_args(eval_spec):
-        raise ValueError(f"write_dataset: the evaluation env's actions (continuous, gas) "
-                         f"{spec_action_args(eval_spec)} are not the recorded env's {spec_action_args(spec)}")
+    if spec.id == eval_spec.id == ENV_ID:
+        recorded, evaluated = spec_action_args(spec), spec_action_args(eval_spec)
+        if recorded != evaluated:
+            raise ValueError(f"write_dataset: the evaluation env's actions (continuous, gas) {evaluated} are not "
+                             f"the recorded env's {recorded}")
     return spec, eval_spec
 
 
@@ -299,8 +301,7 @@ def _load_one(folder: Path) -> list[Episode]:
     except DatasetError:
         raise
     except Exception as e:  # h5py / json / minari all raise their own types on a corrupt file
-        raise DatasetError(f"{data / 'main_data.hdf5'}: cannot read the Minari dataset "
-                           f"({type(e).__name__}: {e})") from None
+        raise _unreadable(data / "main_data.hdf5", e) from None
     expert_default = str(dataset.storage.metadata.get("algorithm_name") or "unknown")
     gas = _recorded_gas(dataset, data)
     episodes = []
@@ -356,9 +357,13 @@ def recorded_gases(path: str | Path) -> dict[Path, float]:
         try:
             dataset = MinariDataset(folder / "data")
         except Exception as e:  # as in _load_one
-            raise DatasetError(f"{folder / 'data'}: cannot read the Minari dataset ({type(e).__name__}: {e})") from None
+            raise _unreadable(folder / "data", e) from None
         gases[folder] = _recorded_gas(dataset, folder / "data")
     return gases
+
+
+def _unreadable(where: Path, e: Exception) -> DatasetError:
+    return DatasetError(f"{where}: cannot read the Minari dataset ({type(e).__name__}: {e})")
 
 
 def _recorded_gas(dataset, data: Path) -> float:
