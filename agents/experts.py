@@ -24,16 +24,14 @@ def load_expert(spec: str | None = None, seed: int = 0, gas: float | None = None
         cont = spec in ("teacher", "random")
         if cont and gas not in (None, DISCRETE_GAS):
             raise ValueError(f"--gas: {spec} drives the continuous env, whose gas is the action's")
+        gas = DISCRETE_GAS if gas is None else gas
         if spec.startswith("teacher"):
             from nac_drive.agents.teacher import PurePursuitTeacher
 
-            actor = PurePursuitTeacher(continuous=cont)
-        else:
-            from nac_drive.agents.random_actor import RandomActor
+            return PurePursuitTeacher(continuous=cont, gas=gas), cont
+        from nac_drive.agents.random_actor import RandomActor
 
-            actor = RandomActor(continuous=cont, seed=seed)
-        actor.gas = DISCRETE_GAS if gas is None else gas   # the env it drives (actor_gas)
-        return actor, cont
+        return RandomActor(continuous=cont, seed=seed, gas=gas), cont
     from nac_drive.agents.ppo_expert import PPOExpert
 
     actor = PPOExpert(None if spec in (None, "ppo") else spec)

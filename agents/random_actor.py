@@ -8,6 +8,8 @@ import copy
 import gymnasium as gym
 import numpy as np
 
+from nac_drive.tasks import DISCRETE_GAS
+
 
 class RandomActor:
     """Samples every action uniformly from the env's action space (one of the 5 discrete
@@ -15,11 +17,13 @@ class RandomActor:
 
     Actor interface ``reset()``, ``reset_env(env)``, ``act(obs)``. Each episode draws from
     a stream seeded by ``seed`` and the track's seed (the seed of the env's last reset),
-    so a track's episode is the same whatever ran before it, in any process.
+    so a track's episode is the same whatever ran before it, in any process. ``gas``: what
+    GAS presses in the discrete env it drives (read by
+    :func:`~nac_drive.simulators.carracing.actor_gas`).
     """
 
-    def __init__(self, continuous: bool, seed: int = 0):
-        self.continuous, self.seed = continuous, seed
+    def __init__(self, continuous: bool, seed: int = 0, gas: float = DISCRETE_GAS):
+        self.continuous, self.seed, self.gas = continuous, seed, gas
         self.name = "random" if continuous else "random-discrete"
         self._space: gym.Space | None = None
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.simulators.carracing import BRAKE, GAS, LEFT, NOOP, RIGHT
+from nac_drive.simulators.carracing import BRAKE, DISCRETE_GAS, GAS, LEFT, NOOP, RIGHT
 
 WHEEL_LOCK = 0.4  # radians: the front wheel joints' limit in CarRacing's car model
 
@@ -72,11 +72,13 @@ def default_config(continuous: bool) -> TeacherConfig:
 class PurePursuitTeacher:
     """Privileged expert; actor interface ``reset()``, ``reset_env(env)``, ``act(obs)``.
 
-    ``continuous=False`` gives discrete actions for the discrete env.
+    ``continuous=False`` gives discrete actions for the discrete env, whose GAS presses
+    ``gas`` (read by :func:`~nac_drive.simulators.carracing.actor_gas`; the teacher's choice
+    of action does not depend on it).
     """
 
-    def __init__(self, continuous: bool = True, config: TeacherConfig | None = None):
-        self.continuous = continuous
+    def __init__(self, continuous: bool = True, config: TeacherConfig | None = None, gas: float = DISCRETE_GAS):
+        self.continuous, self.gas = continuous, gas
         self.cfg = config or default_config(continuous)
         self.name = "teacher" if continuous else "teacher-discrete"
         self._env: gym.Env | None = None

@@ -152,7 +152,11 @@ def test_a_gas_the_expert_cannot_drive_is_refused_before_collecting(tmp_path, ca
     from nac_drive.agents.experts import load_expert
     from nac_drive.agents.ppo_expert import shipped_expert_path
 
-    assert load_expert("random-discrete", gas=0.4)[0].gas == 0.4
+    from nac_drive.simulators.carracing import DISCRETE_GAS, actor_gas
+
+    for spec in ("random-discrete", "teacher-discrete"):   # the env each will be driven in
+        assert actor_gas(load_expert(spec, gas=0.4)[0]) == 0.4
+        assert actor_gas(load_expert(spec)[0]) == DISCRETE_GAS
     for expert, message in (("teacher", "--gas: teacher drives the continuous env"),
                             (str(shipped_expert_path()), "--gas: ppo:ppo_carracing_discrete's zip sets gas 0.2")):
         assert main(["collect", "carracing", "--expert", expert, "--gas", "0.4", "--episodes", "1",
