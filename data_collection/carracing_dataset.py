@@ -264,9 +264,9 @@ def find_datasets(path: str | Path, missing_ok: bool = False) -> list[Path]:
     one dataset in the order of their tracks; hidden folders (a dataset being written) are
     skipped. None found is a :class:`DatasetError`, or with ``missing_ok`` an empty list."""
     path = Path(path)
-    if missing_ok and not path.exists():
-        return []
     if not path.exists():
+        if missing_ok:
+            return []
         raise DatasetError(f"{path}: no such file or folder")
     if (path / "data" / "metadata.json").is_file():
         return [path]
