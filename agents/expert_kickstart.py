@@ -36,7 +36,7 @@ import numpy as np
 
 from nac_drive.agents.expert_training_args import FRAME_STACK
 from nac_drive.arguments import arg, check_fields
-from nac_drive.simulators.carracing import COLLECT_SEED_BASE, MAX_EPISODE_FRAMES
+from nac_drive.simulators.carracing import COLLECT_SEED_BASE, DISCRETE_GAS, MAX_EPISODE_FRAMES
 
 TRACKS_BASE = 10_000        # kickstart tracks: TRACKS_BASE + TRACKS_PER_SEED * seed + i
 TRACKS_PER_SEED = 1_000
@@ -51,6 +51,9 @@ class KickstartArgs:
                                      "a taken name gets a -2, -3, ... suffix")
     action_repeat: int = arg(1, "env frames per decision (1: every frame, as the teacher acts)", min=1, max=100)
     frame_stack: int = arg(FRAME_STACK, "observations stacked as channels", min=1, max=64)
+    gas: float = arg(DISCRETE_GAS, f"what the GAS action presses, for the teacher and the student alike "
+                                   f"({DISCRETE_GAS}: gymnasium's discrete env; more drives the continuous "
+                                   f"env through DiscreteActions); the zip records it", above=0, max=1)
     head_units: int = arg(256, "units of the hidden layer of the policy and value heads", min=1, max=4096)
     rounds: int = arg(8, "DAgger rounds (drive, label, aggregate, fit)", min=1)
     episodes: int = arg(4, "episodes driven per round", min=1)
@@ -167,8 +170,8 @@ class LabellingDriver:
 def drive_and_label(zip_path: Path, seeds: list[int], beta: float, rng: np.random.Generator,
                     disturb_rate: float = 0.0, disturb_frames: int = 8, max_frames: int | None = None,
                     progress: bool = False):
-    """Drive the expert zip on ``seeds`` (one episode each) with the discrete teacher labelling.
-    Returns ``(Labelled, EpisodeResults)``."""
+    """Drive the expert zip on ``seeds`` (one episode each, in its env: its gas) with the
+    discrete teacher labelling (pressing the same gas). Returns ``(Labelled, EpisodeResults)``."""
     from nac_drive.agents.ppo_expert import PPOExpert
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.simulators.carracing import ActionBursts, make_carracing, run_episodes
@@ -176,7 +179,7 @@ def drive_and_label(zip_path: Path, seeds: list[int], beta: float, rng: np.rando
     student = PPOExpert(zip_path)
     if student.continuous:
         raise ValueError(f"{zip_path}: kickstarting needs a 5-action discrete expert")
-    driver = LabellingDriver(student, PurePursuitTeacher(continuous=False), beta, rng)
+    driver = LabellingDriver(student, PurePursuitTeacher(continuous=False, gas=student.gas), beta, rng)
     env = make_carracing(continuous=False, gas=student.gas)
     if disturb_rate:
         env = ActionBursts(env, disturb_rate, disturb_frames, seed=seeds[0])
@@ -278,7 +281,7 @@ def new_model(args: KickstartArgs):
 
     from nac_drive.agents.expert_env import Preprocessing, make_vec_env
 
-    preprocessing = Preprocessing(frame_stack=args.frame_stack, action_repeat=args.action_repeat)
+    preprocessing = Preprocessing(frame_stack=args.frame_stack, action_repeat=args.action_repeat, gas=args.gas)
     venv = make_vec_env(continuous=False, preprocessing=preprocessing)
     model = PPO("CnnPolicy", venv, seed=args.seed, device="cpu", verbose=0,
                 gamma=args.gamma, policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units])))

@@ -88,6 +88,21 @@ def test_labelling_driver_records_what_the_student_saw_and_the_teachers_labels(t
     assert data.labels.tolist() == labels and GAS in labels
 
 
+def test_a_kickstart_with_a_stronger_gas_drives_and_records_that_env(tmp_path):
+    from nac_drive.agents.teacher import PurePursuitTeacher
+    from nac_drive.simulators.carracing import run_episodes
+
+    new_model(KickstartArgs(gas=0.4, head_units=32, eval_episodes=0)).save(tmp_path / "start.zip")
+    assert PPOExpert(tmp_path / "start.zip").gas == 0.4   # the zip records the gas
+    data, driven = drive_and_label(tmp_path / "start.zip", [track_seed(0, 0)], beta=1.0,
+                                   rng=np.random.default_rng(0), max_frames=120)
+    teacher = PurePursuitTeacher(continuous=False)   # labels alone: what it drives depends on the gas
+    returns = {gas: run_episodes(teacher, [track_seed(0, 0)], max_steps=120, gas=gas).returns[0]
+               for gas in (0.2, 0.4)}
+    assert driven.returns[0] == pytest.approx(returns[0.4]) and returns[0.4] != pytest.approx(returns[0.2])
+    assert data.rewards.sum() == pytest.approx(driven.returns[0])
+
+
 @pytest.mark.slow
 def test_a_small_kickstart_agrees_with_the_teacher_more_than_an_untrained_policy(tmp_path):
     args = KickstartArgs(out=str(tmp_path), run_name="kick", rounds=2, episodes=1, max_frames=250, updates=150,
