@@ -43,8 +43,9 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
-    if start is not None:   # a fine-tune acts at its start's rate and discounts as it was trained, unless told
+    if start is not None:   # a fine-tune sees, acts and discounts as its start was trained to, unless told
         args = replace(args, action_repeat=args.action_repeat or start.action_repeat,
+                       frame_stack=args.frame_stack or start.preprocessing.frame_stack,
                        gamma=args.gamma or trained_gamma(args.init_from), gas=args.gas or start.preprocessing.gas)
     if from_checkpoint is None:   # a new run never writes into an existing run's folder
         run_dir = fresh_dir(Path(args.out) / run_name)

@@ -28,7 +28,8 @@ class ExpertTrainArgs:
     n_envs: int = arg(2, "parallel SubprocVecEnv workers (one per core)", min=1)
     action_repeat: int | None = arg(None, f"env frames per agent decision (default: the --init-from zip's, "
                                           f"else {ACTION_REPEAT})", min=1)
-    frame_stack: int = arg(FRAME_STACK, "observations stacked as channels", min=1)
+    frame_stack: int | None = arg(None, f"observations stacked as channels (default: the --init-from zip's, "
+                                        f"else {FRAME_STACK})", min=1)
     gas: float | None = arg(None, f"discrete runs: what the GAS action presses (default: the --init-from "
                                   f"zip's, else {DISCRETE_GAS}, gymnasium's discrete env; more drives the "
                                   f"continuous env through DiscreteActions)", above=0, max=1)
@@ -63,5 +64,6 @@ class ExpertTrainArgs:
         check_fields(self)
         if not self.init_from:   # else train_expert reads the defaults from the zip
             self.action_repeat = self.action_repeat or ACTION_REPEAT
+            self.frame_stack = self.frame_stack or FRAME_STACK
             self.gamma = self.gamma or GAMMA
             self.gas = self.gas or DISCRETE_GAS

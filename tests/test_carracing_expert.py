@@ -664,7 +664,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
         assert torch.equal(trained.state_dict()[name], tensor), name
     # evaluated every 16 frames (8 agent steps at repeat 2): both checkpoints are kept
     fresh_zip = train_expert(ExpertTrainArgs(run_name="fresh", learning_rate=0.0, action_repeat=2, gamma=0.97,
-                                             gas=0.5, **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
+                                             gas=0.5, frame_stack=3, **{**tiny, "eval_every_frames": 16, "eval_episodes": 1}))
     kept = sorted(p.name for p in (tmp_path / "fresh" / "evaluated").glob("*.zip"))
     assert kept == ["frames_16.zip", "frames_32.zip"] and fresh_zip.name == "best_model.zip"
     assert torch.equal(load_expert_zip(tmp_path / "fresh" / "evaluated" / "frames_32.zip")[0].action_net.weight,
@@ -673,7 +673,8 @@ def test_expert_training_starts_from_init_from(tmp_path):
     fresh, _, fresh_preprocessing = load_expert_zip(fresh_zip)
     assert not torch.equal(fresh.state_dict()["action_net.weight"], shipped.state_dict()["action_net.weight"])
     # the zip carries the rate it was trained at, and the adapter acts at it
-    assert fresh_preprocessing == Preprocessing(action_repeat=2, gas=0.5) and PPOExpert(fresh_zip).action_repeat == 2
+    assert fresh_preprocessing == Preprocessing(frame_stack=3, action_repeat=2, gas=0.5)
+    assert PPOExpert(fresh_zip).action_repeat == 2
     # without --action-repeat a fine-tune acts at its start's rate (the shipped expert's 1, not 4),
     # and its args.json records the rate (what `expert resume` reads); --action-repeat overrides it
     assert PPOExpert(final).action_repeat == PPOExpert().action_repeat == 1
@@ -682,10 +683,12 @@ def test_expert_training_starts_from_init_from(tmp_path):
                                           gamma=0.9, learning_rate=0.0, **tiny))
     assert PPOExpert(at_two).action_repeat == 2
     assert json.loads((tmp_path / "ft2" / "args.json").read_text())["gamma"] == 0.9
-    # ... and it trains with its start's discount and gas (the fresh run's 0.97 and 0.5, not 0.99 and 0.2)
+    # ... and it trains with its start's discount, gas and frame stack (the fresh run's 0.97, 0.5 and 3,
+    # not 0.99, 0.2 and 2)
     ft3 = train_expert(ExpertTrainArgs(run_name="ft3", init_from=str(fresh_zip), learning_rate=0.0, **tiny))
     saved = json.loads((tmp_path / "ft3" / "args.json").read_text())
     assert saved["gamma"] == 0.97 and saved["gas"] == 0.5 and PPOExpert(ft3).gas == 0.5
+    assert saved["frame_stack"] == 3 and PPOExpert(ft3).preprocessing.frame_stack == 3
     assert PPOExpert(final).gas == 0.2
     with pytest.raises(ValueError, match="init_from"):
         train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
