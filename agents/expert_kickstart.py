@@ -21,6 +21,10 @@ already fits the policy instead of a random one: the kept policy drives a few mo
 and the value head (the CNN left as it is) is fitted to its discounted returns, scaled as
 the reward normalisation of ``expert train`` will scale them.
 
+``--gas`` teaches it in an env whose GAS presses more than gymnasium's 0.2 (the discrete
+teacher scores more there: BENCHMARKS.md): teacher and student drive the same env, and the
+zip records the gas, so ``expert train --init-from`` goes on in it.
+
     nac-drive expert kickstart --rounds 8 --episodes 4 --out runs/expert --run-name kick
 """
 
