@@ -175,7 +175,8 @@ def drive_and_label(zip_path: Path, seeds: list[int], beta: float, rng: np.rando
                     disturb_rate: float = 0.0, disturb_frames: int = 8, max_frames: int | None = None,
                     progress: bool = False):
     """Drive the expert zip on ``seeds`` (one episode each, in its env: its gas) with the
-    discrete teacher labelling (pressing the same gas). Returns ``(Labelled, EpisodeResults)``."""
+    discrete teacher labelling (its choice does not depend on the gas). Returns
+    ``(Labelled, EpisodeResults)``."""
     from nac_drive.agents.ppo_expert import PPOExpert
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.simulators.carracing import ActionBursts, make_carracing, run_episodes
@@ -183,7 +184,7 @@ def drive_and_label(zip_path: Path, seeds: list[int], beta: float, rng: np.rando
     student = PPOExpert(zip_path)
     if student.continuous:
         raise ValueError(f"{zip_path}: kickstarting needs a 5-action discrete expert")
-    driver = LabellingDriver(student, PurePursuitTeacher(continuous=False, gas=student.gas), beta, rng)
+    driver = LabellingDriver(student, PurePursuitTeacher(continuous=False), beta, rng)
     env = make_carracing(continuous=False, gas=student.gas)
     if disturb_rate:
         env = ActionBursts(env, disturb_rate, disturb_frames, seed=seeds[0])

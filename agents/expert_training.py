@@ -44,9 +44,9 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
     if start is not None:   # a fine-tune sees, acts and discounts as its start was trained to, unless told
-        args = replace(args, action_repeat=args.action_repeat or start.action_repeat,
-                       frame_stack=args.frame_stack or start.preprocessing.frame_stack,
-                       gamma=args.gamma or trained_gamma(args.init_from), gas=args.gas or start.preprocessing.gas)
+        seen = {name: getattr(args, name) or getattr(start.preprocessing, name)
+                for name in ("action_repeat", "frame_stack", "gas")}
+        args = replace(args, gamma=args.gamma or trained_gamma(args.init_from), **seen)
     if from_checkpoint is None:   # a new run never writes into an existing run's folder
         run_dir = fresh_dir(Path(args.out) / run_name)
         args = replace(args, run_name=run_dir.name)
