@@ -23,6 +23,7 @@ import numpy as np
 
 from nac_drive.actor import Actor
 from nac_drive.arguments import in_unit_interval
+from nac_drive.simulators.road_drawing import draw_road_vectorised
 from nac_drive.tasks import DISCRETE_GAS
 from nac_drive.video import WebmWriter
 
@@ -95,7 +96,8 @@ def make_carracing(
     With ``seed`` the env is reset once with it (and the action space seeded), so the
     env's track generator is in a reproducible state; later ``reset()`` calls without a
     seed then give the same sequence of tracks for the same ``seed``. Observations are
-    raw RGB frames, ``uint8 [96, 96, 3]``. ``gas`` other than ``DISCRETE_GAS``: the 5
+    raw RGB frames, ``uint8 [96, 96, 3]``, the stock env's pixels drawn ~2x faster
+    (:func:`~nac_drive.simulators.road_drawing.draw_road_vectorised`). ``gas`` other than ``DISCRETE_GAS``: the 5
     discrete actions with that GAS (:class:`DiscreteActions` on the continuous env).
     """
     if render_mode == "human":
@@ -115,6 +117,7 @@ def make_carracing(
         lap_complete_percent=lap_complete_percent,
         disable_env_checker=True,  # a stock env; the checker also rejects skipped frames
     )
+    draw_road_vectorised(env)
     if other_gas:
         env = DiscreteActions(env, gas)
     if seed is not None:

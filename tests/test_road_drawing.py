@@ -1,0 +1,70 @@
+"""CarRacing's road drawn vectorised gives the stock env's pixels, frame for frame."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pygame
+import pytest
+from gymnasium.envs.box2d.car_racing import SCALE, WINDOW_H, WINDOW_W, ZOOM
+
+from nac_drive.simulators.carracing import GAS, LEFT, NOOP, RIGHT, make_carracing
+from nac_drive.simulators.road_drawing import VectorisedRoad, rotation, stock_drawing_is_replicated
+
+
+def test_make_carracing_draws_the_road_vectorised():
+    """The installed gymnasium and pygame are the ones replicated, so every env the package
+    makes gets the faster drawing (otherwise the tests below would compare stock to stock)."""
+    assert stock_drawing_is_replicated()
+    env = make_carracing()
+    try:
+        assert isinstance(env.unwrapped._render_road, VectorisedRoad)
+        assert env.spec.id == "CarRacing-v3" and not env.spec.additional_wrappers
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("domain_randomize", [False, True])
+def test_frames_match_an_unmodified_env_across_tracks(domain_randomize):
+    """Two tracks in a row on one env (the corners are re-read at a new track), driven with
+    GAS so that tiles are visited (their colour changes) and with turns."""
+    fast = make_carracing(domain_randomize=domain_randomize)
+    stock = gym.make("CarRacing-v3", continuous=False, domain_randomize=domain_randomize)
+    actions = np.random.default_rng(0).choice([NOOP, LEFT, RIGHT, GAS, GAS, GAS], 120)
+    try:
+        for seed in (11, None):   # None: the next track of the same generator
+            first, stock_first = fast.reset(seed=seed)[0], stock.reset(seed=seed)[0]
+            np.testing.assert_array_equal(first, stock_first)
+            for action in actions:
+                obs, reward, *_ = fast.step(int(action))
+                stock_obs, stock_reward, *_ = stock.step(int(action))
+                np.testing.assert_array_equal(obs, stock_obs)
+                assert reward == stock_reward
+            assert fast.unwrapped.tile_visited_count > 0   # tiles changed colour on the way
+    finally:
+        fast.close()
+        stock.close()
+
+
+@pytest.mark.parametrize("angle", [0.0, math.pi / 2, -math.pi / 2, math.pi, 2 * math.pi, 0.3, -2.9, 40.0])
+def test_one_frame_of_road_matches_the_stock_method_at_any_angle(angle):
+    """Quarter turns take pygame's exact path (:func:`rotation` gives None there); other
+    angles the batched one. Both draw what ``CarRacing._render_road`` draws."""
+    env = make_carracing(seed=5)
+    try:
+        base = env.unwrapped
+        zoom = ZOOM * SCALE   # the view CarRacing draws, centred on the car
+        shift = pygame.math.Vector2(*(-zoom * c for c in base.car.hull.position)).rotate_rad(angle)
+        translation = (WINDOW_W / 2 + shift[0], WINDOW_H / 4 + shift[1])
+        canvases = []
+        for draw in (base._render_road, lambda *a: type(base)._render_road(base, *a)):
+            base.surf = pygame.Surface((WINDOW_W, WINDOW_H))
+            draw(zoom, translation, angle)
+            canvases.append(pygame.surfarray.array3d(base.surf))
+        np.testing.assert_array_equal(*canvases)
+        assert (rotation(angle) is None) == (angle % (math.pi / 2) == 0)
+        assert len(np.unique(canvases[0].reshape(-1, 3), axis=0)) > 2   # road and grass were drawn
+    finally:
+        env.close()
