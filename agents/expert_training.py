@@ -87,7 +87,7 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     elif args.init_from:
         _start_from(model.policy, start, args)
         model.save(run_dir / "init_model.zip")
-    model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=[callback, UpdateThreads()],
+    model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=[callback, UpdateThreads(args.update_threads)],
                 tb_log_name=run_dir.name, reset_num_timesteps=from_checkpoint is None,
                 progress_bar=args.progress_bar)
     model.save(run_dir / "final_model.zip")
@@ -279,23 +279,34 @@ def score_checkpoint(path: str | Path, episodes: int, seed_base: int, gas: float
 
 
 class UpdateThreads(BaseCallback):
-    """One torch thread while the workers drive (more would only take their cores), every
-    core for the PPO update between rollouts, when the workers wait: on 2 cores a rollout of
-    2048 decisions and its update (4 epochs, batches of 256) took 6.8 s to update with one
-    thread and 4.0 s with two."""
+    """One torch thread while the workers drive (more would only take their cores), and
+    ``threads`` (0: every core) for the PPO update between rollouts, when the workers wait.
+    The thread count of before training is restored at its end."""
 
-    def __init__(self, update_threads: int | None = None):
+    def __init__(self, threads: int = 0):
         super().__init__()
-        self.update_threads = update_threads or len(os.sched_getaffinity(0))
+        self.threads = threads or available_cores()
+        self.threads_before = torch.get_num_threads()
+
+    def _on_training_start(self) -> None:
+        self.threads_before = torch.get_num_threads()
 
     def _on_rollout_start(self) -> None:
         torch.set_num_threads(1)
 
     def _on_rollout_end(self) -> None:
-        torch.set_num_threads(self.update_threads)
+        torch.set_num_threads(self.threads)
+
+    def _on_training_end(self) -> None:
+        torch.set_num_threads(self.threads_before)
 
     def _on_step(self) -> bool:
         return True
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class FixedSeedEval(EvalCallback):

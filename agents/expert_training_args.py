@@ -26,6 +26,8 @@ class ExpertTrainArgs:
     seed: int = arg(EXPERT_TRAIN_SEED_BASE,
                      "seed of the training tracks, the network init and PPO's sampling", min=0)
     n_envs: int = arg(2, "parallel SubprocVecEnv workers (one per core)", min=1)
+    update_threads: int = arg(0, "torch threads of the PPO update between rollouts, while the workers wait "
+                                 "(0: every core; rollouts always use one)", min=0)
     action_repeat: int | None = arg(None, f"env frames per agent decision (default: the --init-from zip's, "
                                           f"else {ACTION_REPEAT})", min=1)
     frame_stack: int | None = arg(None, f"observations stacked as channels (default: the --init-from zip's, "

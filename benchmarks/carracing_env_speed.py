@@ -30,15 +30,14 @@ def main() -> int:
     if not 0 < args.frames < 1000:
         p.error("--frames must be in [1, 999]: CarRacing ends an episode at 1000")
 
-    import gymnasium as gym
-
     from nac_drive.simulators.carracing import GAS, LEFT, NOOP, RIGHT, make_carracing
     from nac_drive.simulators.road_drawing import stock_drawing_is_replicated
 
     if not stock_drawing_is_replicated():
         raise SystemExit("this gymnasium/pygame is not the replicated one: make_carracing draws the stock way")
-    envs = {"stock CarRacing-v3": gym.make("CarRacing-v3", continuous=False),
-            "make_carracing (vectorised road)": make_carracing()}
+    stock = make_carracing()
+    del stock.unwrapped._render_road   # the class's own drawing again; all else the same env
+    envs = {"stock CarRacing-v3": stock, "make_carracing (vectorised road)": make_carracing()}
     actions = np.random.default_rng(0).choice([NOOP, LEFT, RIGHT, GAS, GAS, GAS], args.frames).tolist()
     totals = {name: [0, 0.0, 0.0] for name in envs}   # steps, wall, cpu
     for track in range(args.tracks):

@@ -1,13 +1,14 @@
 """CarRacing's road drawn ~2x faster, pixel for pixel the same.
 
 CarRacing-v3 draws every frame on a 1000x800 canvas: a background, 400 grass patches and
-the track's ~300 road tiles. For each of those ~700 quadrilaterals its ``_render_road``
-rotates, scales and bounds-checks the corners in Python (``pygame.math.Vector2`` one point
-at a time), though only ~70 of them are on screen; that bookkeeping is most of the cost of
-a step. :func:`draw_road_vectorised` replaces it on one env with the same arithmetic on
-all corners at once in numpy, then draws the visible polygons with the same pygame calls
-and the same float coordinates, so every observation is identical to the stock env's
-(tested against an unmodified env, including track changes and visited tiles).
+the track's 300-450 road tiles and kerbs. For each of those quadrilaterals its
+``_render_road`` rotates, scales and bounds-checks the corners in Python
+(``pygame.math.Vector2`` one point at a time), though only ~60 of them are on screen once
+the view has zoomed in (after the first second of an episode); that bookkeeping is most of
+the cost of a step. :func:`draw_road_vectorised` replaces it on one env with the same
+arithmetic on all corners at once in numpy, then draws the visible polygons with the same
+pygame calls and the same float coordinates, so every observation is identical to the
+stock env's (tested against an unmodified env, including track changes and visited tiles).
 
 It is applied only where gymnasium's drawing code is the code this replicates (compared
 by a hash of its source) and pygame rotates points as replicated here (checked on random
@@ -34,7 +35,9 @@ VECTOR_EPSILON = 1e-6   # pygame.math.Vector2().epsilon
 def rotation(angle: float) -> tuple[float, float] | None:
     """``(cos, sin)`` as ``pygame.math.Vector2.rotate_rad(angle)`` computes them (the angle
     first brought into [0, 2 pi)); ``None`` within its epsilon of a quarter turn, where
-    pygame swaps coordinates instead."""
+    pygame swaps coordinates instead, and for an angle that is not finite."""
+    if not math.isfinite(angle):
+        return None
     angle = math.fmod(angle, TWO_PI)
     if angle < 0:
         angle += TWO_PI
@@ -55,11 +58,15 @@ def stock_drawing_is_replicated() -> bool:
         return False
     if hashlib.sha256(source.encode()).hexdigest() != REPLICATED_SOURCE_SHA256:
         return False
+    if pygame.math.Vector2().epsilon != VECTOR_EPSILON:
+        return False
     points = np.random.default_rng(0).uniform(-400, 400, (256, 3))   # x, y, angle
     for x, y, angle in points.tolist():
-        cos, sin = rotation(angle) or (math.cos(angle), math.sin(angle))   # never None here (seeded)
-        if tuple(pygame.math.Vector2(x, y).rotate_rad(angle)) != (x * cos - y * sin, x * sin + y * cos):
-            return False
+        turn = rotation(angle)
+        if turn is not None:   # quarter turns are left to pygame
+            cos, sin = turn
+            if tuple(pygame.math.Vector2(x, y).rotate_rad(angle)) != (x * cos - y * sin, x * sin + y * cos):
+                return False
     return True
 
 
@@ -76,9 +83,13 @@ def draw_road_vectorised(env: gym.Env) -> gym.Env:
 
     The env and its spec are unchanged otherwise (an env rebuilt from ``env.spec`` draws
     the stock way, with the same pixels). No effect if gymnasium's drawing code is not
-    the replicated one."""
-    if stock_drawing_is_replicated():
-        base = env.unwrapped
+    the replicated one, or if ``env`` is not a CarRacing that draws with it."""
+    from gymnasium.envs.box2d.car_racing import CarRacing
+
+    base = env.unwrapped
+    stock = type(base)
+    if (isinstance(base, CarRacing) and stock._render_road is CarRacing._render_road
+            and stock._draw_colored_polygon is CarRacing._draw_colored_polygon and stock_drawing_is_replicated()):
         base._render_road = VectorisedRoad(base)   # an instance attribute shadows the method
     return env
 
@@ -87,9 +98,10 @@ class VectorisedRoad:
     """``CarRacing._render_road`` for one env, with the corner arithmetic batched.
 
     The polygons' world coordinates are gathered once per track: ``float64 [P, 4, 2]``,
-    the grass patches first, then the road tiles in drawing order. Colours are read at
-    each frame (a visited tile's colour changes in place; domain randomisation changes
-    the grass colour at reset)."""
+    the grass patches first, then the road tiles in drawing order. A new track is told by a
+    new ``road_poly`` list (CarRacing builds one at each reset and never edits its corners).
+    Colours are read at each frame (a visited tile's colour changes in place; domain
+    randomisation changes the grass colour at reset)."""
 
     def __init__(self, env):
         self.env = env
@@ -99,7 +111,7 @@ class VectorisedRoad:
 
     def __call__(self, zoom: float, translation, angle: float) -> None:
         from gymnasium.envs.box2d.car_racing import MAX_SHAPE_DIM, PLAYFIELD, WINDOW_H, WINDOW_W
-        from pygame import gfxdraw
+        from pygame import gfxdraw   # Box2D and pygame load with the env, not with this module
 
         env, road = self.env, self.env.road_poly
         if road is not self.road or len(road) != len(self.corners) - len(self.grass):   # a new track

@@ -694,12 +694,13 @@ def test_expert_training_starts_from_init_from(tmp_path):
         train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 
 
-def test_expert_training_updates_on_every_core_and_drives_on_one(tmp_path, monkeypatch):
+def test_expert_training_updates_on_more_threads_and_drives_on_one(tmp_path, monkeypatch):
     """The workers drive while the main process waits on them with one thread; the PPO
-    update, when the workers wait, gets every core."""
+    update, when the workers wait, gets ``update_threads`` (default: every core), and the
+    caller's thread count is back afterwards."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_training import UpdateThreads, train_expert
+    from nac_drive.agents.expert_training import UpdateThreads, available_cores, train_expert
     from nac_drive.agents.expert_training_args import ExpertTrainArgs
 
     seen = {"update": [], "rollout": []}   # threads at each update, and at each rollout step
@@ -714,12 +715,14 @@ def test_expert_training_updates_on_every_core_and_drives_on_one(tmp_path, monke
     threads = torch.get_num_threads()
     try:
         train_expert(ExpertTrainArgs(out=str(tmp_path), run_name="t", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
-                                     action_repeat=1, total_frames=32, eval_every_frames=10**9, progress_bar=False))
+                                     action_repeat=1, total_frames=32, eval_every_frames=10**9, update_threads=3,
+                                     progress_bar=False))
+        assert torch.get_num_threads() == 1   # what train_expert set before training (not the update's 3)
     finally:
         torch.set_num_threads(threads)
-    cores = len(os.sched_getaffinity(0))
-    assert seen["update"] == [cores] * 4   # 32 frames at repeat 1: 4 rollouts of 8
+    assert seen["update"] == [3] * 4   # 32 frames at repeat 1: 4 rollouts of 8
     assert set(seen["rollout"]) == {1} and len(seen["rollout"]) == 32
+    assert UpdateThreads().threads == available_cores() >= 1
 
 
 def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeypatch):

@@ -48,7 +48,11 @@ def test_frames_match_an_unmodified_env_across_tracks(domain_randomize):
         stock.close()
 
 
-@pytest.mark.parametrize("angle", [0.0, math.pi / 2, -math.pi / 2, math.pi, 2 * math.pi, 0.3, -2.9, 40.0])
+QUARTER = math.pi / 2
+
+
+@pytest.mark.parametrize("angle", [0.0, QUARTER, -QUARTER, math.pi, 2 * math.pi, QUARTER + 5e-7, math.pi - 5e-7,
+                                   QUARTER + 2e-6, -math.pi + 2e-6, 0.3, -2.9, 40.0])
 def test_one_frame_of_road_matches_the_stock_method_at_any_angle(angle):
     """Quarter turns take pygame's exact path (:func:`rotation` gives None there); other
     angles the batched one. Both draw what ``CarRacing._render_road`` draws."""
@@ -64,7 +68,32 @@ def test_one_frame_of_road_matches_the_stock_method_at_any_angle(angle):
             draw(zoom, translation, angle)
             canvases.append(pygame.surfarray.array3d(base.surf))
         np.testing.assert_array_equal(*canvases)
-        assert (rotation(angle) is None) == (angle % (math.pi / 2) == 0)
+        near_quarter = min(angle % QUARTER, QUARTER - angle % QUARTER) < 1e-6   # pygame's epsilon
+        assert (rotation(angle) is None) == near_quarter
         assert len(np.unique(canvases[0].reshape(-1, 3), axis=0)) > 2   # road and grass were drawn
     finally:
         env.close()
+
+
+def test_elsewhere_carracing_draws_the_stock_way(monkeypatch):
+    """Another gymnasium's drawing code (its source hash differs), or a CarRacing subclass
+    that draws its own road, is left alone."""
+    from gymnasium.envs.box2d.car_racing import CarRacing
+
+    from nac_drive.simulators import road_drawing
+
+    class OwnRoad(CarRacing):
+        def _render_road(self, zoom, translation, angle):
+            super()._render_road(zoom, translation, angle)
+
+    own = road_drawing.draw_road_vectorised(OwnRoad())
+    assert "_render_road" not in own.unwrapped.__dict__
+    own.close()
+    monkeypatch.setattr(road_drawing, "REPLICATED_SOURCE_SHA256", "0" * 64)
+    road_drawing.stock_drawing_is_replicated.cache_clear()
+    try:
+        env = make_carracing()
+        assert not road_drawing.stock_drawing_is_replicated() and "_render_road" not in env.unwrapped.__dict__
+        env.close()
+    finally:
+        road_drawing.stock_drawing_is_replicated.cache_clear()
