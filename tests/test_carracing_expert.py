@@ -759,7 +759,7 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     def record_start(model, total_timesteps, **kwargs):
         started.update(weights=model.policy.state_dict(), steps=model.num_timesteps, todo=total_timesteps,
                        adam=model.policy.optimizer.state_dict()["state"], count=model.get_vec_normalize_env().ret_rms.count,
-                       best=kwargs["callback"].best_mean_reward)
+                       best=kwargs["callback"][0].best_mean_reward)   # [evaluation, UpdateThreads]
         return model
 
     with monkeypatch.context() as patch:
