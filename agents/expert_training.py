@@ -87,9 +87,9 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     elif args.init_from:
         _start_from(model.policy, start, args)
         model.save(run_dir / "init_model.zip")
-    model.learn(args.total_frames // args.action_repeat - model.num_timesteps, callback=[callback, UpdateThreads(args.update_threads)],
-                tb_log_name=run_dir.name, reset_num_timesteps=from_checkpoint is None,
-                progress_bar=args.progress_bar)
+    model.learn(args.total_frames // args.action_repeat - model.num_timesteps,
+                callback=[callback, UpdateThreads(args.update_threads)], tb_log_name=run_dir.name,
+                reset_num_timesteps=from_checkpoint is None, progress_bar=args.progress_bar)
     model.save(run_dir / "final_model.zip")
     venv.close()
     eval_env.close()
@@ -286,7 +286,7 @@ class UpdateThreads(BaseCallback):
     def __init__(self, threads: int = 0):
         super().__init__()
         self.threads = threads or available_cores()
-        self.threads_before = torch.get_num_threads()
+        self.threads_before: int | None = None   # set when training starts
 
     def _on_training_start(self) -> None:
         self.threads_before = torch.get_num_threads()

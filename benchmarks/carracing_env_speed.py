@@ -44,11 +44,12 @@ def main() -> int:
         for env in envs.values():
             env.reset(seed=1000 + track)
         for start in range(0, args.frames, BLOCK):
+            block = actions[start:start + BLOCK]
             for name, env in envs.items():
                 wall, cpu = time.perf_counter(), time.process_time()
-                for action in actions[start:start + BLOCK]:
+                for action in block:
                     env.step(action)
-                totals[name][0] += len(actions[start:start + BLOCK])
+                totals[name][0] += len(block)
                 totals[name][1] += time.perf_counter() - wall
                 totals[name][2] += time.process_time() - cpu
     rows = {name: {"steps": steps, "steps_per_s_wall": round(steps / wall, 1), "steps_per_s_cpu": round(steps / cpu, 1)}

@@ -114,7 +114,7 @@ class VectorisedRoad:
         from pygame import gfxdraw   # Box2D and pygame load with the env, not with this module
 
         env, road = self.env, self.env.road_poly
-        if road is not self.road or len(road) != len(self.corners) - len(self.grass):   # a new track
+        if road is not self.road:   # a new track
             tiles = np.array([poly for poly, _ in road], dtype=np.float64).reshape(-1, 4, 2)
             self.road, self.corners = road, np.concatenate([self.grass, tiles])
 
