@@ -124,28 +124,37 @@ def observe_as_expert(env: gym.Env, preprocessing: Preprocessing) -> gym.Env:
 
 def make_expert_env(preprocessing: Preprocessing = Preprocessing(), continuous: bool = False, *,
                     skip_render: bool = False, render_mode: str | None = None,
-                    track_stride: int | None = None, patience: int | None = None) -> gym.Env:
+                    track_stride: int | None = None, patience: int | None = None,
+                    teacher_labels: bool = False) -> gym.Env:
     """CarRacing-v3 as the expert sees it (gymnasium only): its GAS (discrete), action repeat,
     grey, frame stack.
 
-    Training adds ``track_stride`` (evaluation: :class:`ConsecutiveTrackSeeds`) and
-    ``patience`` (:class:`NegativeRewardTruncation`) below the observation wrappers, and
-    ``skip_render`` (frames the agent never sees are not drawn; same observations)."""
+    Training adds ``track_stride`` (evaluation: :class:`ConsecutiveTrackSeeds`),
+    ``teacher_labels`` (kickstarted PPO:
+    :class:`~nac_drive.agents.expert_kickstarted_ppo.TeacherLabels`) and ``patience``
+    (:class:`NegativeRewardTruncation`) below the observation wrappers, and ``skip_render``
+    (frames the agent never sees are not drawn; same observations)."""
     env = make_carracing(continuous=continuous, render_mode=render_mode, gas=preprocessing.gas)
     if track_stride:
         env = ConsecutiveTrackSeeds(env, stride=track_stride)
     env = ActionRepeat(env, preprocessing.action_repeat, skip_render=skip_render)
+    if teacher_labels:
+        from nac_drive.agents.expert_kickstarted_ppo import TeacherLabels
+
+        env = TeacherLabels(env)
     if patience:
         env = NegativeRewardTruncation(env, patience)
     return observe_as_expert(env, preprocessing)
 
 
 def make_vec_env(continuous: bool, n_envs: int = 1, preprocessing: Preprocessing = Preprocessing(),
-                 patience: int | None = None, skip_render: bool = True, reward_gamma: float | None = None):
+                 patience: int | None = None, skip_render: bool = True, reward_gamma: float | None = None,
+                 teacher_labels: bool = False):
     """:func:`make_expert_env` as an SB3 VecEnv of observations
     ``uint8 [n_envs, frame_stack, frame_size, frame_size]``, each env under SB3's Monitor
     (``info["episode"]``: the episode's return in raw env reward). ``patience``: see
-    :class:`NegativeRewardTruncation` (training only; ``None``: no such end).
+    :class:`NegativeRewardTruncation` (training only; ``None``: no such end);
+    ``teacher_labels``: each step's info has the teacher's label (kickstarted PPO).
 
     ``reward_gamma`` normalises rewards with that discount (training); ``None`` leaves them
     as the env gives them (evaluation), and an evaluation env seeded with ``s`` drives the
@@ -158,7 +167,8 @@ def make_vec_env(continuous: bool, n_envs: int = 1, preprocessing: Preprocessing
 
     def worker() -> gym.Env:
         return Monitor(make_expert_env(preprocessing, continuous, skip_render=skip_render, patience=patience,
-                                       track_stride=n_envs if reward_gamma is None else None))
+                                       track_stride=n_envs if reward_gamma is None else None,
+                                       teacher_labels=teacher_labels))
 
     venv = SubprocVecEnv([worker] * n_envs) if n_envs > 1 else DummyVecEnv([worker])
     if reward_gamma is None:

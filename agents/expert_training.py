@@ -24,6 +24,7 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
 from nac_drive.agents.expert_env import Preprocessing, make_vec_env
+from nac_drive.agents.expert_kickstarted_ppo import KickstartedPPO
 from nac_drive.agents.expert_zip import (LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps,
                                          trained_gamma)
 from nac_drive.agents.expert_training_args import FRAME_SIZE, ExpertTrainArgs
@@ -44,7 +45,8 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
-    if start is not None:   # a fine-tune sees, acts and discounts as its start was trained to, unless told
+    if start is not None:
+        _check_kind(start, args)   # a fine-tune sees, acts and discounts as its start was trained to, unless told
         seen = {name: getattr(args, name) or getattr(start.preprocessing, name)
                 for name in ("action_repeat", "frame_stack", "gas")}
         args = replace(args, gamma=args.gamma or trained_gamma(args.init_from), **seen)
@@ -58,12 +60,17 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
 
     view = dict(continuous=args.continuous, skip_render=args.skip_render,
                 preprocessing=Preprocessing(FRAME_SIZE, args.frame_stack, args.action_repeat, gas=args.gas))
-    venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma, **view)
+    venv = make_vec_env(n_envs=args.n_envs, patience=args.negative_patience, reward_gamma=args.gamma,
+                        teacher_labels=bool(args.teacher_fit_lr), **view)
     venv.seed(args.seed)
     eval_env = make_vec_env(**view)
 
     lr0 = args.learning_rate
-    model = PPO(
+    algorithm, kickstart = PPO, {}
+    if args.teacher_fit_lr:
+        algorithm = KickstartedPPO
+        kickstart = dict(teacher_fit_lr=args.teacher_fit_lr, teacher_fit_epochs=args.teacher_fit_epochs)
+    model = algorithm(
         "CnnPolicy", venv,
         learning_rate=lambda progress: lr0 * progress,  # progress: 1 -> 0
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
@@ -71,7 +78,7 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
         ent_coef=args.ent_coef,
         policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units]),
                            **({"log_std_init": args.log_std_init} if args.continuous else {})),
-        tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0,
+        tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0, **kickstart,
     )
     # Saved into the zip's JSON `data` (SB3 ignores it): every reader sees and acts as in training.
     model.preprocessing = view["preprocessing"].to_json()
@@ -106,7 +113,8 @@ def resume_expert(run_dir: str | Path, total_frames: int | None = None) -> Path:
     """Continue a run that was stopped (one session is rarely enough for millions of
     frames) from the last checkpoint it kept at an evaluation: weights, Adam state, reward
     normalisation, frame count, evaluation history and best score. What it did after that
-    evaluation is lost, ``final_model.zip`` included.
+    evaluation is lost, ``final_model.zip`` included, and a kickstarted run's teacher fit
+    (``--teacher-fit-lr``) starts with a fresh Adam.
 
     Every argument comes from the run's ``args.json``; ``total_frames`` sets a new target
     (written back to it). The learning rate decays linearly to 0 at the target, so it
@@ -228,13 +236,17 @@ def _kept_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _start_from(policy, start: LoadedPolicy, args: ExpertTrainArgs) -> None:
-    """Load ``start`` (the policy of ``args.init_from``) into ``policy``."""
+def _check_kind(start: LoadedPolicy, args: ExpertTrainArgs) -> None:
+    """``ValueError`` unless ``start`` (the policy of ``args.init_from``) has the run's kind of actions."""
     run_kind = "continuous" if args.continuous else "discrete"
     start_kind = "continuous" if start.continuous else "discrete"
     if start_kind != run_kind:
         raise ValueError(f"init_from: {args.init_from} has {start_kind} actions; a {run_kind} run "
                          f"can only start from a {run_kind} expert")
+
+
+def _start_from(policy, start: LoadedPolicy, args: ExpertTrainArgs) -> None:
+    """Load ``start`` (the policy of ``args.init_from``) into ``policy``."""
     try:
         policy.load_state_dict(start.policy.state_dict())
     except RuntimeError as exc:

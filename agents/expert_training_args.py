@@ -47,6 +47,10 @@ class ExpertTrainArgs:
     head_units: int = arg(256, "units of the hidden layer of the policy and value heads", min=1)
     negative_patience: int = arg(
         25, "training-only truncation after this many agent steps of negative reward", min=1)
+    teacher_fit_lr: float = arg(
+        0.0, "kickstarted PPO: after each PPO update, fit the policy's logits to the discrete teacher's labels "
+             "of the rollout's states with an Adam at this learning rate (0: plain PPO)", min=0)
+    teacher_fit_epochs: int = arg(2, "passes of that fit over each rollout", min=1)
     init_from: str = arg("", "start from this expert zip's policy weights (fine-tuning: e.g. a lower "
                              "--learning-rate on new --seed tracks; the same kind of actions as the "
                              "run); read without unpickling")
@@ -64,6 +68,8 @@ class ExpertTrainArgs:
 
     def __post_init__(self):
         check_fields(self)
+        if self.teacher_fit_lr and self.continuous:
+            raise ValueError("--teacher-fit-lr: the teacher labels discrete actions; drop --continuous")
         if not self.init_from:   # else train_expert reads the defaults from the zip
             self.action_repeat = self.action_repeat or ACTION_REPEAT
             self.frame_stack = self.frame_stack or FRAME_STACK
