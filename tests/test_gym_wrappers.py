@@ -16,6 +16,7 @@ from gymnasium.utils.env_checker import check_env
 
 import nac_drive
 from nac_drive.agents.expert_env import GrayObservation, NegativeRewardTruncation, Preprocessing, make_expert_env
+from nac_drive.agents.expert_kickstarted_ppo import TeacherLabels
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
 from nac_drive.simulators.carracing import (
     DISCRETE_GAS,
@@ -37,12 +38,13 @@ WRAPPED = {
     GrayObservation: lambda: GrayObservation(make_carracing(), 40),
     NegativeRewardTruncation: lambda: NegativeRewardTruncation(make_carracing(continuous=True), patience=2),
     RecordEpisodes: lambda: RecordEpisodes(make_carracing(), fps=50),
+    TeacherLabels: lambda: TeacherLabels(make_carracing()),
     SpeedControl: lambda: SpeedControl(gym.make("nac_drive/UdacityEmulator-v0", track="gentle"), speed_mph=12.0),
 }
 STACKS = {**{cls.__name__: make for cls, make in WRAPPED.items()},
           # the PPO expert's whole stack, training's extras included
           "expert env": lambda: make_expert_env(Preprocessing(frame_stack=3, action_repeat=2), track_stride=2,
-                                                patience=5, skip_render=True),
+                                                patience=5, skip_render=True, teacher_labels=True),
           "expert env, stronger gas": lambda: make_expert_env(Preprocessing(action_repeat=2, gas=0.5))}
 
 
