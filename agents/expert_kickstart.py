@@ -223,15 +223,26 @@ def fit_policy(policy, optimizer, stacks: np.ndarray, labels: np.ndarray, update
     losses: list[float] = []
     for _ in tqdm(range(updates), desc="fit", unit="batch", disable=not progress, leave=False):
         idx = np.sort(rng.choice(len(labels), size=min(batch_size, len(labels)), replace=False))
-        _, log_prob, _ = policy.evaluate_actions(torch.as_tensor(stacks[idx]), torch.as_tensor(labels[idx]))
-        loss = -log_prob.mean()
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(imitation_step(policy, optimizer, stacks[idx], labels[idx])[0])
     policy.set_training_mode(False)
     return float(np.mean(losses[-50:]))
+
+
+def imitation_step(policy, optimizer, stacks: np.ndarray, labels: np.ndarray,
+                   max_grad_norm: float = 0.5) -> tuple[float, float]:
+    """One ``optimizer`` step of the policy's action logits towards ``labels`` (``int64 [B]``)
+    on ``stacks`` (``uint8 [B, stack, 64, 64]``) by cross-entropy, gradients clipped to
+    ``max_grad_norm``. Returns (loss, share of the batch whose label was the most likely action)."""
+    import torch
+
+    logits = policy.get_distribution(torch.as_tensor(stacks)).distribution.logits
+    target = torch.as_tensor(labels)
+    loss = torch.nn.functional.cross_entropy(logits, target)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item(), (logits.argmax(1) == target).float().mean().item()
 
 
 def value_targets(rewards: np.ndarray, episode_ends: list[int], gamma: float) -> np.ndarray:

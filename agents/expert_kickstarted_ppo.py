@@ -22,6 +22,8 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 
+from nac_drive.agents.expert_kickstart import imitation_step
+
 LABEL_KEY = "teacher_action"
 
 
@@ -101,14 +103,9 @@ class KickstartedPPO(PPO):
         losses, agreed = [], []
         for _ in range(self.teacher_fit_epochs):
             for idx in np.array_split(np.random.permutation(len(labels)), max(1, len(labels) // self.batch_size)):
-                logits = self.policy.get_distribution(torch.as_tensor(observations[idx])).distribution.logits
-                target = torch.as_tensor(labels[idx])
-                loss = torch.nn.functional.cross_entropy(logits, target)
-                self.teacher_optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-                self.teacher_optimizer.step()
-                losses.append(loss.item())
-                agreed.append((logits.argmax(1) == target).float().mean().item())
+                loss, agreement = imitation_step(self.policy, self.teacher_optimizer, observations[idx], labels[idx],
+                                                 self.max_grad_norm)
+                losses.append(loss)
+                agreed.append(agreement)
         self.logger.record("teacher/cross_entropy", float(np.mean(losses)))
         self.logger.record("teacher/agreement", float(np.mean(agreed)))

@@ -45,8 +45,8 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     run_name = args.run_name or (
         f"ppo_{kind}_s{args.seed}_{args.total_frames // 1000}kf_{time.strftime('%Y%m%d-%H%M%S')}")
     start = load_expert_zip(args.init_from) if args.init_from and from_checkpoint is None else None  # fails early
-    if start is not None:
-        _check_kind(start, args)   # a fine-tune sees, acts and discounts as its start was trained to, unless told
+    if start is not None:   # a fine-tune sees, acts and discounts as its start was trained to, unless told
+        _check_kind(start, args)
         seen = {name: getattr(args, name) or getattr(start.preprocessing, name)
                 for name in ("action_repeat", "frame_stack", "gas")}
         args = replace(args, gamma=args.gamma or trained_gamma(args.init_from), **seen)
