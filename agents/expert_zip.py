@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -198,9 +199,41 @@ def _policy_kwargs(kwargs: Any, path: Path) -> dict[str, Any]:
     return kwargs
 
 
-def export_for_shipping(src: str | Path, dst: str | Path, gas: float | None = None) -> Path:
+def average_weights(paths: Sequence[str | Path], gas: float | None = None) -> LoadedPolicy:
+    """The policy whose every tensor is the mean of those of several zips of one network.
+
+    Meant for the checkpoints one PPO run kept over its last stretch: their average
+    (tail averaging, as in stochastic weight averaging, Izmailov et al. 2018) sits in the
+    middle of the region the iterates wander through and drives more steadily than any of
+    them (BENCHMARKS.md). Each zip is read by :func:`load_expert_zip`; they must record the
+    same preprocessing, action space and network, else ``ValueError`` names the first
+    that differs.
+    """
+    import torch
+
+    if not paths:
+        raise ValueError("no zips to average")
+    loaded = [load_expert_zip(path, gas) for path in paths]
+    first = loaded[0]
+    kwargs = read_data(paths[0]).get("policy_kwargs", {})
+    for path, other in zip(paths[1:], loaded[1:]):
+        if (other.preprocessing, other.continuous) != (first.preprocessing, first.continuous) \
+                or read_data(path).get("policy_kwargs", {}) != kwargs:
+            raise ValueError(f"{path} cannot be averaged with {paths[0]}: its preprocessing, action space or "
+                             "network differs")
+    states = [item.policy.state_dict() for item in loaded]
+    with torch.no_grad():
+        first.policy.load_state_dict({name: torch.stack([state[name].float() for state in states]).mean(0)
+                                      .to(tensor.dtype) for name, tensor in states[0].items()})
+    return first
+
+
+def export_for_shipping(src: str | Path | Sequence[str | Path], dst: str | Path,
+                        gas: float | None = None) -> Path:
     """Write ``src``'s policy as a new SB3 zip ``dst`` without optimizer state (~3x smaller),
-    to drive with GAS pressing ``gas`` if given (else as ``src`` does).
+    to drive with GAS pressing ``gas`` if given (else as ``src`` does). Several zips as
+    ``src`` ship their :func:`average_weights`, with the hyper-parameters of the last and
+    ``averaged_checkpoints`` (each one's agent steps) in ``data``.
 
     Nothing of ``src`` is unpickled or copied as is: the policy is read by
     :func:`load_expert_zip`, and the zip is written from it, its checked JSON fields and a
@@ -211,15 +244,19 @@ def export_for_shipping(src: str | Path, dst: str | Path, gas: float | None = No
     from stable_baselines3.common.save_util import save_to_zip_file
     from stable_baselines3.common.utils import ConstantSchedule
 
-    loaded = load_expert_zip(src, gas)
-    source = read_data(src)
+    sources = [src] if isinstance(src, (str, Path)) else list(src)
+    loaded = load_expert_zip(sources[0], gas) if len(sources) == 1 else average_weights(sources, gas)
+    source = read_data(sources[-1])
     policy = loaded.policy
     data: dict[str, Any] = {name: source[name] for name in _SHIPPED_FIELDS
                             if isinstance(source.get(name), (bool, int, float))}
-    data.update(policy_class=ActorCriticCnnPolicy, policy_kwargs=_policy_kwargs(source.get("policy_kwargs", {}), src),
+    data.update(policy_class=ActorCriticCnnPolicy,
+                policy_kwargs=_policy_kwargs(source.get("policy_kwargs", {}), sources[-1]),
                 observation_space=policy.observation_space, action_space=policy.action_space,
                 learning_rate=0.0, lr_schedule=ConstantSchedule(0.0), clip_range=0.0,
                 preprocessing=loaded.preprocessing.to_json())
+    if len(sources) > 1:
+        data["averaged_checkpoints"] = [trained_agent_steps(path) for path in sources]
     data.setdefault("n_envs", 1)
     optimizer = policy.optimizer_class(policy.parameters(), lr=0.0, **policy.optimizer_kwargs)
     params = {"policy": policy.state_dict(), "policy.optimizer": optimizer.state_dict()}
@@ -228,5 +265,5 @@ def export_for_shipping(src: str | Path, dst: str | Path, gas: float | None = No
     return dst
 
 
-__all__ = ["LoadedPolicy", "ZipMemberError", "export_for_shipping", "load_expert_zip", "read_data", "read_preprocessing",
-           "read_tensors", "trained_agent_steps"]
+__all__ = ["LoadedPolicy", "ZipMemberError", "average_weights", "export_for_shipping", "load_expert_zip", "read_data",
+           "read_preprocessing", "read_tensors", "trained_agent_steps"]

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from support.expert_zips import shipped_with_data
+from support.expert_zips import rewrite_zip, shipped_with_data
 
 from nac_drive.agents.expert_env import Preprocessing, preprocess
 from nac_drive.agents.expert_zip import load_expert_zip, read_data
@@ -512,6 +512,34 @@ def test_a_zip_shipped_with_another_gas_keeps_its_weights_and_names_its_env(tmp_
     box = shipped_with_data(tmp_path / "box.zip", action_space={":type:": "Box"})
     with pytest.raises(ValueError, match="gas 0.5: .*box.zip is a continuous expert"):
         load_expert_zip(box, gas=0.5)
+
+
+def test_shipping_several_checkpoints_ships_the_mean_of_their_weights(tmp_path, capsys):
+    """`expert ship A B OUT` writes one zip whose every tensor is the mean of A's and B's,
+    records both checkpoints' agent steps, and refuses zips of another preprocessing."""
+    from nac_drive.cli import main
+
+    shipped = shipped_expert_path()
+    weights = load_expert_zip(shipped).policy.state_dict()
+    buffer = io.BytesIO()
+    torch.save({name: tensor + 1.0 for name, tensor in weights.items()}, buffer)
+    later = shipped_with_data(tmp_path / "later.zip", num_timesteps=read_data(shipped)["num_timesteps"] + 50_000)
+    later = rewrite_zip(later, tmp_path / "later_moved.zip", policy__pth=buffer.getvalue())
+    out = tmp_path / "mean.zip"
+    assert main(["expert", "ship", str(shipped), str(later), str(out)]) == 0
+    averaged = PPOExpert(out).policy.state_dict()
+    for name, tensor in weights.items():
+        assert torch.allclose(averaged[name], tensor + 0.5, atol=1e-5), name
+    steps = read_data(shipped)["num_timesteps"]
+    assert read_data(out)["averaged_checkpoints"] == [steps, steps + 50_000]
+    single = tmp_path / "single.zip"
+    assert main(["expert", "ship", str(shipped), str(single)]) == 0 and "averaged_checkpoints" not in read_data(single)
+    capsys.readouterr()
+    other_gas = tmp_path / "gas.zip"
+    assert main(["expert", "ship", str(shipped), str(other_gas), "--gas", "0.5"]) == 0
+    assert main(["expert", "ship", str(shipped), str(other_gas), str(tmp_path / "bad.zip")]) == 2
+    assert "gas.zip cannot be averaged with" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "bad.zip").exists()
 
 
 def test_negative_reward_streak_truncates_the_episode():

@@ -5,7 +5,7 @@
     nac-drive expert resume RUN_DIR [--total-frames N]
     nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--gas G] [--json]
     nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--gas G] [--json]
-    nac-drive expert ship ZIP OUT [--gas G]
+    nac-drive expert ship ZIP [ZIP ...] OUT [--gas G]
 
 ``eval`` scores on the held-out tracks (seeds 900000, 900001, ...) by default and
 uses the shipped expert without ``--expert``.
@@ -85,11 +85,14 @@ def add_parser(subparsers) -> None:
                      help="end the output with one line of JSON: a summary per zip")
     cmp.set_defaults(func=_compare)
 
-    ship = sub.add_parser("ship", help="write a chosen checkpoint (e.g. the one 'compare' picked) without "
-                                       "optimizer state, as --ship does",
+    ship = sub.add_parser("ship", help="write a chosen checkpoint (e.g. the one 'compare' picked), or the average "
+                                       "of several, without optimizer state, as --ship does",
                           description="Copies the policy weights and plain hyper-parameters of ZIP, read "
-                                      "without unpickling, into a new SB3 zip OUT (about a third of the size).")
-    ship.add_argument("zip", metavar="ZIP", help="SB3 zip of a PPO expert")
+                                      "without unpickling, into a new SB3 zip OUT (about a third of the size). "
+                                      "Several ZIPs (checkpoints one run kept over its last stretch) ship the "
+                                      "mean of their weights, which often drives more steadily than each; "
+                                      "score OUT with 'compare' before shipping it where it counts.")
+    ship.add_argument("zips", nargs="+", metavar="ZIP", help="SB3 zip(s) of a PPO expert")
     ship.add_argument("out", metavar="OUT", help="the zip to write")
     ship.add_argument("--gas", type=PEDAL, default=None,
                       help="record this as what the GAS action presses, so that every command drives the "
@@ -135,12 +138,13 @@ def _report(best, ship: str | None) -> int:
 
 
 def _ship(args: argparse.Namespace) -> int:
-    _write_shipped(args.zip, args.out, args.gas)
+    _write_shipped(args.zips, args.out, args.gas)
     return 0
 
 
 def _write_shipped(src, dst, gas: float | None = None) -> None:
-    """``src`` without optimizer state at ``dst`` (read without unpickling)."""
+    """``src`` (a zip, or zips whose weights are averaged) without optimizer state at ``dst``
+    (read without unpickling)."""
     from nac_drive.agents.expert_zip import export_for_shipping
 
     print(f"shipped copy: {export_for_shipping(src, dst, gas)}")
