@@ -509,7 +509,8 @@ def test_a_zip_shipped_with_another_gas_keeps_its_weights_and_names_its_env(tmp_
     _check_recipe(QuickstartArgs(full=True, expert=str(path)))   # its own gas goes to its oracle check
     with pytest.raises(ValueError, match=r"--gas: ppo:gas's zip sets gas 0.5 \('expert compare ZIP --gas 0.3'"):
         evaluate_expert(str(path), 1, gas=0.3)
-    box = shipped_with_data(tmp_path / "box.zip", action_space={":type:": "Box"})
+    no_gas = {name: value for name, value in read_data(shipped)["preprocessing"].items() if name != "gas"}
+    box = shipped_with_data(tmp_path / "box.zip", action_space={":type:": "Box"}, preprocessing=no_gas)
     with pytest.raises(ValueError, match="gas 0.5: .*box.zip is a continuous expert"):
         load_expert_zip(box, gas=0.5)
 
@@ -577,23 +578,24 @@ def test_load_policy_rejects_bad_files(tmp_path):
         return shipped_with_data(tmp_path / name, **changes)
 
     record = read_data(shipped_expert_path())["preprocessing"]
-    assert record == {"frame_size": 64, "frame_stack": 2, "action_repeat": 1,
-                      "grayscale": "cv2.COLOR_RGB2GRAY", "interpolation": "cv2.INTER_AREA"}
-    assert load_expert_zip(shipped_expert_path()).preprocessing.gas == 0.2   # absent: gymnasium's
+    assert record == {"frame_size": 64, "frame_stack": 4, "action_repeat": 1,
+                      "grayscale": "cv2.COLOR_RGB2GRAY", "interpolation": "cv2.INTER_AREA", "gas": 0.4}
+    no_gas = {name: value for name, value in record.items() if name != "gas"}
+    assert load_expert_zip(with_data("nogas.zip", preprocessing=no_gas)).preprocessing.gas == 0.2   # gymnasium's
     for name, change, message in (
             ("rep.zip", {"action_repeat": 0}, "rep.zip: field 'preprocessing': action_repeat is 0"),
             ("lin.zip", {"interpolation": "cv2.INTER_LINEAR"}, "lin.zip: .*applies only 'cv2.INTER_AREA'"),
             ("extra.zip", {"crop": [0, 84]}, "extra.zip: field 'preprocessing' is"),
             ("gas.zip", {"gas": 0}, r"gas.zip: field 'preprocessing': gas is 0, expected a number in \(0, 1\]"),
             ("gasb.zip", {"gas": True}, "gasb.zip: field 'preprocessing': gas is True"),
-            ("stack.zip", {"frame_stack": 3}, r"stack.zip: field 'observation_space' has shape \[2, 64, 64\], its "
+            ("stack.zip", {"frame_stack": 3}, r"stack.zip: field 'observation_space' has shape \[4, 64, 64\], its "
                                               r"preprocessing makes \[3, 64, 64\]")):
         with pytest.raises(ValueError, match=message):
             load_expert_zip(with_data(name, preprocessing={**record, **change}))
     with pytest.raises(ValueError, match="box.zip: field 'preprocessing' has gas 0.5; only a discrete expert"):
         load_expert_zip(with_data("box.zip", preprocessing={**record, "gas": 0.5}, action_space={":type:": "Box"}))
     old = load_expert_zip(with_data("old.zip", preprocessing=None, action_repeat=2))
-    assert old.preprocessing == Preprocessing(action_repeat=2)
+    assert old.preprocessing == Preprocessing(action_repeat=2, frame_stack=4)   # the observation space's stack
     assert load_expert_zip(with_data("older.zip", preprocessing=None)).action_repeat == 4
     with pytest.raises(ValueError, match="old0.zip: field 'preprocessing': action_repeat is 0"):
         load_expert_zip(with_data("old0.zip", preprocessing=None, action_repeat=0))
@@ -718,7 +720,7 @@ def test_expert_training_starts_from_init_from(tmp_path):
     saved = json.loads((tmp_path / "ft3" / "args.json").read_text())
     assert saved["gamma"] == 0.97 and saved["gas"] == 0.5 and PPOExpert(ft3).gas == 0.5
     assert saved["frame_stack"] == 3 and PPOExpert(ft3).preprocessing.frame_stack == 3
-    assert PPOExpert(final).gas == 0.2
+    assert PPOExpert(final).gas == PPOExpert().gas == 0.4   # the shipped expert's
     with pytest.raises(ValueError, match="init_from"):
         train_expert(ExpertTrainArgs(run_name="bad", init_from=str(shipped_expert_path()), head_units=32, **tiny))
 

@@ -166,9 +166,10 @@ def test_kickstart_cli_refuses_bad_values_in_one_line(tmp_path, capsys):
 def test_ppo_oracle_labels_are_the_ppo_experts_actions_on_the_students_frames():
     from nac_drive.pipeline.dagger import make_oracle, student_env
 
-    oracle = make_oracle("ppo", continuous=False)
+    gas = PPOExpert().gas   # the student drives the env the expert was trained in
+    oracle = make_oracle("ppo", continuous=False, gas=gas)
     assert isinstance(oracle, PPOExpert) and oracle.path == shipped_expert_path()
-    env = student_env(oracle, continuous=False, seed=0)
+    env = student_env(oracle, continuous=False, gas=gas, seed=0)
     reference = PPOExpert()   # the same expert, fed the frames the student sees
     try:
         obs, _ = env.reset(seed=COLLECT_SEED_BASE + 7)
@@ -191,7 +192,7 @@ def test_dagger_oracle_choices_and_refusals(tmp_path, capsys):
     from nac_drive.pipeline.dagger import make_oracle
 
     assert isinstance(make_oracle("teacher", continuous=True), PurePursuitTeacher)
-    assert make_oracle(str(shipped_expert_path()), continuous=False).path == shipped_expert_path()
+    assert make_oracle(str(shipped_expert_path()), continuous=False, gas=PPOExpert().gas).path == shipped_expert_path()
     with pytest.raises(ValueError, match="discrete actions, the student continuous"):
         make_oracle("ppo", continuous=True)
     assert main(["dagger", "--policy", str(shipped_policy_path()), "--data", str(tmp_path / "demos"),

@@ -158,8 +158,8 @@ def test_a_gas_the_expert_cannot_drive_is_refused_before_collecting(tmp_path, ca
         assert actor_gas(load_expert(spec, gas=0.4)[0]) == 0.4
         assert actor_gas(load_expert(spec)[0]) == DISCRETE_GAS
     for expert, message in (("teacher", "--gas: teacher drives the continuous env"),
-                            (str(shipped_expert_path()), "--gas: ppo:ppo_carracing_discrete's zip sets gas 0.2")):
-        assert main(["collect", "carracing", "--expert", expert, "--gas", "0.4", "--episodes", "1",
+                            (str(shipped_expert_path()), "--gas: ppo:ppo_carracing_discrete's zip sets gas 0.4")):
+        assert main(["collect", "carracing", "--expert", expert, "--gas", "0.3", "--episodes", "1",
                      "--out", str(tmp_path)]) == 2
         assert message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
