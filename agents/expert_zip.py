@@ -13,9 +13,9 @@ on PyTorch's "meta" device (shapes, no memory) to be compared with the tensors, 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -245,7 +245,7 @@ def export_for_shipping(src: str | Path | Sequence[str | Path], dst: str | Path,
     from stable_baselines3.common.utils import ConstantSchedule
 
     sources = [src] if isinstance(src, (str, Path)) else list(src)
-    loaded = load_expert_zip(sources[0], gas) if len(sources) == 1 else average_weights(sources, gas)
+    loaded = average_weights(sources, gas)   # one zip: its own weights
     source = read_data(sources[-1])
     policy = loaded.policy
     data: dict[str, Any] = {name: source[name] for name in _SHIPPED_FIELDS
