@@ -12,7 +12,6 @@ tracks (from the training seed range); every evaluated checkpoint is kept, with 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import asdict, replace
@@ -31,6 +30,7 @@ from nac_drive.agents.expert_training_args import FRAME_SIZE, ExpertTrainArgs
 from nac_drive.atomic import atomic_write, fresh_dir
 from nac_drive.checkpoint import dataclass_from_json, read_json
 from nac_drive.simulators.carracing import DISCRETE_GAS, EpisodeResults
+from nac_drive.torch_threads import available_cores
 
 
 def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> Path:
@@ -314,11 +314,6 @@ class UpdateThreads(BaseCallback):
 
     def _on_step(self) -> bool:
         return True
-
-
-def available_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class FixedSeedEval(EvalCallback):

@@ -5,8 +5,9 @@
 * latency: ``select_action`` on one raw 96x96 frame, one thread, after a 64-frame warm-up
   (the window is full), median over 500 frames;
 * training: forward + backward + AdamW step on batches of 32 windows x 16 frames,
-  frames per second; one process with one thread, and two processes under
-  DistributedDataParallel (gloo), as ``torchrun --nproc-per-node 2`` trains.
+  frames per second; one process with one thread, one process on every core (what
+  ``nac-drive train`` uses alone), and two processes under DistributedDataParallel
+  (gloo), as ``torchrun --nproc-per-node 2`` trains.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch.multiprocessing as mp
 
 from nac_drive.cores import CORES, CoreConfig
 from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.torch_threads import available_cores
 
 BATCH, WINDOW = 32, 16
 
@@ -61,8 +63,8 @@ def _train_steps(policy, model, steps: int) -> float:
     return BATCH * WINDOW * steps / (time.perf_counter() - t0)
 
 
-def train_fps(core: str, steps: int = 8) -> float:
-    torch.set_num_threads(1)
+def train_fps(core: str, steps: int = 8, threads: int = 1) -> float:
+    torch.set_num_threads(threads)
     policy = make_policy(core).train()
     return _train_steps(policy, policy, steps)
 
@@ -97,12 +99,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores", nargs="*", default=list(CORES))
     args = parser.parse_args()
-    print("| core | select_action ms / frame (p50, 1 thread) | train frames/s, 1 process | "
-          "train frames/s, 2 processes (DDP) |\n|---|---|---|---|")
+    cores = available_cores()
+    print(f"| core | select_action ms / frame (p50, 1 thread) | train frames/s, 1 process, 1 thread | "
+          f"1 process, {cores} threads | 2 processes (DDP) |\n|---|---|---|---|---|")
     for core in args.cores:
         lat, one = latency_ms(core), train_fps(core)
-        two = ddp_train_fps(core) if core == "nac" else float("nan")
-        print(f"| {core} | {lat:.2f} | {one:.0f} | {'' if two != two else f'{two:.0f}'} |", flush=True)
+        every, two = (train_fps(core, threads=cores), ddp_train_fps(core)) if core == "nac" else (None, None)
+        shown = ["" if v is None else f"{v:.0f} ({v / one:.2f}x)" for v in (every, two)]
+        print(f"| {core} | {lat:.2f} | {one:.0f} | {shown[0]} | {shown[1]} |", flush=True)
 
 
 if __name__ == "__main__":

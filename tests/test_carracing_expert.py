@@ -731,8 +731,9 @@ def test_expert_training_updates_on_more_threads_and_drives_on_one(tmp_path, mon
     caller's thread count is back afterwards."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_training import UpdateThreads, available_cores, train_expert
+    from nac_drive.agents.expert_training import UpdateThreads, train_expert
     from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.torch_threads import available_cores
 
     seen = {"update": [], "rollout": []}   # threads at each update, and at each rollout step
     ppo_train = PPO.train

@@ -160,6 +160,22 @@ def test_training_learns_and_resumes(dataset, tmp_path):
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
 
 
+def test_training_alone_uses_every_core_and_gives_the_caller_its_threads_back(monkeypatch):
+    """A lone process trains on every core (one batch is big enough to share); under
+    torchrun each rank keeps one thread; either way the caller's count comes back."""
+    from nac_drive.pipeline import train as train_module
+
+    seen = []
+    monkeypatch.setattr(train_module, "_train", lambda args: seen.append(torch.get_num_threads()) or Path("run"))
+    monkeypatch.setattr(train_module, "available_cores", lambda: 3)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert train(TrainArgs()) == Path("run")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    train(TrainArgs())
+    assert seen == [3, 1]
+    assert torch.get_num_threads() == 1   # this module's setting, restored after each
+
+
 def test_tensorboard_has_step_scalars_grouped_tags_and_hparams(dataset, tmp_path):
     """Read back with TensorBoard's own readers: per-step train scalars, val/ per epoch,
     no duplicate steps after a resume, and HParams sessions that set runs of two cores side by side."""

@@ -35,6 +35,7 @@ from nac_drive.checkpoint import load_optimizer, load_state_into, save_optimizer
 from nac_drive.cores import CORES, CoreConfig
 from nac_drive.policy import DrivingPolicy, PolicyConfig, read_policy_weights
 from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs
+from nac_drive.torch_threads import available_cores, torch_threads
 
 
 def run_name(args: TrainArgs, task: str) -> str:
@@ -140,8 +141,17 @@ def _distributed() -> tuple[int, int, bool]:
 
 
 def train(args: TrainArgs) -> Path:
-    """Train; returns the run folder. Works alone or under torchrun (gloo on CPU)."""
-    torch.set_num_threads(1)
+    """Train; returns the run folder. Works alone or under torchrun (gloo on CPU).
+
+    Alone, training uses every core (a batch of 512 frames is big enough to share);
+    under torchrun each process keeps one. The caller's thread count is back afterwards.
+    """
+    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    with torch_threads(available_cores() if alone else 1):
+        return _train(args)
+
+
+def _train(args: TrainArgs) -> Path:
     if args.core not in CORES:
         raise ValueError(f"core: must be one of {CORES}, got {args.core!r}")
     rank, world, started_group = _distributed()
