@@ -1,8 +1,8 @@
 """``nac-drive quickstart``: the main job on built-in defaults.
 
     nac-drive quickstart                        # drive the shipped CNN+NAC policy on 3 unseen tracks
-    nac-drive quickstart --full                 # make a policy from the PPO expert, then drive it (~19 min)
-    nac-drive quickstart --full --budget small  # the same stages, smaller: a first look (~3 min)
+    nac-drive quickstart --full                 # make a policy from the PPO expert, then drive it (~20-50 min)
+    nac-drive quickstart --full --budget small  # the same stages, smaller: a first look (~3-6 min)
 
 ``--full`` runs the stages of the shipped policy's recipe: the expert demonstrates (collect), behaviour cloning,
 DAgger rounds in which the expert labels the student's states while random-action bursts

@@ -65,15 +65,12 @@ def _collect_shard(expert: str, seeds: list[int], out: str, name: str, max_steps
 
 
 def _in_processes(jobs: list[tuple], progress: bool):
-    """Run :func:`_collect_shard` for every job, one process each (one torch thread each)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    """Run :func:`_collect_shard` for every job, one process each."""
+    from concurrent.futures import as_completed
 
-    # fork, as torch's DataLoader workers do: spawn would re-run the parent's main script
-    # (an unguarded launcher runs everything again) and re-import torch in each worker
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context(method),
-                             initializer=_one_thread) as pool:
+    from nac_drive.pipeline.processes import process_pool
+
+    with process_pool(len(jobs)) as pool:
         futures = {pool.submit(_collect_shard, *job): i for i, job in enumerate(jobs)}
         bar = None
         if progress:   # after the workers exist: no progress-bar thread is forked
@@ -87,12 +84,6 @@ def _in_processes(jobs: list[tuple], progress: bool):
     if bar:
         bar.close()
     return results
-
-
-def _one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)   # the processes share the cores
 
 
 def _merge(parts):
