@@ -170,10 +170,10 @@ def test_training_alone_uses_every_core_and_gives_the_caller_its_threads_back(mo
     monkeypatch.setattr(train_module, "available_cores", lambda: 3)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert train(TrainArgs()) == Path("run")
+    assert torch.get_num_threads() == 1   # this module's setting, restored
     monkeypatch.setenv("WORLD_SIZE", "2")
     train(TrainArgs())
     assert seen == [3, 1]
-    assert torch.get_num_threads() == 1   # this module's setting, restored after each
 
 
 def test_tensorboard_has_step_scalars_grouped_tags_and_hparams(dataset, tmp_path):

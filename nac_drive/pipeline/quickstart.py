@@ -122,6 +122,7 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {tracks} held-out tracks "
           f"(recording the first {min(args.recorded, tracks)}) ...", flush=True)
     with ExitStack() as stack:
+        expert_scored = None
         if args.full:   # the expert drives the same tracks on the other core meanwhile
             print(f"(the {args.expert} expert drives them beside it, to score it)", flush=True)
             expert_scored = stack.enter_context(process_pool(1)).submit(_score_expert, args, tracks)
@@ -129,14 +130,15 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
             summary = drive_carracing(policy_path, tracks, max_steps=args.max_steps, video=str(out / VIDEO),
                                       trace_dir=str(out / "run"), progress=progress, recorded=args.recorded)
         print(summary.pop("text"))
-        if args.full:
+        if expert_scored is not None:
             with _timed(stage_seconds, "expert"):   # what the drive did not hide of the expert's scoring
                 expert = expert_scored.result()
-            # a share of a return <= 0 (e.g. episodes cut short by max_steps) means nothing: None
-            share = round(summary["mean_return"] / expert["mean_return"], 4) if expert["mean_return"] > 0 else None
-            summary.update(expert=expert, share_of_expert=share)
-            print(f"the expert on the same tracks: {expert['mean_return']:.1f}; the policy reached "
-                  f"{'n/a' if share is None else f'{100 * share:.1f}%'} of it", flush=True)
+    if args.full:
+        # a share of a return <= 0 (e.g. episodes cut short by max_steps) means nothing: None
+        share = round(summary["mean_return"] / expert["mean_return"], 4) if expert["mean_return"] > 0 else None
+        summary.update(expert=expert, share_of_expert=share)
+        print(f"the expert on the same tracks: {expert['mean_return']:.1f}; the policy reached "
+              f"{'n/a' if share is None else f'{100 * share:.1f}%'} of it", flush=True)
     run = Path(summary["trace"])
     with _timed(stage_seconds, "dashboard"):
         dashboard = _dashboard(policy_path, run, out, with_saliency=args.saliency, progress=progress)

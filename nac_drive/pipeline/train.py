@@ -131,9 +131,14 @@ def _load_udacity(args: TrainArgs, seed: int):
         "val_segments": len(val_segs), "frames": sum(len(s.rows) for s in segments)}
 
 
+def _world_size() -> int:
+    """Processes training together (torchrun sets ``WORLD_SIZE``; 1 alone)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def _distributed() -> tuple[int, int, bool]:
     """(rank, world size, whether this call started the process group)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = _world_size()
     started = world > 1 and not dist.is_initialized()
     if started:
         dist.init_process_group("gloo")
@@ -146,8 +151,7 @@ def train(args: TrainArgs) -> Path:
     Alone, training uses every core (a batch of 512 frames is big enough to share);
     under torchrun each process keeps one. The caller's thread count is back afterwards.
     """
-    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
-    with torch_threads(available_cores() if alone else 1):
+    with torch_threads(available_cores() if _world_size() == 1 else 1):
         return _train(args)
 
 
