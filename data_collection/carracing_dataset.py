@@ -285,8 +285,32 @@ def _track_order(folder: Path):
 
 
 def load_episodes(path: str | Path) -> list[Episode]:
-    """Every episode of every dataset at or below ``path``, validated."""
-    return [ep for folder in find_datasets(path) for ep in _load_one(folder)]
+    """Every episode of every dataset at or below ``path``, validated.
+
+    A dataset the previous call loaded, whose file is unchanged since, is not read again:
+    DAgger re-trains on all its datasets after each round adds a small one, and reading
+    ~65k frames takes ~25 s here. Only the previous call's datasets are kept.
+    """
+    global _last_loaded
+    loaded = {}
+    for folder in map(Path.resolve, find_datasets(path)):
+        stamp = _file_stamp(folder / "data" / "main_data.hdf5")
+        kept = _last_loaded.get(folder)
+        loaded[folder] = kept if kept is not None and kept[0] == stamp else (stamp, _load_one(folder))
+    _last_loaded = loaded
+    return [ep for _, episodes in loaded.values() for ep in episodes]
+
+
+_last_loaded: dict[Path, tuple[tuple, list[Episode]]] = {}   # folder -> (file stamp, its episodes)
+
+
+def _file_stamp(path: Path) -> tuple | None:
+    """What tells a rewritten file from the one read before (None: no file)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _load_one(folder: Path) -> list[Episode]:

@@ -85,6 +85,37 @@ def test_collect_train_drive(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_dagger_round_driven_in_two_processes_records_what_one_process_does(tmp_path):
+    """Each process drives a run of the round's tracks and writes it as one shard; the
+    random-action bursts of a track do not depend on how the round was split."""
+    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.pipeline.dagger import dagger
+    from nac_drive.pipeline.train_args import TrainArgs
+
+    recorded = {}
+    for workers in (1, 2):
+        data = tmp_path / f"workers{workers}"
+        tiny = TrainArgs(out=str(tmp_path / f"train{workers}"), window=8, epochs=1, windows_per_epoch=16,
+                         batch_size=16, val_fraction=0, progress=False)
+        dagger(shipped_policy_path(), data, 1, 3, tiny, max_steps=40, progress=False, disturb_rate=0.1,
+               disturb_frames=5, oracle="teacher", workers=workers)
+        shards = sorted(p.name for p in (data / "nac_drive" / "dagger-r0-s0").iterdir() if p.is_dir())
+        recorded[workers] = shards, load_episodes(data)
+    assert recorded[1][0] == ["seeds-150000-150002-v1"]
+    assert recorded[2][0] == ["seeds-150000-150001-v1", "seeds-150002-150002-v1"]
+    alone, split = recorded[1][1], recorded[2][1]
+    assert [e.seed for e in split] == [e.seed for e in alone] == [150_000, 150_001, 150_002]
+    for a, b in zip(alone, split):
+        np.testing.assert_array_equal(a.frames, b.frames)
+        np.testing.assert_array_equal(a.actions, b.actions)
+    # the bursts took the car somewhere the undisturbed student does not go: they were on
+    undisturbed = tmp_path / "undisturbed"
+    dagger(shipped_policy_path(), undisturbed, 1, 1, tiny, max_steps=40, progress=False, oracle="teacher",
+           workers=1)
+    assert not np.array_equal(load_episodes(undisturbed)[0].frames, alone[0].frames)
+
+
+@pytest.mark.slow
 def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tmp_path):
     """An expert zip whose GAS presses 0.5 records its demonstrations in that env (the
     dataset's env spec keeps it); the policy trained on them learns that env, drives only

@@ -196,3 +196,25 @@ def test_two_workers_write_the_episodes_of_one_and_their_shards_combine(tmp_path
         for episode, original in zip(joined.iterate_episodes(), alone):
             np.testing.assert_array_equal(episode.actions, original.actions)
             np.testing.assert_allclose(episode.rewards, original.rewards, rtol=1e-6)
+
+
+def test_an_unchanged_dataset_is_read_once_and_a_rewritten_one_again(tmp_path):
+    """DAgger's rounds re-train on every dataset: what the previous load read, unchanged,
+    is not read again; a new or rewritten shard is."""
+    import shutil
+
+    write_dataset(tmp_path, "a", synthetic_episodes(2, 10), make_carracing(), expert="x", description="")
+    first = load_episodes(tmp_path)
+    write_dataset(tmp_path, "b", synthetic_episodes(1, 12), make_carracing(), expert="y",
+                  description="")
+    second = load_episodes(tmp_path)
+    assert len(second) == 3 and all(a is b for a, b in zip(first, second))   # the same objects: not re-read
+    assert [len(e) for e in second] == [10, 10, 12]
+
+    shard = tmp_path / "nac_drive" / "b" / "seeds-100000-100000-v1"
+    shutil.rmtree(shard)   # rewritten with other frames
+    write_dataset(tmp_path, "b", synthetic_episodes(1, 7), make_carracing(), expert="y",
+                  description="")
+    third = load_episodes(tmp_path)
+    assert [len(e) for e in third] == [10, 10, 7]
+    assert third[0] is first[0] and third[2] is not second[2]

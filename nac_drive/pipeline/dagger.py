@@ -5,7 +5,8 @@ default the privileged pure-pursuit teacher; ``--oracle ppo``: the PPO expert, w
 the frames the student sees) answers, for every state the student reached, what it would
 have done; those labels join the dataset as a new Minari dataset
 (``nac_drive/dagger-r<round>-s<seed>``, recorded in the student's env, its ActionBursts
-wrapper, if any, and its DiscreteActions gas, which its env spec keeps) and the
+wrapper, if any, and its DiscreteActions gas, which its env spec keeps; one process per
+core drives a run of the round's tracks and writes it as one shard) and the
 policy is fine-tuned on everything. Student mistakes thus become training data, which
 plain behaviour cloning never sees. ``--disturb-rate`` adds bursts of a random action
 (after DART, Laskey et al. 2017) that push the car off its line; the teacher then labels
@@ -29,45 +30,48 @@ DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive
 
 def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int, train_args: TrainArgs,
            seed: int = 0, max_steps: int | None = None, progress: bool = True,
-           disturb_rate: float = 0.0, disturb_frames: int = 10, oracle: str = "teacher") -> Path:
+           disturb_rate: float = 0.0, disturb_frames: int = 10, oracle: str = "teacher",
+           workers: int | None = None) -> Path:
     """Run ``rounds`` of DAgger from ``policy_path``; returns the final checkpoint folder.
 
     ``disturb_rate`` > 0 wraps the student's env in :class:`ActionBursts` (the chance per
     undisturbed frame that a ``disturb_frames``-frame burst of one random action starts).
-    ``oracle``: who labels, see :func:`make_oracle`.
+    ``oracle``: who labels, see :func:`make_oracle`. Each round's tracks are driven in
+    ``workers`` processes (default: one per core), one shard of the round's dataset each.
     """
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
-    from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas, write_dataset
+    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.data_collection.carracing_dataset import ensure_namespace, refuse_existing, refuse_other_gas
+    from nac_drive.pipeline.processes import drive_in_processes, split_runs
     from nac_drive.pipeline.train import train
     from nac_drive.run_log import log_closed_loop
-    from nac_drive.simulators.carracing import run_episodes
+    from nac_drive.simulators.carracing import EpisodeResults
+    from nac_drive.torch_threads import available_cores
 
     if rounds < 1 or episodes < 1:
         raise ValueError(f"rounds and episodes must be >= 1, got {rounds} and {episodes}")
     if not 0.0 <= disturb_rate <= 1.0 or disturb_frames < 1:
         raise ValueError(f"--disturb-rate must be in [0, 1] and --disturb-frames >= 1, "
                          f"got {disturb_rate} and {disturb_frames}")
+    workers = available_cores() if workers is None else workers
+    runs = [split_runs(round_seeds(r, seed, episodes), workers) for r in range(rounds)]
     for r in range(rounds):   # before driving: the rounds' datasets must be new
-        refuse_existing(data, dataset_name(r, seed), round_seeds(r, seed, episodes))
+        for run in runs[r]:
+            refuse_existing(data, dataset_name(r, seed), run)
     policy_path = Path(policy_path)
     config = load_driving_policy(policy_path).config
-    continuous = config.action == "continuous"
-    teacher = make_oracle(oracle, continuous, gas=config.gas)   # a bad oracle fails before any driving
+    teacher = make_oracle(oracle, config.action == "continuous", gas=config.gas)   # a bad oracle fails before any driving
     refuse_other_gas(data, config.gas, "--data")
     for r in range(rounds):
-        policy = load_driving_policy(policy_path)
-        seeds = round_seeds(r, seed, episodes)
-        env = student_env(teacher, continuous, gas=config.gas, disturb_rate=disturb_rate,
-                          disturb_frames=disturb_frames, seed=seeds[0])
-        try:
-            results = run_episodes(PolicyDriver(policy), seeds, continuous=continuous,
-                                   max_steps=max_steps, env=env, progress=progress)
-            write_dataset(data, dataset_name(r, seed), env.take_episodes(), env.env, expert=teacher.name,
-                          description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled"
-                          + (f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame"
-                             if disturb_rate else ""))
-        finally:
-            env.close()
+        ensure_namespace(data, dataset_name(r, seed))
+        results = EpisodeResults()
+        for part in drive_in_processes(
+                _drive_round, runs[r], progress, policy_path=str(policy_path), oracle=oracle, data=str(data),
+                name=dataset_name(r, seed), max_steps=max_steps, disturb_rate=disturb_rate,
+                disturb_frames=disturb_frames, burst_seed=round_seeds(r, seed, episodes)[0],
+                description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled"
+                + (f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame"
+                   if disturb_rate else "")):
+            results.extend(part)
         disturbed = " (with random-action bursts)" if disturb_rate else ""
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
         run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
@@ -75,6 +79,29 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
         log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
         policy_path = run_dir / "best"
     return policy_path
+
+
+def _drive_round(seeds: list[int], *, policy_path: str, oracle: str, data: str, name: str, max_steps: int | None,
+                 disturb_rate: float, disturb_frames: int, burst_seed: int, description: str, progress: bool):
+    """The student at ``policy_path`` drives ``seeds`` while ``oracle`` labels; the episodes
+    become one shard of dataset ``name``. Returns the student's EpisodeResults. The bursts
+    of an episode depend on ``burst_seed`` and its track, not on how a round is split."""
+    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.data_collection.carracing_dataset import write_dataset
+    from nac_drive.simulators.carracing import run_episodes
+
+    policy = load_driving_policy(policy_path)
+    continuous = policy.config.action == "continuous"
+    teacher = make_oracle(oracle, continuous, gas=policy.config.gas)
+    env = student_env(teacher, continuous, gas=policy.config.gas, disturb_rate=disturb_rate,
+                      disturb_frames=disturb_frames, seed=burst_seed)
+    try:
+        results = run_episodes(PolicyDriver(policy), seeds, continuous=continuous, max_steps=max_steps, env=env,
+                               progress=progress)
+        write_dataset(data, name, env.take_episodes(), env.env, expert=teacher.name, description=description)
+    finally:
+        env.close()
+    return results
 
 
 def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:
