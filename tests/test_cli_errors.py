@@ -29,6 +29,7 @@ NONSENSE = [
     (["collect", "carracing", "--expert", MISSING + ".zip", "--episodes", "1"], MISSING),
     (["dagger", "--policy", MISSING, "--rounds", "0"], "--rounds: must be >= 1"),
     (["dagger", "--policy", MISSING, "--disturb-rate", "1.5"], "--disturb-rate: must be <= 1"),
+    (["dagger", "--policy", MISSING, "--workers", "0"], "--workers: must be >= 1"),
     (["dagger", "--policy", MISSING], MISSING),
     (["drive", "carracing", "--episodes", "0"], "--episodes: must be >= 1"),
     (["drive", "carracing", "--max-steps", "0"], "--max-steps: must be >= 1"),

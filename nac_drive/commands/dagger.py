@@ -21,6 +21,8 @@ def add_parser(subparsers) -> None:
                    help="chance per undisturbed frame that a burst of one random action replaces the "
                         "student's, so the teacher labels recoveries (after DART; 0: none)")
     p.add_argument("--disturb-frames", type=COUNT, default=10, help="frames per disturbance burst")
+    p.add_argument("--workers", type=COUNT, default=None,
+                   help="processes that drive a round's tracks, one shard each (default: one per core)")
     p.add_argument("--oracle", default="teacher",
                    help="who labels: 'teacher' (privileged pure pursuit), 'ppo' (the shipped PPO "
                         "expert, from the frames the student sees) or the path of a PPO expert zip; a PPO "
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     final = dagger(args.policy, args.data, args.rounds, args.episodes, args_from_namespace(args),
                    seed=args.seed, max_steps=args.max_steps, progress=args.progress,
-                   disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames, oracle=args.oracle)
+                   disturb_rate=args.disturb_rate, disturb_frames=args.disturb_frames, oracle=args.oracle,
+                   workers=args.workers)
     print(f"final checkpoint: {final}")
     return 0

@@ -47,30 +47,30 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     from nac_drive.simulators.carracing import EpisodeResults
     from nac_drive.torch_threads import available_cores
 
-    if rounds < 1 or episodes < 1:
-        raise ValueError(f"rounds and episodes must be >= 1, got {rounds} and {episodes}")
+    workers = available_cores() if workers is None else workers
+    if rounds < 1 or episodes < 1 or workers < 1:
+        raise ValueError(f"rounds, episodes and workers must be >= 1, got {rounds}, {episodes} and {workers}")
     if not 0.0 <= disturb_rate <= 1.0 or disturb_frames < 1:
         raise ValueError(f"--disturb-rate must be in [0, 1] and --disturb-frames >= 1, "
                          f"got {disturb_rate} and {disturb_frames}")
-    workers = available_cores() if workers is None else workers
     runs = [split_runs(round_seeds(r, seed, episodes), workers) for r in range(rounds)]
     for r in range(rounds):   # before driving: the rounds' datasets must be new
         for run in runs[r]:
             refuse_existing(data, dataset_name(r, seed), run)
     policy_path = Path(policy_path)
     config = load_driving_policy(policy_path).config
-    teacher = make_oracle(oracle, config.action == "continuous", gas=config.gas)   # a bad oracle fails before any driving
+    teacher = make_oracle(oracle, config.action == "continuous", gas=config.gas)   # fails before any driving
     refuse_other_gas(data, config.gas, "--data")
+    bursts = f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame" if disturb_rate else ""
     for r in range(rounds):
-        ensure_namespace(data, dataset_name(r, seed))
+        name = dataset_name(r, seed)
+        ensure_namespace(data, name)   # before the workers, which would race to create it
         results = EpisodeResults()
-        for part in drive_in_processes(
-                _drive_round, runs[r], progress, policy_path=str(policy_path), oracle=oracle, data=str(data),
-                name=dataset_name(r, seed), max_steps=max_steps, disturb_rate=disturb_rate,
-                disturb_frames=disturb_frames, burst_seed=round_seeds(r, seed, episodes)[0],
-                description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled"
-                + (f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame"
-                   if disturb_rate else "")):
+        for part in drive_in_processes(_drive_round, runs[r], progress, policy_path=str(policy_path), oracle=oracle,
+                                       data=str(data), name=name, max_steps=max_steps, disturb_rate=disturb_rate,
+                                       disturb_frames=disturb_frames, burst_seed=runs[r][0][0],
+                                       description=f"DAgger round {r}: {policy_path} drove, {teacher.name} "
+                                                   f"labelled{bursts}"):
             results.extend(part)
         disturbed = " (with random-action bursts)" if disturb_rate else ""
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
