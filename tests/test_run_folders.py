@@ -189,8 +189,11 @@ def test_collect_and_dagger_refuse_a_taken_dataset_name_before_driving(tmp_path,
     assert main(["collect", "carracing", "--expert", "teacher", "--episodes", "50", "--out", str(tmp_path),
                  "--name", "mine", "--workers", "2"]) == 2                         # a shard holding it
     assert "dataset mine already holds some of the tracks 100000..100024" in capsys.readouterr().err
-    assert main(["dagger", "--policy", str(tmp_path / "none"), "--data", str(tmp_path), "--rounds", "2"]) == 2
+    dagger = ["dagger", "--policy", str(tmp_path / "none"), "--data", str(tmp_path), "--rounds", "2"]
+    assert main(dagger + ["--workers", "1"]) == 2
     assert "dagger-r1-s0/seeds-150005-150009-v1: a dataset of that name exists" in capsys.readouterr().err
+    assert main(dagger + ["--workers", "2"]) == 2                                   # round 1's first shard: 150005..7
+    assert "dataset dagger-r1-s0 already holds some of the tracks 150005..150007" in capsys.readouterr().err
     assert (mine / "data" / "main_data.hdf5").read_bytes() == before
     assert sorted(str(p.relative_to(tmp_path)) for p in find_datasets(tmp_path)) == [
         "nac_drive/dagger-r1-s0/seeds-150005-150009-v1", "nac_drive/mine/seeds-100000-100000-v1"]
