@@ -59,7 +59,7 @@ def drive_times(folder: Path, tracks: int, workers: int) -> dict:
     """Seconds for one round's drive of ``tracks`` tracks in one process and in ``workers``."""
     from nac_drive.agents.driver import shipped_policy_path
     from nac_drive.data_collection.carracing_dataset import ensure_namespace
-    from nac_drive.pipeline.dagger import _drive_round, round_seeds
+    from nac_drive.pipeline.dagger import drive_round, round_seeds
     from nac_drive.pipeline.processes import drive_in_processes, split_runs
 
     seeds = round_seeds(0, 0, tracks)
@@ -68,7 +68,7 @@ def drive_times(folder: Path, tracks: int, workers: int) -> dict:
         data = folder / f"workers{n}"
         ensure_namespace(data, "round")
         start = time.perf_counter()
-        parts = drive_in_processes(_drive_round, split_runs(seeds, n), False, policy_path=str(shipped_policy_path()),
+        parts = drive_in_processes(drive_round, split_runs(seeds, n), False, policy_path=str(shipped_policy_path()),
                                    oracle="teacher", data=str(data), name="round", max_steps=None, disturb_rate=0.02,
                                    disturb_frames=8, burst_seed=seeds[0], description="benchmark")
         seconds[n] = time.perf_counter() - start

@@ -62,17 +62,17 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     teacher = make_oracle(oracle, config.action == "continuous", gas=config.gas)   # fails before any driving
     refuse_other_gas(data, config.gas, "--data")
     bursts = f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame" if disturb_rate else ""
+    disturbed = " (with random-action bursts)" if disturb_rate else ""
     for r in range(rounds):
         name = dataset_name(r, seed)
         ensure_namespace(data, name)   # before the workers, which would race to create it
         results = EpisodeResults()
-        for part in drive_in_processes(_drive_round, runs[r], progress, policy_path=str(policy_path), oracle=oracle,
+        for part in drive_in_processes(drive_round, runs[r], progress, policy_path=str(policy_path), oracle=oracle,
                                        data=str(data), name=name, max_steps=max_steps, disturb_rate=disturb_rate,
                                        disturb_frames=disturb_frames, burst_seed=runs[r][0][0],
                                        description=f"DAgger round {r}: {policy_path} drove, {teacher.name} "
                                                    f"labelled{bursts}"):
             results.extend(part)
-        disturbed = " (with random-action bursts)" if disturb_rate else ""
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
         run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
                                             run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
@@ -81,7 +81,7 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     return policy_path
 
 
-def _drive_round(seeds: list[int], *, policy_path: str, oracle: str, data: str, name: str, max_steps: int | None,
+def drive_round(seeds: list[int], *, policy_path: str, oracle: str, data: str, name: str, max_steps: int | None,
                  disturb_rate: float, disturb_frames: int, burst_seed: int, description: str, progress: bool):
     """The student at ``policy_path`` drives ``seeds`` while ``oracle`` labels; the episodes
     become one shard of dataset ``name``. Returns the student's EpisodeResults. The bursts

@@ -17,7 +17,7 @@ overrides its budget's value.
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -121,11 +121,11 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     tracks = args.tracks()
     print(f"driving {'the shipped policy' if policy_path is None else policy_path} on {tracks} held-out tracks "
           f"(recording the first {min(args.recorded, tracks)}) ...", flush=True)
-    with ExitStack() as stack:
+    with process_pool(1) as pool:   # a pool starts no process before a submit
         expert_scored = None
         if args.full:   # the expert drives the same tracks on the other core meanwhile
             print(f"(the {args.expert} expert drives them beside it, to score it)", flush=True)
-            expert_scored = stack.enter_context(process_pool(1)).submit(_score_expert, args, tracks)
+            expert_scored = pool.submit(_score_expert, args, tracks)
         with _timed(stage_seconds, "drive"):
             summary = drive_carracing(policy_path, tracks, max_steps=args.max_steps, video=str(out / VIDEO),
                                       trace_dir=str(out / "run"), progress=progress, recorded=args.recorded)
