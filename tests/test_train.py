@@ -160,6 +160,22 @@ def test_training_learns_and_resumes(dataset, tmp_path):
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
 
 
+def test_the_seed_decides_the_trained_weights(dataset, tmp_path):
+    """Same data and seed: the same weights, bit for bit (what makes a quickstart run repeat
+    its score); another seed: other weights."""
+    from safetensors.torch import load_file
+
+    def weights(seed: int, out: str) -> dict:
+        args = TrainArgs(data=str(dataset), out=str(tmp_path / out), window=4, d_model=16, num_heads=2, topk=3,
+                         epochs=2, windows_per_epoch=64, batch_size=16, progress=False, seed=seed)
+        return load_file(train(args) / "last" / "model.safetensors")
+
+    first, again, other = weights(0, "a"), weights(0, "b"), weights(1, "c")
+    assert first.keys() == again.keys() == other.keys()
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    assert not all(torch.equal(first[name], other[name]) for name in first)
+
+
 def test_training_alone_uses_every_core_and_gives_the_caller_its_threads_back(monkeypatch):
     """A lone process trains on every core (one batch is big enough to share); under
     torchrun each rank keeps one thread; either way the caller's count comes back."""

@@ -44,7 +44,7 @@ class Budget:
 
 
 # "standard": the shipped CNN+NAC recipe's stages, scored on 20 held-out tracks, sized to reach
-# 95% of the shipped PPO expert within 45 minutes on 2 CPU cores (97.0% in 44 minutes there);
+# 95% of the shipped PPO expert within 45 minutes on 2 CPU cores (97.0% in 36-44 minutes there, two runs);
 # "small": the same stages smaller, scored on 3, a first look. Timings and scores: BENCHMARKS.md §3.
 # The PPO expert steers in one-frame pulses: behaviour cloning needs about 8k windows before
 # it predicts more than its most common action (gas), and the student needs DAgger rounds to stop
