@@ -58,21 +58,18 @@ def load_times(folder: Path, demos: int, frames: int, new_episodes: int) -> dict
 def drive_times(folder: Path, tracks: int, workers: int) -> dict:
     """Seconds for one round's drive of ``tracks`` tracks in one process and in ``workers``."""
     from nac_drive.agents.driver import shipped_policy_path
-    from nac_drive.data_collection.carracing_dataset import ensure_namespace
     from nac_drive.pipeline.dagger import drive_round, round_seeds
-    from nac_drive.pipeline.processes import drive_in_processes, split_runs
+    from nac_drive.pipeline.processes import split_runs
 
     seeds = round_seeds(0, 0, tracks)
     seconds, returns = {}, {}
     for n in sorted({1, workers}):
-        data = folder / f"workers{n}"
-        ensure_namespace(data, "round")
         start = time.perf_counter()
-        parts = drive_in_processes(drive_round, split_runs(seeds, n), False, policy_path=str(shipped_policy_path()),
-                                   oracle="teacher", data=str(data), name="round", max_steps=None, disturb_rate=0.02,
-                                   disturb_frames=8, burst_seed=seeds[0], description="benchmark")
+        results = drive_round(split_runs(seeds, n), policy_path=shipped_policy_path(), oracle="teacher",
+                              data=folder / f"workers{n}", name="round", max_steps=None, disturb_rate=0.02,
+                              disturb_frames=8, description="benchmark", progress=False)
         seconds[n] = time.perf_counter() - start
-        returns[n] = [round(r, 1) for part in parts for r in part.returns]
+        returns[n] = [round(r, 1) for r in results.returns]
     assert returns[1] == returns[workers], returns   # the same episodes either way
     return {"tracks": tracks, "one_process_s": round(seconds[1], 1),
             f"{workers}_processes_s": round(seconds[workers], 1), "ratio": round(seconds[1] / seconds[workers], 2),

@@ -40,11 +40,10 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     ``workers`` processes (default: one per core), one shard of the round's dataset each.
     """
     from nac_drive.agents.driver import load_driving_policy
-    from nac_drive.data_collection.carracing_dataset import ensure_namespace, refuse_existing, refuse_other_gas
-    from nac_drive.pipeline.processes import drive_in_processes, split_runs
+    from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
+    from nac_drive.pipeline.processes import split_runs
     from nac_drive.pipeline.train import train
     from nac_drive.run_log import log_closed_loop
-    from nac_drive.simulators.carracing import EpisodeResults
     from nac_drive.torch_threads import available_cores
 
     workers = available_cores() if workers is None else workers
@@ -64,15 +63,10 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     bursts = f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame" if disturb_rate else ""
     disturbed = " (with random-action bursts)" if disturb_rate else ""
     for r in range(rounds):
-        name = dataset_name(r, seed)
-        ensure_namespace(data, name)   # before the workers, which would race to create it
-        results = EpisodeResults()
-        for part in drive_in_processes(drive_round, runs[r], progress, policy_path=str(policy_path), oracle=oracle,
-                                       data=str(data), name=name, max_steps=max_steps, disturb_rate=disturb_rate,
-                                       disturb_frames=disturb_frames, burst_seed=runs[r][0][0],
-                                       description=f"DAgger round {r}: {policy_path} drove, {teacher.name} "
-                                                   f"labelled{bursts}"):
-            results.extend(part)
+        results = drive_round(runs[r], policy_path=policy_path, oracle=oracle, data=data, name=dataset_name(r, seed),
+                              max_steps=max_steps, disturb_rate=disturb_rate, disturb_frames=disturb_frames,
+                              description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled{bursts}",
+                              progress=progress)
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
         run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
                                             run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
@@ -81,11 +75,30 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     return policy_path
 
 
-def drive_round(seeds: list[int], *, policy_path: str, oracle: str, data: str, name: str, max_steps: int | None,
+def drive_round(runs: list[list[int]], *, policy_path: str | Path, oracle: str, data: str | Path, name: str,
+                max_steps: int | None, disturb_rate: float, disturb_frames: int, description: str, progress: bool):
+    """One round's drive: the student at ``policy_path`` drives each run of track seeds in a
+    process of its own (:func:`~nac_drive.pipeline.processes.drive_in_processes`) while
+    ``oracle`` labels; each run becomes one shard of dataset ``name`` in ``data``. Returns the
+    student's EpisodeResults over all runs. The bursts of an episode depend on the round's
+    first track and its own, not on how the round is split."""
+    from nac_drive.data_collection.carracing_dataset import ensure_namespace
+    from nac_drive.pipeline.processes import drive_in_processes
+    from nac_drive.simulators.carracing import EpisodeResults
+
+    ensure_namespace(data, name)   # before the workers, which would race to create it
+    results = EpisodeResults()
+    for part in drive_in_processes(_drive_shard, runs, progress, policy_path=str(policy_path), oracle=oracle,
+                                   data=str(data), name=name, max_steps=max_steps, disturb_rate=disturb_rate,
+                                   disturb_frames=disturb_frames, burst_seed=runs[0][0], description=description):
+        results.extend(part)
+    return results
+
+
+def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, data: str, name: str, max_steps: int | None,
                  disturb_rate: float, disturb_frames: int, burst_seed: int, description: str, progress: bool):
-    """The student at ``policy_path`` drives ``seeds`` while ``oracle`` labels; the episodes
-    become one shard of dataset ``name``. Returns the student's EpisodeResults. The bursts
-    of an episode depend on ``burst_seed`` and its track, not on how a round is split."""
+    """One process's part of :func:`drive_round`: the student drives ``seeds``, the episodes
+    become one shard of dataset ``name``; returns the student's EpisodeResults."""
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.data_collection.carracing_dataset import write_dataset
     from nac_drive.simulators.carracing import run_episodes
