@@ -95,9 +95,11 @@ def _capture(mode, cfg_kwargs):
     server.wait_for("listening")
     try:
         report = run_emulator(EmulatorConfig(port=port, expect_connect_command=False, **cfg_kwargs))
+        server.wait_for('"closed"', stream="out")  # the server has printed every frame and exits
     finally:
         server.stop()
     events = [json.loads(line) for line in server.out if line.startswith("{")]
+    assert events.pop() == {"closed": True}
     return report, events
 
 

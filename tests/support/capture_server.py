@@ -3,7 +3,8 @@
 Usage: python capture_server.py PORT MODE, MODE = "strings" (answers every telemetry with a
 steer whose values are strings, after 20 ms) or "numbers" (answers with JSON numbers, which
 the Unity simulator cannot parse). Prints "listening", then one JSON line per event:
-{"path": ..., "query": ...} on connect and {"frame": <text>} for each received frame.
+{"path": ..., "query": ...} on connect, {"frame": <text>} for each received frame and
+{"closed": true} when the client closes; then it exits (it serves one connection).
 """
 
 import json
@@ -38,8 +39,9 @@ def handle(ws):
     ws.send('0{"sid":"abc","upgrades":[],"pingInterval":25000,"pingTimeout":60000}')
     while True:
         frame = ws.wait()
-        if frame is None:
-            break
+        if frame is None:  # the client closed: every frame it sent is printed above
+            print(json.dumps({"closed": True}), flush=True)
+            os._exit(0)
         print(json.dumps({"frame": frame}), flush=True)
         if frame == "2":
             ws.send("3")

@@ -33,8 +33,10 @@ class Proc:
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
         self.err: list[str] = []
         self.out: list[str] = []
-        threading.Thread(target=self._drain, args=(self.p.stderr, self.err), daemon=True).start()
-        threading.Thread(target=self._drain, args=(self.p.stdout, self.out), daemon=True).start()
+        self._drains = [threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+                        for stream, sink in ((self.p.stderr, self.err), (self.p.stdout, self.out))]
+        for thread in self._drains:
+            thread.start()
 
     @staticmethod
     def _drain(stream, sink):
@@ -53,16 +55,32 @@ class Proc:
         raise RuntimeError(f"{text!r} not seen (exit {self.p.poll()}):\n{''.join(self.err)[-3000:]}")
 
     def stop(self, sig=signal.SIGINT, timeout: float = 20.0) -> int:
+        """Send ``sig`` (unless it already ended), wait for the exit and for the last lines of
+        its output; if it does not end, kill it (never leave a server behind) and raise with
+        what the kernel says of it."""
         if self.p.poll() is None:
             self.p.send_signal(sig)
         try:
             rc = self.p.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.p.kill()  # never leave a server behind
+            state = self._kernel_state()
+            self.p.kill()
             self.p.wait()
-            raise
-        time.sleep(0.1)  # let the drain threads read the last lines
+            raise RuntimeError(f"pid {self.p.pid} did not exit within {timeout} s of {signal.Signals(sig).name}; "
+                               f"{state}\nstderr: {''.join(self.err)[-2000:]}") from None
+        for thread in self._drains:  # both pipes are at end of file once the process is gone
+            thread.join(5.0)
         return rc
+
+    def _kernel_state(self) -> str:
+        """The process's run state, pending and blocked signals, and the call it sleeps in."""
+        try:
+            status = Path(f"/proc/{self.p.pid}/status").read_text().splitlines()
+            wchan = Path(f"/proc/{self.p.pid}/wchan").read_text()
+        except OSError as e:
+            return f"no /proc entry ({e})"
+        keep = ("State", "Threads", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+        return " ".join(line.replace("\t", "") for line in status if line.startswith(keep)) + f" wchan:{wchan}"
 
     def json_summary(self) -> dict:
         for line in reversed(self.out):
