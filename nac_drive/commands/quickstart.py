@@ -1,7 +1,7 @@
 """``nac-drive quickstart``: the main job on built-in defaults.
 
     nac-drive quickstart                        # drive the shipped CNN+NAC policy on 3 unseen tracks
-    nac-drive quickstart --full                 # make a policy from the PPO expert, then drive it (~45 min on 2 cores)
+    nac-drive quickstart --full                 # make a policy from the PPO expert, then drive it (36-44 min, 2 cores)
     nac-drive quickstart --full --budget small  # the same stages, smaller: a first look (~3-6 min)
 
 ``--full`` runs the stages of the shipped policy's recipe: the expert demonstrates (collect), behaviour cloning,
