@@ -1,9 +1,11 @@
 """The closed-loop driver: a trained :class:`DrivingPolicy` as an episode-runner actor.
 
 It streams frames through the policy (``NAC.step``: no recompute of the window),
-times every decision, and can record each step for the dashboard: the frame, the
-policy's action, a privileged oracle's action for the same state, the reward and the
-NAC trace.
+times every decision, and can hand each step to its sinks: a
+:class:`~nac_drive.interpret.trace.RunRecorder` (``trace.npz``, for the dashboard) and a
+live :class:`~nac_drive.interpret.live_view.RerunView`. A step is the frame, the policy's
+action, a privileged oracle's action and cross-track error for the same state, the reward,
+the NAC trace and, live, the saliency of the chosen action.
 """
 
 from __future__ import annotations
@@ -43,18 +45,25 @@ class PolicyDriver:
         recorder: optional :class:`nac_drive.interpret.trace.RunRecorder`. CarRacing: pass
             :meth:`on_step` as the runner's ``on_step``, which adds the reward.
         oracle: optional privileged expert with ``reset_env(env)`` and
-            ``action_for(env)`` (the teacher), recorded as the expert action.
+            ``action_for(env)`` (the teacher), recorded as the expert action, and, if it
+            has ``cross_track_error(env)``, the step's cross-track error.
         save_every: with a recorder, rewrite its file every this many steps, so a run
             that is killed (the bridge runs until Ctrl-C) keeps its traces.
+        live: optional :class:`~nac_drive.interpret.live_view.RerunView`; with its
+            ``saliency`` set, each step's Grad-CAM overlay is computed before the policy acts
+            (outside the timed latency).
     """
 
-    def __init__(self, policy, recorder=None, oracle=None, save_every: int = 500):
+    def __init__(self, policy, recorder=None, oracle=None, save_every: int = 500, live=None):
         self.policy, self.recorder, self.oracle, self.save_every = policy, recorder, oracle, save_every
+        self.live = live
+        self.sinks = [s for s in (recorder, live) if s is not None]
         self.name = f"policy:{policy.config.core.core}"
-        self.policy.trace_enabled = recorder is not None and policy.config.core.core == "nac"
+        self.policy.trace_enabled = bool(self.sinks) and policy.config.core.core == "nac"
         self.latencies_ms: list[float] = []
         self._env = None
         self._pending: dict[str, Any] = {}
+        self._saliency = None
 
     @property
     def gas(self) -> float:
@@ -65,8 +74,8 @@ class PolicyDriver:
         self.policy.reset()
         if self.oracle is not None:
             self.oracle.reset()
-        if self.recorder is not None:
-            self.recorder.new_episode()
+        for sink in self.sinks:
+            sink.new_episode()
 
     def reset_env(self, env) -> None:
         self.policy.check_env(env)   # a clear error before a wrong-kind action reaches env.step
@@ -75,25 +84,45 @@ class PolicyDriver:
             self.oracle.reset_env(env)
 
     def act(self, obs: np.ndarray):
+        frame = obs["image"] if isinstance(obs, dict) else obs
+        saliency = None
+        if self.live is not None and self.live.saliency:
+            from nac_drive.interpret.policy_saliency import live_saliency
+
+            saliency = live_saliency(self.policy, frame)
         t0 = time.perf_counter()
         action = self.policy.select_action(obs)
         self.latencies_ms.append((time.perf_counter() - t0) * 1e3)
-        if self.recorder is not None:
-            expert = self.oracle.action_for(self._env) if self.oracle is not None and self._env is not None else None
-            self._pending = {"frame": obs["image"] if isinstance(obs, dict) else obs, "policy_action": action,
-                             "expert_action": expert, "nac_trace": self.policy.last_trace}
+        if self.sinks:
+            self._pending = {"frame": frame, "policy_action": action, "nac_trace": self.policy.last_trace,
+                             **self._oracle_view(obs)}
+            self._saliency = saliency
             if isinstance(obs, dict):   # the Udacity bridge: no reward to wait for
                 self._flush(reward=None, timestamp=obs.get("timestamp"))
         return action
+
+    def _oracle_view(self, obs) -> dict[str, Any]:
+        """The expert's action and the cross-track error for the state the policy acts in:
+        from the oracle (CarRacing's teacher reads the env), or the observation's ``cte``
+        (what the Udacity emulator reports through the bridge)."""
+        if self.oracle is None or self._env is None:
+            cte = obs.get("cte") if isinstance(obs, dict) else None
+            return {"expert_action": None, "cross_track_error": cte}
+        cte = self.oracle.cross_track_error(self._env) if hasattr(self.oracle, "cross_track_error") else None
+        return {"expert_action": self.oracle.action_for(self._env), "cross_track_error": cte}
 
     def on_step(self, episode: int, frame: int, obs, action, reward: float, info: dict) -> None:
         """Runner callback: completes the step's record with its reward."""
         self._flush(reward=reward, timestamp=frame * self.policy.config.frame_dt)
 
     def _flush(self, reward, timestamp) -> None:
-        if self.recorder is None or not self._pending:
+        if not self.sinks or not self._pending:
             return
-        self.recorder.add(reward=reward, timestamp=timestamp, **self._pending)
+        step = dict(self._pending, reward=reward, timestamp=timestamp)
         self._pending = {}
-        if self.save_every and len(self.recorder) % self.save_every == 0:
-            self.recorder.save()
+        if self.live is not None:
+            self.live.add(saliency=self._saliency, **step)
+        if self.recorder is not None:
+            self.recorder.add(**step)
+            if self.save_every and len(self.recorder) % self.save_every == 0:
+                self.recorder.save()

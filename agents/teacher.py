@@ -113,6 +113,25 @@ class PurePursuitTeacher:
         wheel_angle = float(env.unwrapped.car.wheels[0].joint.angle)
         return self.discretise(steer, gas, brake, wheel_angle)
 
+    def cross_track_error(self, env: gym.Env) -> float:
+        """Signed distance (track units; the road is ~13 wide) from the car to the centre
+        line, positive right of it (as the Udacity emulator's ``cte_m``)."""
+        base = env.unwrapped
+        self._load_track(base.track)
+        pos = np.array(base.car.hull.position, dtype=np.float64)
+        self._idx = self._nearest(pos)
+        n = len(self._points)
+        best = math.inf
+        for i in (self._idx - 1, self._idx):   # the two segments that meet at the nearest point
+            a, b = self._points[i % n], self._points[(i + 1) % n]
+            d = b - a
+            along = float(np.clip((pos - a) @ d / max(float(d @ d), 1e-12), 0.0, 1.0))
+            offset = pos - (a + along * d)
+            if np.linalg.norm(offset) < abs(best):
+                side = d[0] * offset[1] - d[1] * offset[0]      # > 0: left of the direction of travel
+                best = -math.copysign(float(np.linalg.norm(offset)), side)
+        return best
+
     def control(self, env: gym.Env) -> tuple[float, float, float]:
         """Continuous (steer, gas, brake) for the current state of ``env``."""
         base = env.unwrapped

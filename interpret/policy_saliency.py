@@ -8,28 +8,47 @@ the window before it held fixed) goes to :func:`compute_run_saliency`.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from nac_drive.interpret.saliency import compute_run_saliency
+from nac_drive.interpret.saliency import compute_run_saliency, overlay_region, saliency_maps
 from nac_drive.interpret.trace import load_trace
 
 
-def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam", progress: bool = True) -> Path:
-    """Write ``RUN_DIR/saliency.npz`` for ``policy`` on the run recorded in ``run_dir``.
+def saliency_target(policy) -> str:
+    """What a policy's saliency explains: the action it chose (discrete), or the steering
+    direction it chose (continuous: column 0 is the steering)."""
+    return "predicted" if policy.config.action == "discrete" else "steer"
 
-    Target: the action the policy chose (discrete), or the steering direction it chose
-    (continuous: column 0 is the steering).
-    """
+
+def model_input(policy, frame: np.ndarray) -> torch.Tensor:
+    """A recorded RGB frame -> the policy's image input ``[C, H, W]`` float in [0, 1]."""
+    image, _ = policy.observation_to_frame(frame)
+    return image.float() / 255.0 if image.dtype == torch.uint8 else image
+
+
+def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam", progress: bool = True) -> Path:
+    """Write ``RUN_DIR/saliency.npz`` for ``policy`` on the run recorded in ``run_dir``
+    (target: :func:`saliency_target`)."""
     run = load_trace(run_dir)
     replay = _Replay(policy, run)
-    target = "predicted" if policy.config.action == "discrete" else "steer"
     region = policy.task.visible_rows   # Udacity: the model sees rows 60:-25 of the frame
-    return compute_run_saliency(run_dir, replay.frame_model_for_step, preprocess=replay.model_input,
-                                target=target, method=method, target_layer=policy.encoder.last_conv,
+    return compute_run_saliency(run_dir, replay.frame_model_for_step, preprocess=partial(model_input, policy),
+                                target=saliency_target(policy), method=method, target_layer=policy.encoder.last_conv,
                                 progress=progress, input_region=region)
+
+
+def live_saliency(policy, frame: np.ndarray, method: str = "gradcam", alpha: float = 0.45) -> np.ndarray:
+    """The saliency overlay (uint8 RGB, the frame's size) of the decision the policy is about
+    to make on ``frame``: call it before the policy steps on the frame (the window so far is
+    held fixed, as in :func:`policy_saliency`)."""
+    model = policy.frame_model()
+    saliency = saliency_maps(model, model_input(policy, frame)[None], saliency_target(policy), method,
+                             policy.encoder.last_conv)[0]
+    return overlay_region(frame, saliency, alpha, policy.task.visible_rows)
 
 
 class _Replay:
@@ -56,7 +75,3 @@ class _Replay:
         first = int(np.flatnonzero(self.run.episode == episode)[0])
         self.policy.reset()
         self.next_step = first
-
-    def model_input(self, frame: np.ndarray) -> torch.Tensor:
-        image, _ = self.policy.observation_to_frame(frame)
-        return image.float() / 255.0 if image.dtype == torch.uint8 else image

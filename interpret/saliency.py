@@ -176,7 +176,7 @@ def overlay(frame: np.ndarray, saliency: np.ndarray, alpha: float = 0.45, colorm
     return np.uint8(np.clip((1 - alpha) * frame.astype(np.float32) + alpha * heat, 0, 255).round())
 
 
-def _overlay_region(frame: np.ndarray, saliency: np.ndarray, alpha: float,
+def overlay_region(frame: np.ndarray, saliency: np.ndarray, alpha: float,
                     region: tuple[int, int] | None) -> np.ndarray:
     """:func:`overlay` on the rows ``top .. H - bottom`` only (the model's view), if given."""
     if region is None:
@@ -222,7 +222,7 @@ def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Calla
         spec = target(i) if callable(target) else target
         m = saliency_maps(model, preprocess(frame)[None], spec, method, target_layer, steer_index)[0]
         maps.append(np.uint8(np.round(255 * m)))
-        overlays.append(encode_jpeg(_overlay_region(frame, m, alpha, input_region), jpeg_quality))
+        overlays.append(encode_jpeg(overlay_region(frame, m, alpha, input_region), jpeg_quality))
     arrays: dict[str, np.ndarray] = {}
     arrays["maps"] = np.stack(maps) if maps else np.zeros((0, 0, 0), dtype=np.uint8)
     arrays["overlay_jpeg"], arrays["overlay_offsets"] = pack_jpegs(overlays)

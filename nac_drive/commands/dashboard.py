@@ -1,4 +1,5 @@
-"""``nac-drive dashboard RUN_DIR -o dashboard.html``: one offline HTML file for a recorded run."""
+"""``nac-drive dashboard RUN_DIR -o dashboard.html``: one offline HTML file for a recorded run;
+``--rrd run.rrd``: the same run as a Rerun recording (what ``drive --rerun`` shows live)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--title", default=None, help="page title (default: the run directory's name)")
     p.add_argument("--image-budget-mb", type=POSITIVE, default=20.0,
                    help="frames + overlays above this many MB (base64) are re-encoded smaller")
+    p.add_argument("--rrd", default=None, metavar="FILE.rrd",
+                   help="write the run as a Rerun recording (the layout drive --rerun streams live; needs the "
+                        "'live' extra) instead of the HTML file, or as well with -o")
     p.set_defaults(func=run)
 
 
@@ -30,7 +34,26 @@ def run(args: argparse.Namespace) -> int:
 
     from nac_drive.interpret.dashboard import build_dashboard
 
-    path = build_dashboard(args.run_dir, args.output, image_budget=int(args.image_budget_mb * 1e6), title=args.title,
-                           video=args.video)
-    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    paths = []
+    if args.rrd is not None:
+        paths.append(write_rrd(args.run_dir, args.rrd))
+    if args.rrd is None or args.output is not None:
+        paths.append(build_dashboard(args.run_dir, args.output, image_budget=int(args.image_budget_mb * 1e6),
+                                     title=args.title, video=args.video))
+    for path in paths:
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
     return 0
+
+
+def write_rrd(run_dir, out) -> str:
+    """The recorded run (and its saliency.npz, if it holds one of this trace) as a Rerun recording."""
+    from nac_drive.interpret.live_view import check_rrd_path, require_rerun, trace_to_rrd
+    from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
+    from nac_drive.interpret.trace import load_trace
+
+    require_rerun()
+    check_rrd_path(out, "--rrd")
+    run = load_trace(run_dir)
+    saliency_file = run.path.parent / SALIENCY_FILE
+    saliency = load_saliency(saliency_file, trace=run) if saliency_file.is_file() else None
+    return str(trace_to_rrd(run, out, saliency=saliency))

@@ -3,6 +3,12 @@
     nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--json]
     nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
 
+Either can be watched live in Rerun: ``--rerun`` starts a Rerun viewer, ``--rerun run.rrd``
+saves the recording instead (``rerun run.rrd`` opens it later), ``--rerun-web`` serves
+Rerun's web viewer on 127.0.0.1:9090 while the drive lasts. The view holds the frame, the
+Grad-CAM saliency of the chosen action, the actions, reward, cross-track error and every
+traced NAC state, on a ``step`` timeline.
+
 CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default, in the env
 the policy learned (its ``config.json`` gas: gymnasium's discrete env, or DiscreteActions). Without
 ``--policy`` the shipped policy drives (CNN+NAC for CarRacing, PilotNet+NAC for Udacity). The policy streams through
@@ -35,8 +41,31 @@ def add_parser(subparsers) -> None:
     uda.add_argument("--trace", default=None, metavar="RUN_DIR",
                      help="record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard; "
                           "RUN_DIR-2, -3, ... if RUN_DIR exists)")
+    add_live_arguments(uda)
     uda.add_argument("--json", action="store_true", help="end the summary with one line of JSON")
     uda.set_defaults(func=run_udacity)
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the live Rerun view (:class:`~nac_drive.pipeline.drive.LiveOptions`)."""
+    live = parser.add_argument_group("live view (Rerun; the 'live' extra)")
+    live.add_argument("--rerun", nargs="?", const="viewer", default=None, metavar="FILE.rrd",
+                      help="show the drive live in a Rerun viewer; with a file name ending in .rrd, save the "
+                           "recording there instead (headless)")
+    live.add_argument("--rerun-web", nargs="?", type=PORT, const=9090, default=None, metavar="PORT",
+                      help="serve Rerun's web viewer on 127.0.0.1 (default port 9090) while the drive lasts")
+    live.add_argument("--no-live-saliency", action="store_true",
+                      help="leave the per-frame Grad-CAM overlay out of the live view (it costs a backward pass a frame)")
+
+
+def live_options(args: argparse.Namespace):
+    """The parsed live-view flags as :class:`~nac_drive.pipeline.drive.LiveOptions` (None: no view)."""
+    from nac_drive.pipeline.drive import LiveOptions
+
+    if args.rerun is None and args.rerun_web is None:
+        return None
+    return LiveOptions(file=None if args.rerun in (None, "viewer") else args.rerun, viewer=args.rerun == "viewer",
+                       web_port=args.rerun_web, saliency=not args.no_live_saliency)
 
 
 def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +79,7 @@ def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default=None, metavar="RUN_DIR",
                         help="record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz "
                              "(RUN_DIR-2, -3, ... if RUN_DIR exists)")
+    add_live_arguments(parser)
     parser.add_argument("--json", action="store_true", help="end the output with one line of JSON")
 
 
@@ -57,7 +87,7 @@ def run_carracing(args: argparse.Namespace) -> int:
     from nac_drive.pipeline.drive import drive_carracing
 
     summary = drive_carracing(args.policy, args.episodes, args.seed_base, args.max_steps, args.render,
-                              args.video, args.trace, progress=not args.json)
+                              args.video, args.trace, progress=not args.json, live=live_options(args))
     for seed, ret, n in zip(summary["seeds"], summary["returns"], summary["lengths"]):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}")
     print(summary.pop("text"))
@@ -73,4 +103,5 @@ def run_carracing(args: argparse.Namespace) -> int:
 def run_udacity(args: argparse.Namespace) -> int:
     from nac_drive.pipeline.drive import drive_udacity_policy
 
-    return drive_udacity_policy(args.policy, args.host, args.port, args.speed, args.record, args.trace, args.json)
+    return drive_udacity_policy(args.policy, args.host, args.port, args.speed, args.record, args.trace, args.json,
+                                live=live_options(args))

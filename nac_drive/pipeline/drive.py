@@ -8,40 +8,61 @@ the latency it reports is the policy's own time per frame.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
 
 
 def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
-                    video=None, trace_dir=None, progress: bool = True, recorded: int | None = None) -> dict:
+                    video=None, trace_dir=None, progress: bool = True, recorded: int | None = None,
+                    live: LiveOptions | None = None) -> dict:
     """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
     folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...).
 
-    ``recorded``: only the first this many episodes go into ``video`` and the trace (all are
-    scored, and the latency covers all, traced or not); default all."""
+    ``recorded``: only the first this many episodes go into ``video``, the trace and the
+    ``live`` view (all are scored, and the latency covers all, traced or not); default all."""
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.atomic import fresh_dir
-    from nac_drive.simulators.carracing import eval_seeds, run_episodes
     from nac_drive.video import check_video_path
 
     if episodes < 1 or (recorded is not None and recorded < 1):
         raise ValueError(f"episodes and recorded: must be >= 1, got {episodes} and {recorded}")
     if video is not None:
         check_video_path(video)   # before driving
+    live = live.checked() if live is not None else None
     policy = load_driving_policy(policy_path)
     if policy.config.task != "carracing":
         raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
     recorder, oracle = None, None
-    if trace_dir is not None:
+    continuous = policy.config.action == "continuous"
+    if trace_dir is not None or live is not None:
         from nac_drive.agents.teacher import PurePursuitTeacher
 
-        continuous = policy.config.action == "continuous"
+        oracle = PurePursuitTeacher(continuous=continuous)
+    if trace_dir is not None:
         names = list(ACTION_NAMES) if not continuous else ["steer", "gas", "brake"]
         trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
         recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
-        oracle = PurePursuitTeacher(continuous=continuous)
-    driver = PolicyDriver(policy, recorder=recorder, oracle=oracle)
+    with live_view(live, policy) as view:
+        summary = _drive_and_score(policy, PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view),
+                                   episodes, seed_base, max_steps, render, video, progress, recorded)
+    if recorder is not None:
+        recorder.save()
+    summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core)
+    if trace_dir is not None:
+        summary["trace"] = str(trace_dir)
+    if view is not None:
+        summary["rerun"] = view.where
+    return summary
+
+
+def _drive_and_score(policy, driver, episodes, seed_base, max_steps, render, video, progress, recorded) -> dict:
+    """Drive the recorded episodes with ``driver``, the rest with a plain driver; the summary."""
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.simulators.carracing import eval_seeds, run_episodes
+
     seeds = eval_seeds(episodes, base=seed_base)
     first = len(seeds) if recorded is None else recorded
     shown, scored_only = seeds[:first], seeds[first:]
@@ -54,13 +75,50 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         results.extend(drive(plain, scored_only, progress=progress and "other episodes"))
         driver.latencies_ms += plain.latencies_ms
     results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
-    if recorder is not None:
-        recorder.save()
-    summary = results.summary()
-    summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core, text=results.format())
-    if trace_dir is not None:
-        summary["trace"] = str(trace_dir)
-    return summary
+    return dict(results.summary(), text=results.format())
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """Where a drive is shown live in Rerun (:mod:`nac_drive.interpret.live_view`)."""
+
+    file: str | None = None
+    """a .rrd file the recording is saved to"""
+    viewer: bool = False
+    """start a native Rerun viewer"""
+    web_port: int | None = None
+    """serve Rerun's web viewer on 127.0.0.1 at this port while the drive lasts"""
+    saliency: bool = True
+    """compute each step's Grad-CAM overlay live"""
+
+    def checked(self) -> "LiveOptions | None":
+        """Itself, its file checked and rerun-sdk present (before any work), or None if it names no sink."""
+        if self.file is None and not self.viewer and self.web_port is None:
+            return None
+        from nac_drive.interpret.live_view import check_rrd_path, require_rerun
+
+        require_rerun()
+        if self.file is not None:
+            check_rrd_path(self.file)
+        return self
+
+
+@contextmanager
+def live_view(live: LiveOptions | None, policy):
+    """The :class:`~nac_drive.interpret.live_view.RerunView` of ``live`` (None: none), closed on exit."""
+    if live is None:
+        yield None
+        return
+    from nac_drive.interpret.live_view import open_view
+
+    nac = policy.core.nac if policy.config.core.core == "nac" else None
+    view = open_view(live.file, viewer=live.viewer, web_port=live.web_port, saliency=live.saliency,
+                     num_heads=nac.num_heads if nac is not None else 0, name=f"{policy.config.task}-drive")
+    print(f"live view: {view.where}", file=sys.stderr)
+    try:
+        yield view
+    finally:
+        view.close()
 
 
 def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list[str]):
@@ -76,14 +134,17 @@ def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list
 
 
 def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567, speed: float = 9.0,
-                         record_dir=None, trace_dir=None, json_out: bool = False) -> int:
+                         record_dir=None, trace_dir=None, json_out: bool = False,
+                         live: LiveOptions | None = None) -> int:
     """Serve the Udacity simulator with a Udacity policy (default: the shipped one) until
-    Ctrl-C; ``trace_dir``: also record the run for the dashboard. Returns an exit code."""
+    Ctrl-C; ``trace_dir``: also record the run for the dashboard; ``live``: show it in
+    Rerun. Returns an exit code."""
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
     from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.udacity_bridge import drive_udacity, require_udacity_extra
 
     require_udacity_extra()   # before the trace folder exists
+    live = live.checked() if live is not None else None
     policy = load_driving_policy(policy_path, task="udacity")
     if policy.config.task != "udacity":
         raise ValueError(f"{policy_path} is a {policy.config.task!r} policy, not a Udacity one")
@@ -91,9 +152,10 @@ def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567,
     if trace_dir:
         recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, "udacity", ["steering"])
         print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
-    driver = PolicyDriver(policy, recorder=recorder)
     try:
-        return drive_udacity(driver, host=host, port=port, speed=speed, record_dir=record_dir, json_out=json_out)
+        with live_view(live, policy) as view:
+            driver = PolicyDriver(policy, recorder=recorder, live=view)
+            return drive_udacity(driver, host=host, port=port, speed=speed, record_dir=record_dir, json_out=json_out)
     finally:
         if recorder is not None and len(recorder):
             recorder.save()

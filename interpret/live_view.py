@@ -1,0 +1,379 @@
+"""A drive seen live in Rerun (rerun-sdk, the ``live`` extra): the frame, the saliency of the
+chosen action, the actions, the reward and every traced NAC state, step by step.
+
+:class:`RerunView` is a step sink like :class:`~nac_drive.interpret.trace.RunRecorder`: the
+driver calls :meth:`RerunView.add` with the same arguments each step (plus the saliency
+overlay) and :meth:`RerunView.new_episode` when the policy resets. :func:`trace_to_rrd`
+replays a recorded ``trace.npz`` (and its ``saliency.npz``) into the same recording.
+
+Where it goes (:func:`open_view`): a ``.rrd`` file (headless; ``rerun FILE.rrd`` opens it),
+a native Rerun viewer started for the drive, or Rerun's web viewer served over HTTP. Both
+viewers run as a child process of the Rerun CLI bound to 127.0.0.1 (the SDK's own
+``serve_grpc`` / ``serve_web_viewer`` listen on every interface), with Rerun's usage
+analytics turned off through a configuration folder of nac-drive's own (``rerun analytics
+disable`` run against it), so the user's own Rerun settings are left as they are.
+
+Recording layout. Timelines: ``step`` (the run's step: row ``i`` of ``trace.npz``),
+``episode`` and ``episode_step``. Entity paths (A / E = policy / expert action size, D =
+d_model, K = selected keys, n = neurons of a backbone group, h = head):
+
+=================================  ==========  ===============================================
+entity                             archetype   value
+=================================  ==========  ===============================================
+``camera``                         Image       the frame the policy saw (JPEG)
+``saliency``                       Image       Grad-CAM overlay of the chosen action (JPEG)
+``action/policy``                  Scalars     [A] the policy's action (discrete: its index)
+``action/expert``                  Scalars     [E] the expert's action for the same state
+``reward/frame``                   Scalars     the step's reward
+``reward/return``                  Scalars     the episode's return so far
+``cte``                            Scalars     cross-track error, where the simulator has one
+``nac/sensory/{q,k,v}``            Scalars     [D] sensory gate activations
+``nac/head{h}/{inter,command,      Scalars     [n] backbone layer, mean over the selected pairs
+motor}``
+``nac/head{h}/{group}_top``        Scalars     [n] the same layer for the top-weighted pair
+``nac/head{h}/{phi,tau,t_interp,   Scalars     [K] per selected key (NaN: an empty slot)
+logits,weights,key_age}``
+``nac/head{h}/attention``          BarChart    [window] weight by key age (frames ago)
+=================================  ==========  ===============================================
+
+Every value is the one ``trace.npz`` stores for that step (the same reduction,
+:func:`~nac_drive.interpret.trace.reduce_nac_trace`), except ``key_age``, whose empty slots
+are NaN here and -1 there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nac_drive.interpret.trace import BACKBONE_GROUPS, PER_KEY, RunTrace, reduce_nac_trace
+
+APPLICATION_ID = "nac-drive"
+WEB_PORT = 9090
+VIEWER_START_TIMEOUT_S = 20.0
+JPEG_QUALITY = 90
+
+
+def require_rerun():
+    """``import rerun``, or a one-line error naming the extra that brings it."""
+    try:
+        import rerun
+    except ImportError:
+        raise ValueError("--rerun needs rerun-sdk (the 'live' extra): pip install 'nac-drive[live]'") from None
+    return rerun
+
+
+# ------------------------------------------------------------------ where the recording goes
+def rerun_executable() -> str:
+    """The Rerun CLI that came with rerun-sdk (the package's ``rerun_cli``), else ``rerun`` on PATH."""
+    try:
+        import rerun_cli
+
+        bundled = Path(rerun_cli.__file__).parent / "rerun"
+        if bundled.is_file():
+            return str(bundled)
+    except ImportError:
+        pass
+    found = shutil.which("rerun")
+    if found is None:
+        raise ValueError("the Rerun viewer (the 'rerun' command of rerun-sdk) is not installed: "
+                         "pip install 'nac-drive[live]'")
+    return found
+
+
+def viewer_config_home() -> Path:
+    """nac-drive's own XDG_CONFIG_HOME for the viewers it starts, with Rerun's analytics off.
+
+    ``rerun analytics disable`` writes ``rerun/analytics.json`` under it; the viewer reads its
+    analytics setting from there and nothing else (its data and caches stay where they are)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    home = base / "nac-drive" / "rerun-config"
+    settings = home / "rerun" / "analytics.json"
+    if not _analytics_disabled(settings):
+        home.mkdir(parents=True, exist_ok=True)
+        subprocess.run([rerun_executable(), "analytics", "disable"], env={**os.environ, "XDG_CONFIG_HOME": str(home)},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False)
+        if not _analytics_disabled(settings):
+            raise ValueError(f"could not turn Rerun's analytics off in {settings}; no viewer was started")
+    return home
+
+
+def _analytics_disabled(settings: Path) -> bool:
+    try:
+        return json.loads(settings.read_text()).get("analytics_enabled") is False
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_viewer(web_port: int | None = None, host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    """Start the Rerun CLI as a viewer bound to ``host``: the native viewer, or with
+    ``web_port`` the web viewer served over HTTP there. Returns (process, gRPC URL to log to).
+
+    Raises ValueError (one line) if the viewer does not listen within
+    :data:`VIEWER_START_TIMEOUT_S` (a taken port, no display for the native viewer)."""
+    grpc_port = _free_port(host)
+    cmd = [rerun_executable(), "--bind", host, "--port", str(grpc_port), "--hide-welcome-screen"]
+    if web_port is not None:
+        cmd += ["--serve-web", "--web-viewer-port", str(web_port)]
+    else:
+        cmd += ["--expect-data-soon"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "XDG_CONFIG_HOME": str(viewer_config_home())},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=web_port is None)   # a native window outlives the drive
+    ports = [grpc_port] + ([web_port] if web_port is not None else [])
+    deadline = time.monotonic() + VIEWER_START_TIMEOUT_S
+    while not all(_listening(host, p) for p in ports):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = (proc.stderr.read() if proc.poll() is not None else b"").decode(errors="replace").strip()
+            last = err.splitlines()[-1] if err else "no output"
+            raise ValueError(f"the Rerun viewer did not start on {host} ports {ports}: {last[:300]}")
+        time.sleep(0.1)
+    return proc, f"rerun+http://{host}:{grpc_port}/proxy"
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def default_blueprint(num_heads: int):
+    """The viewer's layout: camera and saliency; actions, reward and cross-track error over
+    time; per head tau, logits and the attention by key age."""
+    import rerun.blueprint as rrb
+
+    heads = [rrb.Vertical(rrb.TimeSeriesView(origin=f"nac/head{h}/tau", name=f"head {h}: tau"),
+                          rrb.TimeSeriesView(origin=f"nac/head{h}/logits", name=f"head {h}: logits"),
+                          rrb.BarChartView(origin=f"nac/head{h}/attention", name=f"head {h}: weight by key age"),
+                          name=f"head {h}") for h in range(num_heads)]
+    drive = rrb.Vertical(rrb.Horizontal(rrb.Spatial2DView(origin="camera", name="camera"),
+                                        rrb.Spatial2DView(origin="saliency", name="saliency")),
+                         rrb.TimeSeriesView(origin="action", name="actions"),
+                         rrb.TimeSeriesView(origin="reward", name="reward"),
+                         rrb.TimeSeriesView(origin="cte", name="cross-track error"))
+    neurons = rrb.Tabs(*heads, rrb.TimeSeriesView(origin="nac/sensory", name="sensory q/k/v")) if heads else \
+        rrb.TimeSeriesView(origin="nac", name="nac")
+    return rrb.Blueprint(rrb.Horizontal(drive, neurons, column_shares=[2, 3]), collapse_panels=True)
+
+
+# ------------------------------------------------------------------ the step sink
+class RerunView:
+    """Logs one drive to a Rerun recording, a step at a time (module docstring: the layout).
+
+    Images and the attention bar charts are logged as each step comes; the scalar series are
+    sent in columns every ``flush_every`` steps (one call per entity instead of one per step
+    and entity: the difference between ~7 ms and well under 1 ms a step), so a viewer is at
+    most that many steps behind.
+
+    Args:
+        recording: a ``rerun.RecordingStream`` already connected to its sinks (:func:`open_view`).
+        saliency: whether the driver should compute the Grad-CAM overlay of each step
+            (:meth:`add`'s ``saliency``); the view itself only logs what it is given.
+        viewer: the viewer process to stop on :meth:`close` (a web viewer), if any.
+        where: where the recording goes, in words.
+    """
+
+    def __init__(self, recording, saliency: bool = True, viewer: subprocess.Popen | None = None,
+                 where: str = "", flush_every: int = 10):
+        self.rec, self.saliency, self.viewer, self.where = recording, saliency, viewer, where
+        self.flush_every = flush_every
+        self.steps = 0             # the run's next step index (trace.npz row)
+        self._episode = -1
+        self._episode_step = 0
+        self._nac_steps = 0        # NAC traces seen this episode: the layer's step counter
+        self._return = 0.0
+        self._series: dict[str, list[tuple[int, int, int, np.ndarray]]] = {}
+
+    def new_episode(self) -> None:
+        """Call when the policy resets (as :meth:`RunRecorder.new_episode`)."""
+        if self._episode < 0 or self._episode_step > 0:
+            self._episode += 1
+        self._episode_step, self._nac_steps, self._return = 0, 0, 0.0
+
+    def add(self, frame: np.ndarray, policy_action, expert_action=None, reward: float | None = None,
+            cross_track_error: float | None = None, nac_trace=None, timestamp: float | None = None,
+            saliency: np.ndarray | None = None) -> None:
+        """Log one step: the arguments of :meth:`RunRecorder.add`, and ``saliency``, the
+        overlay image uint8 RGB ``[H, W, 3]`` (or None)."""
+        import rerun as rr
+
+        if self._episode < 0:
+            self.new_episode()
+        nac = None
+        if nac_trace is not None:
+            nac = reduce_nac_trace(nac_trace, self._nac_steps)
+            self._nac_steps += 1
+        self._time()
+        self.rec.log("camera", rr.Image(np.ascontiguousarray(frame)).compress(jpeg_quality=JPEG_QUALITY))
+        if saliency is not None:
+            self.rec.log("saliency", rr.Image(saliency).compress(jpeg_quality=JPEG_QUALITY))
+        self._values(policy_action, expert_action, reward, cross_track_error, nac)
+
+    def flush(self) -> None:
+        """Send the buffered scalar series."""
+        import rerun as rr
+
+        for entity, rows in self._series.items():
+            if not rows:
+                continue
+            steps, episodes, episode_steps, values = zip(*rows)
+            indexes = [rr.TimeColumn("step", sequence=steps), rr.TimeColumn("episode", sequence=episodes),
+                       rr.TimeColumn("episode_step", sequence=episode_steps)]
+            column = rr.Scalars.columns(scalars=np.concatenate(values)).partition([len(v) for v in values])
+            self.rec.send_columns(entity, indexes=indexes, columns=column)
+            rows.clear()
+        self.rec.flush()
+
+    def close(self) -> None:
+        """Flush and end the recording; stop a web viewer this view started."""
+        self.flush()
+        self.rec.disconnect()     # a file gets its footer
+        if self.viewer is not None and self.viewer.poll() is None:
+            self.viewer.terminate()
+            try:
+                self.viewer.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.viewer.kill()
+
+    # -- shared by the live view and the replay of a trace
+    def _time(self) -> None:
+        """Set the current step's time on the three timelines (for the immediate logs)."""
+        self.rec.set_time("step", sequence=self.steps)
+        self.rec.set_time("episode", sequence=self._episode)
+        self.rec.set_time("episode_step", sequence=self._episode_step)
+
+    def _scalars(self, entity: str, values) -> None:
+        self._series.setdefault(entity, []).append((self.steps, self._episode, self._episode_step, _floats(values)))
+
+    def _values(self, policy_action, expert_action, reward, cte, nac: dict[str, np.ndarray] | None) -> None:
+        """Everything but the images, for the current step; then the step is done."""
+        self._scalars("action/policy", policy_action)
+        if expert_action is not None and np.isfinite(_floats(expert_action)).any():
+            self._scalars("action/expert", expert_action)
+        if reward is not None and np.isfinite(reward):
+            self._return += float(reward)
+            self._scalars("reward/frame", reward)
+            self._scalars("reward/return", self._return)
+        if cte is not None and np.isfinite(cte):
+            self._scalars("cte", cte)
+        if nac is not None:
+            self._nac(nac)
+        self.steps += 1
+        self._episode_step += 1
+        if self.steps % self.flush_every == 0:
+            self.flush()
+
+    def _nac(self, nac: dict[str, np.ndarray]) -> None:
+        import rerun as rr
+
+        for gate in ("q", "k", "v"):
+            self._scalars(f"nac/sensory/{gate}", nac[gate])
+        ages = nac["key_age"]                                                     # [H, K], -1 empty
+        for h in range(ages.shape[0]):
+            head = f"nac/head{h}"
+            for group in BACKBONE_GROUPS:
+                self._scalars(f"{head}/{group}", nac[f"{group}_mean"][h])
+                self._scalars(f"{head}/{group}_top", nac[f"{group}_top"][h])
+            for name in PER_KEY:
+                self._scalars(f"{head}/{name}", nac[name][h])
+            valid = ages[h] >= 0
+            self._scalars(f"{head}/key_age", np.where(valid, ages[h], np.nan))
+            by_age = np.zeros(int(ages[h].max()) + 1 if valid.any() else 0)
+            np.add.at(by_age, ages[h][valid], nac["weights"][h][valid])
+            self.rec.log(f"{head}/attention", rr.BarChart(by_age))
+
+
+def _floats(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).reshape(-1)
+
+
+def open_view(file: str | os.PathLike | None = None, *, viewer: bool = False, web_port: int | None = None,
+              num_heads: int = 0, saliency: bool = True, name: str = "drive") -> RerunView:
+    """A :class:`RerunView` whose recording goes to any of: ``file`` (a ``.rrd`` path),
+    ``viewer`` (a native Rerun viewer started for it) and ``web_port`` (Rerun's web viewer
+    served on 127.0.0.1 at that port while the drive lasts). ``num_heads``: the NAC's heads,
+    for the default layout."""
+    rr = require_rerun()
+    if file is None and not viewer and web_port is None:
+        raise ValueError("open_view: give a .rrd file, viewer=True or a web_port")
+    if file is not None:
+        check_rrd_path(file)
+    rec = rr.RecordingStream(APPLICATION_ID, recording_id=f"{name}-{time.strftime('%Y%m%dT%H%M%S')}")
+    sinks, where, process = [], [], None
+    if file is not None:
+        sinks.append(rr.FileSink(str(file)))
+        where.append(str(file))
+    if viewer or web_port is not None:
+        process, url = start_viewer(web_port)
+        sinks.append(rr.GrpcSink(url))
+        where.append(f"the web viewer at http://127.0.0.1:{web_port}" if web_port is not None else "the Rerun viewer")
+    rec.set_sinks(*sinks, default_blueprint=default_blueprint(num_heads))
+    # A native viewer is the user's window, left open; a web viewer is served while the drive lasts.
+    return RerunView(rec, saliency=saliency, viewer=process if web_port is not None else None,
+                     where=" and ".join(where))
+
+
+def check_rrd_path(path: str | os.PathLike, flag: str = "--rerun") -> Path:
+    """A writable ``.rrd`` path, or a one-line ValueError naming ``flag`` (checked before any work)."""
+    path = Path(path)
+    if path.suffix != ".rrd":
+        raise ValueError(f"{flag}: expected a file name ending in .rrd, got {str(path)!r}")
+    if path.is_dir() or not path.parent.is_dir():
+        raise ValueError(f"{flag}: cannot write {path} (it is a folder, or its folder does not exist)")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag}: {path} is not writable")
+    return path
+
+
+# ------------------------------------------------------------------ a recorded run, replayed
+def trace_to_rrd(run: RunTrace, out: str | os.PathLike, saliency=None, progress: bool = True) -> Path:
+    """Write the recording :class:`RerunView` makes live for the run recorded in ``run``
+    (and its :class:`~nac_drive.interpret.saliency.RunSaliency`, if given) to ``out``."""
+    from tqdm import tqdm
+
+    import rerun as rr
+
+    info = run.metadata.get("nac") or {}
+    view = open_view(out, num_heads=int(info.get("num_heads", 0)), name=Path(run.path).parent.name)
+    starts = np.r_[True, run.episode[1:] != run.episode[:-1]]
+    has_expert = run.expert_action.shape[1] > 0
+    for i in tqdm(range(run.num_steps), desc="rrd", unit="step", disable=not progress):
+        if starts[i]:
+            view.new_episode()
+        view._time()
+        view.rec.log("camera", rr.EncodedImage(contents=run.frame_jpeg(i), media_type="image/jpeg"))
+        if saliency is not None:
+            view.rec.log("saliency", rr.EncodedImage(contents=saliency.overlay_bytes(i), media_type="image/jpeg"))
+        nac = _trace_row(run, i) if run.has_nac[i] else None
+        view._values(run.policy_action[i], run.expert_action[i] if has_expert else None,
+                     float(run.reward[i]) if np.isfinite(run.reward[i]) else None,
+                     float(run.cross_track_error[i]), nac)
+    view.close()
+    return Path(out)
+
+
+def _trace_row(run: RunTrace, i: int) -> dict[str, np.ndarray]:
+    """Step ``i`` of a trace as :func:`reduce_nac_trace` returns it (empty key slots trimmed
+    to the step's own K, as live)."""
+    names = ["q", "k", "v", *(f"{g}_{r}" for g in BACKBONE_GROUPS for r in ("mean", "top")), *PER_KEY,
+             "key_step", "key_age"]
+    return {name: getattr(run, name)[i] for name in names}
+
+
+__all__ = ["RerunView", "open_view", "start_viewer", "trace_to_rrd", "default_blueprint", "require_rerun",
+           "check_rrd_path"]

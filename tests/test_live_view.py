@@ -1,0 +1,149 @@
+"""The live Rerun view: what a drive streams equals what its trace.npz holds, a recorded run
+replays into the same recording, the web viewer listens on 127.0.0.1 only with Rerun's
+analytics off, and CarRacing's cross-track error is the car's signed offset from the centre line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rerun")
+
+from support.recordings import read_recording, series  # noqa: E402
+
+from nac_drive.interpret.trace import BACKBONE_GROUPS, PER_KEY, load_trace  # noqa: E402
+
+NAC_DRIVE = str(Path(sys.executable).with_name("nac-drive"))
+
+
+def check_recording_equals_trace(recording, run, live: bool) -> None:
+    """Every value the recording holds for step i is trace.npz's row i (module docstring of
+    nac_drive.interpret.live_view: the layout)."""
+    n = run.num_steps
+    assert set(recording["camera"]["EncodedImage:blob"]) == set(range(n))
+    if live:   # the Grad-CAM overlay of every step, computed while driving
+        assert set(recording["saliency"]["EncodedImage:blob"]) == set(range(n))
+    episodes = recording["action/policy"]["episode"]
+    assert [episodes[i] for i in range(n)] == run.episode.tolist()
+
+    def equal(entity, expected, width=None):
+        got = series(recording, entity, n, width if width is not None else expected.shape[-1])
+        np.testing.assert_array_equal(got.astype(np.float32), expected.reshape(n, -1).astype(np.float32),
+                                      err_msg=entity)
+
+    equal("action/policy", run.policy_action)
+    equal("action/expert", run.expert_action)
+    equal("reward/frame", run.reward[:, None])
+    running = np.concatenate([np.cumsum(run.reward[run.episode == e], dtype=np.float64)
+                              for e in np.unique(run.episode)])
+    np.testing.assert_allclose(series(recording, "reward/return", n)[:, 0], running, rtol=1e-6)   # trace: float32
+    assert np.isfinite(run.cross_track_error).all()
+    equal("cte", run.cross_track_error[:, None])
+    for gate in ("q", "k", "v"):
+        equal(f"nac/sensory/{gate}", getattr(run, gate))
+    heads, k = run.tau.shape[1:]
+    for h in range(heads):
+        for group in BACKBONE_GROUPS:
+            equal(f"nac/head{h}/{group}", getattr(run, f"{group}_mean")[:, h])
+            equal(f"nac/head{h}/{group}_top", getattr(run, f"{group}_top")[:, h])
+        for name in PER_KEY:
+            equal(f"nac/head{h}/{name}", getattr(run, name)[:, h], width=k)
+        equal(f"nac/head{h}/key_age", np.where(run.key_age[:, h] >= 0, run.key_age[:, h], np.nan), width=k)
+        bars = recording[f"nac/head{h}/attention"]["BarChart:values"]
+        for i in (0, n // 2, n - 1):
+            by_age = np.zeros(run.key_age[i, h].max() + 1)
+            np.add.at(by_age, run.key_age[i, h][run.key_age[i, h] >= 0], run.weights[i, h][run.key_age[i, h] >= 0])
+            np.testing.assert_allclose(bars[i][0]["buffer"], by_age, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_drive_streams_what_its_trace_records_and_a_trace_replays_into_the_same_recording(tmp_path):
+    out = subprocess.run([NAC_DRIVE, "drive", "carracing", "--episodes", "2", "--max-steps", "150",
+                          "--rerun", "live.rrd", "--trace", "run", "--json"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["rerun"] == "live.rrd" and summary["lengths"] == [150, 150]
+    run = load_trace(tmp_path / "run")
+    assert run.num_steps == 300 and run.episode.tolist() == [0] * 150 + [1] * 150
+    live = read_recording(tmp_path / "live.rrd")
+    check_recording_equals_trace(live, run, live=True)
+
+    replay = subprocess.run([NAC_DRIVE, "dashboard", "run", "--rrd", "replay.rrd"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    assert not (tmp_path / "run" / "dashboard.html").exists()   # --rrd alone writes the recording only
+    replayed = read_recording(tmp_path / "replay.rrd")
+    check_recording_equals_trace(replayed, run, live=False)
+    assert set(replayed) == set(live) - {"saliency"}   # the same layout (no saliency.npz was computed)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local IPv4 addresses listening on ``port`` (from /proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, p = local.split(":")
+        if state == "0A" and int(p, 16) == port:   # LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+def test_the_web_viewer_listens_on_loopback_only_with_rerun_analytics_off(tmp_path, monkeypatch):
+    from nac_drive.interpret.live_view import start_viewer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))   # the viewer's analytics setting lands here
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        web_port = s.getsockname()[1]
+    viewer, url = start_viewer(web_port=web_port)
+    try:
+        grpc_port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert url == f"rerun+http://127.0.0.1:{grpc_port}/proxy"
+        for port in (web_port, grpc_port):
+            assert listening_addresses(port) == {"127.0.0.1"}, port
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/", timeout=10) as page:
+            assert page.status == 200 and b"<html" in page.read().lower()
+        settings = json.loads((tmp_path / "nac-drive" / "rerun-config" / "rerun" / "analytics.json").read_text())
+        assert settings["analytics_enabled"] is False
+        assert f"XDG_CONFIG_HOME={tmp_path}/nac-drive/rerun-config" in \
+            Path(f"/proc/{viewer.pid}/environ").read_bytes().decode(errors="replace").replace("\0", "\n").splitlines()
+    finally:
+        viewer.terminate()
+        viewer.wait(timeout=10)
+
+
+def test_carracing_cross_track_error_is_the_signed_offset_from_the_centre_line():
+    from nac_drive.agents.teacher import PurePursuitTeacher
+    from nac_drive.simulators.carracing import make_carracing
+
+    env = make_carracing()
+    env.reset(seed=900000)
+    teacher = PurePursuitTeacher(continuous=False)
+    teacher.reset()
+    track = np.array([(t[2], t[3]) for t in env.unwrapped.track])
+    turn = np.abs(np.diff(np.unwrap(np.array([t[1] for t in env.unwrapped.track]))))
+    i = 5 + int(np.argmin(turn[5:30]))   # a straight piece near the start, where the teacher looks first
+    direction = (track[i + 1] - track[i]) / np.linalg.norm(track[i + 1] - track[i])
+    right = np.array([direction[1], -direction[0]])          # the direction of travel turned clockwise
+    middle = (track[i] + track[i + 1]) / 2
+    hull = env.unwrapped.car.hull
+    for offset in (-3.0, 0.0, 2.5):
+        hull.position = tuple(middle + offset * right)
+        assert teacher.cross_track_error(env) == pytest.approx(offset, abs=1e-3)
+    env.close()
+
+
+def test_an_rrd_that_cannot_be_written_is_refused_before_the_drive(tmp_path):
+    out = subprocess.run([NAC_DRIVE, "drive", "carracing", "--episodes", "1", "--rerun", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "--rerun: expected a file name ending in .rrd" in out.stderr
