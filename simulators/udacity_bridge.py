@@ -31,7 +31,9 @@ from a reset policy and speed controller.
 
 The policy is an actor (:mod:`nac_drive.actor`): ``reset()`` and ``act(obs) -> float``
 (steering in [-1, 1], positive = right), ``obs = {"image": uint8 RGB [160, 320, 3],
-"timestamp": float seconds (monotonic, arrival of the telemetry), "speed": float mph}``.
+"timestamp": float seconds (monotonic, arrival of the telemetry), "speed": float mph,
+"cte": float metres or None}`` (``cte``: the cross-track error, which the headless emulator
+sends and the Unity simulator does not).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Telemetry:
     speed: float  # mph
     image: np.ndarray  # uint8 RGB [160, 320, 3]
     jpeg: bytes  # the frame as the simulator sent it
+    cte: float | None = None  # metres, + right of the centre line: the emulator's extra field
 
 
 def _number(data: dict, name: str) -> float:
@@ -141,7 +144,15 @@ def parse_telemetry(data) -> Telemetry | None:
     if "image" not in data:
         raise MalformedTelemetry("missing_image")
     image, jpeg = decode_image(data["image"])
-    return Telemetry(steering, throttle, speed, image, jpeg)
+    return Telemetry(steering, throttle, speed, image, jpeg, _optional_number(data, "cte"))
+
+
+def _optional_number(data: dict, name: str) -> float | None:
+    """An extra field no simulator must send: its value if it is a finite number, else None."""
+    try:
+        return _number(data, name)
+    except MalformedTelemetry:
+        return None
 
 
 def steer_payload(steering: float, throttle: float) -> dict:
@@ -269,7 +280,8 @@ class UdacityBridge:
             self._record(tel, float(np.clip(tel.steering_angle / MAX_STEER_DEG, -1, 1)), tel.throttle)
             return self._answer("manual", {})
         try:
-            steering = float(self.policy.act({"image": tel.image, "timestamp": arrived, "speed": tel.speed}))
+            steering = float(self.policy.act({"image": tel.image, "timestamp": arrived, "speed": tel.speed,
+                                              "cte": tel.cte}))
             if not math.isfinite(steering):
                 raise ValueError(f"policy returned {steering}")
         except Exception as e:  # a broken policy must not take the connection down

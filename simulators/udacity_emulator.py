@@ -102,6 +102,9 @@ class EmulatorConfig:
     single_chain: bool = False
     send_namespace_connect: bool = False  # diagnostic only: send "40" like a v3+ client (Unity never does)
     stop_off_road: bool = False  # stop at the first off-road event
+    # an extra telemetry field the Unity simulator does not send: "cte", the signed cross-track
+    # error (metres, + right of the centre line), which the bridge hands to the driver's trace
+    send_cte: bool = True
     # Pace the steps to the wall clock (one step per dt), as the real simulator runs. Without it
     # the emulator runs as fast as the bridge answers, so a policy that reads the wall-clock
     # arrival times as its time stamps sees frames much closer together than in recordings.
@@ -228,6 +231,7 @@ class UdacityEmulator:
             "throttle": format_number(self.car.throttle, c),
             "speed": format_number(self.car.speed_mph, c),
             "image": base64.b64encode(self.env.frame_jpeg).decode("ascii"),
+            **({"cte": format_number(self.progress.cte, c)} if self.cfg.send_cte else {}),
         }
 
     # ---- the wire -----------------------------------------------------------------
