@@ -178,7 +178,7 @@ def _load_window_attribution(path: Path, trace: RunTrace) -> SimpleNamespace:
     """``window_attribution.npz`` -> ``.shares`` float32 ``[N, W]`` (column a: the frame a
     steps ago; NaN where the window does not reach back) and ``.metadata``; refuses a file
     computed from another trace (its ``trace_sha256``) or of another length."""
-    # The lead switches this to the shared loader nac_drive.interpret.temporal_attribution.load_window_attribution.
+    # Stand-in: switch to the shared loader nac_drive.interpret.temporal_attribution.load_window_attribution.
     with ArchiveReader(path) as r:
         meta, n = r.metadata, r.header("nac-drive-window-attribution", 1)
         recorded = meta.get("trace_sha256")
@@ -523,12 +523,13 @@ def _actions_figure(run: RunTrace, spans):
     en, e_classes = _columns(meta.get("expert_action_names"), E, "expert")
     classes = p_classes or e_classes
     shape = "hv" if classes else "linear"
-    rows = max(A, E)
+    rows = max(A, E, 1)   # one (empty) action row for a run of no steps
     extra = [(name, label, colour, values) for name, label, colour, values, known in (
         ("return so far", "return so far (episode)", "#2ca02c", _running_return(run, spans), run.reward),
         ("cross-track error", "cross-track error", "#9467bd", run.cross_track_error, run.cross_track_error))
         if np.isfinite(known).any()]
-    titles = [_plotly_text(pn[j] if j < A else en[j]) for j in range(rows)] + [label for _, label, _, _ in extra]
+    titles = [_plotly_text(pn[j] if j < A else en[j] if j < E else "") for j in range(rows)]
+    titles += [label for _, label, _, _ in extra]
     fig = make_subplots(rows=rows + len(extra), cols=1, shared_xaxes=True, vertical_spacing=0.07,
                         subplot_titles=titles)
     for e, (_, a, b) in enumerate(spans):

@@ -166,7 +166,8 @@ def test_header_is_a_readable_summary_not_a_json_dump(tmp_path, page_html):
 
     classes = ["noop", "right", "left", "gas", "brake"]
     config = dataclasses.asdict(PolicyConfig())      # what drive --trace records
-    rec = RunRecorder(tmp_path, metadata={"env": "CarRacing-v3", "policy": "shipped", "policy_config": config},
+    rec = RunRecorder(tmp_path, metadata={"env": "CarRacing-v3", "policy": "shipped", "policy_config": config,
+                                          "laps": [True, False]},
                       action_names=classes, expert_action_names=classes)
     for episode, rewards in enumerate(([1.0, 2.0, -0.5], [3.0, 3.0, 3.0, 1.0])):
         rec.new_episode()
@@ -180,8 +181,10 @@ def test_header_is_a_readable_summary_not_a_json_dump(tmp_path, page_html):
         assert dump not in text, (dump, text)
     for part in ("env CarRacing-v3", "policy shipped, carracing, carracing_cnn, discrete actions (5)",
                  "core nac, window 16; no NAC trace in this run", "steps 7 in 2 episodes",
-                 "return mean 6.2 (min 2.5, max 10.0)", "policy vs expert same action on 28.6% of steps"):
+                 "return mean 6.2 (min 2.5, max 10.0)", "laps 1 of 2 finished",
+                 "policy vs expert same action on 28.6% of steps"):
         assert part in text, (part, text)
+    assert "<td>finished</td>" in page and "<td>not finished</td>" in page and "True" not in text
     data = run_data(page)
     assert [e["agreement"]["match"] for e in data["episodes"]] == pytest.approx([1 / 3, 1 / 4])
     # a NAC run: its settings in words
@@ -275,6 +278,9 @@ def test_run_without_nac_or_saliency_with_discrete_actions(tmp_path):
     assert data["readout"]["policy_classes"] == classes and data["readout"]["policy_names"] == ["action"]
     assert data["figures"]["actions"]["layout"]["yaxis"]["ticktext"] == classes
     assert data["episodes"][0]["agreement"] == {"match": pytest.approx(0.2)}   # the same class at step 3 alone
+    RunRecorder(tmp_path / "empty").save()                                      # a run of no steps still shows
+    data = run_data(build_dashboard(tmp_path / "empty").read_text(encoding="utf-8"))
+    assert (data["n"], data["episodes"], list(data["figures"])) == (0, [], ["actions"])
 
 
 def test_cli_writes_the_dashboard_and_names_a_missing_trace(run_dir, tmp_path, capsys):
