@@ -1,20 +1,46 @@
 """One self-contained HTML dashboard per recorded run (works offline, no server).
 
-:func:`build_dashboard` reads ``RUN_DIR/trace.npz`` (and ``RUN_DIR/saliency.npz`` and
-the run's WebM video, ``RUN_DIR/video.webm`` or one named, if present) and writes a single
-HTML file: plotly.js inline (the copy bundled with the plotly package), frames and
-saliency overlays as base64 JPEG, the video as base64 WebM, the figures as plotly JSON
-(numeric arrays base64-packed by plotly), and a small script that ties every panel to one
-frame scrubber.
+:func:`build_dashboard` reads ``RUN_DIR/trace.npz`` (and, if present,
+``RUN_DIR/saliency.npz``, ``RUN_DIR/window_attribution.npz`` and the run's WebM video,
+``RUN_DIR/video.webm`` or one named) and writes a single HTML file: plotly.js inline (the
+copy bundled with the plotly package), frames and saliency overlays as base64 JPEG, the
+video as base64 WebM, the figures as plotly JSON (numeric arrays base64-packed by
+plotly), and a small script that ties every panel to one episode selector and one frame
+scrubber.
 
-Panels: the frame (saliency overlay on/off) and the video, which follows the scrubber and,
-while it plays, moves it; policy vs expert actions, reward and
-cross-track error over time; the attention over past frames for the current frame,
-per head; the NCP backbone wiring coloured by neuron group; heatmaps (neurons x time)
-of the sensory q/k/v gates and of the backbone's inter/command/motor layers (mean over
-the selected pairs, or the top-weighted pair); phi, tau, logits and t_interp over
-time per head (attention-weighted mean over the selected keys); attention weight by
-key age over time, per head. Every time panel carries a cursor at the current frame.
+Episodes are the stretches of equal ``episode`` values of the trace
+(:meth:`RunTrace.episode_spans`). The selector picks one; the scrubber and every time
+panel then show that episode alone, on its own step axis from 0 (the video, one video
+frame per recorded step of the whole run, moves the selector when it plays into the next
+episode).
+
+Panels: the header, a readable summary of the run (env, policy, core and its NAC
+settings, episodes, steps, returns, expert agreement; never a raw JSON dump); the frame
+(saliency overlay on/off) with the policy's action, the expert's if one labelled the
+steps, the reward and the return so far, and the video, which follows the scrubber and,
+while it plays, moves it; actions over time, "policy vs expert" where an expert labelled
+them, "policy" alone otherwise, with the return so far of the episode (the running sum
+of its rewards) and the cross-track error, each shown only when the trace has finite
+values of it; the episodes: a table of each one's steps, return, lap (when the ``run``
+metadata holds ``laps``, one true/false per episode) and policy/expert agreement (the
+share of steps where a discrete action matches, the mean absolute difference per column
+of a continuous one), and a bar chart of the returns; the window attribution, when
+``window_attribution.npz`` belongs to this trace: the share of each decision owed to each
+frame of the policy's window (frames ago x time), and the current frame's shares as bars
+(a file of another trace is not shown, a note says why); the attention over past frames
+for the current frame, per head (where the window attribution stands when there is none,
+further down when there is: the learned attention is nearly uniform); the NCP backbone
+wiring coloured by neuron group; heatmaps (neurons x time) of the sensory q/k/v gates and
+of the backbone's inter/command/motor layers (mean over the selected pairs, or the
+top-weighted pair); phi, tau, logits and t_interp over time per head (attention-weighted
+mean over the selected keys); attention weight by key age over time, per head. Every time
+panel carries a cursor at the current frame; clicking one moves there.
+
+In Jupyter a :class:`~nac_drive.interpret.trace.RunTrace` shows a short summary, and
+:class:`Dashboard` shows a written page inline (an ``iframe`` holding the page)::
+
+    from nac_drive.interpret.dashboard import Dashboard, build_dashboard
+    Dashboard(build_dashboard("runs/run1"))
 
 Every string that comes from the run's files (action and class names, metadata, the
 run folder's name) reaches the page as text, never as markup: HTML-escaped in the page,
@@ -30,23 +56,27 @@ import html
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from nac_drive.atomic import atomic_write
-from nac_drive.interpret.archive import decode_jpeg, encode_jpeg
+from nac_drive.interpret.archive import METADATA_MEMBER, ArchiveError, ArchiveReader, decode_jpeg, encode_jpeg
 from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
 from nac_drive.interpret.trace import BACKBONE_GROUPS, RunTrace, load_trace
 from nac_drive.video import read_webm_info
 
 DEFAULT_IMAGE_BUDGET = 20_000_000  # bytes of base64 images; the whole page should stay <= 25 MB
 VIDEO_FILE = "video.webm"
+WINDOW_ATTRIBUTION_FILE = "window_attribution.npz"
 MAX_VIDEO_BYTES = 50_000_000       # a larger video is refused (it is embedded as it is)
 PLAYABLE_CODECS = ("V_VP9", "V_VP8", "V_AV1")   # what browsers play in WebM
 GROUP_COLOURS = {"sensory": "#1f77b4", "inter": "#2ca02c", "command": "#ff7f0e", "motor": "#d62728",
                  "readout": "#7f7f7f"}
 HEAD_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
+MAD_TEXT = "mean |policy - expert|"
+TIME_FIGURES = ("actions", "attribution", "sensory", "backbone", "dynamics", "attention_time")
 
 
 def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | None = None,
@@ -62,50 +92,148 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     """
     from plotly.offline import get_plotlyjs
 
-    run_dir = Path(run_dir)
     run = load_trace(run_dir)
-    saliency_path = (run_dir if run_dir.is_dir() else run_dir.parent) / SALIENCY_FILE
-    saliency = load_saliency(saliency_path, run) if saliency_path.exists() else None
-    out_html = Path(out_html) if out_html is not None else run.path.parent / "dashboard.html"
-    if video is None and (run.path.parent / VIDEO_FILE).is_file():
-        video = run.path.parent / VIDEO_FILE
+    folder = run.path.parent
+    saliency = load_saliency(folder / SALIENCY_FILE, run) if (folder / SALIENCY_FILE).exists() else None
+    attribution, attribution_note = None, None
+    if (folder / WINDOW_ATTRIBUTION_FILE).exists():
+        try:
+            attribution = _load_window_attribution(folder / WINDOW_ATTRIBUTION_FILE, run)
+        except ArchiveError as e:   # e.g. left in the folder by an earlier run: shown as a note
+            attribution_note = f"{WINDOW_ATTRIBUTION_FILE} is not shown: {e}"
+    out_html = Path(out_html) if out_html is not None else folder / "dashboard.html"
+    if video is None and (folder / VIDEO_FILE).is_file():
+        video = folder / VIDEO_FILE
     video_data = _video_data(Path(video), run) if video is not None else None
 
     frames = [run.frame_jpeg(i) for i in range(run.num_steps)]
     overlays = [saliency.overlay_bytes(i) for i in range(run.num_steps)] if saliency else None
     frames, overlays = _fit_images(frames, overlays, image_budget)
 
+    spans = run.episode_spans()
+    episodes = _episode_table(run, spans)
     has_nac = run.q.shape[1] > 0 and bool(run.has_nac.any())
-    figures = {"actions": _actions_figure(run)}
+    figures = {"actions": _actions_figure(run, spans)}
+    if len(spans) > 1 and any(e["return"] is not None for e in episodes):
+        figures["returns"] = _returns_figure(episodes)
+    if attribution is not None:
+        figures.update(attribution=_attribution_figure(attribution, spans),
+                       attribution_now=_attribution_now_figure(attribution))
     if has_nac:
         figures.update(attention_now=_attention_now_figure(run), wiring=_wiring_figure(run),
-                       sensory=_sensory_figure(run), backbone=_backbone_figure(run, "mean"),
-                       dynamics=_dynamics_figure(run), attention_time=_attention_time_figure(run))
+                       sensory=_sensory_figure(run, spans), backbone=_backbone_figure(run, spans),
+                       dynamics=_dynamics_figure(run, spans), attention_time=_attention_time_figure(run, spans))
     data: dict[str, Any] = {
         "n": run.num_steps,
         "fps": _playback_fps(run.timestamp),
         "timestamp": _packed(run.timestamp.astype(np.float32)),
+        "episodes": episodes,
         "frames": [base64.b64encode(b).decode("ascii") for b in frames],
         "overlays": [base64.b64encode(b).decode("ascii") for b in overlays] if overlays else None,
         "saliency": saliency.metadata if saliency else None,
         "video": video_data,
-        "readout": _readout(run),
+        "readout": _readout(run, spans),
         "has_nac": has_nac,
         "figures": {name: json.loads(fig.to_json()) for name, fig in figures.items()},
-        "time_figures": [n for n in ("actions", "sensory", "backbone", "dynamics", "attention_time") if n in figures],
+        "time_figures": [n for n in TIME_FIGURES if n in figures],
+        "attribution": None if attribution is None else {
+            "shares": _packed(attribution.shares), "window": attribution.shares.shape[1],
+            "method": str(attribution.metadata.get("method"))},
     }
     if has_nac:
         H, K = run.weights.shape[1:]
         data["attention"] = {name: _packed(getattr(run, name)) for name in ("weights", "phi", "tau", "logits")}
         data["attention"]["key_age"] = _packed(run.key_age.astype(np.int32))
         data["attention"]["heads"], data["attention"]["k"] = H, K
-        data["backbone_z"] = {mode: [_packed(z) for z in _backbone_z(run, mode)] for mode in ("mean", "top")}
-    page = _PAGE.format(title=html.escape(title or f"nac-drive run: {run.path.parent.name}"),
-                        summary=_summary_html(run, saliency, video_data), plotly_js=get_plotlyjs(),
-                        data=_script_json(data),
-                        script=_SCRIPT, style=_STYLE)
+    page = _PAGE.format(title=html.escape(title or f"nac-drive run: {folder.name}"),
+                        summary=_summary_html(run, episodes, saliency, attribution, video_data),
+                        panels=_panels_html(figures, _episode_table_html(run, episodes), attribution_note, has_nac),
+                        plotly_js=get_plotlyjs(), data=_script_json(data), script=_SCRIPT, style=_STYLE)
     atomic_write(out_html, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return out_html
+
+
+class Dashboard:
+    """A written dashboard page, shown inline by Jupyter (``_repr_html_``: an ``iframe``
+    whose ``srcdoc`` holds the whole page, attribute-escaped, ASCII). ``height`` in pixels."""
+
+    def __init__(self, path: str | os.PathLike, height: int = 900):
+        self.path, self.height = Path(path), int(height)
+        if not self.path.is_file():
+            raise ValueError(f"{self.path}: no such dashboard page (write one with build_dashboard)")
+
+    def __repr__(self) -> str:
+        return f"Dashboard({str(self.path)!r})"
+
+    def _repr_html_(self) -> str:
+        # ASCII only (character references), so the page reads the same whatever the host page's encoding
+        page = html.escape(self.path.read_text(encoding="utf-8"), quote=True).encode("ascii", "xmlcharrefreplace")
+        page = page.decode("ascii")
+        return (f'<iframe srcdoc="{page}" title="{html.escape(self.path.name, quote=True)}" '
+                f'style="width: 100%; height: {self.height}px; border: 1px solid #ddd"></iframe>')
+
+
+# ------------------------------------------------------------------ the run's files
+def _load_window_attribution(path: Path, trace: RunTrace) -> SimpleNamespace:
+    """``window_attribution.npz`` -> ``.shares`` float32 ``[N, W]`` (column a: the frame a
+    steps ago; NaN where the window does not reach back) and ``.metadata``; refuses a file
+    computed from another trace (its ``trace_sha256``) or of another length."""
+    # Stand-in: switch to the shared loader nac_drive.interpret.temporal_attribution.load_window_attribution.
+    with ArchiveReader(path) as r:
+        meta, n = r.metadata, r.header("nac-drive-window-attribution", 1)
+        recorded = meta.get("trace_sha256")
+        r.require(recorded == trace.sha256, METADATA_MEMBER,
+                  f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
+                  f"{trace.sha256[:12]}...)")
+        r.require(n == trace.num_steps, METADATA_MEMBER, f"num_steps is {n} but the trace has {trace.num_steps} steps")
+        shares = r.array("shares", "f", 2)
+        r.require(shares.shape[0] == n and shares.shape[1] > 0, "shares",
+                  f"expected [{n}, W] with W >= 1, got {list(shares.shape)}")
+        r.require(not np.isinf(shares).any(), "shares", "holds infinite values")
+    return SimpleNamespace(shares=shares.astype(np.float32), metadata=meta)
+
+
+def _expert_labelled(run: RunTrace) -> bool:
+    return run.expert_action.shape[1] > 0 and bool(np.isfinite(run.expert_action).any())
+
+
+def _episode_table(run: RunTrace, spans: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """Per episode: id, start, stop, steps, return (None: no reward known), lap (when
+    known) and agreement (when an expert labelled): ``{"match": share}`` for one discrete
+    action column, ``{"mad": [mean |policy - expert| per column]}`` otherwise."""
+    user = run.metadata.get("run")
+    laps = user.get("laps") if isinstance(user, dict) else None
+    if not (isinstance(laps, list) and len(laps) == len(spans) and all(isinstance(x, bool) for x in laps)):
+        laps = None
+    _, classes = _columns(run.metadata.get("action_names"), run.policy_action.shape[1], "action")
+    discrete = classes is not None and run.policy_action.shape[1] == run.expert_action.shape[1] == 1
+    cols = min(run.policy_action.shape[1], run.expert_action.shape[1])
+    out = []
+    for j, (episode, a, b) in enumerate(spans):
+        reward = run.reward[a:b]
+        row: dict[str, Any] = {"id": episode, "start": a, "stop": b, "steps": b - a,
+                               "return": float(np.nansum(reward)) if np.isfinite(reward).any() else None}
+        if laps:
+            row["lap"] = laps[j]
+        if _expert_labelled(run):
+            p, e = run.policy_action[a:b, :cols], run.expert_action[a:b, :cols]
+            known = np.isfinite(p) & np.isfinite(e)
+            if discrete:
+                row["agreement"] = {"match": float(np.mean(p[known] == e[known])) if known.any() else None}
+            else:
+                mad = [float(np.abs(p[known[:, c], c] - e[known[:, c], c]).mean()) if known[:, c].any() else None
+                       for c in range(cols)]
+                row["agreement"] = {"mad": mad}
+        out.append(row)
+    return out
+
+
+def _running_return(run: RunTrace, spans) -> np.ndarray:
+    """``[N]`` the return so far of each step's episode (unknown rewards count 0)."""
+    out = np.zeros(run.num_steps, dtype=np.float32)
+    for _, a, b in spans:
+        out[a:b] = np.cumsum(np.nan_to_num(run.reward[a:b].astype(np.float64)))
+    return out
 
 
 # ------------------------------------------------------------------ data helpers
@@ -191,14 +319,17 @@ def _columns(names: list[str] | None, width: int, prefix: str) -> tuple[list[str
     return [f"{prefix}[{j}]" for j in range(width)], None
 
 
-def _readout(run: RunTrace) -> dict[str, Any]:
+def _readout(run: RunTrace, spans) -> dict[str, Any]:
     meta = run.metadata
     policy_names, policy_classes = _columns(meta.get("action_names"), run.policy_action.shape[1], "action")
     expert_names, expert_classes = _columns(meta.get("expert_action_names"), run.expert_action.shape[1], "expert")
+    has_reward, has_cte = bool(np.isfinite(run.reward).any()), bool(np.isfinite(run.cross_track_error).any())
     return {"policy": _packed(run.policy_action), "policy_names": policy_names, "policy_classes": policy_classes,
-            "expert": _packed(run.expert_action) if run.expert_action.shape[1] else None,
+            "expert": _packed(run.expert_action) if _expert_labelled(run) else None,
             "expert_names": expert_names, "expert_classes": expert_classes,
-            "reward": _packed(run.reward), "cte": _packed(run.cross_track_error)}
+            "reward": _packed(run.reward) if has_reward else None,
+            "running_return": _packed(_running_return(run, spans)) if has_reward else None,
+            "cte": _packed(run.cross_track_error) if has_cte else None}
 
 
 def _weighted(run: RunTrace, name: str) -> np.ndarray:
@@ -211,34 +342,104 @@ def _weighted(run: RunTrace, name: str) -> np.ndarray:
     return np.where(total > 0, out, np.nan)
 
 
-def _backbone_z(run: RunTrace, mode: str) -> list[np.ndarray]:
-    """Per group, z ``[H * n, N]``: rows head-major (h0 n0, h0 n1, ..., h1 n0, ...)."""
-    out = []
-    for g in BACKBONE_GROUPS:
-        x = getattr(run, f"{g}_{mode}")                            # [N, H, n]
-        out.append(x.reshape(len(x), -1).T)
-    return out
+# ------------------------------------------------------------------ page text
+def _readable(value: Any, limit: int = 160) -> str:
+    """A metadata value in words: ``key value, key value`` for a mapping, items joined by
+    commas for a list; cut at ``limit`` characters. Never JSON."""
+    if isinstance(value, dict):
+        text = ", ".join(f"{k} {_readable(v, limit)}" for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(_readable(v, limit) for v in value)
+    elif value is None:
+        text = "none"
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _summary_html(run: RunTrace, saliency, video: dict[str, Any] | None) -> str:
+def _agreement_text(run: RunTrace, agreement: dict[str, Any] | None, named: bool = True) -> str:
+    """``{"match": share}`` -> "same action on 83.1% of steps"; ``{"mad": [...]}`` ->
+    "mean |policy - expert|: steer 0.118, gas 0.037" (``named``: with that lead-in)."""
+    if not agreement:
+        return ""
+    if "match" in agreement:
+        share = agreement["match"]
+        if share is None:
+            return "no labelled step"
+        return f"same action on {100 * share:.1f}% of steps" if named else f"{100 * share:.1f}% of steps"
+    names, _ = _columns(run.metadata.get("action_names"), run.policy_action.shape[1], "action")
+    values = ", ".join(f"{names[c]} {'-' if v is None else f'{v:.3f}'}" for c, v in enumerate(agreement["mad"]))
+    return f"{MAD_TEXT}: {values}" if named else values
+
+
+def _overall_agreement(run: RunTrace, episodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The agreement over all episodes, weighted by their steps."""
+    rows = [e for e in episodes if "agreement" in e]
+    if not rows:
+        return None
+    def mean(values, weights):
+        pairs = [(v, w) for v, w in zip(values, weights) if v is not None]
+        return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else None
+    if "match" in rows[0]["agreement"]:
+        return {"match": mean([e["agreement"]["match"] for e in rows], [e["steps"] for e in rows])}
+    return {"mad": [mean([e["agreement"]["mad"][c] for e in rows], [e["steps"] for e in rows])
+                    for c in range(len(rows[0]["agreement"]["mad"]))]}
+
+
+def _summary_html(run: RunTrace, episodes, saliency, attribution, video: dict[str, Any] | None) -> str:
+    """The header: the run in a few readable lines (every value escaped)."""
     meta = run.metadata
-    items = [("steps", str(run.num_steps)), ("frame", "x".join(map(str, meta.get("frame_shape") or [])))]
-    user = meta.get("run") or {}
-    for key, value in user.items():
-        items.append((key, json.dumps(value, sort_keys=True)[:160]))
+    user = meta.get("run") if isinstance(meta.get("run"), dict) else {}
+    config = user.get("policy_config") if isinstance(user.get("policy_config"), dict) else {}
+    items = []
+    if "env" in user:
+        env = user["env"]
+        items.append(("env", _readable(env["id"] if isinstance(env, dict) and "id" in env else env)))
+    policy = [_readable(user["policy"])] if "policy" in user else []
+    if config:
+        policy += [_readable(config.get(k)) for k in ("task", "encoder") if k in config]
+        if "action" in config:
+            policy.append(f"{_readable(config['action'])} actions"
+                          + (f" ({_readable(config['num_outputs'])})" if "num_outputs" in config else ""))
+    if policy:
+        items.append(("policy", ", ".join(policy)))
     nac = meta.get("nac")
+    core = config.get("core") if isinstance(config.get("core"), dict) else {}
     if nac:
         g = nac["groups"]
-        items.append(("NAC", f"d_model={nac['d_model']}, heads={nac['num_heads']}, topk={nac['topk']}, "
-                             f"window={nac['window']}, mode={nac['mode']}; backbone per head: "
-                             f"{g['sensory']} sensory, {g['inter']} inter, {g['command']} command, {g['motor']} motor"))
+        items.append(("core", f"NAC, mode {nac['mode']}, window {nac['window']}, {nac['num_heads']} heads, "
+                              f"top-{nac['topk']} keys, d_model {nac['d_model']}; backbone per head: "
+                              f"{g['sensory']} sensory, {g['inter']} inter, {g['command']} command, {g['motor']} motor"))
+    elif core:
+        window = f", window {_readable(core['window'])}" if "window" in core else ""
+        items.append(("core", f"{_readable(core.get('core'))}{window}; no NAC trace in this run"))
+    else:
+        items.append(("core", "no NAC trace in this run"))
+    returns = [e["return"] for e in episodes if e["return"] is not None]
+    items.append(("steps", f"{run.num_steps} in {len(episodes)} episode{'s' if len(episodes) != 1 else ''}"))
+    if returns:
+        items.append(("return", f"{returns[0]:.1f}" if len(returns) == 1 else
+                                f"mean {np.mean(returns):.1f} (min {min(returns):.1f}, max {max(returns):.1f})"))
+    laps = [e["lap"] for e in episodes if "lap" in e]
+    if laps:
+        items.append(("laps", f"{sum(laps)} of {len(laps)} finished"))
+    agreement = _overall_agreement(run, episodes)
+    if agreement:
+        items.append(("policy vs expert", _agreement_text(run, agreement)))
+    shown = {"env", "policy", "policy_config", "laps"}
+    items += [(str(k), _readable(v)) for k, v in user.items() if k not in shown]
+    shape = meta.get("frame_shape")
+    if isinstance(shape, list):
+        items.append(("frame", "x".join(map(str, shape))))
+    if nac:
         entropy = run.attention_entropy()
         if np.isfinite(entropy).any():
             low, mid = np.nanpercentile(entropy, [5, 50])
             items.append(("attention entropy", f"{mid:.3f} of its maximum (median; 5th percentile {low:.3f}): "
                                                f"1 = uniform over the selected keys"))
-    else:
-        items.append(("NAC", "no NAC trace in this run"))
+    if attribution is not None:
+        items.append(("window attribution", f"{_readable(attribution.metadata.get('method'))} over "
+                                            f"{attribution.shares.shape[1]} frames"))
     if saliency:
         items.append(("saliency", f"{saliency.metadata.get('method')} on {saliency.metadata.get('target_layer')}, "
                                   f"target {saliency.metadata.get('target')}"))
@@ -248,66 +449,147 @@ def _summary_html(run: RunTrace, saliency, video: dict[str, Any] | None) -> str:
     return "".join(f"<span><b>{html.escape(k)}</b> {html.escape(v)}</span>" for k, v in items)
 
 
+def _episode_table_html(run: RunTrace, episodes: list[dict[str, Any]]) -> str:
+    """Each episode's steps, return, lap and agreement; a row selects its episode."""
+    lap = any("lap" in e for e in episodes)
+    agreement = any("agreement" in e for e in episodes)
+    discrete = any("match" in e.get("agreement", {}) for e in episodes)
+    head = ["episode", "steps", "return"] + (["lap"] if lap else []) + (
+        [("policy = expert" if discrete else MAD_TEXT)] if agreement else [])
+    rows = []
+    for j, e in enumerate(episodes):
+        cells = [str(e["id"]), str(e["steps"]), "-" if e["return"] is None else f"{e['return']:.1f}"]
+        cells += (["finished" if e["lap"] else "not finished"] if lap else [])
+        cells += ([_agreement_text(run, e.get("agreement"), named=False)] if agreement else [])
+        rows.append(f'<tr data-episode="{j}">' + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return ("<table id=\"episode-table\"><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _panels_html(figures: dict[str, Any], episode_table: str, attribution_note: str | None, has_nac: bool) -> str:
+    """The panels below the frame and actions, in reading order; none for a figure not
+    built. The window attribution stands where the attention over past frames stood,
+    which then moves down beside the attention over time."""
+    def fig(name: str) -> str:
+        cursor = f'<div class="cursor" id="cursor-{name}"></div>' if name in TIME_FIGURES else ""
+        return f'<div class="fig-wrap"><div id="fig-{name}"></div>{cursor}</div>'
+
+    def section(*names: str) -> str:
+        names = tuple(n for n in names if n in figures)
+        if not names:
+            return ""
+        inner = fig(names[0]) if len(names) == 1 else f'<div class="row2">{"".join(map(fig, names))}</div>'
+        return f'<section class="panel wide">{inner}</section>'
+
+    attribution = "attribution" in figures
+    returns = fig("returns") if "returns" in figures else ""
+    out = [f'<section class="panel wide" id="episodes"><h2>Episodes</h2><div class="episodes">'
+           f'<div class="table-box">{episode_table}</div>{returns}</div></section>', section("attribution")]
+    if attribution_note:
+        out.append(f'<section class="panel wide"><div class="note" id="attribution-note">'
+                   f'{html.escape(attribution_note)}</div></section>')
+    out.append(section("attribution_now" if attribution else "attention_now", "wiring"))
+    out += [section("sensory"), section("backbone"), section("dynamics")]
+    if attribution:
+        out.append(section("attention_now"))
+    out.append(section("attention_time"))
+    if not has_nac:
+        out.append('<section class="panel wide" id="no-nac"><div class="note">This run has no NAC trace: the neuron '
+                   'panels are not shown.</div></section>')
+    return "\n".join(s for s in out if s)
+
+
 # ------------------------------------------------------------------ figures
 def _layout(fig, height: int, title: str, **kw) -> None:
     fig.update_layout(template="plotly_white", height=height, title=dict(text=title, x=0.01, font=dict(size=15)),
                       margin=dict(l=70, r=20, t=50, b=45), hovermode="closest", **kw)
 
 
-def _actions_figure(run: RunTrace):
+def _add(fig, trace, episode: int, row: int, mode: str | None = None) -> None:
+    """Add one episode's trace to a time panel (x: its steps from 0). The page shows it
+    while that episode (and backbone ``mode``) is selected: its ``meta`` says which."""
+    trace.meta = {"episode": episode, **({"mode": mode} if mode else {})}
+    trace.visible = episode == 0 and mode in (None, "mean")
+    fig.add_trace(trace, row=row, col=1)
+
+
+def _actions_figure(run: RunTrace, spans):
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
-    meta, steps = run.metadata, np.arange(run.num_steps)
-    A, E = run.policy_action.shape[1], run.expert_action.shape[1]
+    meta = run.metadata
+    A, E = run.policy_action.shape[1], run.expert_action.shape[1] if _expert_labelled(run) else 0
     pn, p_classes = _columns(meta.get("action_names"), A, "action")
     en, e_classes = _columns(meta.get("expert_action_names"), E, "expert")
     classes = p_classes or e_classes
     shape = "hv" if classes else "linear"
-    rows = max(A, E)
-    titles = [_plotly_text(pn[j] if j < A else en[j]) for j in range(rows)] + ["reward / cross-track error"]
-    fig = make_subplots(rows=rows + 1, cols=1, shared_xaxes=True, vertical_spacing=0.07, subplot_titles=titles)
-    for j in range(rows):
-        if j < A:
-            fig.add_trace(go.Scatter(x=steps, y=run.policy_action[:, j], name="policy", legendgroup="policy",
-                                     showlegend=j == 0, line=dict(color="#1f77b4", width=1.5, shape=shape)),
-                          row=j + 1, col=1)
-        if j < E:
-            fig.add_trace(go.Scatter(x=steps, y=run.expert_action[:, j], name="expert", legendgroup="expert",
-                                     showlegend=j == 0, line=dict(color="#ff7f0e", width=1.5, dash="dot", shape=shape)),
-                          row=j + 1, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=run.reward, name="reward", line=dict(color="#2ca02c", width=1)),
-                  row=rows + 1, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=run.cross_track_error, name="cross-track error",
-                             line=dict(color="#9467bd", width=1)), row=rows + 1, col=1)
+    rows = max(A, E, 1)   # one (empty) action row for a run of no steps
+    extra = [(name, label, colour, values) for name, label, colour, values, known in (
+        ("return so far", "return so far (episode)", "#2ca02c", _running_return(run, spans), run.reward),
+        ("cross-track error", "cross-track error", "#9467bd", run.cross_track_error, run.cross_track_error))
+        if np.isfinite(known).any()]
+    titles = [_plotly_text(pn[j] if j < A else en[j] if j < E else "") for j in range(rows)]
+    titles += [label for _, label, _, _ in extra]
+    fig = make_subplots(rows=rows + len(extra), cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        subplot_titles=titles)
+    for e, (_, a, b) in enumerate(spans):
+        steps = np.arange(b - a)
+        for j in range(rows):
+            if j < A:
+                _add(fig, go.Scatter(x=steps, y=run.policy_action[a:b, j], name="policy", legendgroup="policy",
+                                     showlegend=j == 0, line=dict(color="#1f77b4", width=1.5, shape=shape)), e, j + 1)
+            if j < E:
+                _add(fig, go.Scatter(x=steps, y=run.expert_action[a:b, j], name="expert", legendgroup="expert",
+                                     showlegend=j == 0, line=dict(color="#ff7f0e", width=1.5, dash="dot",
+                                                                  shape=shape)), e, j + 1)
+        for r, (name, _, colour, values) in enumerate(extra, start=rows + 1):
+            _add(fig, go.Scatter(x=steps, y=values[a:b], name=name, showlegend=False,
+                                 line=dict(color=colour, width=1.2)), e, r)
     if classes:   # discrete actions: name the classes on the y axis
         fig.update_yaxes(tickvals=list(range(len(classes))), ticktext=[_plotly_text(c) for c in classes],
-                         range=[-0.5, len(classes) - 0.5],
-                         row=1, col=1)
-    fig.update_xaxes(title_text="step", row=rows + 1, col=1)
-    _layout(fig, 130 + 110 * (rows + 1) + (20 * len(classes) if classes else 0), "Actions: policy vs expert",
+                         range=[-0.5, len(classes) - 0.5], row=1, col=1)
+    fig.update_xaxes(title_text="step in the episode", row=rows + len(extra), col=1)
+    _layout(fig, 130 + 110 * (rows + len(extra)) + (20 * len(classes) if classes else 0),
+            "Actions: policy vs expert" if E else "Actions: policy",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
     return fig
 
 
-def _heatmap_rows(fig, z_list, labels_list, titles, H: int, zrange, colorbar_title: str):
+def _returns_figure(episodes: list[dict[str, Any]]):
+    import plotly.graph_objects as go
+
+    known = [e for e in episodes if e["return"] is not None]
+    fig = go.Figure(go.Bar(x=[str(e["id"]) for e in known], y=[e["return"] for e in known],
+                           customdata=[[e["steps"], episodes.index(e)] for e in known], marker_color="#2ca02c",
+                           hovertemplate="episode %{x}: return %{y:.1f} in %{customdata[0]} steps<extra></extra>"))
+    fig.update_xaxes(title_text="episode", type="category")
+    fig.update_yaxes(title_text="return")
+    _layout(fig, 260, "Return per episode (click a bar to show that episode)")
+    return fig
+
+
+def _heatmap_rows(fig, z_list, labels_list, titles, H: int, zrange, colorbar_title: str, spans,
+                  mode: str | None = None):
+    """One heatmap per row (z ``[rows, N]``), one trace per episode (its columns)."""
     import plotly.graph_objects as go
 
     for r, (z, labels) in enumerate(zip(z_list, labels_list), start=1):
-        fig.add_trace(go.Heatmap(z=z.astype(np.float32), x=np.arange(z.shape[1]), y=labels, colorscale="RdBu_r",
+        for e, (_, a, b) in enumerate(spans):
+            _add(fig, go.Heatmap(z=z[:, a:b].astype(np.float32), x=np.arange(b - a), y=labels, colorscale="RdBu_r",
                                  zmin=zrange[0], zmax=zrange[1], zmid=0 if zrange[0] is None else None,
                                  showscale=r == 1, colorbar=dict(title=colorbar_title, len=0.5, y=1, yanchor="top"),
-                                 hovertemplate="step %{x}<br>%{y}<br>%{z:.3f}<extra></extra>"), row=r, col=1)
-        rows_per_head = z.shape[0] // H
-        for h in range(1, H):  # thin separators between heads
-            fig.add_shape(type="line", xref=f"x{'' if r == 1 else r} domain", yref=f"y{'' if r == 1 else r}",
-                          x0=0, x1=1, y0=h * rows_per_head - 0.5, y1=h * rows_per_head - 0.5,
-                          line=dict(color="rgba(0,0,0,0.5)", width=1))
-        fig.update_yaxes(title_text=titles[r - 1], autorange="reversed", showticklabels=z.shape[0] <= 48,
-                         tickfont=dict(size=8), row=r, col=1)
+                                 hovertemplate="step %{x}<br>%{y}<br>%{z:.3f}<extra></extra>"), e, r, mode)
+        if mode in (None, "mean"):   # thin separators between heads, once per row
+            rows_per_head = z.shape[0] // H
+            for h in range(1, H):
+                fig.add_shape(type="line", xref=f"x{'' if r == 1 else r} domain", yref=f"y{'' if r == 1 else r}",
+                              x0=0, x1=1, y0=h * rows_per_head - 0.5, y1=h * rows_per_head - 0.5,
+                              line=dict(color="rgba(0,0,0,0.5)", width=1))
+            fig.update_yaxes(title_text=titles[r - 1], autorange="reversed", showticklabels=z.shape[0] <= 48,
+                             tickfont=dict(size=8), row=r, col=1)
 
 
-def _sensory_figure(run: RunTrace):
+def _sensory_figure(run: RunTrace, spans):
     from plotly.subplots import make_subplots
 
     H, D = run.weights.shape[1], run.q.shape[1]
@@ -317,50 +599,65 @@ def _sensory_figure(run: RunTrace):
     titles = ["q (query gate)", "k (key gate)", "v (value gate)"]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
     _heatmap_rows(fig, [run.q.T, run.k.T, run.v.T], [labels] * 3, ["q neuron", "k neuron", "v neuron"], H,
-                  (-limit, limit), "activation")
-    fig.update_xaxes(title_text="step", row=3, col=1)
+                  (-limit, limit), "activation", spans)
+    fig.update_xaxes(title_text="step in the episode", row=3, col=1)
     _layout(fig, 120 + 3 * max(140, 4 * D), "Sensory gates q / k / v (neurons x time)")
     return fig
 
 
-def _backbone_figure(run: RunTrace, mode: str):
+def _backbone_z(run: RunTrace, mode: str) -> list[np.ndarray]:
+    """Per group, z ``[H * n, N]``: rows head-major (h0 n0, h0 n1, ..., h1 n0, ...)."""
+    out = []
+    for g in BACKBONE_GROUPS:
+        x = getattr(run, f"{g}_{mode}")                            # [N, H, n]
+        out.append(x.reshape(len(x), -1).T)
+    return out
+
+
+def _backbone_figure(run: RunTrace, spans):
+    """Both reductions (mean over the selected pairs, top-weighted pair): the page shows
+    the one the backbone selector names."""
     from plotly.subplots import make_subplots
 
     H = run.weights.shape[1]
-    zs = _backbone_z(run, mode)
+    zs = _backbone_z(run, "mean")
     labels = [[f"h{r // (len(z) // H)}·{g[0]}{r % (len(z) // H)}" for r in range(len(z))]
               for g, z in zip(BACKBONE_GROUPS, zs)]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=["inter", "command", "motor"], row_heights=[max(1, len(z)) for z in zs])
-    _heatmap_rows(fig, zs, labels, ["inter neuron", "command neuron", "motor neuron"], H, (-1.0, 1.0), "tanh")
-    fig.update_xaxes(title_text="step", row=3, col=1)
+    for mode in ("mean", "top"):
+        _heatmap_rows(fig, _backbone_z(run, mode), labels, ["inter neuron", "command neuron", "motor neuron"], H,
+                      (-1.0, 1.0), "tanh", spans, mode)
+    fig.update_xaxes(title_text="step in the episode", row=3, col=1)
     total_rows = sum(len(z) for z in zs)
     _layout(fig, 160 + max(360, 7 * total_rows), "Backbone inter / command / motor (neurons x time, per head)")
     return fig
 
 
-def _dynamics_figure(run: RunTrace):
+def _dynamics_figure(run: RunTrace, spans):
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
-    H, steps = run.weights.shape[1], np.arange(run.num_steps)
+    H = run.weights.shape[1]
     names = [("phi", "phi (content target)"), ("tau", "tau (time constant)"), ("logits", "logit"),
              ("t_interp", "t_interp (time vector)")]
     fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[t for _, t in names])
     for r, (name, label) in enumerate(names, start=1):
         y = _weighted(run, name)
-        for h in range(H):
-            fig.add_trace(go.Scatter(x=steps, y=y[:, h], name=f"head {h}", legendgroup=f"h{h}", showlegend=r == 1,
-                                     line=dict(color=HEAD_COLOURS[h % len(HEAD_COLOURS)], width=1.2)), row=r, col=1)
+        for e, (_, a, b) in enumerate(spans):
+            for h in range(H):
+                _add(fig, go.Scatter(x=np.arange(b - a), y=y[a:b, h], name=f"head {h}", legendgroup=f"h{h}",
+                                     showlegend=r == 1, line=dict(color=HEAD_COLOURS[h % len(HEAD_COLOURS)],
+                                                                  width=1.2)), e, r)
         fig.update_yaxes(title_text=name, row=r, col=1)
-    fig.update_xaxes(title_text="step", row=4, col=1)
+    fig.update_xaxes(title_text="step in the episode", row=4, col=1)
     _layout(fig, 620, "phi, tau, logits, t_interp per head (attention-weighted mean over the selected keys)",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
     return fig
 
 
-def _attention_time_figure(run: RunTrace):
+def _attention_time_figure(run: RunTrace, spans):
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
@@ -374,13 +671,15 @@ def _attention_time_figure(run: RunTrace):
     fig = make_subplots(rows=H, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=[f"head {h}" for h in range(H)])
     for h in range(H):
-        fig.add_trace(go.Heatmap(z=z[h], x=np.arange(N), y=np.arange(max_age + 1), colorscale="Viridis", zmin=0,
-                                 zmax=1, showscale=h == 0, colorbar=dict(title="weight", len=0.5, y=1, yanchor="top"),
+        for e, (_, a, b) in enumerate(spans):
+            _add(fig, go.Heatmap(z=z[h][:, a:b], x=np.arange(b - a), y=np.arange(max_age + 1), colorscale="Viridis",
+                                 zmin=0, zmax=1, showscale=h == 0, colorbar=dict(title="weight", len=0.5, y=1,
+                                                                                 yanchor="top"),
                                  hovertemplate="step %{x}<br>%{y} frames ago<br>weight %{z:.3f}<extra></extra>"),
-                      row=h + 1, col=1)
+                 e, h + 1)
         fig.update_yaxes(title_text="frames ago", row=h + 1, col=1)
-    fig.update_xaxes(title_text="step", row=H, col=1)
-    _layout(fig, 100 + 160 * H, "Attention over past frames through the run (weight by key age)")
+    fig.update_xaxes(title_text="step in the episode", row=H, col=1)
+    _layout(fig, 100 + 160 * H, "Attention weight by key age through the episode")
     return fig
 
 
@@ -399,6 +698,46 @@ def _attention_now_figure(run: RunTrace):
     fig.update_yaxes(title_text="attention weight", rangemode="tozero")
     _layout(fig, 360, "Attention over past frames, current frame", barmode="group",
             legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
+    return fig
+
+
+def _share_colours(shares: np.ndarray) -> dict[str, Any]:
+    """Viridis from 0 for shares that are all >= 0; a diverging scale around 0 otherwise."""
+    known = shares[np.isfinite(shares)]
+    top = max(float(np.abs(known).max()) if known.size else 0.0, 1e-6)
+    if not known.size or known.min() >= 0:
+        return dict(colorscale="Viridis", zmin=0, zmax=top)
+    return dict(colorscale="RdBu_r", zmin=-top, zmax=top)
+
+
+def _attribution_figure(attribution, spans):
+    """Frames ago x time: the share of each step's decision owed to each frame of the window."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    shares = attribution.shares
+    W = shares.shape[1]
+    fig = make_subplots(rows=1, cols=1)
+    for e, (_, a, b) in enumerate(spans):
+        _add(fig, go.Heatmap(z=shares[a:b].T, x=np.arange(b - a), y=np.arange(W), colorbar=dict(title="share"),
+                             hovertemplate="step %{x}<br>%{y} frames ago<br>share %{z:.3f}<extra></extra>",
+                             **_share_colours(shares)), e, 1)
+    fig.update_xaxes(title_text="step in the episode")
+    fig.update_yaxes(title_text="frames ago")
+    method = _plotly_text(_readable(attribution.metadata.get("method"), 100))
+    _layout(fig, 130 + max(160, 12 * W), f"Which frames of the window each decision owes to ({method})")
+    return fig
+
+
+def _attribution_now_figure(attribution):
+    import plotly.graph_objects as go
+
+    W = attribution.shares.shape[1]
+    fig = go.Figure(go.Bar(x=[], y=[], name="share", marker_color="#1f77b4",   # filled per frame by the page
+                           hovertemplate="%{x} frames ago: share %{y:.3f}<extra></extra>"))
+    fig.update_xaxes(title_text="frames ago", range=[W - 0.5, -0.5], dtick=1 if W <= 32 else None)
+    fig.update_yaxes(title_text="share of the decision", rangemode="tozero")
+    _layout(fig, 360, "Share of the current decision owed to each frame of the window")
     return fig
 
 
@@ -458,8 +797,9 @@ header h1 { font-size: 20px; margin: 0 0 6px; }
             padding: 8px 22px; display: flex; align-items: center; gap: 14px; flex-wrap: wrap;
             box-shadow: 0 1px 3px rgba(0,0,0,0.06); }
 #controls button { font-size: 14px; padding: 4px 14px; min-width: 78px; }
+#episode { font-size: 14px; max-width: 340px; }
 #scrubber { flex: 1; min-width: 240px; }
-#frame-label { font-variant-numeric: tabular-nums; min-width: 190px; font-size: 14px; }
+#frame-label { font-variant-numeric: tabular-nums; min-width: 250px; font-size: 14px; }
 main { padding: 12px 22px 30px; display: grid; grid-template-columns: minmax(320px, 420px) 1fr; gap: 14px; }
 .panel { background: #fff; border: 1px solid #e1e3e6; border-radius: 6px; padding: 8px; min-width: 0; }
 .wide { grid-column: 1 / -1; }
@@ -468,12 +808,20 @@ main { padding: 12px 22px 30px; display: grid; grid-template-columns: minmax(320
 #video-box { margin-top: 10px; }
 #readout { font-size: 13px; margin: 8px 4px 0; line-height: 1.6; font-variant-numeric: tabular-nums; }
 #readout td { padding: 0 10px 0 0; }
+.episodes { display: grid; grid-template-columns: minmax(300px, max-content) 1fr; gap: 14px; align-items: start; }
+.table-box { max-height: 300px; overflow-y: auto; }
+#episode-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
+#episode-table th, #episode-table td { padding: 3px 12px 3px 6px; text-align: right; border-bottom: 1px solid #eee; }
+#episode-table th { position: sticky; top: 0; background: #fff; font-weight: 600; }
+#episode-table td:last-child, #episode-table th:last-child { text-align: left; }
+#episode-table tbody tr { cursor: pointer; }
+#episode-table tbody tr:hover { background: #f0f4fa; }
+#episode-table tbody tr.selected { background: #dbe7f7; font-weight: 600; }
 .note { color: #777; font-size: 13px; padding: 12px; }
 .row2 { display: grid; grid-template-columns: 1fr 1fr; gap: 14px; }
-.fig-wrap { position: relative; }
+.fig-wrap { position: relative; min-width: 0; }
 .cursor { position: absolute; top: 0; left: 0; width: 2px; margin-left: -1px; background: rgba(0,0,0,0.7);
           pointer-events: none; display: none; z-index: 5; }
-.pending { color: #999; font-size: 13px; padding: 20px; }
 """
 
 _PAGE = """<!DOCTYPE html>
@@ -485,8 +833,9 @@ _PAGE = """<!DOCTYPE html>
 </head><body>
 <header><h1>{title}</h1><div id="summary">{summary}</div></header>
 <div id="controls">
+  <label>episode <select id="episode" aria-label="episode"></select></label>
   <button id="play" type="button">&#9654; Play</button>
-  <input id="scrubber" type="range" min="0" max="0" step="1" value="0" aria-label="frame">
+  <input id="scrubber" type="range" min="0" max="0" step="1" value="0" aria-label="step in the episode">
   <span id="frame-label"></span>
   <label>speed <select id="speed"><option value="0.25">0.25x</option><option value="0.5">0.5x</option>
     <option value="1" selected>1x</option><option value="2">2x</option><option value="4">4x</option></select></label>
@@ -499,13 +848,7 @@ _PAGE = """<!DOCTYPE html>
     <div id="video-box" hidden><h2>Video</h2><video id="video" controls muted playsinline preload="auto"></video></div>
   </section>
   <section class="panel"><div class="fig-wrap"><div id="fig-actions"></div><div class="cursor" id="cursor-actions"></div></div></section>
-  <section class="panel wide nac"><div class="row2"><div id="fig-attention_now"></div><div id="fig-wiring"></div></div></section>
-  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-sensory"></div><div class="cursor" id="cursor-sensory"></div></div></section>
-  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-backbone"></div><div class="cursor" id="cursor-backbone"></div></div></section>
-  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-dynamics"></div><div class="cursor" id="cursor-dynamics"></div></div></section>
-  <section class="panel wide nac"><div class="fig-wrap"><div id="fig-attention_time"></div><div class="cursor" id="cursor-attention_time"></div></div></section>
-  <section class="panel wide" id="no-nac" hidden><div class="note">This run has no NAC trace: the neuron panels
-    are not shown.</div></section>
+{panels}
 </main>
 <script type="application/json" id="run-data">{data}</script>
 <script>{script}</script>
@@ -516,37 +859,70 @@ _SCRIPT = r"""
 (function () {
   "use strict";
   const DATA = JSON.parse(document.getElementById("run-data").textContent);
-  const N = DATA.n;
+  const N = DATA.n, EPISODES = DATA.episodes;
   function unpack(p) {
     if (!p) return null;
     const bin = atob(p.b64), bytes = new Uint8Array(bin.length);
     for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
     return p.dtype === "i4" ? new Int32Array(bytes.buffer) : new Float32Array(bytes.buffer);
   }
-  const fmt = (x) => (x === null || Number.isNaN(x)) ? "–" : x.toFixed(3);
+  const fmt = (x) => (x === null || x === undefined || Number.isNaN(x)) ? "–" : x.toFixed(3);
   const R = DATA.readout;
-  const policy = unpack(R.policy), expert = unpack(R.expert), reward = unpack(R.reward), cte = unpack(R.cte);
+  const policy = unpack(R.policy), expert = unpack(R.expert), reward = unpack(R.reward);
+  const running = unpack(R.running_return), cte = unpack(R.cte);
   const ts = unpack(DATA.timestamp);
   const A = R.policy.shape[1], E = R.expert ? R.expert.shape[1] : 0;
   const att = DATA.has_nac ? Object.fromEntries(["weights", "phi", "tau", "logits", "key_age"].map(
       (k) => [k, unpack(DATA.attention[k])])) : null;
-  const bz = DATA.has_nac ? {mean: DATA.backbone_z.mean.map((p) => [p, unpack(p)]),
-                             top: DATA.backbone_z.top.map((p) => [p, unpack(p)])} : null;
+  const shares = DATA.attribution ? unpack(DATA.attribution.shares) : null;
 
   const slider = document.getElementById("scrubber"), label = document.getElementById("frame-label");
   const img = document.getElementById("frame"), readout = document.getElementById("readout");
   const playBtn = document.getElementById("play"), speed = document.getElementById("speed");
-  const overlayToggle = document.getElementById("overlay-toggle");
+  const overlayToggle = document.getElementById("overlay-toggle"), episodeSelect = document.getElementById("episode");
+  const tableRows = Array.from(document.querySelectorAll("#episode-table tbody tr"));
   const video = document.getElementById("video"), V = DATA.video;
-  slider.max = String(Math.max(0, N - 1));
   if (!DATA.overlays) { overlayToggle.disabled = true; overlayToggle.parentElement.title = "no saliency.npz in this run"; }
-  if (!DATA.has_nac) {
-    document.querySelectorAll(".nac").forEach((el) => { el.hidden = true; });
-    document.getElementById("no-nac").hidden = false;
-    document.getElementById("backbone-mode").disabled = true;
-  }
+  if (!DATA.has_nac) document.getElementById("backbone-mode").disabled = true;
   const config = {responsive: true, displaylogo: false};
-  const state = {frame: 0, playing: false, timer: null, pending: null, backbone: "mean"};
+  const state = {frame: 0, episode: 0, playing: false, timer: null, pending: null, backbone: "mean"};
+  const drawn = new Set();   // the figures plotly has drawn so far
+  const span = () => EPISODES[state.episode] || {start: 0, stop: N, id: 0};
+
+  // The episode selector: one option per episode (numbers only, set as text).
+  EPISODES.forEach((e, j) => {
+    const option = document.createElement("option");
+    option.value = String(j);
+    option.textContent = e.id + " · " + e.steps + " steps" + (e.return === null ? "" : " · return " + e.return.toFixed(1));
+    episodeSelect.appendChild(option);
+  });
+  if (EPISODES.length < 2) episodeSelect.disabled = true;
+  const episodeOf = (i) => {   // the episode holding step i (episodes are in step order)
+    let lo = 0, hi = EPISODES.length - 1;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (EPISODES[mid].stop <= i) lo = mid + 1; else hi = mid; }
+    return lo;
+  };
+
+  // A time panel holds one trace per episode (and backbone mode); its meta says which.
+  const shownNow = (t) => {
+    const m = (t.meta && typeof t.meta === "object") ? t.meta : {};
+    return (m.episode === undefined || m.episode === state.episode) && (m.mode === undefined || m.mode === state.backbone);
+  };
+  function showTraces(name) {
+    if (!drawn.has(name)) return;   // applied when drawn
+    const div = document.getElementById("fig-" + name);
+    const visible = div.data.map(shownNow);
+    if (visible.some((v, j) => v !== (div.data[j].visible !== false))) Plotly.restyle(div, {visible: visible});
+  }
+
+  function showEpisode(j) {
+    state.episode = j;
+    const s = span();
+    slider.max = String(Math.max(0, s.stop - s.start - 1));
+    episodeSelect.value = String(j);
+    tableRows.forEach((row) => row.classList.toggle("selected", row.dataset.episode === String(j)));
+    for (const name of DATA.time_figures) showTraces(name);
+  }
 
   // The names come from the run's files: text nodes only, never innerHTML.
   function renderReadout(i) {
@@ -564,7 +940,14 @@ _SCRIPT = r"""
     addRow("", R.policy_names, true);
     addRow("policy", R.policy_names.map((_, j) => value(policy[i * A + j], R.policy_classes)));
     if (E) addRow("expert", R.expert_names.map((_, j) => value(expert[i * E + j], R.expert_classes)));
-    readout.replaceChildren(table, "reward " + fmt(reward[i]) + " · cross-track error " + fmt(cte[i]));
+    const parts = [];
+    if (reward) parts.push("reward " + fmt(reward[i]), "return so far " + fmt(running[i]));
+    if (cte) parts.push("cross-track error " + fmt(cte[i]));
+    readout.replaceChildren(table, ...parts.map((text) => {
+      const line = document.createElement("div");
+      line.textContent = text;
+      return line;
+    }));
   }
 
   function renderAttention(i) {
@@ -581,13 +964,22 @@ _SCRIPT = r"""
     Plotly.restyle("fig-attention_now", {x: xs, y: ys, customdata: cds});
   }
 
+  function renderAttribution(i) {
+    const W = DATA.attribution.window, x = [], y = [];
+    for (let a = 0; a < W; a++) {
+      const v = shares[i * W + a];
+      if (!Number.isNaN(v)) { x.push(a); y.push(v); }
+    }
+    Plotly.restyle("fig-attribution_now", {x: [x], y: [y]});
+  }
+
   // Cursor: a thin absolutely positioned line over each time panel, placed with the
-  // panel's x axis (cheap: no plotly redraw while scrubbing or playing).
+  // panel's x axis at the step in the episode (no plotly redraw while scrubbing or playing).
   function placeCursor(name) {
     const div = document.getElementById("fig-" + name), line = document.getElementById("cursor-" + name);
     const fl = div._fullLayout;
     if (!fl || !fl.xaxis || !line) return;
-    const ax = fl.xaxis, x = ax._offset + ax.l2p(state.frame);
+    const ax = fl.xaxis, x = ax._offset + ax.l2p(state.frame - span().start);
     const visible = x >= ax._offset - 0.5 && x <= ax._offset + ax._length + 0.5;
     line.style.display = visible ? "block" : "none";
     line.style.transform = "translateX(" + x.toFixed(1) + "px)";
@@ -598,9 +990,10 @@ _SCRIPT = r"""
 
   function render() {
     state.pending = null;
-    const i = state.frame;
-    slider.value = String(i);
-    label.textContent = "frame " + i + " / " + (N - 1) + "   t = " + (ts[i] - ts[0]).toFixed(2) + " s";
+    const i = state.frame, s = span();
+    slider.value = String(i - s.start);
+    label.textContent = "episode " + s.id + " · step " + (i - s.start) + " / " + (s.stop - s.start - 1) +
+        " · t = " + (ts[i] - ts[s.start]).toFixed(2) + " s";
     const src = (overlayToggle.checked && DATA.overlays) ? DATA.overlays[i] : DATA.frames[i];
     img.src = "data:image/jpeg;base64," + src;
     renderReadout(i);
@@ -610,12 +1003,16 @@ _SCRIPT = r"""
     }
     for (const name of DATA.time_figures) if (drawn.has(name)) placeCursor(name);
     if (DATA.has_nac && drawn.has("attention_now")) renderAttention(i);
+    if (shares && drawn.has("attribution_now")) renderAttribution(i);
   }
 
+  // The run's step i (0..N-1); a step of another episode selects that episode.
   function setFrame(i) {
     state.frame = Math.max(0, Math.min(N - 1, Math.round(i)));
+    if (N > 0 && episodeOf(state.frame) !== state.episode) showEpisode(episodeOf(state.frame));
     if (state.pending === null) state.pending = requestAnimationFrame(render);
   }
+  const setStep = (k) => { const s = span(); setFrame(s.start + Math.max(0, Math.min(s.stop - s.start - 1, k))); };
 
   function setPlaying(on) {
     if (on && V) video.pause();
@@ -623,9 +1020,9 @@ _SCRIPT = r"""
     playBtn.innerHTML = on ? "&#10073;&#10073; Pause" : "&#9654; Play";
     clearInterval(state.timer);
     if (on) {
-      if (state.frame >= N - 1) setFrame(0);
-      state.timer = setInterval(() => {
-        if (state.frame >= N - 1) { setPlaying(false); return; }
+      if (state.frame >= span().stop - 1) setFrame(span().start);
+      state.timer = setInterval(() => {   // plays to the end of the episode
+        if (state.frame >= span().stop - 1) { setPlaying(false); return; }
         setFrame(state.frame + 1);
       }, 1000 / (DATA.fps * Number(speed.value)));
     }
@@ -633,15 +1030,7 @@ _SCRIPT = r"""
 
   function setBackboneMode(mode) {
     state.backbone = mode;
-    if (!drawn.has("backbone")) return;   // applied when drawn
-    const z = bz[mode].map(([p, a]) => {
-      const rows = [], [nr, nc] = p.shape;
-      for (let r = 0; r < nr; r++) rows.push(Array.from(a.subarray(r * nc, (r + 1) * nc)));
-      return rows;
-    });
-    const div = document.getElementById("fig-backbone");
-    const idx = div.data.map((t, j) => t.type === "heatmap" ? j : -1).filter((j) => j >= 0);
-    Plotly.restyle(div, {z: z}, idx);
+    showTraces("backbone");
   }
 
   // The run's video: one video frame per recorded step, so step = floor(time x fps).
@@ -664,30 +1053,36 @@ _SCRIPT = r"""
   }
 
   function stop() { setPlaying(false); if (V) video.pause(); }   // the user picked a frame
-  slider.addEventListener("input", () => { stop(); setFrame(Number(slider.value)); });
+  const pickEpisode = (j) => { stop(); setFrame(EPISODES[j].start); };
+  slider.addEventListener("input", () => { stop(); setStep(Number(slider.value)); });
+  episodeSelect.addEventListener("change", () => pickEpisode(Number(episodeSelect.value)));
+  tableRows.forEach((row) => row.addEventListener("click", () => pickEpisode(Number(row.dataset.episode))));
   playBtn.addEventListener("click", () => setPlaying(!state.playing));
   speed.addEventListener("change", () => { if (state.playing) setPlaying(true); });
   overlayToggle.addEventListener("change", () => setFrame(state.frame));
   document.getElementById("backbone-mode").addEventListener("change", (e) => setBackboneMode(e.target.value));
   document.addEventListener("keydown", (e) => {
     if (e.target.tagName === "SELECT") return;
-    if (e.key === "ArrowRight") { stop(); setFrame(state.frame + 1); }
-    else if (e.key === "ArrowLeft") { stop(); setFrame(state.frame - 1); }
+    if (e.key === "ArrowRight") { stop(); setStep(state.frame - span().start + 1); }
+    else if (e.key === "ArrowLeft") { stop(); setStep(state.frame - span().start - 1); }
     else if (e.key === " " && e.target.tagName !== "BUTTON") { e.preventDefault(); setPlaying(!state.playing); }
   });
 
   // Draw the panels one at a time, those on the first screen first; the page is
   // interactive once they are drawn, the rest follow without blocking scrubbing.
-  const drawn = new Set();
   function draw(name) {
     const fig = DATA.figures[name];
+    for (const t of fig.data) t.visible = shownNow(t);   // the selected episode (and backbone mode)
     return Plotly.newPlot("fig-" + name, fig.data, fig.layout, config).then((div) => {
       drawn.add(name);
-      if (name === "backbone" && state.backbone !== "mean") setBackboneMode(state.backbone);
       if (DATA.time_figures.includes(name)) {
         div.on("plotly_afterplot", () => placeCursor(name));
         div.on("plotly_click", (ev) => {
-          if (ev.points && ev.points.length) { stop(); setFrame(Number(ev.points[0].x)); }
+          if (ev.points && ev.points.length) { stop(); setStep(Number(ev.points[0].x)); }
+        });
+      } else if (name === "returns") {
+        div.on("plotly_click", (ev) => {
+          if (ev.points && ev.points.length) pickEpisode(Number(ev.points[0].customdata[1]));
         });
       }
     });
@@ -699,7 +1094,8 @@ _SCRIPT = r"""
   const onScreen = (name) => document.getElementById("fig-" + name).getBoundingClientRect().top < window.innerHeight;
   const first = names.filter(onScreen), rest = names.filter((n) => !onScreen(n));
   window.dashboard = {data: DATA, state: state, setFrame: setFrame, setPlaying: setPlaying, drawn: drawn,
-                      video: V ? video : null};
+                      showEpisode: pickEpisode, video: V ? video : null};
+  if (EPISODES.length) showEpisode(0);
   first.reduce((p, name) => p.then(() => draw(name)), Promise.resolve()).then(() => {
     if (N > 0) render();
     window.__dashboardReadyAt = performance.now();
@@ -707,7 +1103,7 @@ _SCRIPT = r"""
     const next = () => {
       const name = rest.shift();
       if (name === undefined) {
-        render();
+        if (N > 0) render();
         window.__dashboardAllDrawnAt = performance.now();
         window.__dashboardAllDrawn = true;
         return;

@@ -202,6 +202,63 @@ class RunTrace:
         except ValueError as e:
             raise ArchiveError(self.path, "frames_jpeg", f"frame {i}: {e}") from None
 
+    # ---------------------------------------------------------- short views (a notebook's repr)
+    def episode_spans(self) -> list[tuple[int, int, int]]:
+        """``(episode, start, stop)`` of each stretch of equal ``episode`` values, in order:
+        steps ``start:stop`` are that episode (the dashboard and the reprs read episodes so)."""
+        cuts = np.flatnonzero(np.diff(self.episode)) + 1
+        starts, stops = np.r_[0, cuts], np.r_[cuts, self.num_steps]
+        return [(int(self.episode[a]), int(a), int(b)) for a, b in zip(starts, stops) if b > a]
+
+    def _traced(self) -> list[str]:
+        """What the run recorded, in words (names from the file: escape before markup)."""
+        meta, shape = self.metadata, self.metadata.get("frame_shape")
+        out = [f"frames {shape[0]}x{shape[1]}" if isinstance(shape, list) and len(shape) == 3 else "frames"]
+        names = meta.get("action_names")
+        out.append(f"policy action [{self.policy_action.shape[1]}]" + (f" ({', '.join(map(str, names))[:80]})"
+                                                                     if isinstance(names, list) else ""))
+        if self.expert_action.shape[1] and np.isfinite(self.expert_action).any():
+            out.append(f"expert action [{self.expert_action.shape[1]}]")
+        out += [name for name, a in (("reward", self.reward), ("cross-track error", self.cross_track_error))
+                if np.isfinite(a).any()]
+        nac = meta.get("nac")
+        if nac and self.has_nac.any():
+            out.append(f"NAC ({nac['num_heads']} heads, top-{nac['topk']}, window {nac['window']}, "
+                       f"mode {str(nac['mode'])[:20]}) on {int(self.has_nac.sum())} steps")
+        return out
+
+    def _returns(self) -> list[float]:
+        """Each episode's return (sum of its known rewards); empty when no reward is known."""
+        if not np.isfinite(self.reward).any():
+            return []
+        return [float(np.nansum(self.reward[a:b])) for _, a, b in self.episode_spans()]
+
+    def __repr__(self) -> str:
+        """A line, never the arrays (a dataclass repr of them runs to tens of kB)."""
+        path = str(self.path)
+        path = path if len(path) <= 120 else "..." + path[-117:]
+        returns = self._returns()
+        text = f", returns mean {np.mean(returns):.1f} (min {min(returns):.1f}, max {max(returns):.1f})" \
+            if returns else ""
+        return (f"RunTrace({path!r}, {self.num_steps} steps, {len(self.episode_spans())} episodes{text}; "
+                f"{'; '.join(self._traced())})")[:499]
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: a few lines (steps, episodes, returns, what was traced)."""
+        import html
+
+        spans, returns = self.episode_spans(), self._returns()
+        lengths = ", ".join(str(b - a) for _, a, b in spans[:8]) + (", ..." if len(spans) > 8 else "")
+        rows = [("steps", str(self.num_steps)),
+                ("episodes", f"{len(spans)}" + (f": {lengths} steps" if spans else ""))]
+        if returns:
+            shown = ", ".join(f"{r:.1f}" for r in returns[:8]) + (", ..." if len(returns) > 8 else "")
+            rows.append(("returns", f"mean {np.mean(returns):.1f}: {shown}"))
+        rows.append(("traced", ", ".join(self._traced())))
+        body = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{k}</th>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
+        return f"<div><b>RunTrace</b> <code>{html.escape(str(self.path))}</code><table>{body}</table></div>"
+
 
 # (member, dtype kinds, rank, trailing-shape key) of every array member. Axis names
 # in the key are checked to agree across members.

@@ -1,6 +1,7 @@
 """A trace file cannot script the dashboard: every string the page takes from a run's files
-(action and class names, metadata values and keys, NAC and saliency settings, the run
-folder's name) holds a hostile payload, and the page shows each one as text."""
+(action and class names, metadata values and keys, NAC, saliency and window-attribution
+settings, the run folder's name) holds a hostile payload, and the page shows each one as
+text, inline in a notebook too."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from support.dashboard_pages import chromium_dashboard_page, run_data
+from support.dashboard_pages import chromium_dashboard_page, run_data, write_window_attribution
 
 from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
-from nac_drive.interpret.dashboard import build_dashboard
+from nac_drive.interpret.dashboard import Dashboard, _readable, build_dashboard
 from support.synthetic_runs import make_synthetic_run
 from nac_drive.interpret.trace import RunRecorder, load_trace
 
@@ -67,10 +68,11 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     poison = Poison()
     continuous = root / FOLDER
-    make_synthetic_run(continuous, steps=12, seed=3)
+    make_synthetic_run(continuous, steps=12, seed=3, episodes=2)
     rewrite_metadata(continuous / "trace.npz", poison)
     trace_sha256 = load_trace(continuous).sha256      # the saliency file stays bound to its (poisoned) trace
     rewrite_metadata(continuous / "saliency.npz", lambda meta: {**poison(meta), "trace_sha256": trace_sha256})
+    write_window_attribution(continuous, method=PAYLOADS[3] + "integrated gradients")
 
     discrete = root / "discrete"
     classes = [p + name for p, name in zip(PAYLOADS, ["noop", "right", "left", "gas", "brake"])]
@@ -102,6 +104,9 @@ def test_no_payload_reaches_the_page_unescaped(runs, tmp_path):
             assert data["readout"]["policy_names"] == names and all(map(poisoned, names))
             titles = [a["text"] for a in data["figures"]["actions"]["layout"]["annotations"]]
             assert titles[:3] == [html.escape(n, quote=False) for n in names]
+            method = PAYLOADS[3] + "integrated gradients"
+            assert data["attribution"]["method"] == method
+            assert html.escape(method, quote=False) in data["figures"]["attribution"]["layout"]["title"]["text"]
 
 
 @pytest.mark.browser
@@ -115,6 +120,9 @@ def test_payloads_show_as_text_and_run_nothing_in_chromium(runs, tmp_path):
         summary: document.getElementById('summary').textContent,
         summaryTags: [...new Set(Array.from(document.querySelectorAll('#summary *'), (e) => e.tagName))].sort(),
         readoutTags: [...new Set(Array.from(document.querySelectorAll('#readout *'), (e) => e.tagName))].sort(),
+        table: document.getElementById('episode-table').textContent,
+        tableTags: [...new Set(Array.from(document.querySelectorAll('#episode-table *'), (e) => e.tagName))].sort(),
+        options: Array.from(document.querySelectorAll('#episode option'), (e) => e.textContent),
         readoutHeader: Array.from(document.querySelectorAll('#readout tr:first-child td'), (e) => e.textContent),
         readoutPolicy: Array.from(document.querySelectorAll('#readout tr:nth-child(2) td'), (e) => e.textContent),
         titles: Array.from(document.querySelectorAll('#fig-actions .annotation-text'), (e) => e.textContent),
@@ -131,14 +139,29 @@ def test_payloads_show_as_text_and_run_nothing_in_chromium(runs, tmp_path):
     names, nac_mode = run.metadata["action_names"], run.metadata["nac"]["mode"]
     assert state["pwned"] is None and problems == []
     assert state["title"] == state["h1"] == f"nac-drive run: {FOLDER}"
-    assert poisoned(nac_mode) and f"mode={nac_mode}" in state["summary"]
-    for key, value in run.metadata["run"].items():
-        assert key in state["summary"] and json.dumps(value, sort_keys=True)[:160] in state["summary"]
+    assert poisoned(nac_mode) and f"mode {nac_mode}" in state["summary"]
+    for key, value in run.metadata["run"].items():         # keys and values in words, as text
+        assert poisoned(key) and f"{key} {_readable(value)}" in state["summary"]
+    assert f"window attribution {PAYLOADS[3]}integrated gradients" in state["summary"]
     assert state["summaryTags"] == ["B", "SPAN"]
-    assert state["readoutTags"] == ["B", "TABLE", "TBODY", "TD", "TR"]
+    assert state["readoutTags"] == ["B", "DIV", "TABLE", "TBODY", "TD", "TR"]
     assert state["readoutHeader"] == [""] + names
     assert state["titles"][:3] == names and state["links"] == 0
+    assert all(f"{name} " in state["table"] for name in names)   # per-column agreement, names as text
+    assert state["tableTags"] == ["TBODY", "TD", "TH", "THEAD", "TR"] and len(state["options"]) == 2
     assert (state["images"], state["iframes"], state["scripts"]) == (1, 0, 3) and state["bodyShown"]
+
+    # inline in a notebook: the page in an iframe's srcdoc, still text only
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text("<!DOCTYPE html><html><body>" + Dashboard(tmp_path / "continuous.html")._repr_html_()
+                        + "</body></html>", encoding="utf-8")
+    inner = "document.querySelector('iframe').contentWindow"
+    with dashboard_page(notebook, ready=f"{inner}.__dashboardReady === true", wait_all=False) as (page, problems):
+        framed = page.frame_locator("iframe")
+        assert framed.locator("h1").text_content() == f"nac-drive run: {FOLDER}"
+        assert page.evaluate(f"[window.__pwned, {inner}.__pwned, {inner}.dashboard.data.n]") == [None, None, 12]
+        assert framed.locator("#summary").text_content() == state["summary"]
+    assert problems == []
 
     build_dashboard(discrete, tmp_path / "discrete.html")
     with dashboard_page(tmp_path / "discrete.html") as (page, problems):
@@ -149,6 +172,7 @@ def test_payloads_show_as_text_and_run_nothing_in_chromium(runs, tmp_path):
     assert state["pwned"] is None and problems == []
     assert state["readoutPolicy"] == ["policy", f"{classes[2]} (2)"]
     assert sorted(state["ticks"]) == sorted(classes)
-    assert all(p in state["summary"] for p in (json.dumps(p)[:160] for p in PAYLOADS))
+    assert all(f"{p} {p}" in state["summary"] for p in PAYLOADS)      # metadata {payload: payload}
+    assert "same action on 16.7% of steps" in state["summary"] and "16.7% of steps" in state["table"]
     assert state["summaryTags"] == ["B", "SPAN"] and state["links"] == 0
     assert (state["images"], state["iframes"], state["scripts"]) == (1, 0, 3) and state["bodyShown"]

@@ -33,9 +33,10 @@ def find_chromium() -> str | None:
 
 @contextmanager
 def dashboard_page(html_path: str | os.PathLike, viewport: tuple[int, int] = (1400, 1000), timeout_s: float = 60.0,
-                   wait_all: bool = True):
+                   wait_all: bool = True, ready: str = "window.__dashboardReady === true"):
     """Open ``html_path`` and wait until the page is interactive (the first screen's
-    panels drawn) and, with ``wait_all``, until every panel is drawn.
+    panels drawn: the JavaScript expression ``ready``, e.g. about a dashboard in an
+    iframe) and, with ``wait_all``, until every panel is drawn.
 
     Yields ``(page, problems)``: ``problems`` collects console errors, uncaught page
     errors and dialogs (dismissed) as strings, for the whole life of the page.
@@ -55,7 +56,7 @@ def dashboard_page(html_path: str | os.PathLike, viewport: tuple[int, int] = (14
             page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
             page.on("dialog", lambda d: (problems.append(f"dialog: {d.type} {d.message}"), d.dismiss()))
             page.goto(Path(html_path).resolve().as_uri())
-            page.wait_for_function("window.__dashboardReady === true", timeout=timeout_s * 1000)
+            page.wait_for_function(ready, timeout=timeout_s * 1000)
             if wait_all:
                 page.wait_for_function("window.__dashboardAllDrawn === true", timeout=timeout_s * 1000)
             yield page, problems

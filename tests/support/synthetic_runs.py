@@ -59,8 +59,14 @@ class TinyFrameModel(nn.Module):
 def make_synthetic_run(run_dir: str | os.PathLike, steps: int = 200, seed: int = 0,
                        frame_size: tuple[int, int] = (96, 96), d_model: int = 16, num_heads: int = 2,
                        topk: int = 4, window: int = 8, input_dim: int = 24, with_expert: bool = True,
-                       with_saliency: bool = True, progress: bool = False) -> Path:
+                       with_saliency: bool = True, progress: bool = False, episodes: int = 1,
+                       with_cte: bool = True) -> Path:
     """Record ``steps`` steps of a synthetic drive into ``run_dir``; returns the trace path.
+
+    ``episodes``: the steps are split into this many episodes (the last takes the
+    remainder), each starting with ``RunRecorder.new_episode()`` and a fresh NAC cache,
+    its timestamps from 0, as the driving loop records them. ``with_cte``: record the
+    cross-track error (a bridge-driven Udacity run has none).
 
     With ``with_saliency`` also writes ``saliency.npz`` (Grad-CAM of a small random CNN).
     Runs on one torch thread (restored afterwards): these models are tiny, and two
@@ -70,13 +76,13 @@ def make_synthetic_run(run_dir: str | os.PathLike, steps: int = 200, seed: int =
     torch.set_num_threads(1)
     try:
         return _record(run_dir, steps, seed, frame_size, d_model, num_heads, topk, window, input_dim, with_expert,
-                       with_saliency, progress)
+                       with_saliency, progress, episodes, with_cte)
     finally:
         torch.set_num_threads(threads)
 
 
 def _record(run_dir, steps, seed, frame_size, d_model, num_heads, topk, window, input_dim, with_expert,
-            with_saliency, progress) -> Path:
+            with_saliency, progress, episodes=1, with_cte=True) -> Path:
     from nac_drive import NAC
     from nac_drive.interpret.saliency import compute_run_saliency
 
@@ -90,10 +96,13 @@ def _record(run_dir, steps, seed, frame_size, d_model, num_heads, topk, window, 
             "env": {"id": "synthetic-road", "frame_size": list(frame_size)}, "seed": seed}
     recorder = RunRecorder(run_dir, metadata=meta, nac=layer, action_names=["steer", "gas", "brake"],
                            expert_action_names=["steer", "gas", "brake"])
-    cache = layer.init_cache(1)
     offset, curve = 0.0, 0.0
+    length = max(1, steps // max(1, episodes))
     with torch.no_grad():
         for i in range(steps):
+            if i % length == 0 and i // length < episodes:   # a new episode: the policy resets
+                recorder.new_episode()
+                cache, start = layer.init_cache(1), i
             # The road drifts (curve, offset: where the road is relative to the car); the
             # expert steers towards it and the policy copies the expert with noise.
             curve = float(np.clip(0.97 * curve + rng.normal(0, 0.08), -1, 1))
@@ -107,8 +116,8 @@ def _record(run_dir, steps, seed, frame_size, d_model, num_heads, topk, window, 
             gas = float(np.clip(0.6 - abs(curve) * 0.4 + rng.normal(0, 0.05), 0, 1))
             recorder.add(frame=frame, policy_action=np.array([steer, gas, 0.0], dtype=np.float32),
                          expert_action=np.array([expert_steer, 0.6 - abs(curve) * 0.4, 0.0]) if with_expert else None,
-                         reward=float(1.0 - abs(offset)), cross_track_error=offset, nac_trace=trace,
-                         timestamp=i * 0.05)
+                         reward=float(1.0 - abs(offset)), cross_track_error=offset if with_cte else None,
+                         nac_trace=trace, timestamp=(i - start) * 0.05)
     path = recorder.save()
     if with_saliency:
         model = TinyFrameModel(seed)
