@@ -324,6 +324,7 @@ class EpisodeResults:
             "std_return": float(returns.std()) if returns.size else float("nan"),
             "episodes": len(self.returns),
             "laps_finished": int(sum(self.laps)),
+            "laps": [bool(lap) for lap in self.laps],
             "seeds": [int(s) for s in self.seeds],
             "returns": [round(float(r), 2) for r in self.returns],
             "lengths": [int(n) for n in self.lengths],

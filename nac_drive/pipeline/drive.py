@@ -49,7 +49,8 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         summary = _drive_and_score(policy, PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view),
                                    episodes, seed_base, max_steps, render, video, progress, recorded)
     if recorder is not None:
-        recorder.save()
+        recorder.metadata["laps"] = summary["laps"][:len(summary["laps"]) if recorded is None else recorded]
+        recorder.save()   # the laps of the traced episodes: the dashboard's episode table shows them
     summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core)
     if trace_dir is not None:
         summary["trace"] = str(trace_dir)
