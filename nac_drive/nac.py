@@ -35,13 +35,19 @@ Time input ``t`` of the time vector (``time_input``):
 Timestamps count from the sequence's first step (:meth:`NAC.step`: from the first step
 the cache saw), subtracted in the caller's dtype before the layer casts them to its own:
 absolute clock times (~1.7e9 s) in float32 would keep a resolution of minutes.
+
+Interventions: inside ``with layer.clamped(Clamp(...))`` chosen units (q/k/v, backbone
+neurons, whole heads, or the weights made uniform) are held at given values in every call,
+which is how the neuron atlas silences a neuron (:class:`Clamp`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 import torch
@@ -187,6 +193,60 @@ class _PackedParams:
         return nac_kernels.pair_arrays(self.pair_stage())
 
 
+@dataclass
+class Clamp:
+    """An intervention on the layer (:meth:`NAC.clamped`): chosen units held at given values
+    wherever they are computed, in :meth:`NAC.forward` and :meth:`NAC.step` alike.
+
+    q, k, v: ``{unit: value}``, outputs of the sensory gates, unit in ``[0, d_model)``
+    (head ``unit // depth``); inter, command, motor: ``{(head, unit): value}``, a backbone
+    neuron of one head, held in every (query, key) pair; heads: ``{head: values [depth]}``,
+    that head's output (eq. 19, before the output projection) replaced whole;
+    uniform_weights: each query's attention weights replaced by 1 / (its selected keys).
+
+    The backbone and the weights live inside the pair stage, which the numba kernel fuses:
+    clamping them runs that stage's eager torch code. q, k, v and heads are set outside it,
+    so the kernels still serve (with the clamped values).
+    """
+
+    q: Mapping[int, float] = field(default_factory=dict)
+    k: Mapping[int, float] = field(default_factory=dict)
+    v: Mapping[int, float] = field(default_factory=dict)
+    inter: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    command: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    motor: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    heads: Mapping[int, Sequence[float]] = field(default_factory=dict)
+    uniform_weights: bool = False
+
+    @property
+    def in_pair_stage(self) -> bool:
+        """Whether the clamp reaches inside the pair stage (then it runs eager torch code)."""
+        return bool(self.inter or self.command or self.motor or self.uniform_weights)
+
+
+_INTACT = Clamp()   # nothing clamped
+
+
+def _set_units(x: torch.Tensor, units: Mapping[int, float]) -> torch.Tensor:
+    """x ``[..., n]`` with ``x[..., u] = value`` for each clamped unit (a new tensor)."""
+    if not units:
+        return x
+    x = x.clone()
+    x[..., torch.tensor(list(units), device=x.device)] = torch.tensor(list(units.values()), dtype=x.dtype,
+                                                                      device=x.device)
+    return x
+
+
+def _set_head_units(x: torch.Tensor, units: Mapping[tuple[int, int], float]) -> torch.Tensor:
+    """x ``[B, H, ..., n]`` with ``x[:, head, ..., unit] = value`` for each clamped neuron (a new tensor)."""
+    if not units:
+        return x
+    x = x.clone()
+    for (head, unit), value in units.items():
+        x[:, head, ..., unit] = value
+    return x
+
+
 class _Backend(NamedTuple):
     """Which code serves one call: the numba kernels or the torch reference."""
 
@@ -292,11 +352,24 @@ class NAC(nn.Module):
         self.attn_dropout = nn.Dropout(dropout)
         self.layout = KeyLayout(n_inter=wiring.sizes[0], depth=self.depth)
         self._params_cache: tuple[tuple, _PackedParams] | None = None
+        self.clamp: Clamp | None = None   # set by clamped()
 
     @property
     def backbone_wiring(self) -> BackboneWiring:
         """The backbone's wiring, read from the mask buffers (which a state dict carries)."""
         return BackboneWiring(*(m.mask.detach().cpu().numpy() for m in (self.inter, self.command, self.motor)))
+
+    @contextmanager
+    def clamped(self, clamp: Clamp | None):
+        """Inside this block every call runs with ``clamp`` (:class:`Clamp`; None: intact).
+        Units out of range are refused with a ``ValueError`` before anything runs."""
+        if clamp is not None:
+            _check_clamp(clamp, self.d_model, self.num_heads, self.depth, self.backbone_wiring.sizes)
+        before, self.clamp = self.clamp, clamp
+        try:
+            yield self
+        finally:
+            self.clamp = before
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for old, new in RENAMED_PARAMETERS.items():   # checkpoints written before the rename
@@ -346,8 +419,12 @@ class NAC(nn.Module):
         return x.view(B, T, self.num_heads, -1).transpose(1, 2)
 
     def _sensory(self, x: torch.Tensor, params: _PackedParams):
-        """x [B, T, input_dim] -> q, k, v [B, T, d_model] (eq. 13: the three gates in one product)"""
-        return F.linear(x, params.qkv_weight, params.qkv_bias).split(self.d_model, dim=-1)
+        """x [B, T, input_dim] -> q, k, v [B, T, d_model] (eq. 13: the three gates in one product;
+        clamped units set, :class:`Clamp`)"""
+        q, k, v = F.linear(x, params.qkv_weight, params.qkv_bias).split(self.d_model, dim=-1)
+        if self.clamp is not None:
+            q, k, v = _set_units(q, self.clamp.q), _set_units(k, self.clamp.k), _set_units(v, self.clamp.v)
+        return q, k, v
 
     def _key_rows(self, k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
                   params: _PackedParams) -> torch.Tensor:
@@ -366,9 +443,10 @@ class NAC(nn.Module):
                  params: _PackedParams, want_trace: bool) -> _Backend:
         """The code that serves this call, chosen once. Key selection is never
         differentiated, so it runs on the kernels whenever they take the tensors; the pair
-        stage only when no gradient, trace or active dropout is needed."""
+        stage only when no gradient, trace, active dropout or clamp inside it is needed."""
         selection = nac_kernels.handles_selection(qh, kh)
         pairs = (selection and not want_trace and not (self.training and self.attn_dropout.p > 0)
+                 and not (self.clamp is not None and self.clamp.in_pair_stage)
                  and nac_kernels.handles_pairs(q_side, key_rows, params.pair_stage())
                  and params.kernel_arrays[1])   # last: the weights become arrays only for a kernel call
         return _Backend(selection, pairs)
@@ -413,6 +491,8 @@ class NAC(nn.Module):
         # Invalid keys get -inf before the softmax (never a multiplied logit); a row
         # with no valid key at all gets weight 0 everywhere instead of NaN.
         weights = self.attn_dropout(_masked_softmax(logits, valid))
+        if self.clamp is not None and self.clamp.uniform_weights:
+            weights = (valid / valid.sum(dim=-1, keepdim=True).clamp(min=1)).to(logits.dtype)
         out = self._aggregate(weights, t_interp, values)
         if not want_trace:
             return out, None
@@ -433,11 +513,13 @@ class NAC(nn.Module):
 
     def _backbone(self, inter_in: torch.Tensor, params: _PackedParams):
         """Eq. 14 on the wiring: [B,H,Tq,K,n_inter] pre-activations -> inter, command,
-        motor activations [B,H,Tq,K,n]."""
+        motor activations [B,H,Tq,K,n] (clamped neurons held, :class:`Clamp`)."""
         B, H, Tq, K, _ = inter_in.shape
-        inter = torch.tanh(inter_in)
+        clamp = self.clamp or _INTACT
+        inter = _set_head_units(torch.tanh(inter_in), clamp.inter)
         command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ params.command + params.command_bias[:, None])
-        motor = torch.tanh(command @ params.motor + params.motor_bias[:, None])
+        command = _set_head_units(command, clamp.command)
+        motor = _set_head_units(torch.tanh(command @ params.motor + params.motor_bias[:, None]), clamp.motor)
         return inter, command.view(B, H, Tq, K, -1), motor.view(B, H, Tq, K, -1)
 
     def _phi_tau(self, motor: torch.Tensor, params: _PackedParams):
@@ -483,8 +565,12 @@ class NAC(nn.Module):
         return (coef[..., None, :] @ values)[..., 0, :]
 
     def _output(self, out_heads: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, depth] -> [B, T, d_model]"""
+        """[B, H, T, depth] -> [B, T, d_model] (a clamped head's output replaced first, :class:`Clamp`)"""
         B, H, T, _ = out_heads.shape
+        if self.clamp is not None and self.clamp.heads:
+            out_heads = out_heads.clone()
+            for head, values in self.clamp.heads.items():
+                out_heads[:, head] = torch.as_tensor(values, dtype=out_heads.dtype, device=out_heads.device)
         return self.out_proj(out_heads.transpose(1, 2).reshape(B, T, self.d_model))
 
     # ----------------------------------------------------------------- forward
@@ -603,6 +689,22 @@ def _masked_softmax(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     top = masked.amax(dim=-1, keepdim=True).detach().clamp(min=torch.finfo(logits.dtype).min)  # -inf rows: finite
     e = torch.exp(masked - top)
     return e / e.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(e.dtype).tiny)
+
+
+def _check_clamp(clamp: Clamp, d_model: int, num_heads: int, depth: int, sizes: tuple[int, int, int]) -> None:
+    """A ValueError naming the first unit of ``clamp`` that this layer does not have."""
+    for name in ("q", "k", "v"):
+        for unit in getattr(clamp, name):
+            if not 0 <= unit < d_model:
+                raise ValueError(f"clamp.{name}: unit {unit} is outside [0, d_model={d_model})")
+    for name, n in zip(("inter", "command", "motor"), sizes):
+        for key in getattr(clamp, name):
+            if not (isinstance(key, tuple) and len(key) == 2 and 0 <= key[0] < num_heads and 0 <= key[1] < n):
+                raise ValueError(f"clamp.{name}: expected (head < {num_heads}, unit < {n}), got {key!r}")
+    for head, values in clamp.heads.items():
+        if not 0 <= head < num_heads or len(values) != depth:
+            raise ValueError(f"clamp.heads: expected a head < {num_heads} with {depth} values, got head {head} "
+                             f"with {len(values)}")
 
 
 def _check_hyperparameters(*, input_dim, d_model, num_heads, topk, mode, euler_steps, select, sparsity,

@@ -1,0 +1,129 @@
+"""``nac-drive explain``: drive a CarRacing NAC policy with a trace and measure its neurons.
+
+    nac-drive explain [--policy RUN/best] [--episodes 3] [--out runs/explain] [--frames N]
+                      [--closed-loop-tracks 10] [--json]
+
+The policy (default: the shipped CNN+NAC policy) drives held-out tracks from 900000 with a
+trace into a fresh run folder; then
+
+* fig4: the paper's Fig. 4 claim (tau 0.8-1.6, below 1.1 turning left, above 1.3 turning
+  right; logits below 0.6 left, above 0.65 right), per head, stated as reproduced or not;
+* atlas: for every traced neuron (q/k/v units, each head's inter/command/motor neurons)
+  and each head, the AUROC with which it separates right from left actions, its mutual
+  information with the chosen action, and the agreement with the intact policy when it is
+  clamped to its mean (the run's frames replayed); also the attention weights made uniform;
+* closed_loop: the neurons whose silencing costs most and some random ones, clamped while
+  the policy drives (1 + top + random runs of --closed-loop-tracks tracks each: at the
+  defaults 210 episodes, about half an hour on 2 cores; the rest takes a minute or two).
+
+Everything goes to RUN_DIR/explain.json (NaN as null).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from nac_drive.arguments import COUNT, SEED, number
+from nac_drive.simulators.carracing import EVAL_SEED_BASE
+
+NON_NEGATIVE = number(int, min=0)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("explain", help="test the paper's Fig. 4 claim and map every neuron of a policy",
+                              description=__doc__)
+    p.add_argument("--policy", default=None, help="checkpoint folder (default: the shipped CNN+NAC policy)")
+    p.add_argument("--episodes", type=COUNT, default=3, help="held-out tracks driven with a trace")
+    p.add_argument("--out", default="runs/explain", metavar="RUN_DIR",
+                   help="run folder for trace.npz and explain.json (RUN_DIR-2, -3, ... if RUN_DIR exists)")
+    p.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE, help="seed of the first track")
+    p.add_argument("--max-steps", type=COUNT, default=None, help="cap each episode (env frames; default 1000)")
+    p.add_argument("--frames", type=COUNT, default=None,
+                   help="replay at most this many recorded frames when silencing neurons (default all)")
+    p.add_argument("--closed-loop-tracks", type=NON_NEGATIVE, default=10,
+                   help="held-out tracks the intact policy and each chosen neuron clamped drive (0: no "
+                        "closed-loop check); the verb's longest part: about 9 s a track on a 2-core CPU")
+    p.add_argument("--closed-loop-top", type=NON_NEGATIVE, default=10,
+                   help="neurons whose silencing costs most agreement, driven clamped")
+    p.add_argument("--closed-loop-random", type=NON_NEGATIVE, default=10,
+                   help="other neurons drawn at random (seeded by --seed), driven clamped")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the random neurons")
+    p.add_argument("--rows", type=COUNT, default=15, help="atlas rows printed (explain.json has all)")
+    p.add_argument("--json", action="store_true", help="end the output with one line of JSON (explain.json's content)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nac_drive.pipeline.explain import EXPLAIN_FILE, explain
+
+    report = explain(args.policy, args.episodes, args.out, args.seed_base, args.max_steps, args.frames,
+                     args.closed_loop_tracks, args.closed_loop_top, args.closed_loop_random, args.seed,
+                     progress=not args.json)
+    print(f"drove {len(report['drive']['seeds'])} tracks: mean return {report['drive']['mean_return']:.1f}")
+    print()
+    print("\n".join(format_fig4(report["fig4"])))
+    print()
+    print("\n".join(format_atlas(report["atlas"], args.rows)))
+    if report["closed_loop"]["neurons"]:
+        print()
+        print("\n".join(format_closed_loop(report["closed_loop"])))
+    print(f"\nwrote {report['run']}/{EXPLAIN_FILE}")
+    if args.json:
+        print(json.dumps(report, allow_nan=False))
+    return 0
+
+
+def _num(x, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_fig4(fig4: dict) -> list[str]:
+    """The Fig. 4 section as text lines: medians per scene, ranges and AUROC per head, then verdicts."""
+    from nac_drive.interpret.fig4 import SCENES
+
+    scenes = ", ".join(f"{s} {n}" for s, n in fig4["scenes"].items())
+    lines = [f"Fig. 4 claim (paper §3.4, NAC-Steady; this policy's mode: {fig4['mode']}). Traced steps: {scenes}",
+             f"{'head':>4} {'quantity':<14}" + "".join(f"{s:>15}" for s in SCENES)
+             + f"{'all p5':>9}{'all p95':>9}{'AUROC R>L':>11}"]
+    for head in fig4["heads"]:
+        for q in ("tau", "logits", "steady_logits"):
+            stats = head[q]
+            lines.append(f"{head['head']:>4} {q:<14}" + "".join(f"{_num(stats['by_scene'][s]['median']):>15}"
+                                                                  for s in SCENES)
+                         + f"{_num(stats['all']['p5']):>9}{_num(stats['all']['p95']):>9}"
+                         + f"{_num(stats['auroc_right_vs_left']):>11}")
+    lines.append("(medians per scene; AUROC R>L: how well the value separates right from left actions, "
+                 "1 = right always higher, as claimed)")
+    for s in fig4["statements"]:
+        heads = f" in heads {s['heads_holding']}" if s["heads_holding"] else ""
+        lines.append(f"  {s['statement']}: {s['verdict'].upper()}{heads} ({s['figure']})")
+    lines.append("claims (all parts in one head): "
+                 + "; ".join(f"{name} {c['verdict']}" for name, c in fig4["claims"].items()))
+    return lines
+
+
+def format_atlas(atlas: dict, rows: int) -> list[str]:
+    """The atlas as text lines: the first ``rows`` neurons, the heads, uniform weights."""
+    lines = [f"Neuron atlas: {atlas['frames']} frames replayed (the intact replay chooses the recorded action on "
+             f"{100 * atlas['replay_agrees_with_run']:.1f}% of them); MI bias ~{atlas['mi_bias_bits']:.3f} bits",
+             f"{'rank':>4}  {'neuron':<16}{'AUROC R>L':>10}{'MI bits':>9}{'agreement silenced':>20}"]
+    for i, row in enumerate(atlas["neurons"][:rows], 1):
+        lines.append(f"{i:>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}"
+                     f"{_num(row['agreement']):>20}")
+    for row in atlas["heads"]:
+        lines.append(f"{'':>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}"
+                     f"{_num(row['agreement']):>20}   (its push left vs right; silenced: output at its mean)")
+    lines.append(f"{'':>4}  {'uniform weights':<16}{'':>10}{'':>9}{_num(atlas['uniform_weights']['agreement']):>20}")
+    return lines
+
+
+def format_closed_loop(closed: dict) -> list[str]:
+    """The closed-loop check as text lines."""
+    lines = [f"Closed loop on {closed['tracks']} held-out tracks: intact mean return "
+             f"{closed['intact']['mean_return']:.1f}",
+             f"{'neuron':<16}{'chosen':>8}{'cost':>8}{'return':>9}{'change':>9}"]
+    for row in closed["neurons"]:
+        lines.append(f"{row['name']:<16}{row['chosen']:>8}{_num(row['silencing_cost']):>8}"
+                     f"{row['mean_return']:>9.1f}{row['return_change']:>+9.1f}")
+    return lines

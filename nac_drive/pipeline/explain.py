@@ -1,0 +1,145 @@
+"""Explaining a CarRacing policy: it drives held-out tracks with a trace, then the analyses
+of :mod:`nac_drive.interpret` measure what its neurons did.
+
+:func:`explain` writes ``RUN_DIR/explain.json``, one key per analysis section, each made by
+one function here that returns a JSON-able dict: ``fig4`` (:func:`fig4_section`, the paper's
+Fig. 4 claim), ``atlas`` (:func:`atlas_section`, the neuron atlas) and ``closed_loop``
+(:func:`closed_loop_section`, chosen neurons silenced while the policy drives). NaN is
+written as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from nac_drive.simulators.carracing import EVAL_SEED_BASE
+
+EXPLAIN_FILE = "explain.json"
+
+
+def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: int = EVAL_SEED_BASE,
+            max_steps: int | None = None, frames: int | None = None, closed_loop_tracks: int = 10,
+            closed_loop_top: int = 10, closed_loop_random: int = 10, seed: int = 0, progress: bool = True) -> dict:
+    """Drive ``policy_path`` (default: the shipped CarRacing policy) on ``episodes`` held-out
+    tracks from ``seed_base`` with a trace into a fresh run folder (``out``, or ``out-2``, ...),
+    measure it and write ``RUN_DIR/explain.json``; returns what it wrote.
+
+    ``frames``: replay at most this many recorded steps for the atlas's silencing (default
+    all). ``closed_loop_*``: the neurons whose silencing costs most (``top``) and ``random``
+    others (seeded by ``seed``) drive ``tracks`` held-out tracks clamped (0 tracks: skipped).
+    """
+    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.interpret.trace import load_trace
+    from nac_drive.pipeline.drive import drive_carracing
+
+    for name, value in (("closed_loop_tracks", closed_loop_tracks), ("closed_loop_top", closed_loop_top),
+                        ("closed_loop_random", closed_loop_random)):
+        if value < 0:
+            raise ValueError(f"{name}: must be >= 0, got {value}")
+    policy = load_driving_policy(policy_path)
+    config = policy.config
+    if (config.task, config.core.core, config.action) != ("carracing", "nac", "discrete"):
+        raise ValueError(f"policy: explain needs a CarRacing NAC policy with discrete actions, got a "
+                         f"{config.task} {config.core.core} policy with {config.action} actions")
+    drive = drive_carracing(policy_path, episodes, seed_base, max_steps, trace_dir=out, progress=progress)
+    run_dir = Path(drive["trace"])
+    run = load_trace(run_dir)
+    report = {
+        "run": str(run_dir), "policy": drive["policy"],
+        "drive": {k: drive[k] for k in ("seeds", "returns", "lengths", "mean_return", "laps_finished")},
+        "fig4": fig4_section(run),
+        "atlas": atlas_section(run, policy, frames, progress),
+    }
+    report["closed_loop"] = closed_loop_section(run, policy, report["atlas"], closed_loop_tracks, closed_loop_top,
+                                                closed_loop_random, seed, seed_base, max_steps, progress)
+    write_report(run_dir / EXPLAIN_FILE, report)
+    return jsonable(report)
+
+
+def fig4_section(run) -> dict:
+    """The paper's Fig. 4 claim tested on the run (:func:`~nac_drive.interpret.fig4.fig4_claim`)."""
+    from nac_drive.interpret.fig4 import fig4_claim
+
+    return jsonable(fig4_claim(run))
+
+
+def atlas_section(run, policy, frames: int | None = None, progress: bool = False) -> dict:
+    """The neuron atlas of ``policy`` on the run (:func:`~nac_drive.interpret.neuron_atlas.neuron_atlas`)."""
+    from nac_drive.interpret.neuron_atlas import neuron_atlas
+
+    return jsonable(neuron_atlas(run, policy, max_frames=frames, progress=progress))
+
+
+def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,
+                        seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None, progress: bool = False) -> dict:
+    """The policy drives ``tracks`` held-out tracks intact, then with each chosen neuron of
+    ``atlas`` (:func:`atlas_section`) clamped to its mean: the ``top`` whose silencing costs
+    most agreement and ``random`` others drawn with ``seed``. Returns the seeds, the intact
+    returns and, per neuron, its returns and the change of the mean return."""
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.interpret.neuron_atlas import traced_neurons
+    from nac_drive.simulators.carracing import eval_seeds, make_carracing, run_episodes
+
+    rows = atlas["neurons"]
+    chosen = [(row, "top") for row in rows[:top]]
+    rest = rows[top:]
+    picks = np.random.default_rng(seed).choice(len(rest), size=min(random, len(rest)), replace=False)
+    chosen += [(rest[i], "random") for i in sorted(picks)]
+    if not tracks or not chosen:
+        return {"tracks": 0, "seeds": [], "intact": None, "neurons": []}
+    neurons = {n.name: n for n in traced_neurons(run)}
+    seeds = eval_seeds(tracks, base=seed_base)
+    nac = policy.core.nac
+    env = make_carracing(gas=policy.config.gas)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(chosen) + 1, desc="closed loop", unit="run")
+
+    def drive(clamp) -> list[float]:
+        with nac.clamped(clamp):
+            results = run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env)
+        if bar:
+            bar.update(1)
+        return [float(r) for r in results.returns]
+
+    try:
+        intact = drive(None)
+        out = []
+        for row, why in chosen:
+            returns = drive(neurons[row["name"]].clamp(row["mean"]))
+            out.append({"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
+                        "returns": returns, "mean_return": float(np.mean(returns)),
+                        "return_change": float(np.mean(returns) - np.mean(intact))})
+    finally:
+        env.close()
+        if bar:
+            bar.close()
+    return jsonable({"tracks": tracks, "seeds": seeds, "seed": seed,
+                     "intact": {"returns": intact, "mean_return": float(np.mean(intact))}, "neurons": out})
+
+
+def jsonable(value):
+    """``value`` with numpy scalars and arrays as Python numbers and lists, NaN and inf as None."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (np.integer, np.bool_)):
+        return value.item()
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+def write_report(path: Path, report: dict) -> Path:
+    """Write ``report`` as JSON (NaN as null) to ``path`` atomically."""
+    from nac_drive.atomic import atomic_write
+
+    text = json.dumps(jsonable(report), indent=1, allow_nan=False) + "\n"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return path
