@@ -2,7 +2,8 @@
 
 The run's frames are replayed through the policy in order; for each step the policy's
 :meth:`~nac_drive.policy.DrivingPolicy.frame_model` (the image model of that frame with
-the window before it held fixed) goes to :func:`compute_run_saliency`.
+the window before it held fixed) goes to :func:`compute_run_saliency`. :class:`Replay` does
+that replay for any other per-frame analysis (:mod:`nac_drive.interpret.faithfulness`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam",
     (continuous: column 0 is the steering).
     """
     run = load_trace(run_dir)
-    replay = _Replay(policy, run)
+    replay = Replay(policy, run)
     target = "predicted" if policy.config.action == "discrete" else "steer"
     region = policy.task.visible_rows   # Udacity: the model sees rows 60:-25 of the frame
     return compute_run_saliency(run_dir, replay.frame_model_for_step, preprocess=replay.model_input,
@@ -32,8 +33,13 @@ def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam",
                                 progress=progress, input_region=region)
 
 
-class _Replay:
-    """Feeds the recorded frames to the policy so that step i sees the frames before it."""
+class Replay:
+    """Feeds the recorded frames to the policy so that step i sees the frames before it.
+
+    ``frame_model_for_step(i)`` (steps in increasing order are cheapest: going back or
+    into a new episode restarts that episode) -> the image model of frame i;
+    ``model_input(frame)`` -> the model input ``[C, H, W]`` of a recorded RGB frame.
+    """
 
     def __init__(self, policy, run):
         self.policy, self.run = policy, run
@@ -60,3 +66,6 @@ class _Replay:
     def model_input(self, frame: np.ndarray) -> torch.Tensor:
         image, _ = self.policy.observation_to_frame(frame)
         return image.float() / 255.0 if image.dtype == torch.uint8 else image
+
+
+_Replay = Replay   # its name before it was public
