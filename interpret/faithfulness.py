@@ -33,7 +33,8 @@ top, :data:`CASCADE` = head, then head + core, then head + core + encoder (the w
 model). Each randomised tensor keeps its own values in a random order (a permutation),
 so activations stay in their trained range while what was learned is gone. The
 Spearman rank correlation (:func:`spearman`) between a method's maps for the trained
-and the randomised policy (same frames, same target action) should fall well below 1;
+and the randomised policy (same frames, same target action; each randomised policy
+replays the run itself, so its window holds its own features) should fall well below 1;
 a method whose maps stay the same does not explain the model.
 
 :func:`saliency_faithfulness` does both on a recorded run (up to ``max_frames`` frames,
@@ -283,12 +284,13 @@ def randomized_policy(policy: nn.Module, stage: str, seed: int = 0) -> nn.Module
 
 
 # ----------------------------------------------------------------- a whole run
-def bootstrap_ci(values: np.ndarray, seed: int = 0, resamples: int = 1000, level: float = 0.95) -> list[float]:
-    """``[low, high]``: the percentile bootstrap interval of the mean of the finite ``values``."""
+def bootstrap_ci(values: np.ndarray, seed: int = 0, resamples: int = 1000, level: float = 0.95) -> list:
+    """``[low, high]``: the percentile bootstrap interval of the mean of the finite ``values``
+    (``[None, None]`` if there are none)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
-        return [float("nan"), float("nan")]
+        return [None, None]
     means = v[np.random.default_rng(seed).integers(0, v.size, (resamples, v.size))].mean(axis=1)
     tail = (1 - level) / 2 * 100
     return [float(x) for x in np.percentile(means, [tail, 100 - tail])]
@@ -297,8 +299,14 @@ def bootstrap_ci(values: np.ndarray, seed: int = 0, resamples: int = 1000, level
 def _summary(values: np.ndarray, seed: int) -> dict:
     v = np.asarray(values, dtype=np.float64)
     finite = v[np.isfinite(v)]
-    return {"mean": float(finite.mean()) if finite.size else float("nan"), "ci95": bootstrap_ci(v, seed),
+    return {"mean": float(finite.mean()) if finite.size else None, "ci95": bootstrap_ci(v, seed),
             "frames": int(finite.size)}
+
+
+def _spread(n: int, count: int) -> np.ndarray:
+    """Up to ``count`` indices of ``range(n)`` spread evenly (first and last included)."""
+    return np.unique(np.round(np.linspace(0, n - 1, min(count, n))).astype(int)) if count and n else \
+        np.zeros(0, dtype=int)
 
 
 def _resolve_methods(methods) -> dict[str, Callable[..., np.ndarray]]:
@@ -316,7 +324,7 @@ def _resolve_methods(methods) -> dict[str, Callable[..., np.ndarray]]:
 def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
                           methods: Sequence[str] | Mapping[str, Callable[..., np.ndarray]] = DEFAULT_METHODS,
                           max_frames: int = 500, steps: int = 16, seed: int = 0, progress: bool = True,
-                          cascade: Sequence[str] = CASCADE) -> dict:
+                          cascade: Sequence[str] = CASCADE, sanity_frames: int = 100) -> dict:
     """RISE deletion / insertion AUCs and the randomisation sanity check of each method on
     up to ``max_frames`` frames (spread evenly) of a recorded run.
 
@@ -324,12 +332,15 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
     folder / file. methods: names of :data:`ATTRIBUTIONS` or a mapping name -> method
     (the module docstring's signature). Target: the action the policy chose (discrete;
     score "probability"), or the direction it steered (continuous, column 0; score
-    "output"). cascade: the randomisation stages to check (:data:`CASCADE`; empty: none).
+    "output"). cascade: the randomisation stages to check (:data:`CASCADE`; empty: none),
+    on ``sanity_frames`` of the frames (spread evenly; they cost a map per method and stage).
 
     Returns a JSON-able dict: ``frames``, ``frame_indices``, ``steps``, ``score``,
-    ``seconds``, ``trace_sha256``, and per method ``deletion_auc`` / ``insertion_auc``
-    ``{mean, ci95: [low, high], frames}`` and ``sanity_spearman`` ``{stage: {mean, ci95,
-    frames}}`` (frames: those whose correlation is defined, i.e. neither map is constant).
+    ``sanity_frames``, ``seconds``, ``trace_sha256``, and per method ``deletion_auc`` /
+    ``insertion_auc`` ``{mean, ci95: [low, high], frames}`` (None where no frame has a value)
+    and ``sanity_spearman`` ``{stage: {mean, ci95, frames}}`` (frames: those whose correlation
+    is defined, i.e. neither map is constant; "random" ignores the model, so its correlation
+    is 1 by construction).
     """
     from tqdm import tqdm
 
@@ -337,13 +348,16 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
     chosen = _resolve_methods(methods)
     if not isinstance(max_frames, int) or max_frames < 1:
         raise ValueError(f"max_frames: must be an integer >= 1, got {max_frames!r}")
+    if not isinstance(sanity_frames, int) or sanity_frames < 0:
+        raise ValueError(f"sanity_frames: must be an integer >= 0, got {sanity_frames!r}")
     if any(stage not in CASCADE for stage in cascade):
         raise ValueError(f"cascade: stages must be among {CASCADE}, got {list(cascade)}")
     if run.num_steps == 0:
         raise ValueError(f"run: {run.path} has no steps")
     discrete = policy.config.action == "discrete"
     score = "probability" if discrete else "output"
-    frames = np.unique(np.round(np.linspace(0, run.num_steps - 1, min(max_frames, run.num_steps))).astype(int))
+    frames = _spread(run.num_steps, max_frames)
+    checked = set(frames[_spread(len(frames), sanity_frames)].tolist()) if cascade and sanity_frames else set()
     started = time.perf_counter()
     policy.eval()
     replay = Replay(policy, run)
@@ -358,7 +372,8 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
             out = model(x)
         # the trained policy's own choice, named explicitly so the randomised ones explain the same action
         target = int(out.argmax()) if discrete else ("steer+" if float(out[0, 0]) >= 0 else "steer-")
-        random_models = {stage: r.frame_model_for_step(int(i)) for stage, r in randomized.items()}
+        random_models = {stage: r.frame_model_for_step(int(i)) for stage, r in randomized.items()} \
+            if int(i) in checked else {}
         for name, method in chosen.items():
             maps = method(model, x, target, seed=seed + int(i))
             rise = deletion_insertion(model, x, maps, target, steps, score, seed=seed + int(i))
@@ -367,8 +382,9 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
                 sanity[name][stage][j] = spearman(maps, method(random_model, x, target, seed=seed + int(i)))
     return {"frames": len(frames), "frame_indices": frames.tolist(), "steps": steps, "score": score,
             "target": "chosen action" if discrete else "chosen steering direction (output 0)",
-            "deletion_baseline": "black", "insertion_baseline": f"gaussian blur (kernel {BLUR_KERNEL}, sigma {BLUR_SIGMA:g})",
-            "cascade": list(cascade), "seed": seed, "trace_sha256": run.sha256,
+            "deletion_baseline": "black",
+            "insertion_baseline": f"gaussian blur (kernel {BLUR_KERNEL}, sigma {BLUR_SIGMA:g})",
+            "cascade": list(cascade), "sanity_frames": len(checked), "seed": seed, "trace_sha256": run.sha256,
             "seconds": round(time.perf_counter() - started, 3),
             "methods": {name: {"deletion_auc": _summary(deletion[name], seed),
                                "insertion_auc": _summary(insertion[name], seed),

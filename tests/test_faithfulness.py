@@ -156,11 +156,14 @@ def test_the_sanity_check_tells_a_model_explanation_from_an_edge_detector(tmp_pa
     methods = {"gradcam": ATTRIBUTIONS["gradcam"], "integrated_gradients": ATTRIBUTIONS["integrated_gradients"],
                "random": ATTRIBUTIONS["random"], "edges": _edges}
     result = saliency_faithfulness(_small_policy(), tmp_path, methods=methods, max_frames=5, steps=8,
-                                   progress=False)
+                                   progress=False, sanity_frames=4)
     assert result["frames"] == 5 and result["frame_indices"] == [0, 6, 12, 17, 23]   # spread evenly
+    assert result["sanity_frames"] == 4
     assert set(result["methods"]) == set(methods) and result["score"] == "probability"
     sanity = {name: {stage: s["mean"] for stage, s in m["sanity_spearman"].items()}
               for name, m in result["methods"].items()}
+    assert all(result["methods"][m]["sanity_spearman"][stage]["frames"] == 4 for m in ("edges", "random")
+               for stage in CASCADE)
     assert sanity["edges"]["encoder"] > 0.99 and sanity["random"]["encoder"] > 0.99    # they ignore the model
     assert sanity["gradcam"]["encoder"] < 0.6
     assert sanity["integrated_gradients"]["encoder"] < 0.8
@@ -180,3 +183,16 @@ def test_bad_methods_are_refused(tmp_path):
         saliency_faithfulness(_small_policy(), tmp_path, methods=["gradcam", "lime"], progress=False)
     with pytest.raises(ValueError, match="max_frames"):
         saliency_faithfulness(_small_policy(), tmp_path, max_frames=0, progress=False)
+
+
+def test_a_steering_policy_is_scored_by_its_signed_steering(tmp_path):
+    """Udacity (regression): the score is the steering output towards the direction steered."""
+    from support.synthetic_runs import make_synthetic_run
+    from support.udacity_test_policies import untrained_udacity_policy
+
+    make_synthetic_run(tmp_path, steps=4, frame_size=(160, 320), with_saliency=False)
+    result = saliency_faithfulness(untrained_udacity_policy(), tmp_path, methods=["gradcam", "occlusion", "random"],
+                                   max_frames=2, steps=4, cascade=("head",), progress=False)
+    assert result["score"] == "output" and result["frames"] == 2
+    for m in result["methods"].values():
+        assert m["deletion_auc"]["frames"] == 2 and np.isfinite(m["insertion_auc"]["mean"])

@@ -128,3 +128,17 @@ def test_the_window_file_round_trips_and_refuses_another_trace(tmp_path):
         load_window_attribution(path, trace=load_trace(other_dir))
     with pytest.raises(ValueError, match="method"):
         window_attribution(_lag_policy(), run, method="attention", progress=False)
+
+
+def test_a_steering_policys_window_shares(tmp_path):
+    """Udacity (regression, PilotNet frames cropped from the camera's): shares over its window."""
+    from support.synthetic_runs import make_synthetic_run
+    from support.udacity_test_policies import untrained_udacity_policy
+
+    make_synthetic_run(tmp_path, steps=5, frame_size=(160, 320), with_saliency=False)
+    policy = untrained_udacity_policy()
+    shares, gap = window_attribution(policy, tmp_path, method="ablation", progress=False)
+    W = policy.config.core.window
+    assert shares.shape == (5, W) and gap < 1e-4
+    np.testing.assert_allclose(np.nansum(shares, axis=1), 1.0, atol=1e-5)
+    assert np.isnan(shares[2, 3:]).all() and np.isfinite(shares[2, :3]).all()
