@@ -128,7 +128,7 @@ class PolicyReplay:
     """A discrete NAC policy replayed on the frames of a recorded run, as a batch.
 
     Step i sees the frames of its episode up to i, exactly as the streaming policy
-    (``NAC.step``, :class:`~nac_drive.interpret.policy_saliency._Replay`) does: the
+    (``NAC.step``, :class:`~nac_drive.interpret.policy_saliency.Replay`) does: the
     causal, windowed ``NAC.forward`` over a whole episode gives at every position what
     ``step`` gives there (tests hold them equal). The encoder runs once per frame; each
     call of :meth:`outputs` runs only the temporal core and the head, all episodes in one

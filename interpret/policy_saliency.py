@@ -2,7 +2,8 @@
 
 The run's frames are replayed through the policy in order; for each step the policy's
 :meth:`~nac_drive.policy.DrivingPolicy.frame_model` (the image model of that frame with
-the window before it held fixed) goes to :func:`compute_run_saliency`.
+the window before it held fixed) goes to :func:`compute_run_saliency`. :class:`Replay` does
+that replay for any other per-frame analysis (:mod:`nac_drive.interpret.faithfulness`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam",
     """Write ``RUN_DIR/saliency.npz`` for ``policy`` on the run recorded in ``run_dir``
     (target: :func:`saliency_target`)."""
     run = load_trace(run_dir)
-    replay = _Replay(policy, run)
+    replay = Replay(policy, run)
     region = policy.task.visible_rows   # Udacity: the model sees rows 60:-25 of the frame
     return compute_run_saliency(run_dir, replay.frame_model_for_step, preprocess=partial(model_input, policy),
                                 target=saliency_target(policy), method=method, target_layer=policy.encoder.last_conv,
@@ -51,8 +52,13 @@ def live_saliency(policy, frame: np.ndarray, method: str = "gradcam", alpha: flo
     return overlay_region(frame, saliency, alpha, policy.task.visible_rows)
 
 
-class _Replay:
-    """Feeds the recorded frames to the policy so that step i sees the frames before it."""
+class Replay:
+    """Feeds the recorded frames to the policy so that step i sees the frames before it.
+
+    ``frame_model_for_step(i)`` (steps in increasing order are cheapest: going back or
+    into a new episode restarts that episode) -> the image model of frame i;
+    ``model_input(frame)`` -> the model input ``[C, H, W]`` of a recorded RGB frame.
+    """
 
     def __init__(self, policy, run):
         self.policy, self.run = policy, run
@@ -75,3 +81,7 @@ class _Replay:
         first = int(np.flatnonzero(self.run.episode == episode)[0])
         self.policy.reset()
         self.next_step = first
+
+    def model_input(self, frame: np.ndarray) -> torch.Tensor:
+        """The model input ``[C, H, W]`` of a recorded RGB frame (:func:`model_input`)."""
+        return model_input(self.policy, frame)
