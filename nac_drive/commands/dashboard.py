@@ -11,9 +11,11 @@ from nac_drive.arguments import POSITIVE
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "dashboard", help="write a self-contained HTML dashboard of a recorded run",
-        description="Read RUN_DIR/trace.npz (and RUN_DIR/saliency.npz if present) and write one HTML file "
-                    "that works offline: frame scrubber, saliency overlay, the run's video, actions, neuron heatmaps, "
-                    "attention over past frames, NCP wiring.")
+        description="Read RUN_DIR/trace.npz (and RUN_DIR/saliency.npz, window_attribution.npz and explain.json "
+                    "if present) and write one HTML file that works offline: an episode selector with each "
+                    "episode's return, lap and policy/expert agreement, frame scrubber, saliency overlay, the run's "
+                    "video, actions, running return, cross-track error, neuron heatmaps, which past frame each "
+                    "decision used, NCP wiring.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="directory holding trace.npz (written by drive --trace)")
     p.add_argument("-o", "--output", default=None, metavar="HTML",
                    help="output file (default: RUN_DIR/dashboard.html)")

@@ -1,6 +1,7 @@
 """``nac-drive explain``: drive a CarRacing NAC policy with a trace and measure its neurons.
 
     nac-drive explain [--policy RUN/best] [--episodes 3] [--out runs/explain] [--frames N]
+                      [--saliency-frames 500] [--window-method integrated_gradients]
                       [--closed-loop-tracks 10] [--json]
 
 The policy (default: the shipped CNN+NAC policy) drives held-out tracks from 900000 with a
@@ -12,9 +13,23 @@ trace into a fresh run folder; then
   and each head, the AUROC with which it separates right from left actions, its mutual
   information with the chosen action, and the agreement with the intact policy when it is
   clamped to its mean (the run's frames replayed); also the attention weights made uniform;
+* saliency: how faithful saliency maps are to what the policy uses, on --saliency-frames
+  frames: RISE deletion and insertion AUC (the chosen action's probability as the most
+  salient pixels are removed from the frame, or added to a blurred copy; lower deletion and
+  higher insertion = more faithful) for Grad-CAM, Integrated Gradients, Occlusion and random
+  maps, with 95% bootstrap intervals, and the model-randomisation sanity check (Spearman
+  correlation of each method's maps with those of the policy with its head, head + core,
+  whole model randomised: a faithful method's maps change);
+* window: which of the window's frames each decision used (Integrated Gradients over the
+  window, or one frame removed at a time), written to RUN_DIR/window_attribution.npz for
+  the dashboard;
 * closed_loop: the neurons whose silencing costs most and some random ones, clamped while
   the policy drives (1 + top + random runs of --closed-loop-tracks tracks each: at the
-  defaults 210 episodes, about half an hour on 2 cores; the rest takes a minute or two).
+  defaults 210 episodes, about half an hour on 2 cores; saliency ~3 minutes, window ~3
+  minutes a 1000-step episode with Integrated Gradients (20 s with ablation), the rest a
+  minute or two).
+
+``nac-drive dashboard RUN_DIR`` then shows the drive with these results as panels.
 
 Everything goes to RUN_DIR/explain.json (NaN as null).
 """
@@ -48,7 +63,12 @@ def add_parser(subparsers) -> None:
                    help="neurons whose silencing costs most agreement, driven clamped")
     p.add_argument("--closed-loop-random", type=NON_NEGATIVE, default=10,
                    help="other neurons drawn at random (seeded by --seed), driven clamped")
-    p.add_argument("--seed", type=SEED, default=0, help="seed of the random neurons")
+    p.add_argument("--saliency-frames", type=NON_NEGATIVE, default=500,
+                   help="frames (spread over the run) on which saliency faithfulness is measured (0: skip it)")
+    p.add_argument("--window-method", choices=["integrated_gradients", "ablation", "none"],
+                   default="integrated_gradients",
+                   help="how each window frame's share of a decision is computed ('none': skip it)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the random neurons and of the random maps")
     p.add_argument("--rows", type=COUNT, default=15, help="atlas rows printed (explain.json has all)")
     p.add_argument("--json", action="store_true", help="end the output with one line of JSON (explain.json's content)")
     p.set_defaults(func=run)
@@ -59,12 +79,19 @@ def run(args: argparse.Namespace) -> int:
 
     report = explain(args.policy, args.episodes, args.out, args.seed_base, args.max_steps, args.frames,
                      args.closed_loop_tracks, args.closed_loop_top, args.closed_loop_random, args.seed,
-                     progress=not args.json)
+                     progress=not args.json, saliency_frames=args.saliency_frames,
+                     window_method=None if args.window_method == "none" else args.window_method)
     print(f"drove {len(report['drive']['seeds'])} tracks: mean return {report['drive']['mean_return']:.1f}")
     print()
     print("\n".join(format_fig4(report["fig4"])))
     print()
     print("\n".join(format_atlas(report["atlas"], args.rows)))
+    if report["saliency"]:
+        print()
+        print("\n".join(format_saliency(report["saliency"])))
+    if report["window"]:
+        print()
+        print("\n".join(format_window(report["window"])))
     if report["closed_loop"]["neurons"]:
         print()
         print("\n".join(format_closed_loop(report["closed_loop"])))
@@ -116,6 +143,34 @@ def format_atlas(atlas: dict, rows: int) -> list[str]:
                      f"{_num(row['agreement']):>20}   (its push left vs right; silenced: output at its mean)")
     lines.append(f"{'':>4}  {'uniform weights':<16}{'':>10}{'':>9}{_num(atlas['uniform_weights']['agreement']):>20}")
     return lines
+
+
+def format_saliency(saliency: dict) -> list[str]:
+    """The saliency-faithfulness section as text lines."""
+    def interval(summary) -> str:
+        ci = summary["ci95"]
+        return f"{_num(summary['mean'])} [{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}]"
+
+    stages = saliency["cascade"]
+    lines = [f"Saliency faithfulness on {saliency['frames']} frames ({saliency['steps']} steps; target: "
+             f"{saliency['target']}; sanity check on {saliency['sanity_frames']} frames)",
+             f"{'method':<22}{'deletion AUC (lower)':>24}{'insertion AUC (higher)':>26}"
+             + "".join(f"{'rho ' + st:>12}" for st in stages)]
+    for name, m in saliency["methods"].items():
+        lines.append(f"{name:<22}{interval(m['deletion_auc']):>24}{interval(m['insertion_auc']):>26}"
+                     + "".join(f"{_num(m['sanity_spearman'][st]['mean'], '.2f'):>12}" for st in stages))
+    lines.append("(rho: Spearman correlation with the maps of the policy whose head / head + core / whole model "
+                 "was randomised; near 1 = the maps do not depend on what was learnt)")
+    return lines
+
+
+def format_window(window: dict) -> list[str]:
+    """The window-attribution section as text lines."""
+    shares = window["mean_share_by_frames_ago"]
+    return [f"Which frame each decision used ({window['method']}, {window['full_window_steps']} steps with a full "
+            f"window of {window['window']}): mean share by frames ago",
+            "  " + " ".join(f"{a}:{_num(x, '.3f')}" for a, x in enumerate(shares)),
+            f"  the current frame has the largest share on {_num(window['current_frame_largest'], '.1%')} of them"]
 
 
 def format_closed_loop(closed: dict) -> list[str]:

@@ -3,7 +3,10 @@ of :mod:`nac_drive.interpret` measure what its neurons did.
 
 :func:`explain` writes ``RUN_DIR/explain.json``, one key per analysis section, each made by
 one function here that returns a JSON-able dict: ``fig4`` (:func:`fig4_section`, the paper's
-Fig. 4 claim), ``atlas`` (:func:`atlas_section`, the neuron atlas) and ``closed_loop``
+Fig. 4 claim), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
+(:func:`saliency_section`, how faithful the saliency maps are), ``window``
+(:func:`window_section`, which past frame each decision used; also
+``RUN_DIR/window_attribution.npz``, which the dashboard shows) and ``closed_loop``
 (:func:`closed_loop_section`, chosen neurons silenced while the policy drives). NaN is
 written as null.
 """
@@ -23,7 +26,8 @@ EXPLAIN_FILE = "explain.json"
 
 def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: int = EVAL_SEED_BASE,
             max_steps: int | None = None, frames: int | None = None, closed_loop_tracks: int = 10,
-            closed_loop_top: int = 10, closed_loop_random: int = 10, seed: int = 0, progress: bool = True) -> dict:
+            closed_loop_top: int = 10, closed_loop_random: int = 10, seed: int = 0, progress: bool = True,
+            saliency_frames: int = 500, window_method: str | None = "integrated_gradients") -> dict:
     """Drive ``policy_path`` (default: the shipped CarRacing policy) on ``episodes`` held-out
     tracks from ``seed_base`` with a trace into a fresh run folder (``out``, or ``out-2``, ...),
     measure it and write ``RUN_DIR/explain.json``; returns what it wrote.
@@ -31,15 +35,21 @@ def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: 
     ``frames``: replay at most this many recorded steps for the atlas's silencing (default
     all). ``closed_loop_*``: the neurons whose silencing costs most (``top``) and ``random``
     others (seeded by ``seed``) drive ``tracks`` held-out tracks clamped (0 tracks: skipped).
+    ``saliency_frames``: frames scored for saliency faithfulness (0: skipped);
+    ``window_method``: how the window attribution is computed (None: skipped).
     """
     from nac_drive.agents.driver import load_driving_policy
     from nac_drive.interpret.trace import load_trace
     from nac_drive.pipeline.drive import drive_carracing
 
+    from nac_drive.interpret.temporal_attribution import WINDOW_METHODS
+
     for name, value in (("closed_loop_tracks", closed_loop_tracks), ("closed_loop_top", closed_loop_top),
-                        ("closed_loop_random", closed_loop_random)):
+                        ("closed_loop_random", closed_loop_random), ("saliency_frames", saliency_frames)):
         if value < 0:
             raise ValueError(f"{name}: must be >= 0, got {value}")
+    if window_method is not None and window_method not in WINDOW_METHODS:
+        raise ValueError(f"window_method: must be one of {WINDOW_METHODS} or None, got {window_method!r}")
     policy = load_driving_policy(policy_path)
     config = policy.config
     if (config.task, config.core.core, config.action) != ("carracing", "nac", "discrete"):
@@ -53,6 +63,8 @@ def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: 
         "drive": {k: drive[k] for k in ("seeds", "returns", "lengths", "mean_return", "laps_finished")},
         "fig4": fig4_section(run),
         "atlas": atlas_section(run, policy, frames, progress),
+        "saliency": saliency_section(run, policy, saliency_frames, seed, progress) if saliency_frames else None,
+        "window": window_section(run_dir, policy, window_method, progress) if window_method else None,
     }
     report["closed_loop"] = closed_loop_section(run, policy, report["atlas"], closed_loop_tracks, closed_loop_top,
                                                 closed_loop_random, seed, seed_base, max_steps, progress)
@@ -72,6 +84,33 @@ def atlas_section(run, policy, frames: int | None = None, progress: bool = False
     from nac_drive.interpret.neuron_atlas import neuron_atlas
 
     return jsonable(neuron_atlas(run, policy, max_frames=frames, progress=progress))
+
+
+def saliency_section(run, policy, frames: int = 500, seed: int = 0, progress: bool = False) -> dict:
+    """How faithful the saliency maps are on up to ``frames`` of the run: RISE deletion and
+    insertion AUCs and the model-randomisation check of Grad-CAM, Integrated Gradients,
+    Occlusion and random maps (:func:`~nac_drive.interpret.faithfulness.saliency_faithfulness`)."""
+    from nac_drive.interpret.faithfulness import saliency_faithfulness
+
+    result = saliency_faithfulness(policy, run, max_frames=frames, seed=seed, progress=progress)
+    result.pop("frame_indices")   # spread evenly: the count says which
+    return jsonable(result)
+
+
+def window_section(run_dir: Path, policy, method: str = "integrated_gradients", progress: bool = False) -> dict:
+    """Which frame of the window each decision used: writes ``RUN_DIR/window_attribution.npz``
+    (:func:`~nac_drive.interpret.temporal_attribution.compute_window_attribution`) and returns
+    the mean share of each frame (0 = the current one) over the steps whose window is full,
+    and how often the current frame has the largest share."""
+    from nac_drive.interpret.temporal_attribution import compute_window_attribution, load_window_attribution
+    from nac_drive.interpret.trace import load_trace
+
+    path = compute_window_attribution(policy, run_dir, method, progress=progress)
+    shares = load_window_attribution(path, trace=load_trace(run_dir)).shares
+    full = shares[np.isfinite(shares).all(axis=1) & (shares.sum(axis=1) > 0)]
+    return jsonable({"method": method, "file": path.name, "window": shares.shape[1], "full_window_steps": len(full),
+                     "mean_share_by_frames_ago": full.mean(axis=0) if len(full) else [],
+                     "current_frame_largest": float((full.argmax(axis=1) == 0).mean()) if len(full) else None})
 
 
 def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,
