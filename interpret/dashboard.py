@@ -56,20 +56,21 @@ import html
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from nac_drive.atomic import atomic_write
-from nac_drive.interpret.archive import METADATA_MEMBER, ArchiveError, ArchiveReader, decode_jpeg, encode_jpeg
+from nac_drive.interpret.archive import ArchiveError, decode_jpeg, encode_jpeg
+from nac_drive.interpret.explain_report import explain_figures, load_explain
 from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
+from nac_drive.interpret.temporal_attribution import WINDOW_FILE as WINDOW_ATTRIBUTION_FILE
+from nac_drive.interpret.temporal_attribution import load_window_attribution
 from nac_drive.interpret.trace import BACKBONE_GROUPS, RunTrace, load_trace
 from nac_drive.video import read_webm_info
 
 DEFAULT_IMAGE_BUDGET = 20_000_000  # bytes of base64 images; the whole page should stay <= 25 MB
 VIDEO_FILE = "video.webm"
-WINDOW_ATTRIBUTION_FILE = "window_attribution.npz"
 MAX_VIDEO_BYTES = 50_000_000       # a larger video is refused (it is embedded as it is)
 PLAYABLE_CODECS = ("V_VP9", "V_VP8", "V_AV1")   # what browsers play in WebM
 GROUP_COLOURS = {"sensory": "#1f77b4", "inter": "#2ca02c", "command": "#ff7f0e", "motor": "#d62728",
@@ -98,7 +99,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     attribution, attribution_note = None, None
     if (folder / WINDOW_ATTRIBUTION_FILE).exists():
         try:
-            attribution = _load_window_attribution(folder / WINDOW_ATTRIBUTION_FILE, run)
+            attribution = load_window_attribution(folder / WINDOW_ATTRIBUTION_FILE, run)
         except ArchiveError as e:   # e.g. left in the folder by an earlier run: shown as a note
             attribution_note = f"{WINDOW_ATTRIBUTION_FILE} is not shown: {e}"
     out_html = Path(out_html) if out_html is not None else folder / "dashboard.html"
@@ -119,6 +120,13 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     if attribution is not None:
         figures.update(attribution=_attribution_figure(attribution, spans),
                        attribution_now=_attribution_now_figure(attribution))
+    report, explain_note = load_explain(folder, run.sha256)
+    notes = [(key, text) for key, text in (("attribution-note", attribution_note), ("explain-note", explain_note))
+             if text]
+    if report is not None:
+        explained, malformed = explain_figures(report, _plotly_text)
+        figures.update(explained)
+        notes += [("explain-note", text) for text in malformed]
     if has_nac:
         figures.update(attention_now=_attention_now_figure(run), wiring=_wiring_figure(run),
                        sensory=_sensory_figure(run, spans), backbone=_backbone_figure(run, spans),
@@ -147,7 +155,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         data["attention"]["heads"], data["attention"]["k"] = H, K
     page = _PAGE.format(title=html.escape(title or f"nac-drive run: {folder.name}"),
                         summary=_summary_html(run, episodes, saliency, attribution, video_data),
-                        panels=_panels_html(figures, _episode_table_html(run, episodes), attribution_note, has_nac),
+                        panels=_panels_html(figures, _episode_table_html(run, episodes), notes, has_nac),
                         plotly_js=get_plotlyjs(), data=_script_json(data), script=_SCRIPT, style=_STYLE)
     atomic_write(out_html, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return out_html
@@ -174,25 +182,6 @@ class Dashboard:
 
 
 # ------------------------------------------------------------------ the run's files
-def _load_window_attribution(path: Path, trace: RunTrace) -> SimpleNamespace:
-    """``window_attribution.npz`` -> ``.shares`` float32 ``[N, W]`` (column a: the frame a
-    steps ago; NaN where the window does not reach back) and ``.metadata``; refuses a file
-    computed from another trace (its ``trace_sha256``) or of another length."""
-    # Stand-in: switch to the shared loader nac_drive.interpret.temporal_attribution.load_window_attribution.
-    with ArchiveReader(path) as r:
-        meta, n = r.metadata, r.header("nac-drive-window-attribution", 1)
-        recorded = meta.get("trace_sha256")
-        r.require(recorded == trace.sha256, METADATA_MEMBER,
-                  f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
-                  f"{trace.sha256[:12]}...)")
-        r.require(n == trace.num_steps, METADATA_MEMBER, f"num_steps is {n} but the trace has {trace.num_steps} steps")
-        shares = r.array("shares", "f", 2)
-        r.require(shares.shape[0] == n and shares.shape[1] > 0, "shares",
-                  f"expected [{n}, W] with W >= 1, got {list(shares.shape)}")
-        r.require(not np.isinf(shares).any(), "shares", "holds infinite values")
-    return SimpleNamespace(shares=shares.astype(np.float32), metadata=meta)
-
-
 def _expert_labelled(run: RunTrace) -> bool:
     return run.expert_action.shape[1] > 0 and bool(np.isfinite(run.expert_action).any())
 
@@ -466,10 +455,11 @@ def _episode_table_html(run: RunTrace, episodes: list[dict[str, Any]]) -> str:
             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
-def _panels_html(figures: dict[str, Any], episode_table: str, attribution_note: str | None, has_nac: bool) -> str:
+def _panels_html(figures: dict[str, Any], episode_table: str, notes: list[tuple[str, str]], has_nac: bool) -> str:
     """The panels below the frame and actions, in reading order; none for a figure not
     built. The window attribution stands where the attention over past frames stood,
-    which then moves down beside the attention over time."""
+    which then moves down beside the attention over time; the measurements of ``nac-drive
+    explain`` (explain.json) follow the episodes. ``notes``: (element id, why a file is not shown)."""
     def fig(name: str) -> str:
         cursor = f'<div class="cursor" id="cursor-{name}"></div>' if name in TIME_FIGURES else ""
         return f'<div class="fig-wrap"><div id="fig-{name}"></div>{cursor}</div>'
@@ -484,10 +474,11 @@ def _panels_html(figures: dict[str, Any], episode_table: str, attribution_note: 
     attribution = "attribution" in figures
     returns = fig("returns") if "returns" in figures else ""
     out = [f'<section class="panel wide" id="episodes"><h2>Episodes</h2><div class="episodes">'
-           f'<div class="table-box">{episode_table}</div>{returns}</div></section>', section("attribution")]
-    if attribution_note:
-        out.append(f'<section class="panel wide"><div class="note" id="attribution-note">'
-                   f'{html.escape(attribution_note)}</div></section>')
+           f'<div class="table-box">{episode_table}</div>{returns}</div></section>']
+    out += [section(name) for name in ("explain_fig4", "explain_atlas", "explain_faithfulness", "explain_closed_loop")]
+    out.append(section("attribution"))
+    for key, note in notes:
+        out.append(f'<section class="panel wide"><div class="note" id="{key}">{html.escape(note)}</div></section>')
     out.append(section("attribution_now" if attribution else "attention_now", "wiring"))
     out += [section("sensory"), section("backbone"), section("dynamics")]
     if attribution:

@@ -47,7 +47,8 @@ def test_explain_refuses_a_policy_it_cannot_explain_before_driving(tmp_path):
 @pytest.mark.slow
 def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     out = cli("explain", "--episodes", "1", "--max-steps", "150", "--closed-loop-tracks", "1", "--closed-loop-top", "2",
-              "--closed-loop-random", "1", "--frames", "120", "--out", str(tmp_path / "explain"), "--json")
+              "--closed-loop-random", "1", "--frames", "120", "--saliency-frames", "6", "--window-method", "ablation",
+              "--out", str(tmp_path / "explain"), "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["run"] == str(tmp_path / "explain")
@@ -69,4 +70,53 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     assert closed["seeds"] == [900000] and [n["chosen"] for n in closed["neurons"]] == ["top", "top", "random"]
     assert [n["name"] for n in closed["neurons"][:2]] == [row["name"] for row in atlas["neurons"][:2]]
     assert len(closed["intact"]["returns"]) == 1 and all(len(n["returns"]) == 1 for n in closed["neurons"])
-    assert load_trace(tmp_path / "explain").num_steps == 150
+    run = load_trace(tmp_path / "explain")
+    assert run.num_steps == 150 and report["trace_sha256"] == run.sha256
+
+    saliency = report["saliency"]
+    assert saliency["frames"] == 6 and set(saliency["methods"]) == {"gradcam", "integrated_gradients", "occlusion",
+                                                                   "random"}
+    for method in saliency["methods"].values():
+        assert 0 <= method["deletion_auc"]["mean"] <= 1 and 0 <= method["insertion_auc"]["mean"] <= 1
+    assert saliency["methods"]["random"]["sanity_spearman"]["encoder"]["mean"] == 1.0   # it ignores the model
+    window = report["window"]
+    shares = np.load(tmp_path / "explain" / window["file"])["shares"]
+    full = shares[np.isfinite(shares).all(axis=1) & (shares.sum(axis=1) > 0)]
+    assert window["full_window_steps"] == len(full) == 150 - 15
+    np.testing.assert_allclose(window["mean_share_by_frames_ago"], full.mean(axis=0), rtol=1e-5)
+
+    # the dashboard of the run shows every section, with the report's figures
+    from nac_drive.interpret.dashboard import build_dashboard
+    from support.dashboard_pages import run_data
+
+    data = run_data(build_dashboard(tmp_path / "explain").read_text())
+    figures = data["figures"]
+    assert {"explain_fig4", "explain_atlas", "explain_faithfulness", "explain_closed_loop", "attribution"} <= set(figures)
+    q_points = next(t for t in figures["explain_atlas"]["data"] if t["name"] == "q")
+    q_rows = [row for row in atlas["neurons"] if row["group"] == "q"]
+    assert q_points["text"] == [row["name"] for row in q_rows]
+    assert q_points["y"] == pytest.approx([row["silencing_cost"] for row in q_rows])
+    changes = figures["explain_closed_loop"]["data"][0]["y"]
+    assert changes == pytest.approx([n["return_change"] for n in closed["neurons"]])
+
+
+def test_the_dashboard_shows_an_explain_report_of_its_own_trace_only_and_escapes_it(tmp_path):
+    from nac_drive.interpret.dashboard import build_dashboard
+    from support.dashboard_pages import run_data
+
+    run = load_trace(make_synthetic_run(tmp_path / "run", steps=40, with_saliency=False))
+    closed = {"tracks": 2, "seeds": [900000, 900001], "intact": {"returns": [900.0, 910.0], "mean_return": 905.0},
+              "neurons": [{"name": "<b>q[1]</b>", "chosen": "top", "silencing_cost": 0.1, "returns": [880.0, 890.0],
+                           "mean_return": 885.0, "return_change": -20.0}]}
+    report = {"trace_sha256": run.sha256, "closed_loop": closed, "atlas": {"neurons": "not a list of rows"}}
+    write_report(tmp_path / "run" / EXPLAIN_FILE, report)
+    page = build_dashboard(tmp_path / "run").read_text()
+    figures = run_data(page)["figures"]
+    assert figures["explain_closed_loop"]["data"][0]["x"] == ["&lt;b&gt;q[1]&lt;/b&gt;"]   # plotly shows it as text
+    assert figures["explain_closed_loop"]["data"][0]["y"] == [-20.0]
+    assert "explain_atlas" not in figures and "its &#x27;atlas&#x27; section is malformed" in page
+
+    write_report(tmp_path / "run" / EXPLAIN_FILE, dict(report, trace_sha256="0" * 64))
+    page = build_dashboard(tmp_path / "run").read_text()
+    assert "explain_closed_loop" not in run_data(page)["figures"]
+    assert "explain.json is not shown: computed from another trace.npz" in page

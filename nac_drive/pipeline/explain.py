@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from nac_drive.interpret.explain_report import EXPLAIN_FILE
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
-EXPLAIN_FILE = "explain.json"
 
 
 def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: int = EVAL_SEED_BASE,
@@ -59,7 +59,7 @@ def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: 
     run_dir = Path(drive["trace"])
     run = load_trace(run_dir)
     report = {
-        "run": str(run_dir), "policy": drive["policy"],
+        "run": str(run_dir), "policy": drive["policy"], "trace_sha256": run.sha256,
         "drive": {k: drive[k] for k in ("seeds", "returns", "lengths", "mean_return", "laps_finished")},
         "fig4": fig4_section(run),
         "atlas": atlas_section(run, policy, frames, progress),

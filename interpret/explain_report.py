@@ -1,0 +1,175 @@
+"""``RUN_DIR/explain.json`` (written by ``nac-drive explain``) read back and drawn as
+dashboard panels: the paper's Fig. 4 claim, the neuron atlas, saliency faithfulness and
+the closed-loop silencing check.
+
+:func:`load_explain` refuses (as a note, not an error: the dashboard still builds) a report
+that does not parse, is too large, or was computed from another ``trace.npz`` (its
+``trace_sha256``). Every string taken from the file reaches a figure escaped for plotly's
+own tags (the caller's ``escape``), so a crafted report cannot inject markup.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+EXPLAIN_FILE = "explain.json"
+MAX_REPORT_BYTES = 20_000_000
+PAPER_TAU = (0.8, 1.1, 1.3, 1.6)      # Fig. 4: range, below on left turns, above on right turns
+PAPER_LOGITS = (0.6, 0.65)            # Fig. 4: below on left, above on right
+SCENE_COLOURS = {"left": "#1f77b4", "left-straight": "#9ecae1", "straight": "#999999",
+                 "right-straight": "#fdae6b", "right": "#d62728"}
+GROUP_COLOURS = {"q": "#1f77b4", "k": "#17becf", "v": "#9467bd", "inter": "#2ca02c", "command": "#ff7f0e",
+                 "motor": "#d62728"}
+
+
+def load_explain(folder: Path, trace_sha256: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the report, None), (None, why it is not shown), or (None, None) if there is none."""
+    path = Path(folder) / EXPLAIN_FILE
+    if not path.is_file():
+        return None, None
+    try:
+        if path.stat().st_size > MAX_REPORT_BYTES:
+            raise ValueError(f"larger than {MAX_REPORT_BYTES // 10**6} MB")
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(report, dict):
+            raise ValueError("not a JSON object")
+        if report.get("trace_sha256") != trace_sha256:
+            raise ValueError("computed from another trace.npz (rerun nac-drive explain)")
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return None, f"{EXPLAIN_FILE} is not shown: {e}"
+    return report, None
+
+
+def explain_figures(report: dict[str, Any], escape: Callable[[Any], str]) -> tuple[dict[str, Any], list[str]]:
+    """Plotly figures of the report's sections (a section missing or malformed is skipped and
+    named in the returned notes)."""
+    figures, notes = {}, []
+    for name, section, draw in (("fig4", "fig4", _fig4_figure), ("atlas", "atlas", _atlas_figure),
+                                ("faithfulness", "saliency", _faithfulness_figure),
+                                ("closed_loop", "closed_loop", _closed_loop_figure)):
+        if not report.get(section):
+            continue
+        try:
+            figure = draw(report[section], escape)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            notes.append(f"{EXPLAIN_FILE}: its '{section}' section is malformed ({type(e).__name__}); not shown")
+            continue
+        if figure is not None:
+            figures[f"explain_{name}"] = figure
+    return figures, notes
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _fig4_figure(fig4: dict, escape):
+    """Per head: tau and the logits by scene (median, p5-p95 bars) beside the paper's thresholds."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    heads = fig4["heads"]
+    verdicts = "; ".join(f"{escape(k)}: {escape(v['verdict'])}" for k, v in fig4["claims"].items())
+    fig = make_subplots(rows=2, cols=len(heads), shared_yaxes="rows", vertical_spacing=0.12,
+                        subplot_titles=[f"head {escape(h['head'])}: tau" for h in heads]
+                        + [f"head {escape(h['head'])}: logit" for h in heads])
+    for col, head in enumerate(heads, 1):
+        for row, quantity in ((1, "tau"), (2, "logits")):
+            for scene, colour in SCENE_COLOURS.items():
+                stats = head[quantity]["by_scene"].get(scene) or {}
+                median = _number(stats.get("median"))
+                if median is None:
+                    continue
+                low, high = _number(stats.get("p5")), _number(stats.get("p95"))
+                fig.add_trace(go.Bar(x=[scene], y=[median], marker_color=colour, showlegend=False,
+                                     error_y=dict(type="data", symmetric=False,
+                                                  array=[(high or median) - median],
+                                                  arrayminus=[median - (low or median)]),
+                                     hovertemplate=f"{scene}: median %{{y:.3f}} ({escape(stats.get('count'))} steps)"
+                                                   "<extra></extra>"), row=row, col=col)
+        for y, dash in zip(PAPER_TAU, ("dot", "dash", "dash", "dot")):
+            fig.add_hline(y=y, line_dash=dash, line_color="#555", line_width=1, row=1, col=col)
+        for y in PAPER_LOGITS:
+            fig.add_hline(y=y, line_dash="dash", line_color="#555", line_width=1, row=2, col=col)
+    fig.update_layout(height=520, margin=dict(l=50, r=20, t=70, b=40), bargap=0.2,
+                      title=dict(text=f"The paper's Fig. 4 claim (this policy's mode: {escape(fig4.get('mode'))}): "
+                                      f"{verdicts}<br><sup>median per scene, bars p5-p95; dashed: the paper's "
+                                      f"tau 1.1 / 1.3 and logits 0.6 / 0.65, dotted: tau 0.8-1.6</sup>",
+                                 font=dict(size=13)))
+    return fig
+
+
+def _atlas_figure(atlas: dict, escape):
+    """Every neuron: how well it separates right from left (AUROC) against what silencing it costs."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    rows = atlas["neurons"] + [dict(row, group="head") for row in atlas["heads"]]
+    for group in [*GROUP_COLOURS, "head"]:
+        members = [r for r in rows if r.get("group") == group]
+        if not members:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[_number(r.get("auroc")) for r in members], y=[_number(r.get("silencing_cost")) for r in members],
+            mode="markers", name=group, text=[escape(r.get("name")) for r in members],
+            marker=dict(color=GROUP_COLOURS.get(group, "#000"), size=12 if group == "head" else 7,
+                        symbol="diamond" if group == "head" else "circle"),
+            hovertemplate="%{text}<br>AUROC right>left %{x:.3f}<br>silencing cost %{y:.3f}<extra></extra>"))
+    uniform = _number(atlas.get("uniform_weights", {}).get("agreement"))
+    fig.update_layout(height=420, margin=dict(l=60, r=20, t=60, b=50),
+                      xaxis=dict(title="AUROC, right vs left actions (0.5: carries no side)", range=[-0.02, 1.02]),
+                      yaxis=dict(title="silencing cost (1 - agreement)"),
+                      title=dict(text=f"Neuron atlas: {_number(atlas.get('frames')) or 0:.0f} frames replayed; "
+                                      f"attention weights made uniform keep "
+                                      f"{'-' if uniform is None else f'{100 * uniform:.1f}%'} of the choices",
+                                 font=dict(size=13)))
+    return fig
+
+
+def _faithfulness_figure(saliency: dict, escape):
+    """Deletion and insertion AUC per method (95% intervals) and the sanity check's correlations."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    methods = list(saliency["methods"])
+    stages = list(saliency.get("cascade", []))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["deletion AUC (lower: more faithful)",
+                                                        "insertion AUC (higher: more faithful)",
+                                                        "maps vs randomised policy (Spearman)"])
+    for col, key in ((1, "deletion_auc"), (2, "insertion_auc")):
+        means = [_number(saliency["methods"][m][key]["mean"]) for m in methods]
+        cis = [saliency["methods"][m][key]["ci95"] or [None, None] for m in methods]
+        fig.add_trace(go.Bar(x=[escape(m) for m in methods], y=means, showlegend=False, marker_color="#4c78a8",
+                             error_y=dict(type="data", symmetric=False,
+                                          array=[(_number(c[1]) or y or 0) - (y or 0) for c, y in zip(cis, means)],
+                                          arrayminus=[(y or 0) - (_number(c[0]) or y or 0) for c, y in zip(cis, means)])),
+                      row=1, col=col)
+    for stage, colour in zip(stages, ("#9ecae1", "#4292c6", "#08519c")):
+        fig.add_trace(go.Bar(x=[escape(m) for m in methods], name=f"randomised: {escape(stage)}", marker_color=colour,
+                             y=[_number(saliency["methods"][m]["sanity_spearman"][stage]["mean"]) for m in methods]),
+                      row=1, col=3)
+    fig.update_layout(height=380, margin=dict(l=50, r=20, t=70, b=60), barmode="group",
+                      title=dict(text=f"Saliency faithfulness on {escape(saliency.get('frames'))} frames "
+                                      f"(RISE, {escape(saliency.get('steps'))} steps)", font=dict(size=13)))
+    return fig
+
+
+def _closed_loop_figure(closed: dict, escape):
+    """Each chosen neuron clamped while the policy drives: the change of the mean return."""
+    import plotly.graph_objects as go
+
+    rows = closed["neurons"]
+    if not rows:
+        return None
+    intact = _number(closed["intact"]["mean_return"])
+    fig = go.Figure(go.Bar(x=[escape(r["name"]) for r in rows], y=[_number(r["return_change"]) for r in rows],
+                           marker_color=["#d62728" if r.get("chosen") == "top" else "#999999" for r in rows],
+                           hovertemplate="%{x}: %{y:+.1f}<extra></extra>"))
+    fig.update_layout(height=340, margin=dict(l=60, r=20, t=60, b=80),
+                      yaxis=dict(title="mean return change"),
+                      title=dict(text=f"Silenced while driving {escape(closed.get('tracks'))} held-out tracks "
+                                      f"(intact: {'-' if intact is None else f'{intact:.1f}'}; red: the costliest "
+                                      f"in the atlas, grey: random)", font=dict(size=13)))
+    return fig
