@@ -35,8 +35,10 @@ def load_explain(folder: Path, trace_sha256: str) -> tuple[dict[str, Any] | None
         report = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(report, dict):
             raise ValueError("not a JSON object")
-        if report.get("trace_sha256") != trace_sha256:
-            raise ValueError("computed from another trace.npz (rerun nac-drive explain)")
+        recorded = report.get("trace_sha256")
+        if recorded != trace_sha256:
+            raise ValueError("names no trace.npz it was computed from (rerun nac-drive explain)" if recorded is None
+                             else "computed from another trace.npz (rerun nac-drive explain)")
     except (OSError, ValueError, UnicodeDecodeError) as e:
         return None, f"{EXPLAIN_FILE} is not shown: {e}"
     return report, None
