@@ -161,6 +161,17 @@ class ArchiveReader:
         if not ok:
             raise ArchiveError(self.path, field, why)
 
+    def require_trace(self, trace, num_steps: int, remedy: str) -> None:
+        """The file was computed from ``trace`` (a loaded RunTrace: the SHA-256 its metadata's
+        ``trace_sha256`` names, and as many steps); ``remedy`` says how to make a new one."""
+        recorded = self.metadata.get("trace_sha256")
+        self.require(recorded == trace.sha256, METADATA_MEMBER,
+                     f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
+                     f"{trace.sha256[:12]}...): {remedy}" if recorded else
+                     f"names no trace.npz it was computed from (an older file): {remedy}")
+        self.require(num_steps == trace.num_steps, METADATA_MEMBER,
+                     f"num_steps is {num_steps} but the run's trace has {trace.num_steps} steps: {remedy}")
+
     def header(self, fmt: str, version: int) -> int:
         """Check the metadata's format and version; returns its ``num_steps``."""
         meta = self.metadata

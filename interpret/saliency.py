@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nac_drive.interpret.archive import (METADATA_MEMBER, ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg,
+from nac_drive.interpret.archive import (ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg,
                                          pack_jpegs, write_archive)
 from nac_drive.interpret.trace import RunTrace, load_trace
 
@@ -263,13 +263,7 @@ def load_saliency(path: str | os.PathLike, trace: RunTrace | None = None) -> Run
     with ArchiveReader(path) as r:
         meta, n = r.metadata, r.header(FORMAT, VERSION)
         if trace is not None:
-            recorded = meta.get("trace_sha256")
-            r.require(recorded == trace.sha256, METADATA_MEMBER,
-                      f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
-                      f"{trace.sha256[:12]}...): recompute it with nac-drive saliency" if recorded else
-                      "names no trace.npz it was computed from (an older file): recompute it with nac-drive saliency")
-            r.require(n == trace.num_steps, METADATA_MEMBER,
-                      f"num_steps is {n} but the run's trace has {trace.num_steps} steps (recompute the saliency)")
+            r.require_trace(trace, n, "recompute it with nac-drive saliency")
         maps = r.array("maps", "u", 3)
         r.require(len(maps) == n, "maps", f"expected {n} maps, got {len(maps)}")
         data, offsets = check_jpeg_pack(r, "overlay_jpeg", "overlay_offsets", n)

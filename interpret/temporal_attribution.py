@@ -193,12 +193,7 @@ def load_window_attribution(path: str | os.PathLike, trace: RunTrace | None = No
     with ArchiveReader(path) as r:
         meta, n = r.metadata, r.header(FORMAT, VERSION)
         if trace is not None:
-            recorded = meta.get("trace_sha256")
-            r.require(recorded == trace.sha256, METADATA_MEMBER,
-                      f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
-                      f"{trace.sha256[:12]}...): recompute the window attribution")
-            r.require(n == trace.num_steps, METADATA_MEMBER,
-                      f"num_steps is {n} but the run's trace has {trace.num_steps} steps (recompute it)")
+            r.require_trace(trace, n, "recompute the window attribution (nac-drive explain)")
         window = meta.get("window")
         r.require(isinstance(window, int) and window >= 1, METADATA_MEMBER,
                   f"window must be an integer >= 1, got {window!r}")
