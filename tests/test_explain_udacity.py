@@ -200,7 +200,7 @@ def test_explain_a_udacity_policy_end_to_end(tmp_path):
     assert drive["off_road"] == [False] and 0 < drive["mean_abs_cte"] < 0.5 and drive["speed_mph"] == 9.0
     run = load_trace(tmp_path / "explain")
     assert run.num_steps == 120 and report["trace_sha256"] == run.sha256 and run.metadata["action_names"] == ["steering"]
-    assert run.metadata["env"] == "nac_drive/UdacityEmulator-v0" and run.metadata["tracks"] == ["random-900000"]
+    assert run.metadata["run"]["env"] == "nac_drive/UdacityEmulator-v0" and run.metadata["run"]["tracks"] == ["random-900000"]
 
     fig4 = report["fig4"]
     assert fig4["deadband"] == 0.05 and sum(fig4["scenes"].values()) == 120 and len(fig4["heads"]) == 4

@@ -21,9 +21,10 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   replayed; Udacity: the share of frames whose steering keeps its side, and the mean
   |change of the steering|); also the attention weights made uniform;
 * saliency: how faithful saliency maps are to what the policy uses, on --saliency-frames
-  frames: RISE deletion and insertion AUC (the chosen action's probability as the most
-  salient pixels are removed from the frame, or added to a blurred copy; lower deletion and
-  higher insertion = more faithful) for Grad-CAM, Integrated Gradients, Occlusion and random
+  frames: RISE deletion and insertion AUC (the chosen action's probability, Udacity: the
+  steering output signed towards the side steered, as the most salient pixels are removed
+  from the frame, or added to a blurred copy; lower deletion and higher insertion = more
+  faithful) for Grad-CAM, Integrated Gradients, Occlusion and random
   maps, with 95% bootstrap intervals, and the model-randomisation sanity check (Spearman
   correlation of each method's maps with those of the policy with its head, head + core,
   whole model randomised: a faithful method's maps change);
