@@ -36,7 +36,9 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   defaults 210 episodes, about half an hour on 2 cores; saliency ~3 minutes, window ~3
   minutes a 1000-step episode with Integrated Gradients (20 s with ablation), the rest a
   minute or two). CarRacing scores the return; Udacity the mean |cross-track error| and
-  laps / off-road.
+  laps / off-road. Udacity with --episodes 2 --closed-loop-tracks 3 --window-method
+  ablation: about 11 minutes on 2 busy cores; Integrated Gradients over the window of its
+  PilotNet frames would add about 7 minutes a 1000-frame track.
 
 ``nac-drive dashboard RUN_DIR`` then shows the drive with these results as panels.
 
