@@ -20,6 +20,10 @@ PAPER_TAU = (0.8, 1.1, 1.3, 1.6)      # Fig. 4: range, below on left turns, abov
 PAPER_LOGITS = (0.6, 0.65)            # Fig. 4: below on left, above on right
 SCENE_COLOURS = {"left": "#1f77b4", "left-straight": "#9ecae1", "straight": "#999999",
                  "right-straight": "#fdae6b", "right": "#d62728"}
+# the closed-loop section's "metric" (absent: "return") -> (its rows' change key, the intact
+# figure's key, the axis title, the format): CarRacing's return, Udacity's mean |cte| in metres
+CLOSED_LOOP_METRICS = {"return": ("return_change", "mean_return", "mean return change", ".1f"),
+                       "mean_abs_cte": ("cte_change", "mean_abs_cte", "mean |cte| change (m)", ".3f")}
 GROUP_COLOURS = {"q": "#1f77b4", "k": "#17becf", "v": "#9467bd", "inter": "#2ca02c", "command": "#ff7f0e",
                  "motor": "#d62728"}
 
@@ -121,7 +125,7 @@ def _atlas_figure(atlas: dict, escape):
             hovertemplate="%{text}<br>AUROC right>left %{x:.3f}<br>silencing cost %{y:.3f}<extra></extra>"))
     uniform = _number(atlas.get("uniform_weights", {}).get("agreement"))
     fig.update_layout(height=420, margin=dict(l=60, r=20, t=60, b=50),
-                      xaxis=dict(title="AUROC, right vs left actions (0.5: carries no side)", range=[-0.02, 1.02]),
+                      xaxis=dict(title="AUROC, right vs left steps (0.5: carries no side)", range=[-0.02, 1.02]),
                       yaxis=dict(title="silencing cost (1 - agreement)"),
                       title=dict(text=f"Neuron atlas: {_number(atlas.get('frames')) or 0:.0f} frames replayed; "
                                       f"attention weights made uniform keep "
@@ -159,19 +163,21 @@ def _faithfulness_figure(saliency: dict, escape):
 
 
 def _closed_loop_figure(closed: dict, escape):
-    """Each chosen neuron clamped while the policy drives: the change of the mean return."""
+    """Each chosen neuron clamped while the policy drives: the change of the mean return
+    (CarRacing) or of the mean |cross-track error| (Udacity), :data:`CLOSED_LOOP_METRICS`."""
     import plotly.graph_objects as go
 
     rows = closed["neurons"]
     if not rows:
         return None
-    intact = _number(closed["intact"]["mean_return"])
-    fig = go.Figure(go.Bar(x=[escape(r["name"]) for r in rows], y=[_number(r["return_change"]) for r in rows],
+    change, figure, title, spec = CLOSED_LOOP_METRICS[closed.get("metric", "return")]
+    intact = _number(closed["intact"][figure])
+    fig = go.Figure(go.Bar(x=[escape(r["name"]) for r in rows], y=[_number(r[change]) for r in rows],
                            marker_color=["#d62728" if r.get("chosen") == "top" else "#999999" for r in rows],
-                           hovertemplate="%{x}: %{y:+.1f}<extra></extra>"))
+                           hovertemplate=f"%{{x}}: %{{y:+{spec}}}<extra></extra>"))
     fig.update_layout(height=340, margin=dict(l=60, r=20, t=60, b=80),
-                      yaxis=dict(title="mean return change"),
+                      yaxis=dict(title=title),
                       title=dict(text=f"Silenced while driving {escape(closed.get('tracks'))} held-out tracks "
-                                      f"(intact: {'-' if intact is None else f'{intact:.1f}'}; red: the costliest "
-                                      f"in the atlas, grey: random)", font=dict(size=13)))
+                                      f"(intact: {'-' if intact is None else format(intact, spec)}; red: the "
+                                      f"costliest in the atlas, grey: random)", font=dict(size=13)))
     return fig

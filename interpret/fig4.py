@@ -5,7 +5,9 @@ below 1.1 when the car turns left or left-straight, above 1.3 for right or right
 intermediate when it drives straight; the attention logits below 0.6 for left and
 left-straight, above 0.65 for right and right-straight.
 
-Scenes come from the actions the policy chose (:func:`scene_classes`), per-step values
+Scenes come from the actions the policy chose (:func:`scene_classes`: a discrete
+policy's LEFT and RIGHT actions, or the sign of a continuous or regression policy's
+steering outside a deadband, :data:`STEER_DEADBANDS`), per-step values
 from the trace (:func:`head_values`: the attention-weighted mean over the step's selected
 keys, per head), and :func:`fig4_claim` states each part of the claim as reproduced or not,
 with the measured figure. Everything here reads a loaded
@@ -22,7 +24,12 @@ LEFT_SIDE, RIGHT_SIDE = ("left", "left-straight"), ("right", "right-straight")
 # Per-key quantities of the trace the claim is about: tau, the logits the layer used, and
 # phi / tau, the steady-state logit (eq. 18: NAC-Steady's logit, which the paper's model used).
 QUANTITIES = ("tau", "logits", "steady_logits")
-STEER_DEADBAND = 0.1   # continuous policies: |steer| below this is straight
+# Continuous steering: |steering| below the deadband of its column is straight. In the units
+# of each task's steering: CarRacing's "steer" (+-1 = full lock) and Udacity's "steering"
+# (+-1 = +-25 degrees; 0.05 = 1.25 degrees, with the emulator's 2.7 m wheelbase a bend of
+# radius ~124 m: the held-out tracks' loops of radius 75-110 m count as turns, long bends
+# and straights as straight).
+STEER_DEADBANDS = {"steer": 0.1, "steering": 0.05}
 DEFAULT_RECENT = 16    # frames a straight step looks back for the last turn (the shipped policy's window)
 MIN_STEPS = 5          # fewer steps than this in a scene group: the statement is untestable
 
@@ -43,31 +50,53 @@ CLAIMS = {"tau": ("tau_range", "tau_left", "tau_right"), "logits": ("logits_left
           "steady_logits": ("steady_logits_left", "steady_logits_right")}
 
 
-def steering_sides(run, deadband: float = STEER_DEADBAND) -> np.ndarray:
+def sides_of(steering: np.ndarray, deadband: float) -> np.ndarray:
+    """``[N]`` int8 of continuous ``steering`` ``[N]`` (negative left, positive right): -1
+    below ``-deadband``, +1 above ``deadband``, 0 (straight) within it."""
+    if not deadband >= 0:
+        raise ValueError(f"deadband: must be a number >= 0, got {deadband!r}")
+    steering = np.asarray(steering)
+    return (steering > deadband).astype(np.int8) - (steering < -deadband).astype(np.int8)
+
+
+def steer_deadband(run, deadband: float | None = None) -> float | None:
+    """The deadband :func:`steering_sides` uses on ``run``: ``deadband`` if given, else the
+    default of its steering column (:data:`STEER_DEADBANDS`); None for discrete actions."""
+    names = list(run.metadata.get("action_names") or [])
+    if names[:1] and names[0] in STEER_DEADBANDS:
+        return STEER_DEADBANDS[names[0]] if deadband is None else deadband
+    return None
+
+
+def steering_sides(run, deadband: float | None = None) -> np.ndarray:
     """``[N]`` int8: -1 where the policy chose to steer left, +1 right, 0 anything else.
 
     Discrete policies (``action_names`` with "left" and "right", one column holding the
     action's index: CarRacing's noop, right, left, gas, brake): the LEFT and RIGHT actions;
-    noop, gas and brake are straight. Continuous policies (first column "steer", CarRacing's
-    sign: negative steers left): the steering beyond ``deadband``.
+    noop, gas and brake are straight. Continuous policies, whose first column is the
+    steering (negative left): CarRacing's "steer" or Udacity's "steering" (the regression
+    policy's one output): the steering beyond ``deadband`` (default: its column's, from
+    :data:`STEER_DEADBANDS`), :func:`sides_of`.
     """
     names = list(run.metadata.get("action_names") or [])
     action = run.policy_action
     if "left" in names and "right" in names and action.shape[1] == 1:
         left, right = action[:, 0] == names.index("left"), action[:, 0] == names.index("right")
-    elif names[:1] == ["steer"]:
-        left, right = action[:, 0] < -deadband, action[:, 0] > deadband
-    else:
-        raise ValueError(f"run: expected discrete actions named 'left' and 'right' or a continuous 'steer' column, "
-                         f"got action names {names or None}")
-    return right.astype(np.int8) - left.astype(np.int8)
+        return right.astype(np.int8) - left.astype(np.int8)
+    band = steer_deadband(run, deadband)
+    if band is None:
+        raise ValueError(f"run: expected discrete actions named 'left' and 'right' or a continuous "
+                         f"{' or '.join(repr(n) for n in STEER_DEADBANDS)} column first, got action names "
+                         f"{names or None}")
+    return sides_of(action[:, 0], band)
 
 
-def scene_classes(run, recent: int | None = None, deadband: float = STEER_DEADBAND) -> np.ndarray:
+def scene_classes(run, recent: int | None = None, deadband: float | None = None) -> np.ndarray:
     """``[N]`` index into :data:`SCENES` of each step's scene, read from the chosen actions.
 
-    CarRacing's discrete actions only say left, right or straight (noop, gas, brake), so the
-    paper's in-between scenes are taken from what came just before: a straight step whose
+    The actions say left, right or straight (:func:`steering_sides`: CarRacing's discrete
+    actions, or continuous steering beyond ``deadband``), so the paper's in-between scenes
+    are taken from what came just before: a straight step whose
     last turn within the ``recent`` steps before it (same episode) went left is
     "left-straight" (leaving or easing a left bend), right likewise, none "straight".
     ``recent`` defaults to the layer's window (what the policy itself sees), else 16.
@@ -139,10 +168,11 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if np.isfinite(x) else "-"
 
 
-def fig4_claim(run, recent: int | None = None, min_steps: int = MIN_STEPS) -> dict:
-    """Test the Fig. 4 claim on a recorded run.
+def fig4_claim(run, recent: int | None = None, min_steps: int = MIN_STEPS, deadband: float | None = None) -> dict:
+    """Test the Fig. 4 claim on a recorded run (``deadband``: of continuous steering,
+    :func:`steering_sides`).
 
-    Returns ``scenes`` (steps per scene of :func:`scene_classes`), ``heads`` (per head and
+    Returns ``deadband`` (the one used; None for discrete actions), ``scenes`` (steps per scene of :func:`scene_classes`), ``heads`` (per head and
     :data:`QUANTITIES`: the range of its values per scene and over all steps
     (:func:`quantiles`), and the AUROC with which it separates the right actions from the
     left ones, 1 meaning right always higher, as claimed), ``statements`` (each part of the
@@ -157,7 +187,7 @@ def fig4_claim(run, recent: int | None = None, min_steps: int = MIN_STEPS) -> di
     traced = run.has_nac
     if not traced.any():
         raise ValueError(f"{run.path}: the run has no NAC trace (drive a NAC policy with --trace)")
-    scenes, sides = scene_classes(run, recent), steering_sides(run)
+    scenes, sides = scene_classes(run, recent, deadband), steering_sides(run, deadband)
     values = {q: head_values(run, q) for q in QUANTITIES}                                 # each [N, H]
     heads = []
     for h in range(values["tau"].shape[1]):
@@ -199,6 +229,6 @@ def fig4_claim(run, recent: int | None = None, min_steps: int = MIN_STEPS) -> di
             continue
         both = sorted(set.intersection(*(set(by_id[p]["heads_holding"]) for p in parts)))
         claims[name] = {"verdict": "reproduced" if both else "not reproduced", "heads": both}
-    return {"mode": (run.metadata.get("nac") or {}).get("mode"),
+    return {"mode": (run.metadata.get("nac") or {}).get("mode"), "deadband": steer_deadband(run, deadband),
             "scenes": {s: int((traced & (scenes == i)).sum()) for i, s in enumerate(SCENES)},
             "heads": heads, "statements": statements, "claims": claims}

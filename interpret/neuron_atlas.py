@@ -1,6 +1,11 @@
 """The neuron atlas: for every traced neuron of a NAC driving policy, how much of the chosen
 action it carries and what silencing it does.
 
+Both kinds of shipped policy: discrete actions (CarRacing: the chosen action) and steering
+regression (Udacity: one continuous steering output, negative left). A regression policy's
+decision is compared by its *side*: left, straight or right, the steering outside or within
+the deadband of :func:`~nac_drive.interpret.fig4.steering_sides` (0.05 for Udacity).
+
 Neurons (:func:`traced_neurons`): the sensory gates' units q, k, v ``[d_model]`` and each
 head's backbone inter, command and motor neurons (their ``*_mean`` traces: the mean over a
 step's selected pairs). Each head as a whole is a row of its own.
@@ -8,14 +13,15 @@ step's selected pairs). Each head as a whole is a row of its own.
 * **Information** (:func:`information`, the recorded run alone): the AUROC with which a
   neuron's activation separates the steps where the policy steered right from those where
   it steered left (:func:`~nac_drive.interpret.fig4.left_right_auroc`), and the mutual
-  information between the binned activation and the chosen action
-  (:func:`mutual_information`).
+  information between the binned activation and the chosen action, or for a regression
+  policy its side (:func:`mutual_information`).
 * **Silencing** (:func:`silencing`, the policy replayed on the run's frames,
   :class:`PolicyReplay`): the neuron clamped to its mean over the run
   (:class:`~nac_drive.nac.Clamp`), and the share of frames where the policy still chooses
-  the action the intact policy chooses (its agreement). A head is silenced by replacing its
-  output with its mean output; the attention weights are also tried uniform over each
-  query's selected keys.
+  the action the intact policy chooses (its agreement; regression: the share of frames
+  whose steering keeps the intact steering's side, and also the mean |change of the
+  steering|, in the output's units). A head is silenced by replacing its output with its
+  mean output; the attention weights are also tried uniform over each query's selected keys.
 
 :func:`neuron_atlas` puts it together, neurons sorted by what silencing them costs.
 """
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nac_drive.interpret.fig4 import left_right_auroc, steering_sides
+from nac_drive.interpret.fig4 import left_right_auroc, sides_of, steer_deadband, steering_sides
 from nac_drive.interpret.trace import BACKBONE_GROUPS
 from nac_drive.nac import Clamp
 
@@ -108,13 +114,21 @@ def mi_bias_bits(bins: int, classes: int, n: int) -> float:
     return (bins - 1) * (classes - 1) / (2.0 * max(n, 1) * math.log(2))
 
 
-def information(run, bins: int = MI_BINS) -> list[dict]:
+def decision_labels(run, deadband: float | None = None) -> np.ndarray:
+    """``[N]`` the decision the mutual information is taken with: the chosen action (discrete
+    policies), or the side of the steering, -1 / 0 / +1 (continuous, :func:`steering_sides`)."""
+    if steer_deadband(run, deadband) is None:
+        return run.policy_action[:, 0]
+    return steering_sides(run, deadband)
+
+
+def information(run, bins: int = MI_BINS, deadband: float | None = None) -> list[dict]:
     """Per traced neuron (:func:`traced_neurons`), on the run's traced steps: ``auroc``
     (right steps vs left steps, 0.5 = none, 0 or 1 = perfect), ``mi_bits`` (with the chosen
-    action, :func:`mutual_information`) and ``mean`` (its mean over the run: the value
-    silencing clamps it to)."""
+    action or the steering's side, :func:`decision_labels`, :func:`mutual_information`) and
+    ``mean`` (its mean over the run: the value silencing clamps it to)."""
     traced = run.has_nac
-    sides, actions = steering_sides(run), run.policy_action[:, 0]
+    sides, actions = steering_sides(run, deadband), decision_labels(run, deadband)
     rows = []
     for neuron in traced_neurons(run):
         x = np.where(traced, neuron.activations(run), np.nan)
@@ -125,7 +139,7 @@ def information(run, bins: int = MI_BINS) -> list[dict]:
 
 
 class PolicyReplay:
-    """A discrete NAC policy replayed on the frames of a recorded run, as a batch.
+    """A NAC policy replayed on the frames of a recorded run, as a batch.
 
     Step i sees the frames of its episode up to i, exactly as the streaming policy
     (``NAC.step``, :class:`~nac_drive.interpret.policy_saliency.Replay`) does: the
@@ -135,17 +149,24 @@ class PolicyReplay:
     batch (padded at the end, which no earlier step sees).
 
     Args:
-        policy: a :class:`~nac_drive.policy.DrivingPolicy` with a NAC core and discrete actions.
+        policy: a :class:`~nac_drive.policy.DrivingPolicy` with a NAC core: discrete actions,
+            or continuous ones whose output 0 is the steering (a Udacity regression policy).
         run: the loaded :class:`~nac_drive.interpret.trace.RunTrace`.
         max_frames: replay only the run's first this many steps (default all).
+        deadband: continuous steering within it is straight (default: the run's steering
+            column's, :func:`~nac_drive.interpret.fig4.steer_deadband`).
     """
 
-    def __init__(self, policy, run, max_frames: int | None = None):
-        if policy.config.core.core != "nac" or policy.config.action != "discrete":
-            raise ValueError(f"policy: the atlas needs a NAC policy with discrete actions, got core "
-                             f"{policy.config.core.core!r} with {policy.config.action} actions")
+    def __init__(self, policy, run, max_frames: int | None = None, deadband: float | None = None):
+        if policy.config.core.core != "nac":
+            raise ValueError(f"policy: the atlas needs a NAC policy, got core {policy.config.core.core!r}")
         if max_frames is not None and max_frames < 1:
             raise ValueError(f"max_frames: must be >= 1, got {max_frames}")
+        self.continuous = policy.config.action == "continuous"
+        self.deadband = steer_deadband(run, deadband) if self.continuous else None
+        if self.continuous and self.deadband is None:
+            raise ValueError(f"run: a continuous policy's run must record its steering first ('steer' or "
+                             f"'steering'), got action names {run.metadata.get('action_names')}")
         self.policy, self.run = policy, run
         self.nac = policy.core.nac
         n = run.num_steps if max_frames is None else min(max_frames, run.num_steps)
@@ -176,8 +197,22 @@ class PolicyReplay:
         return y[self.valid].numpy()
 
     def actions(self, clamp: Clamp | None = None) -> np.ndarray:
-        """``[n]`` the action chosen at every replayed step (the output's argmax), under ``clamp``."""
-        return self.outputs(clamp).argmax(axis=-1)
+        """``[n]`` the action chosen at every replayed step, under ``clamp``: the output's
+        argmax (discrete), or the steering (continuous: output 0 within the action space)."""
+        y = self.outputs(clamp)
+        if not self.continuous:
+            return y.argmax(axis=-1)
+        space = self.policy.action_space
+        return np.clip(y, space.low, space.high)[:, 0]
+
+    def compare(self, actions: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+        """How ``actions`` ``[n]`` (of :meth:`actions`) keep ``reference`` ``[n]``: ``agreement``
+        (:func:`agreement`: the same action, or for steering the same side) and, for
+        steering, ``steering_change`` (the mean |difference|)."""
+        result = {"agreement": agreement(actions, reference, self.deadband)}
+        if self.continuous:
+            result["steering_change"] = steering_change(actions, reference)
+        return result
 
     @torch.inference_mode()
     def head_outputs(self) -> np.ndarray:
@@ -191,68 +226,96 @@ class PolicyReplay:
             hook.remove()
         return seen[0][self.valid].view(-1, self.nac.num_heads, self.nac.depth).numpy()
 
-    def head_push(self, towards: int, against: int) -> np.ndarray:
+    def head_push(self, towards: int, against: int | None = None) -> np.ndarray:
         """``[n, H]`` each head's direct share of the head's output ``towards - against``
-        (two action indices): the output is linear in the heads' outputs, so it is exactly
-        the sum of these shares plus a constant."""
+        (two action indices), or of output ``towards`` alone (``against`` None: a regression
+        policy's steering): the output is linear in the heads' outputs, so it is exactly the
+        sum of these shares plus a constant."""
         w_head, w_out = self.policy.head[-1].weight, self.nac.out_proj.weight           # [A, D], [D, D]
         with torch.no_grad():
-            direction = ((w_head[towards] - w_head[against]) @ w_out).view(self.nac.num_heads, -1).numpy()
+            row = w_head[towards] - (w_head[against] if against is not None else 0.0)
+            direction = (row @ w_out).view(self.nac.num_heads, -1).numpy()
         return np.einsum("nhd,hd->nh", self.head_outputs(), direction)
 
 
-def agreement(actions: np.ndarray, reference: np.ndarray) -> float:
-    """The share of steps where ``actions`` ``[n]`` equal ``reference`` ``[n]``."""
-    return float(np.mean(np.asarray(actions) == np.asarray(reference))) if len(actions) else float("nan")
+def agreement(actions: np.ndarray, reference: np.ndarray, deadband: float | None = None) -> float:
+    """The share of steps where ``actions`` ``[n]`` equal ``reference`` ``[n]``; given a
+    ``deadband`` (continuous steering), where both steer to the same side: left, straight
+    (within the deadband) or right (:func:`~nac_drive.interpret.fig4.sides_of`)."""
+    actions, reference = np.asarray(actions), np.asarray(reference)
+    if deadband is not None:
+        actions, reference = sides_of(actions, deadband), sides_of(reference, deadband)
+    return float(np.mean(actions == reference)) if len(actions) else float("nan")
 
 
-def silencing(replay: PolicyReplay, clamps: dict[str, Clamp], progress: bool = False) -> dict[str, float]:
-    """Name -> agreement of the policy under that clamp with the intact policy, over the
-    replayed steps."""
+def steering_change(steering: np.ndarray, reference: np.ndarray) -> float:
+    """The mean |``steering`` - ``reference``| over the steps (both ``[n]``)."""
+    diff = np.abs(np.asarray(steering, dtype=np.float64) - np.asarray(reference, dtype=np.float64))
+    return float(diff.mean()) if diff.size else float("nan")
+
+
+def silencing(replay: PolicyReplay, clamps: dict[str, Clamp], progress: bool = False) -> dict[str, dict[str, float]]:
+    """Name -> how the policy under that clamp keeps the intact policy's decisions over the
+    replayed steps (:meth:`PolicyReplay.compare`: ``agreement``, and for steering
+    ``steering_change``)."""
     intact = replay.actions()
     items = clamps.items()
     if progress:
         from tqdm import tqdm
         items = tqdm(items, desc="silencing", unit="neuron")
-    return {name: agreement(replay.actions(clamp), intact) for name, clamp in items}
+    return {name: replay.compare(replay.actions(clamp), intact) for name, clamp in items}
 
 
-def neuron_atlas(run, policy, max_frames: int | None = None, bins: int = MI_BINS, progress: bool = False) -> dict:
+def neuron_atlas(run, policy, max_frames: int | None = None, bins: int = MI_BINS, progress: bool = False,
+                 deadband: float | None = None) -> dict:
     """The atlas of a NAC policy on a run it drove (its ``trace.npz``).
 
     Returns ``neurons`` (one row per traced neuron: :func:`information` plus ``agreement``
-    and ``silencing_cost`` = 1 - agreement; sorted by cost, then by mutual information),
-    ``heads`` (per head: AUROC and mutual information of its direct push towards LEFT
-    rather than RIGHT in the policy's output (:meth:`PolicyReplay.head_push`), and the
-    agreement with its output held at its mean), ``uniform_weights`` (agreement with the
-    attention weights uniform over each query's selected keys), ``frames`` (steps replayed),
-    ``replay_agrees_with_run`` (the intact replay's actions against the recorded ones: the
-    frames are replayed from their JPEG copies) and ``mi_bias_bits`` (:func:`mi_bias_bits`).
+    and ``silencing_cost`` = 1 - agreement, and for steering ``steering_change``; sorted by
+    cost, then for steering by steering change, then by mutual information), ``heads`` (per
+    head: AUROC and mutual information of its direct push (:meth:`PolicyReplay.head_push`,
+    ``head_push`` names it: towards LEFT rather than RIGHT in a discrete policy's output, or
+    on the steering output, positive right), and the agreement with its output held at its
+    mean), ``uniform_weights`` (agreement with the attention weights uniform over each
+    query's selected keys), ``frames`` (steps replayed), ``replay_agrees_with_run`` (the
+    intact replay's actions against the recorded ones: the frames are replayed from their
+    JPEG copies; for steering also ``replay_steering_change``), ``decision`` (what agreement
+    compares: "action" or "steering side"), ``deadband`` (steering) and ``mi_bias_bits``
+    (:func:`mi_bias_bits`).
     """
     names = list(run.metadata.get("action_names") or [])
-    if "left" not in names or "right" not in names:
+    continuous = policy.config.action == "continuous"
+    if not continuous and ("left" not in names or "right" not in names):
         raise ValueError(f"run: the atlas needs discrete actions named 'left' and 'right', got {names or None}")
-    left, right = names.index("left"), names.index("right")
-    replay = PolicyReplay(policy, run, max_frames)
+    replay = PolicyReplay(policy, run, max_frames, deadband)
     steps, intact = replay.steps, replay.actions()
-    rows = information(run, bins)
+    rows = information(run, bins, replay.deadband)
     neurons = {n.name: n for n in traced_neurons(run)}
     clamps = {row["name"]: neurons[row["name"]].clamp(row["mean"]) for row in rows}
     mean_heads = replay.head_outputs().mean(axis=0)                                     # [H, depth]
     clamps.update({f"head {h}": Clamp(heads={h: mean_heads[h].tolist()}) for h in range(len(mean_heads))})
     clamps["uniform weights"] = Clamp(uniform_weights=True)
-    agree = silencing(replay, clamps, progress)
+    kept = silencing(replay, clamps, progress)
+
+    def silenced(name: str) -> dict:
+        return {**kept[name], "silencing_cost": 1.0 - kept[name]["agreement"]}
 
     for row in rows:
-        row["agreement"] = agree[row["name"]]
-        row["silencing_cost"] = 1.0 - row["agreement"]
-    rows.sort(key=lambda r: (-r["silencing_cost"], -np.nan_to_num(r["mi_bits"], nan=-1.0)))
-    push = replay.head_push(left, right)                                                 # [n, H]
-    sides, actions = steering_sides(run)[steps], run.policy_action[steps, 0]
+        row.update(silenced(row["name"]))
+    rows.sort(key=lambda r: (-r["silencing_cost"], -r.get("steering_change", 0.0),
+                             -np.nan_to_num(r["mi_bits"], nan=-1.0)))
+    if continuous:
+        push, direction = replay.head_push(0), "steering output (positive right)"                  # [n, H]
+    else:
+        push, direction = replay.head_push(names.index("left"), names.index("right")), "left logit - right logit"
+    sides, labels = steering_sides(run, replay.deadband)[steps], decision_labels(run, replay.deadband)[steps]
     heads = [{"name": f"head {h}", "head": h, "auroc": left_right_auroc(push[:, h], sides),
-              "mi_bits": mutual_information(push[:, h], actions, bins), "agreement": agree[f"head {h}"],
-              "silencing_cost": 1.0 - agree[f"head {h}"]} for h in range(push.shape[1])]
+              "mi_bits": mutual_information(push[:, h], labels, bins), **silenced(f"head {h}")}
+             for h in range(push.shape[1])]
     traced = int(run.has_nac.sum())
-    return {"neurons": rows, "heads": heads, "uniform_weights": {"agreement": agree["uniform weights"]},
-            "frames": len(steps), "replay_agrees_with_run": agreement(intact, run.policy_action[steps, 0]),
-            "bins": bins, "mi_bias_bits": mi_bias_bits(bins, len(names), traced)}
+    replayed = replay.compare(intact, run.policy_action[steps, 0])
+    return {"neurons": rows, "heads": heads, "uniform_weights": kept["uniform weights"],
+            "frames": len(steps), "replay_agrees_with_run": replayed["agreement"],
+            **({"replay_steering_change": replayed["steering_change"]} if continuous else {}),
+            "decision": "steering side" if continuous else "action", "deadband": replay.deadband,
+            "head_push": direction, "bins": bins, "mi_bias_bits": mi_bias_bits(bins, 3 if continuous else len(names), traced)}

@@ -37,9 +37,18 @@ def test_the_fig4_section_is_strict_json_with_null_for_scenes_never_seen(tmp_pat
 
 
 def test_explain_refuses_a_policy_it_cannot_explain_before_driving(tmp_path):
-    out = cli("explain", "--policy", str(shipped_policy_path("udacity")), "--out", str(tmp_path / "x"))
-    assert out.returncode == 2 and "explain needs a CarRacing NAC policy" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+    from nac_drive.cores import CoreConfig
+    from nac_drive.policy import DrivingPolicy, PolicyConfig
+
+    lstm = DrivingPolicy(PolicyConfig(core=CoreConfig(core="lstm", d_model=8))).save_pretrained(tmp_path / "lstm")
+    udacity = str(shipped_policy_path("udacity"))
+    for args, expected in ((["--policy", str(lstm)], "explain needs a CarRacing NAC policy with discrete actions or "
+                                                     "a Udacity NAC policy"),
+                           (["--policy", udacity, "--task", "carracing"], "is a 'udacity' policy, not a 'carracing' one"),
+                           (["--speed", "5"], "speed: only a Udacity policy drives at a set speed")):
+        out = cli("explain", *args, "--out", str(tmp_path / "x"), timeout=120)   # a refusal comes at once
+        assert out.returncode == 2 and expected in out.stderr, (args, out.stderr[-2000:])
+        assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
     out = cli("explain", "--closed-loop-tracks", "-1")
     assert out.returncode == 2 and "--closed-loop-tracks" in out.stderr
 

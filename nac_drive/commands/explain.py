@@ -1,22 +1,30 @@
-"""``nac-drive explain``: drive a CarRacing NAC policy with a trace and measure its neurons.
+"""``nac-drive explain``: drive a NAC policy with a trace and measure its neurons.
 
-    nac-drive explain [--policy RUN/best] [--episodes 3] [--out runs/explain] [--frames N]
-                      [--saliency-frames 500] [--window-method integrated_gradients]
+    nac-drive explain [--policy RUN/best | --task udacity] [--episodes 3] [--out runs/explain]
+                      [--frames N] [--saliency-frames 500] [--window-method integrated_gradients]
                       [--closed-loop-tracks 10] [--json]
 
-The policy (default: the shipped CNN+NAC policy) drives held-out tracks from 900000 with a
-trace into a fresh run folder; then
+The policy (default: the shipped CNN+NAC CarRacing policy; ``--task udacity``: the shipped
+PilotNet+NAC Udacity policy; a ``--policy`` checkpoint's task is read from its config.json)
+drives held-out tracks with a trace into a fresh run folder: CarRacing tracks from seed
+900000, or for Udacity the headless emulator's tracks random-900000, random-900001, ...
+(never trained on), in-process, at --speed mph (9) as ``drive udacity`` does; then
 
 * fig4: the paper's Fig. 4 claim (tau 0.8-1.6, below 1.1 turning left, above 1.3 turning
   right; logits below 0.6 left, above 0.65 right), per head, stated as reproduced or not;
+  scenes from the chosen actions, or for Udacity the steering's sign outside a deadband of
+  0.05 (1.25 degrees);
 * atlas: for every traced neuron (q/k/v units, each head's inter/command/motor neurons)
-  and each head, the AUROC with which it separates right from left actions, its mutual
-  information with the chosen action, and the agreement with the intact policy when it is
-  clamped to its mean (the run's frames replayed); also the attention weights made uniform;
+  and each head, the AUROC with which it separates right from left steps, its mutual
+  information with the chosen action (Udacity: the steering's side, left/straight/right),
+  and the agreement with the intact policy when it is clamped to its mean (the run's frames
+  replayed; Udacity: the share of frames whose steering keeps its side, and the mean
+  |change of the steering|); also the attention weights made uniform;
 * saliency: how faithful saliency maps are to what the policy uses, on --saliency-frames
-  frames: RISE deletion and insertion AUC (the chosen action's probability as the most
-  salient pixels are removed from the frame, or added to a blurred copy; lower deletion and
-  higher insertion = more faithful) for Grad-CAM, Integrated Gradients, Occlusion and random
+  frames: RISE deletion and insertion AUC (the chosen action's probability, Udacity: the
+  steering output signed towards the side steered, as the most salient pixels are removed
+  from the frame, or added to a blurred copy; lower deletion and higher insertion = more
+  faithful) for Grad-CAM, Integrated Gradients, Occlusion and random
   maps, with 95% bootstrap intervals, and the model-randomisation sanity check (Spearman
   correlation of each method's maps with those of the policy with its head, head + core,
   whole model randomised: a faithful method's maps change);
@@ -27,7 +35,10 @@ trace into a fresh run folder; then
   the policy drives (1 + top + random runs of --closed-loop-tracks tracks each: at the
   defaults 210 episodes, about half an hour on 2 cores; saliency ~3 minutes, window ~3
   minutes a 1000-step episode with Integrated Gradients (20 s with ablation), the rest a
-  minute or two).
+  minute or two). CarRacing scores the return; Udacity the mean |cross-track error| and
+  laps / off-road. Udacity with --episodes 2 --closed-loop-tracks 3 --window-method
+  ablation: about 11 minutes on 2 busy cores; Integrated Gradients over the window of its
+  PilotNet frames would add about 7 minutes a 1000-frame track.
 
 ``nac-drive dashboard RUN_DIR`` then shows the drive with these results as panels.
 
@@ -39,7 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from nac_drive.arguments import COUNT, SEED, number
+from nac_drive.arguments import COUNT, POSITIVE, SEED, number
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 NON_NEGATIVE = number(int, min=0)
@@ -48,12 +59,19 @@ NON_NEGATIVE = number(int, min=0)
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("explain", help="test the paper's Fig. 4 claim and map every neuron of a policy",
                               description=__doc__)
-    p.add_argument("--policy", default=None, help="checkpoint folder (default: the shipped CNN+NAC policy)")
+    p.add_argument("--policy", default=None,
+                   help="checkpoint folder, its task read from its config.json (default: the shipped policy of --task)")
+    p.add_argument("--task", choices=["carracing", "udacity"], default=None,
+                   help="explain the shipped policy of this task (default carracing); with --policy it must agree")
     p.add_argument("--episodes", type=COUNT, default=3, help="held-out tracks driven with a trace")
     p.add_argument("--out", default="runs/explain", metavar="RUN_DIR",
                    help="run folder for trace.npz and explain.json (RUN_DIR-2, -3, ... if RUN_DIR exists)")
-    p.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE, help="seed of the first track")
-    p.add_argument("--max-steps", type=COUNT, default=None, help="cap each episode (env frames; default 1000)")
+    p.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE,
+                   help="seed of the first track (Udacity: the emulator track random-<seed>)")
+    p.add_argument("--max-steps", type=COUNT, default=None,
+                   help="cap each episode (env frames; default 1000; Udacity: frames per track, 15 a second)")
+    p.add_argument("--speed", type=POSITIVE, default=None,
+                   help="Udacity only: the set speed in mph of the bridge's speed controller (default 9)")
     p.add_argument("--frames", type=COUNT, default=None,
                    help="replay at most this many recorded frames when silencing neurons (default all)")
     p.add_argument("--closed-loop-tracks", type=NON_NEGATIVE, default=10,
@@ -80,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
     report = explain(args.policy, args.episodes, args.out, args.seed_base, args.max_steps, args.frames,
                      args.closed_loop_tracks, args.closed_loop_top, args.closed_loop_random, args.seed,
                      progress=not args.json, saliency_frames=args.saliency_frames,
-                     window_method=None if args.window_method == "none" else args.window_method)
-    print(f"drove {len(report['drive']['seeds'])} tracks: mean return {report['drive']['mean_return']:.1f}")
+                     window_method=None if args.window_method == "none" else args.window_method,
+                     task=args.task, speed=args.speed)
+    print(format_drive(report))
     print()
     print("\n".join(format_fig4(report["fig4"])))
     print()
@@ -105,12 +124,23 @@ def _num(x, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def format_drive(report: dict) -> str:
+    """The traced drive in one line."""
+    drive = report["drive"]
+    if report.get("task") != "udacity":
+        return f"drove {len(drive['seeds'])} tracks: mean return {drive['mean_return']:.1f}"
+    return (f"drove {len(drive['tracks'])} emulator tracks ({', '.join(drive['tracks'])}), {sum(drive['lengths'])} "
+            f"frames at {drive['speed_mph']:g} mph: mean |cte| {drive['mean_abs_cte']:.3f} m, off the road on "
+            f"{drive['off_road_tracks']}, laps {drive['laps_finished']}")
+
+
 def format_fig4(fig4: dict) -> list[str]:
     """The Fig. 4 section as text lines: medians per scene, ranges and AUROC per head, then verdicts."""
     from nac_drive.interpret.fig4 import SCENES
 
     scenes = ", ".join(f"{s} {n}" for s, n in fig4["scenes"].items())
-    lines = [f"Fig. 4 claim (paper §3.4, NAC-Steady; this policy's mode: {fig4['mode']}). Traced steps: {scenes}",
+    band = f"; steering within +-{fig4['deadband']:g} is straight" if fig4.get("deadband") is not None else ""
+    lines = [f"Fig. 4 claim (paper §3.4, NAC-Steady; this policy's mode: {fig4['mode']}{band}). Traced steps: {scenes}",
              f"{'head':>4} {'quantity':<14}" + "".join(f"{s:>15}" for s in SCENES)
              + f"{'all p5':>9}{'all p95':>9}{'AUROC R>L':>11}"]
     for head in fig4["heads"]:
@@ -120,7 +150,7 @@ def format_fig4(fig4: dict) -> list[str]:
                                                                   for s in SCENES)
                          + f"{_num(stats['all']['p5']):>9}{_num(stats['all']['p95']):>9}"
                          + f"{_num(stats['auroc_right_vs_left']):>11}")
-    lines.append("(medians per scene; AUROC R>L: how well the value separates right from left actions, "
+    lines.append("(medians per scene; AUROC R>L: how well the value separates right from left steps, "
                  "1 = right always higher, as claimed)")
     for s in fig4["statements"]:
         heads = f" in heads {s['heads_holding']}" if s["heads_holding"] else ""
@@ -131,17 +161,30 @@ def format_fig4(fig4: dict) -> list[str]:
 
 
 def format_atlas(atlas: dict, rows: int) -> list[str]:
-    """The atlas as text lines: the first ``rows`` neurons, the heads, uniform weights."""
-    lines = [f"Neuron atlas: {atlas['frames']} frames replayed (the intact replay chooses the recorded action on "
+    """The atlas as text lines: the first ``rows`` neurons, the heads, uniform weights. A
+    steering policy's agreement is by side (left/straight/right), beside the mean |change of
+    the steering|."""
+    steering = atlas.get("decision") == "steering side"
+    decision = "steering's side" if steering else "action"
+
+    def figures(row) -> str:
+        change = f"{_num(row.get('steering_change'), '.4f'):>14}" if steering else ""
+        return f"{_num(row['agreement']):>20}{change}"
+
+    lines = [f"Neuron atlas: {atlas['frames']} frames replayed (the intact replay chooses the recorded {decision} on "
              f"{100 * atlas['replay_agrees_with_run']:.1f}% of them); MI bias ~{atlas['mi_bias_bits']:.3f} bits",
-             f"{'rank':>4}  {'neuron':<16}{'AUROC R>L':>10}{'MI bits':>9}{'agreement silenced':>20}"]
+             f"{'rank':>4}  {'neuron':<16}{'AUROC R>L':>10}{'MI bits':>9}{'agreement silenced':>20}"
+             + (f"{'|d steering|':>14}" if steering else "")]
     for i, row in enumerate(atlas["neurons"][:rows], 1):
-        lines.append(f"{i:>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}"
-                     f"{_num(row['agreement']):>20}")
+        lines.append(f"{i:>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}{figures(row)}")
+    push = "on the steering" if steering else "left vs right"
     for row in atlas["heads"]:
-        lines.append(f"{'':>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}"
-                     f"{_num(row['agreement']):>20}   (its push left vs right; silenced: output at its mean)")
-    lines.append(f"{'':>4}  {'uniform weights':<16}{'':>10}{'':>9}{_num(atlas['uniform_weights']['agreement']):>20}")
+        lines.append(f"{'':>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}{figures(row)}"
+                     f"   (its push {push}; silenced: output at its mean)")
+    lines.append(f"{'':>4}  {'uniform weights':<16}{'':>10}{'':>9}{figures(atlas['uniform_weights'])}")
+    if steering:
+        lines.append(f"(agreement: the share of frames whose steering keeps its side, within +-{atlas['deadband']:g} "
+                     f"straight; |d steering|: its mean change)")
     return lines
 
 
@@ -174,11 +217,22 @@ def format_window(window: dict) -> list[str]:
 
 
 def format_closed_loop(closed: dict) -> list[str]:
-    """The closed-loop check as text lines."""
-    lines = [f"Closed loop on {closed['tracks']} held-out tracks: intact mean return "
-             f"{closed['intact']['mean_return']:.1f}",
-             f"{'neuron':<16}{'chosen':>8}{'cost':>8}{'return':>9}{'change':>9}"]
+    """The closed-loop check as text lines: the return (CarRacing), or the mean |cte| in
+    metres, the tracks left off the road and the laps (Udacity)."""
+    intact = closed["intact"]
+    if closed.get("metric") != "mean_abs_cte":
+        lines = [f"Closed loop on {closed['tracks']} held-out tracks: intact mean return {intact['mean_return']:.1f}",
+                 f"{'neuron':<16}{'chosen':>8}{'cost':>8}{'return':>9}{'change':>9}"]
+        for row in closed["neurons"]:
+            lines.append(f"{row['name']:<16}{row['chosen']:>8}{_num(row['silencing_cost']):>8}"
+                         f"{row['mean_return']:>9.1f}{row['return_change']:>+9.1f}")
+        return lines
+    lines = [f"Closed loop on {closed['tracks']} held-out emulator tracks ({', '.join(closed['track_names'])}): intact "
+             f"mean |cte| {intact['mean_abs_cte']:.3f} m, off the road on {intact['off_road_tracks']}, laps "
+             f"{intact['laps_finished']}",
+             f"{'neuron':<16}{'chosen':>8}{'cost':>8}{'|cte| m':>9}{'change':>9}{'off-road':>9}{'laps':>6}"]
     for row in closed["neurons"]:
         lines.append(f"{row['name']:<16}{row['chosen']:>8}{_num(row['silencing_cost']):>8}"
-                     f"{row['mean_return']:>9.1f}{row['return_change']:>+9.1f}")
+                     f"{row['mean_abs_cte']:>9.3f}{row['cte_change']:>+9.3f}{row['off_road_tracks']:>9}"
+                     f"{row['laps_finished']:>6}")
     return lines

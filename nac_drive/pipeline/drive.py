@@ -1,5 +1,6 @@
-"""Driving: a trained policy closed-loop, scored on CarRacing tracks or serving the Udacity
-simulator through the bridge, optionally recording its NAC traces for the dashboard.
+"""Driving: a trained policy closed-loop, scored on CarRacing tracks or on held-out tracks of
+the headless Udacity emulator (in-process, no sockets), or serving the Udacity simulator
+through the bridge, optionally recording its NAC traces for the dashboard.
 
 The policy streams through ``NAC.step()`` (:class:`~nac_drive.agents.driver.PolicyDriver`);
 the latency it reports is the policy's own time per frame.
@@ -12,7 +13,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
+
+UDACITY_FRAMES = 1000   # frames per emulator track: ~67 s at its 15 Hz, ~270 m at 9 mph (under a lap)
+UDACITY_SPEED = 9.0     # mph: the set speed of `nac-drive drive udacity`
 
 
 def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
@@ -77,6 +83,124 @@ def _drive_and_score(policy, driver, episodes, seed_base, max_steps, render, vid
         driver.latencies_ms += plain.latencies_ms
     results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
     return dict(results.summary(), text=results.format())
+
+
+def udacity_eval_tracks(n: int, base: int = EVAL_SEED_BASE) -> list[str]:
+    """The first ``n`` held-out emulator tracks, ``random-<seed>`` for seeds from ``base``.
+
+    The shipped Udacity policy learned from the named tracks gentle, lakeside and canyon and
+    from random-11 to random-14 (BENCHMARKS.md §4); the random tracks from 900000, the
+    held-out seeds of CarRacing too, are held out (as is serpentine)."""
+    from nac_drive.simulators.carracing import eval_seeds
+
+    return [f"random-{seed}" for seed in eval_seeds(n, base)]
+
+
+def udacity_emulator_env(track: str, speed: float = UDACITY_SPEED):
+    """``nac_drive/UdacityEmulator-v0`` on ``track``, its throttle from the bridge's speed
+    controller at ``speed`` mph (:class:`~nac_drive.simulators.udacity_env.SpeedControl`)."""
+    import gymnasium
+
+    from nac_drive.simulators.udacity_env import ENV_ID, SpeedControl
+
+    return SpeedControl(gymnasium.make(ENV_ID, track=track), speed_mph=speed)
+
+
+def udacity_emulator_episodes(driver, envs: list, frames: int = UDACITY_FRAMES, progress: bool = False) -> list[dict]:
+    """``driver`` (a :class:`~nac_drive.agents.driver.PolicyDriver`) drives each env of
+    :func:`udacity_emulator_env` from the start of its track for ``frames`` frames, or until
+    the car leaves the road (the env terminates). It is fed what the bridge feeds it: ``{"image",
+    "timestamp" (simulated seconds), "speed" (mph), "cte" (m)}``.
+
+    Returns per env ``track``, ``frames`` (driven), ``laps``, ``distance_m``,
+    ``mean_abs_cte_m`` / ``max_abs_cte_m`` (the cross-track error of the states the car
+    reached), ``off_road`` (it left the road) and ``return`` (the env's reward: metres of
+    progress, less off-centre)."""
+    from tqdm import tqdm
+
+    if frames < 1:
+        raise ValueError(f"frames: must be >= 1, got {frames}")
+    results = []
+    for env in envs:
+        track = env.unwrapped.track.spec.name
+        driver.reset_env(env)
+        driver.reset()
+        obs, info = env.reset()
+        dt, ctes, total, off_road = env.unwrapped.dt, [], 0.0, False
+        for i in tqdm(range(frames), desc=track, unit="frame", disable=not progress, leave=False):
+            steering = driver.act({"image": obs, "timestamp": i * dt, "speed": info["speed_mph"],
+                                   "cte": info["cte_m"]})
+            obs, reward, off_road, truncated, info = env.step([steering])
+            ctes.append(abs(info["cte_m"]))
+            total += float(reward)
+            if off_road or truncated:
+                break
+        results.append({"track": track, "frames": len(ctes), "laps": int(info["laps"]),
+                        "distance_m": float(info["distance_m"]), "mean_abs_cte_m": float(np.mean(ctes)),
+                        "max_abs_cte_m": float(np.max(ctes)), "off_road": bool(off_road), "return": total})
+    return results
+
+
+def udacity_summary(results: list[dict]) -> dict:
+    """The results of :func:`udacity_emulator_episodes` as lists, one value per track:
+    ``lengths`` (frames driven), ``laps``, ``distance_m``, ``mean_abs_cte_m``,
+    ``max_abs_cte_m``, ``off_road``, ``returns``; and ``mean_abs_cte`` (m, over every frame
+    driven), ``off_road_tracks``, ``mean_return``, ``laps_finished``."""
+    per = {key: [r[name] for r in results] for key, name in (
+        ("lengths", "frames"), ("laps", "laps"), ("distance_m", "distance_m"), ("mean_abs_cte_m", "mean_abs_cte_m"),
+        ("max_abs_cte_m", "max_abs_cte_m"), ("off_road", "off_road"), ("returns", "return"))}
+    return {**per, "mean_abs_cte": float(np.average(per["mean_abs_cte_m"], weights=per["lengths"])),
+            "off_road_tracks": int(sum(per["off_road"])), "mean_return": float(np.mean(per["returns"])),
+            "laps_finished": int(sum(per["laps"]))}
+
+
+def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, frames: int = UDACITY_FRAMES,
+                           trace_dir=None, speed: float = UDACITY_SPEED, progress: bool = True) -> dict:
+    """A Udacity policy (default: the shipped one) drives ``tracks`` (default: the first 3
+    held-out ones, :func:`udacity_eval_tracks`) of the headless emulator in-process, through
+    :class:`~nac_drive.agents.driver.PolicyDriver` as the bridge feeds it, the throttle from
+    the bridge's speed controller at ``speed`` mph (:func:`udacity_emulator_episodes`).
+
+    ``trace_dir``: record the run for the dashboard (``trace_dir`` or, if that exists,
+    ``trace_dir-2``, ...). Returns the summary: ``tracks``, ``seeds`` (each track's), the
+    figures of :func:`udacity_summary` (per track: frames driven, laps, mean |cte|,
+    off-road, ...), the policy's latency and ``trace`` (the run folder)."""
+    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.atomic import fresh_dir
+    from nac_drive.simulators.udacity_env import ENV_ID
+    from nac_drive.simulators.udacity_track import track_spec
+
+    tracks = udacity_eval_tracks(3) if tracks is None else list(tracks)
+    if not tracks or frames < 1:
+        raise ValueError(f"tracks and frames: expected at least one track and frames >= 1, got {tracks} and {frames}")
+    seeds = [track_spec(t).seed for t in tracks]   # a bad name fails here, before any folder exists
+    policy = load_driving_policy(policy_path, task="udacity")
+    if policy.config.task != "udacity":
+        raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a Udacity one")
+    recorder = None
+    if trace_dir is not None:
+        recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, ENV_ID, ["steering"])
+        recorder.metadata.update(tracks=tracks, speed_mph=speed)
+    driver = PolicyDriver(policy, recorder=recorder)
+    envs = [udacity_emulator_env(t, speed) for t in tracks]
+    try:
+        results = udacity_emulator_episodes(driver, envs, frames, progress)
+    finally:
+        for env in envs:
+            env.close()
+    if recorder is not None:
+        recorder.metadata["laps"] = [r["laps"] >= 1 for r in results]   # the dashboard's lap column
+        recorder.save()
+    lat = np.asarray(driver.latencies_ms)
+    summary = {"tracks": tracks, "seeds": seeds, **udacity_summary(results), "speed_mph": speed,
+               "latency_ms_p50": float(np.percentile(lat, 50)), "latency_ms_p95": float(np.percentile(lat, 95)),
+               "policy": str(policy_path or "shipped"), "core": policy.config.core.core}
+    summary["text"] = (f"{len(tracks)} tracks, {sum(summary['lengths'])} frames: mean |cte| "
+                       f"{summary['mean_abs_cte']:.3f} m, off the road on {sum(summary['off_road'])}, laps "
+                       f"{summary['laps_finished']}, actor latency p50 {summary['latency_ms_p50']:.3f} ms")
+    if recorder is not None:
+        summary["trace"] = str(recorder.run_dir)
+    return summary
 
 
 @dataclass(frozen=True)

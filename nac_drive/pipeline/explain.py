@@ -1,5 +1,12 @@
-"""Explaining a CarRacing policy: it drives held-out tracks with a trace, then the analyses
+"""Explaining a NAC driving policy: it drives held-out tracks with a trace, then the analyses
 of :mod:`nac_drive.interpret` measure what its neurons did.
+
+Two kinds of policy (:data:`EXPLAINABLE`): CarRacing's discrete one drives held-out CarRacing
+tracks (:func:`~nac_drive.pipeline.drive.drive_carracing`), Udacity's steering regression
+held-out tracks of the headless emulator (:func:`~nac_drive.pipeline.drive.drive_udacity_emulator`).
+The sections are the same; where a regression policy differs, the interpret modules say how
+(its decisions compared by steering side, its heads' push on the steering output), and the
+closed loop scores the mean |cross-track error| instead of the return.
 
 :func:`explain` writes ``RUN_DIR/explain.json``, one key per analysis section, each made by
 one function here that returns a JSON-able dict: ``fig4`` (:func:`fig4_section`, the paper's
@@ -7,8 +14,9 @@ Fig. 4 claim), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
 (:func:`saliency_section`, how faithful the saliency maps are), ``window``
 (:func:`window_section`, which past frame each decision used; also
 ``RUN_DIR/window_attribution.npz``, which the dashboard shows) and ``closed_loop``
-(:func:`closed_loop_section`, chosen neurons silenced while the policy drives). NaN is
-written as null.
+(:func:`closed_loop_section`, chosen neurons silenced while the policy drives), besides
+``task``, ``run``, ``policy``, ``trace_sha256`` and ``drive`` (the traced drive's figures).
+NaN is written as null.
 """
 
 from __future__ import annotations
@@ -20,29 +28,42 @@ from pathlib import Path
 import numpy as np
 
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
+from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
+# (task, core, action) of the policies explain can explain
+EXPLAINABLE = (("carracing", "nac", "discrete"), ("udacity", "nac", "continuous"))
+# the traced drive's figures explain.json keeps, per task
+DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_finished"),
+              "udacity": ("tracks", "seeds", "lengths", "laps", "distance_m", "mean_abs_cte_m", "max_abs_cte_m",
+                          "off_road", "mean_abs_cte", "off_road_tracks", "returns", "mean_return", "laps_finished",
+                          "speed_mph")}
 
 
 def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: int = EVAL_SEED_BASE,
             max_steps: int | None = None, frames: int | None = None, closed_loop_tracks: int = 10,
             closed_loop_top: int = 10, closed_loop_random: int = 10, seed: int = 0, progress: bool = True,
-            saliency_frames: int = 500, window_method: str | None = "integrated_gradients") -> dict:
-    """Drive ``policy_path`` (default: the shipped CarRacing policy) on ``episodes`` held-out
-    tracks from ``seed_base`` with a trace into a fresh run folder (``out``, or ``out-2``, ...),
-    measure it and write ``RUN_DIR/explain.json``; returns what it wrote.
+            saliency_frames: int = 500, window_method: str | None = "integrated_gradients",
+            task: str | None = None, speed: float | None = None) -> dict:
+    """Drive ``policy_path`` (default: the shipped policy of ``task``, "carracing" unless
+    given; with a path, its ``config.json`` says the task and ``task``, if given, must agree)
+    on ``episodes`` held-out tracks from ``seed_base`` with a trace into a fresh run folder
+    (``out``, or ``out-2``, ...), measure it and write ``RUN_DIR/explain.json``; returns what
+    it wrote.
 
-    ``frames``: replay at most this many recorded steps for the atlas's silencing (default
-    all). ``closed_loop_*``: the neurons whose silencing costs most (``top``) and ``random``
-    others (seeded by ``seed``) drive ``tracks`` held-out tracks clamped (0 tracks: skipped).
-    ``saliency_frames``: frames scored for saliency faithfulness (0: skipped);
-    ``window_method``: how the window attribution is computed (None: skipped).
+    Held-out tracks: CarRacing's seeds from ``seed_base``; Udacity's emulator tracks
+    ``random-<seed>`` for the same seeds (:func:`~nac_drive.pipeline.drive.udacity_eval_tracks`),
+    driven at ``speed`` mph (Udacity only; default 9). ``max_steps``: frames per track
+    (default 1000 on both). ``frames``: replay at most this many recorded steps for the
+    atlas's silencing (default all). ``closed_loop_*``: the neurons whose silencing costs most
+    (``top``) and ``random`` others (seeded by ``seed``) drive ``tracks`` held-out tracks
+    clamped (0 tracks: skipped). ``saliency_frames``: frames scored for saliency faithfulness
+    (0: skipped); ``window_method``: how the window attribution is computed (None: skipped).
     """
     from nac_drive.agents.driver import load_driving_policy
-    from nac_drive.interpret.trace import load_trace
-    from nac_drive.pipeline.drive import drive_carracing
-
     from nac_drive.interpret.temporal_attribution import WINDOW_METHODS
+    from nac_drive.interpret.trace import load_trace
+    from nac_drive.pipeline.drive import drive_carracing, drive_udacity_emulator, udacity_eval_tracks
 
     for name, value in (("closed_loop_tracks", closed_loop_tracks), ("closed_loop_top", closed_loop_top),
                         ("closed_loop_random", closed_loop_random), ("saliency_frames", saliency_frames)):
@@ -50,24 +71,40 @@ def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: 
             raise ValueError(f"{name}: must be >= 0, got {value}")
     if window_method is not None and window_method not in WINDOW_METHODS:
         raise ValueError(f"window_method: must be one of {WINDOW_METHODS} or None, got {window_method!r}")
-    policy = load_driving_policy(policy_path)
+    if task is not None and task not in DRIVE_KEYS:
+        raise ValueError(f"task: must be one of {tuple(DRIVE_KEYS)}, got {task!r}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps: must be >= 1, got {max_steps}")
+    policy = load_driving_policy(policy_path, task=task or "carracing")
     config = policy.config
-    if (config.task, config.core.core, config.action) != ("carracing", "nac", "discrete"):
-        raise ValueError(f"policy: explain needs a CarRacing NAC policy with discrete actions, got a "
-                         f"{config.task} {config.core.core} policy with {config.action} actions")
-    drive = drive_carracing(policy_path, episodes, seed_base, max_steps, trace_dir=out, progress=progress)
+    if (config.task, config.core.core, config.action) not in EXPLAINABLE:
+        raise ValueError(f"policy: explain needs a CarRacing NAC policy with discrete actions or a Udacity NAC "
+                         f"policy (steering regression), got a {config.task} {config.core.core} policy with "
+                         f"{config.action} actions")
+    if task is not None and task != config.task:
+        raise ValueError(f"task: {policy_path} is a {config.task!r} policy, not a {task!r} one")
+    if speed is not None and config.task != "udacity":
+        raise ValueError(f"speed: only a Udacity policy drives at a set speed, this is a {config.task!r} policy")
+    speed = UDACITY_SPEED if speed is None else speed
+    if not speed > 0:
+        raise ValueError(f"speed: must be > 0 mph, got {speed}")
+    if config.task == "udacity":
+        drive = drive_udacity_emulator(policy_path, udacity_eval_tracks(episodes, seed_base),
+                                       max_steps or UDACITY_FRAMES, trace_dir=out, speed=speed, progress=progress)
+    else:
+        drive = drive_carracing(policy_path, episodes, seed_base, max_steps, trace_dir=out, progress=progress)
     run_dir = Path(drive["trace"])
     run = load_trace(run_dir)
     report = {
-        "run": str(run_dir), "policy": drive["policy"], "trace_sha256": run.sha256,
-        "drive": {k: drive[k] for k in ("seeds", "returns", "lengths", "mean_return", "laps_finished")},
+        "task": config.task, "run": str(run_dir), "policy": drive["policy"], "trace_sha256": run.sha256,
+        "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]},
         "fig4": fig4_section(run),
         "atlas": atlas_section(run, policy, frames, progress),
         "saliency": saliency_section(run, policy, saliency_frames, seed, progress) if saliency_frames else None,
         "window": window_section(run_dir, policy, window_method, progress) if window_method else None,
     }
     report["closed_loop"] = closed_loop_section(run, policy, report["atlas"], closed_loop_tracks, closed_loop_top,
-                                                closed_loop_random, seed, seed_base, max_steps, progress)
+                                                closed_loop_random, seed, seed_base, max_steps, progress, speed)
     write_report(run_dir / EXPLAIN_FILE, report)
     return jsonable(report)
 
@@ -114,52 +151,84 @@ def window_section(run_dir: Path, policy, method: str = "integrated_gradients", 
 
 
 def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,
-                        seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None, progress: bool = False) -> dict:
+                        seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None, progress: bool = False,
+                        speed: float = UDACITY_SPEED) -> dict:
     """The policy drives ``tracks`` held-out tracks intact, then with each chosen neuron of
     ``atlas`` (:func:`atlas_section`) clamped to its mean: the ``top`` whose silencing costs
-    most agreement and ``random`` others drawn with ``seed``. Returns the seeds, the intact
-    returns and, per neuron, its returns and the change of the mean return."""
+    most agreement and ``random`` others drawn with ``seed``.
+
+    Returns the seeds, ``metric`` and, intact and per neuron, the drive's figures and the
+    change of the metric from intact. CarRacing: ``metric`` "return", the ``returns``, their
+    ``mean_return`` and ``return_change``. Udacity (the emulator's ``random-<seed>`` tracks,
+    ``track_names``, at ``speed`` mph): ``metric`` "mean_abs_cte", the figures of
+    :func:`~nac_drive.pipeline.drive.udacity_summary` (per track mean |cte|, laps,
+    off-road, ...) and ``cte_change`` (of the mean |cte| over every frame driven, in metres:
+    positive = silencing drives further from the centre line)."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.interpret.neuron_atlas import traced_neurons
-    from nac_drive.simulators.carracing import eval_seeds, make_carracing, run_episodes
+    from nac_drive.simulators.carracing import eval_seeds
 
+    udacity = policy.config.task == "udacity"
+    metric, change = ("mean_abs_cte", "cte_change") if udacity else ("return", "return_change")
     rows = atlas["neurons"]
     chosen = [(row, "top") for row in rows[:top]]
     rest = rows[top:]
     picks = np.random.default_rng(seed).choice(len(rest), size=min(random, len(rest)), replace=False)
     chosen += [(rest[i], "random") for i in sorted(picks)]
     if not tracks or not chosen:
-        return {"tracks": 0, "seeds": [], "intact": None, "neurons": []}
+        return {"tracks": 0, "seeds": [], "metric": metric, "intact": None, "neurons": []}
     neurons = {n.name: n for n in traced_neurons(run)}
     seeds = eval_seeds(tracks, base=seed_base)
     nac = policy.core.nac
-    env = make_carracing(gas=policy.config.gas)
+    if udacity:
+        from nac_drive.pipeline.drive import (udacity_emulator_env, udacity_emulator_episodes, udacity_eval_tracks,
+                                              udacity_summary)
+
+        names = udacity_eval_tracks(tracks, seed_base)
+        envs = [udacity_emulator_env(name, speed) for name in names]
+
+        def episodes() -> dict:
+            return udacity_summary(udacity_emulator_episodes(PolicyDriver(policy), envs, max_steps or UDACITY_FRAMES))
+
+        def close():
+            for env in envs:
+                env.close()
+        value = "mean_abs_cte"
+    else:
+        from nac_drive.simulators.carracing import make_carracing, run_episodes
+
+        env = make_carracing(gas=policy.config.gas)
+
+        def episodes() -> dict:
+            returns = [float(r) for r in run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env).returns]
+            return {"returns": returns, "mean_return": float(np.mean(returns))}
+        close, value = env.close, "mean_return"
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(chosen) + 1, desc="closed loop", unit="run")
 
-    def drive(clamp) -> list[float]:
+    def drive(clamp) -> dict:
         with nac.clamped(clamp):
-            results = run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env)
+            figures = episodes()
         if bar:
             bar.update(1)
-        return [float(r) for r in results.returns]
+        return figures
 
     try:
         intact = drive(None)
         out = []
         for row, why in chosen:
-            returns = drive(neurons[row["name"]].clamp(row["mean"]))
-            out.append({"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
-                        "returns": returns, "mean_return": float(np.mean(returns)),
-                        "return_change": float(np.mean(returns) - np.mean(intact))})
+            figures = drive(neurons[row["name"]].clamp(row["mean"]))
+            out.append({"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"], **figures,
+                        change: figures[value] - intact[value]})
     finally:
-        env.close()
+        close()
         if bar:
             bar.close()
-    return jsonable({"tracks": tracks, "seeds": seeds, "seed": seed,
-                     "intact": {"returns": intact, "mean_return": float(np.mean(intact))}, "neurons": out})
+    where = {"track_names": names, "speed_mph": speed} if udacity else {}
+    return jsonable({"tracks": tracks, "seeds": seeds, **where, "seed": seed, "metric": metric, "intact": intact,
+                     "neurons": out})
 
 
 def jsonable(value):

@@ -1,5 +1,6 @@
-"""Known-answer policies for the neuron atlas: a hand-built CarRacing NAC policy in which one
-neuron alone decides the steering, and recorded runs of a policy on synthetic road frames.
+"""Known-answer policies for the neuron atlas: hand-built NAC policies in which one neuron
+alone decides the steering (a discrete CarRacing one, a Udacity steering regression), and
+recorded runs of a policy on synthetic road frames.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from nac_drive.simulators.carracing import ACTION_NAMES, LEFT, RIGHT
 from support.synthetic_runs import road_frame
 
 
-def road_episodes(episodes: int = 2, steps: int = 40, seed: int = 0) -> list[list[np.ndarray]]:
-    """``episodes`` lists of ``steps`` synthetic 96x96 road frames whose bend swings left and right."""
+def road_episodes(episodes: int = 2, steps: int = 40, seed: int = 0,
+                  size: tuple[int, int] = (96, 96)) -> list[list[np.ndarray]]:
+    """``episodes`` lists of ``steps`` synthetic road frames (``size``: CarRacing's 96x96,
+    or the Udacity camera's 160x320) whose bend swings left and right."""
     rng = np.random.default_rng(seed)
-    return [[road_frame(rng, offset=0.3 * np.sin(0.2 * i + e), curve=np.sin(0.15 * i + 2 * e)) for i in range(steps)]
-            for e in range(episodes)]
+    return [[road_frame(rng, offset=0.3 * np.sin(0.2 * i + e), curve=np.sin(0.15 * i + 2 * e), size=size)
+             for i in range(steps)] for e in range(episodes)]
 
 
 def one_neuron_policy(frames: list[np.ndarray], unit: int = 1) -> DrivingPolicy:
@@ -54,6 +57,51 @@ def one_neuron_policy(frames: list[np.ndarray], unit: int = 1) -> DrivingPolicy:
         head.bias.fill_(-10.0)
         head.bias[LEFT] = head.bias[RIGHT] = 0.0
     return policy
+
+
+def one_neuron_steering_policy(frames: list[np.ndarray], unit: int = 1, gain: float = 0.1) -> DrivingPolicy:
+    """A Udacity (PilotNet+NAC, one steering output) policy whose steering is exactly
+    ``gain * v[unit]`` (plus nothing): positive ``v[unit]`` steers right.
+
+    Its window is one frame and its values are not scaled by the time vector
+    (``time_weighted_values`` off), so the layer's output at ``unit`` is ``v[unit]`` itself and
+    no other neuron moves the steering. ``v[unit]`` reads one PilotNet feature, standardised
+    over ``frames`` (uint8 RGB [160, 320, 3]) around its median.
+    """
+    config = PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1, feature_dim=8,
+                          frame_dt=1 / 15, core=CoreConfig(window=1, d_model=8, num_heads=2, topk=2, backbone_units=6))
+    policy = DrivingPolicy(config).eval()
+    nac = policy.core.nac
+    nac.time_weighted_values = False
+    with torch.no_grad():
+        x = torch.stack([policy.observation_to_frame(f)[0] for f in frames])
+        features = policy.encoder(x)                                                  # [n, 8]
+        wired = torch.nonzero(nac.v_gate.mask[unit]).flatten()
+        f = int(wired[features[:, wired].std(0).argmax()])
+        nac.v_gate.weight[unit] = 0.0
+        nac.v_gate.weight[unit, f] = 1.0 / float(features[:, f].std())
+        nac.v_gate.bias[unit] = -float(features[:, f].median()) / float(features[:, f].std())
+        nac.out_proj.weight.zero_()
+        nac.out_proj.bias.zero_()
+        nac.out_proj.weight[unit, unit] = 1.0
+        head = policy.head[-1]
+        head.weight.zero_()
+        head.bias.zero_()
+        head.weight[0, unit] = gain
+    return policy
+
+
+def record_udacity_run(policy: DrivingPolicy, episodes: list[list[np.ndarray]], run_dir: str | os.PathLike):
+    """Drive a Udacity ``policy`` over the frames of each episode as the bridge feeds it
+    (observations ``{"image", "timestamp", "speed", "cte"}``, 15 Hz) and return the loaded run."""
+    recorder = RunRecorder(run_dir, nac=policy.core.nac, action_names=["steering"])
+    driver = PolicyDriver(policy, recorder=recorder)
+    for frames in episodes:
+        driver.reset()
+        for i, frame in enumerate(frames):
+            driver.act({"image": frame, "timestamp": i / 15, "speed": 9.0, "cte": 0.0})
+    recorder.save()
+    return load_trace(run_dir)
 
 
 def record_policy_run(policy: DrivingPolicy, episodes: list[list[np.ndarray]], run_dir: str | os.PathLike):
