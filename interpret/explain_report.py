@@ -78,7 +78,7 @@ def _fig4_figure(fig4: dict, escape):
 
     heads = fig4["heads"]
     verdicts = "; ".join(f"{escape(k)}: {escape(v['verdict'])}" for k, v in fig4["claims"].items())
-    fig = make_subplots(rows=2, cols=len(heads), shared_yaxes="rows", vertical_spacing=0.12,
+    fig = make_subplots(rows=2, cols=len(heads), shared_yaxes="rows", vertical_spacing=0.22,
                         subplot_titles=[f"head {escape(h['head'])}: tau" for h in heads]
                         + [f"head {escape(h['head'])}: logit" for h in heads])
     for col, head in enumerate(heads, 1):
@@ -99,7 +99,7 @@ def _fig4_figure(fig4: dict, escape):
             fig.add_hline(y=y, line_dash=dash, line_color="#555", line_width=1, row=1, col=col)
         for y in PAPER_LOGITS:
             fig.add_hline(y=y, line_dash="dash", line_color="#555", line_width=1, row=2, col=col)
-    fig.update_layout(height=520, margin=dict(l=50, r=20, t=70, b=40), bargap=0.2,
+    fig.update_layout(height=580, margin=dict(l=50, r=20, t=70, b=40), bargap=0.2,
                       title=dict(text=f"The paper's Fig. 4 claim (this policy's mode: {escape(fig4.get('mode'))}): "
                                       f"{verdicts}<br><sup>median per scene, bars p5-p95; dashed: the paper's "
                                       f"tau 1.1 / 1.3 and logits 0.6 / 0.65, dotted: tau 0.8-1.6</sup>",
