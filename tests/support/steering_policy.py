@@ -38,19 +38,8 @@ def one_neuron_policy(frames: list[np.ndarray], unit: int = 1) -> DrivingPolicy:
     the head's LEFT and RIGHT logits are +-10 times it, the others -10.
     """
     config = PolicyConfig(feature_dim=8, core=CoreConfig(window=1, d_model=8, num_heads=2, topk=2, backbone_units=6))
-    policy = DrivingPolicy(config).eval()
-    nac = policy.core.nac
+    policy = _value_unit_passed_on(DrivingPolicy(config).eval(), frames, unit)
     with torch.no_grad():
-        x = torch.stack([policy.observation_to_frame(f)[0] for f in frames])
-        features = policy.encoder(x)                                                  # [n, 8]
-        wired = torch.nonzero(nac.v_gate.mask[unit]).flatten()
-        f = int(wired[features[:, wired].std(0).argmax()])
-        nac.v_gate.weight[unit] = 0.0
-        nac.v_gate.weight[unit, f] = 1.0 / float(features[:, f].std())
-        nac.v_gate.bias[unit] = -float(features[:, f].median()) / float(features[:, f].std())
-        nac.out_proj.weight.zero_()
-        nac.out_proj.bias.zero_()
-        nac.out_proj.weight[unit, unit] = 1.0
         head = policy.head[-1]
         head.weight.zero_()
         head.weight[LEFT, unit], head.weight[RIGHT, unit] = 10.0, -10.0
@@ -71,8 +60,21 @@ def one_neuron_steering_policy(frames: list[np.ndarray], unit: int = 1, gain: fl
     config = PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1, feature_dim=8,
                           frame_dt=1 / 15, core=CoreConfig(window=1, d_model=8, num_heads=2, topk=2, backbone_units=6))
     policy = DrivingPolicy(config).eval()
+    policy.core.nac.time_weighted_values = False
+    policy = _value_unit_passed_on(policy, frames, unit)
+    with torch.no_grad():
+        head = policy.head[-1]
+        head.weight.zero_()
+        head.bias.zero_()
+        head.weight[0, unit] = gain
+    return policy
+
+
+def _value_unit_passed_on(policy: DrivingPolicy, frames: list[np.ndarray], unit: int) -> DrivingPolicy:
+    """``policy`` with ``v[unit]`` reading one encoder feature (the wired one that varies most
+    over ``frames``), standardised around its median, and the output projection passing only
+    ``unit`` on (to the same unit)."""
     nac = policy.core.nac
-    nac.time_weighted_values = False
     with torch.no_grad():
         x = torch.stack([policy.observation_to_frame(f)[0] for f in frames])
         features = policy.encoder(x)                                                  # [n, 8]
@@ -84,10 +86,6 @@ def one_neuron_steering_policy(frames: list[np.ndarray], unit: int = 1, gain: fl
         nac.out_proj.weight.zero_()
         nac.out_proj.bias.zero_()
         nac.out_proj.weight[unit, unit] = 1.0
-        head = policy.head[-1]
-        head.weight.zero_()
-        head.bias.zero_()
-        head.weight[0, unit] = gain
     return policy
 
 
