@@ -7,11 +7,14 @@ overlay) and :meth:`RerunView.new_episode` when the policy resets. :func:`trace_
 replays a recorded ``trace.npz`` (and its ``saliency.npz``) into the same recording.
 
 Where it goes (:func:`open_view`): a ``.rrd`` file (headless; ``rerun FILE.rrd`` opens it),
-a native Rerun viewer started for the drive, or Rerun's web viewer served over HTTP. Both
-viewers run as a child process of the Rerun CLI bound to 127.0.0.1 (the SDK's own
-``serve_grpc`` / ``serve_web_viewer`` listen on every interface), with Rerun's usage
-analytics turned off through a configuration folder of nac-drive's own (``rerun analytics
-disable`` run against it), so the user's own Rerun settings are left as they are.
+a native Rerun viewer started for the drive, or a Rerun gRPC server that any viewer connects
+to (``rerun --connect rerun+http://127.0.0.1:PORT/proxy``; from another machine through an
+SSH tunnel), which keeps the recording for viewers that connect late. Viewer and server run
+as a child process of the Rerun CLI bound to 127.0.0.1 (the SDK's own ``serve_grpc`` listens
+on every interface), with Rerun's usage analytics turned off through a configuration folder
+of nac-drive's own (``rerun analytics disable`` run against it), so the user's own Rerun
+settings are left as they are. Rerun's web viewer is not offered: its page loads fonts from
+Google and its viewer sends usage analytics from the browser, which nac-drive cannot turn off.
 
 Recording layout. Timelines: ``step`` (the run's step: row ``i`` of ``trace.npz``),
 ``episode`` and ``episode_step``. Entity paths (A / E = policy / expert action size, D =
@@ -57,7 +60,7 @@ import numpy as np
 from nac_drive.interpret.trace import BACKBONE_GROUPS, PER_KEY, RunTrace, reduce_nac_trace
 
 APPLICATION_ID = "nac-drive"
-WEB_PORT = 9090
+GRPC_PORT = 9876      # Rerun's own default proxy port
 VIEWER_START_TIMEOUT_S = 20.0
 JPEG_QUALITY = 90
 
@@ -119,31 +122,33 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def start_viewer(web_port: int | None = None, host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
-    """Start the Rerun CLI as a viewer bound to ``host``: the native viewer, or with
-    ``web_port`` the web viewer served over HTTP there. Returns (process, gRPC URL to log to).
+def start_viewer(serve_port: int | None = None, host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    """Start the Rerun CLI bound to ``host``: the native viewer, or with ``serve_port`` a
+    gRPC server (no window) there for viewers to connect to. Returns (process, gRPC URL to
+    log to).
 
-    Raises ValueError (one line) if the viewer does not listen within
-    :data:`VIEWER_START_TIMEOUT_S` (a taken port, no display for the native viewer)."""
-    grpc_port = _free_port(host)
-    cmd = [rerun_executable(), "--bind", host, "--port", str(grpc_port), "--hide-welcome-screen"]
-    if web_port is not None:
-        cmd += ["--serve-web", "--web-viewer-port", str(web_port)]
+    Raises ValueError (one line) if it does not listen within :data:`VIEWER_START_TIMEOUT_S`
+    (a taken port, no display for the native viewer)."""
+    if serve_port is not None:
+        port, mode = serve_port, ["--serve-grpc"]
     else:
-        cmd += ["--expect-data-soon"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "XDG_CONFIG_HOME": str(viewer_config_home())},
+        port, mode = _free_port(host), ["--expect-data-soon", "--hide-welcome-screen"]
+    if _listening(host, port):
+        raise ValueError(f"--rerun-serve: port {port} on {host} is in use")
+    proc = subprocess.Popen([rerun_executable(), "--bind", host, "--port", str(port), *mode],
+                            env={**os.environ, "XDG_CONFIG_HOME": str(viewer_config_home())},
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=web_port is None)   # a native window outlives the drive
-    ports = [grpc_port] + ([web_port] if web_port is not None else [])
+                            start_new_session=serve_port is None)   # a native window outlives the drive
     deadline = time.monotonic() + VIEWER_START_TIMEOUT_S
-    while not all(_listening(host, p) for p in ports):
+    while not _listening(host, port):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             err = (proc.stderr.read() if proc.poll() is not None else b"").decode(errors="replace").strip()
             last = err.splitlines()[-1] if err else "no output"
-            raise ValueError(f"the Rerun viewer did not start on {host} ports {ports}: {last[:300]}")
+            raise ValueError(f"the Rerun {'server' if serve_port else 'viewer'} did not start on {host}:{port}: "
+                             f"{last[:300]}")
         time.sleep(0.1)
-    return proc, f"rerun+http://{host}:{grpc_port}/proxy"
+    return proc, f"rerun+http://{host}:{port}/proxy"
 
 
 def _listening(host: str, port: int) -> bool:
@@ -184,7 +189,7 @@ class RerunView:
         recording: a ``rerun.RecordingStream`` already connected to its sinks (:func:`open_view`).
         saliency: whether the driver should compute the Grad-CAM overlay of each step
             (:meth:`add`'s ``saliency``); the view itself only logs what it is given.
-        viewer: the viewer process to stop on :meth:`close` (a web viewer), if any.
+        viewer: the server process to stop on :meth:`close` (``--rerun-serve``), if any.
         where: where the recording goes, in words.
     """
 
@@ -240,7 +245,7 @@ class RerunView:
         self.rec.flush()
 
     def close(self) -> None:
-        """Flush and end the recording; stop a web viewer this view started."""
+        """Flush and end the recording; stop a gRPC server this view started."""
         self.flush()
         self.rec.disconnect()     # a file gets its footer
         if self.viewer is not None and self.viewer.poll() is None:
@@ -302,15 +307,18 @@ def _floats(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).reshape(-1)
 
 
-def open_view(file: str | os.PathLike | None = None, *, viewer: bool = False, web_port: int | None = None,
+def open_view(file: str | os.PathLike | None = None, *, viewer: bool = False, serve_port: int | None = None,
               num_heads: int = 0, saliency: bool = True, name: str = "drive") -> RerunView:
-    """A :class:`RerunView` whose recording goes to any of: ``file`` (a ``.rrd`` path),
-    ``viewer`` (a native Rerun viewer started for it) and ``web_port`` (Rerun's web viewer
-    served on 127.0.0.1 at that port while the drive lasts). ``num_heads``: the NAC's heads,
-    for the default layout."""
+    """A :class:`RerunView` whose recording goes to one of: ``file`` (a ``.rrd`` path),
+    ``viewer`` (a native Rerun viewer started for it) or ``serve_port`` (a Rerun gRPC server on
+    127.0.0.1 at that port while the drive lasts; it also keeps what it got for viewers that
+    connect late), or a file and one of the others. ``num_heads``: the NAC's heads, for the
+    default layout."""
     rr = require_rerun()
-    if file is None and not viewer and web_port is None:
-        raise ValueError("open_view: give a .rrd file, viewer=True or a web_port")
+    if file is None and not viewer and serve_port is None:
+        raise ValueError("open_view: give a .rrd file, viewer=True or a serve_port")
+    if viewer and serve_port is not None:
+        raise ValueError("--rerun-serve: a viewer started for the drive already serves it; give one of the two")
     if file is not None:
         check_rrd_path(file)
     rec = rr.RecordingStream(APPLICATION_ID, recording_id=f"{name}-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -318,13 +326,13 @@ def open_view(file: str | os.PathLike | None = None, *, viewer: bool = False, we
     if file is not None:
         sinks.append(rr.FileSink(str(file)))
         where.append(str(file))
-    if viewer or web_port is not None:
-        process, url = start_viewer(web_port)
+    if viewer or serve_port is not None:
+        process, url = start_viewer(serve_port)
         sinks.append(rr.GrpcSink(url))
-        where.append(f"the web viewer at http://127.0.0.1:{web_port}" if web_port is not None else "the Rerun viewer")
+        where.append(f"{url} (rerun --connect {url})" if serve_port is not None else "the Rerun viewer")
     rec.set_sinks(*sinks, default_blueprint=default_blueprint(num_heads))
-    # A native viewer is the user's window, left open; a web viewer is served while the drive lasts.
-    return RerunView(rec, saliency=saliency, viewer=process if web_port is not None else None,
+    # A native viewer is the user's window, left open; a server serves while the drive lasts.
+    return RerunView(rec, saliency=saliency, viewer=process if serve_port is not None else None,
                      where=" and ".join(where))
 
 

@@ -1,6 +1,6 @@
 """The live Rerun view: what a drive streams equals what its trace.npz holds, a recorded run
-replays into the same recording, the web viewer listens on 127.0.0.1 only with Rerun's
-analytics off, and CarRacing's cross-track error is the car's signed offset from the centre line."""
+replays into the same recording, the gRPC server listens on 127.0.0.1 only with Rerun's
+analytics off and serves a viewer, and CarRacing's cross-track error is the car's signed offset from the centre line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -140,28 +139,38 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_the_web_viewer_listens_on_loopback_only_with_rerun_analytics_off(tmp_path, monkeypatch):
-    from nac_drive.interpret.live_view import start_viewer
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))   # the viewer's analytics setting lands here
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        web_port = s.getsockname()[1]
-    viewer, url = start_viewer(web_port=web_port)
+        return s.getsockname()[1]
+
+
+def test_the_grpc_server_listens_on_loopback_only_with_analytics_off_and_serves_a_viewer(tmp_path, monkeypatch):
+    from nac_drive.interpret.live_view import open_view, rerun_executable
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))   # the server's analytics setting lands here
+    port = free_port()
+    view = open_view(serve_port=port, saliency=False)
+    url = f"rerun+http://127.0.0.1:{port}/proxy"
     try:
-        grpc_port = int(url.rsplit(":", 1)[1].split("/")[0])
-        assert url == f"rerun+http://127.0.0.1:{grpc_port}/proxy"
-        for port in (web_port, grpc_port):
-            assert listening_addresses(port) == {"127.0.0.1"}, port
-        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/", timeout=10) as page:
-            assert page.status == 200 and b"<html" in page.read().lower()
+        assert url in view.where and listening_addresses(port) == {"127.0.0.1"}
         settings = json.loads((tmp_path / "nac-drive" / "rerun-config" / "rerun" / "analytics.json").read_text())
         assert settings["analytics_enabled"] is False
-        assert f"XDG_CONFIG_HOME={tmp_path}/nac-drive/rerun-config" in \
-            Path(f"/proc/{viewer.pid}/environ").read_bytes().decode(errors="replace").replace("\0", "\n").splitlines()
+        environ = Path(f"/proc/{view.viewer.pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        assert f"XDG_CONFIG_HOME={tmp_path}/nac-drive/rerun-config" in environ
+        # a viewer connects (here Rerun's CLI saving what it receives) and gets the drive
+        client = subprocess.Popen([rerun_executable(), url, "--bind", "127.0.0.1", "--port", str(free_port()),
+                                   "--save", str(tmp_path / "got.rrd")], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
+        for i in range(25):
+            view.add(frame=np.zeros((8, 8, 3), np.uint8), policy_action=[i % 5], reward=0.5)
     finally:
-        viewer.terminate()
-        viewer.wait(timeout=10)
+        view.close()   # stops the server: the client's stream ends and it saves the file
+    assert view.viewer.poll() is not None
+    assert client.wait(timeout=30) == 0
+    got = read_recording(tmp_path / "got.rrd")
+    np.testing.assert_array_equal(series(got, "action/policy", 25)[:, 0], np.arange(25) % 5)
+    np.testing.assert_allclose(series(got, "reward/return", 25)[:, 0], 0.5 * np.arange(1, 26))
 
 
 def test_carracing_cross_track_error_is_the_signed_offset_from_the_centre_line():

@@ -4,8 +4,10 @@
     nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
 
 Either can be watched live in Rerun: ``--rerun`` starts a Rerun viewer, ``--rerun run.rrd``
-saves the recording instead (``rerun run.rrd`` opens it later), ``--rerun-web`` serves
-Rerun's web viewer on 127.0.0.1:9090 while the drive lasts. The view holds the frame, the
+saves the recording instead (``rerun run.rrd`` opens it later), ``--rerun-serve`` serves it
+over gRPC on 127.0.0.1:9876 while the drive lasts (``rerun --connect
+rerun+http://127.0.0.1:9876/proxy`` watches it, from another machine through ``ssh -L
+9876:127.0.0.1:9876``). The view holds the frame, the
 Grad-CAM saliency of the chosen action, the actions, reward, cross-track error and every
 traced NAC state, on a ``step`` timeline.
 
@@ -52,8 +54,10 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     live.add_argument("--rerun", nargs="?", const="viewer", default=None, metavar="FILE.rrd",
                       help="show the drive live in a Rerun viewer; with a file name ending in .rrd, save the "
                            "recording there instead (headless)")
-    live.add_argument("--rerun-web", nargs="?", type=PORT, const=9090, default=None, metavar="PORT",
-                      help="serve Rerun's web viewer on 127.0.0.1 (default port 9090) while the drive lasts")
+    live.add_argument("--rerun-serve", nargs="?", type=PORT, const=9876, default=None, metavar="PORT",
+                      help="serve the recording over gRPC on 127.0.0.1 (default port 9876) while the drive lasts: "
+                           "rerun --connect rerun+http://127.0.0.1:PORT/proxy watches it (Rerun's web viewer is not "
+                           "offered: it sends usage analytics from the browser)")
     live.add_argument("--no-live-saliency", action="store_true",
                       help="leave the per-frame Grad-CAM overlay out of the live view (it costs a backward pass a frame)")
 
@@ -62,10 +66,10 @@ def live_options(args: argparse.Namespace):
     """The parsed live-view flags as :class:`~nac_drive.pipeline.drive.LiveOptions` (None: no view)."""
     from nac_drive.pipeline.drive import LiveOptions
 
-    if args.rerun is None and args.rerun_web is None:
+    if args.rerun is None and args.rerun_serve is None:
         return None
     return LiveOptions(file=None if args.rerun in (None, "viewer") else args.rerun, viewer=args.rerun == "viewer",
-                       web_port=args.rerun_web, saliency=not args.no_live_saliency)
+                       serve_port=args.rerun_serve, saliency=not args.no_live_saliency)
 
 
 def add_carracing_arguments(parser: argparse.ArgumentParser) -> None:

@@ -211,14 +211,14 @@ class LiveOptions:
     """a .rrd file the recording is saved to"""
     viewer: bool = False
     """start a native Rerun viewer"""
-    web_port: int | None = None
-    """serve Rerun's web viewer on 127.0.0.1 at this port while the drive lasts"""
+    serve_port: int | None = None
+    """serve the recording over gRPC on 127.0.0.1 at this port while the drive lasts"""
     saliency: bool = True
     """compute each step's Grad-CAM overlay live"""
 
     def checked(self) -> "LiveOptions | None":
         """Itself, its file checked and rerun-sdk present (before any work), or None if it names no sink."""
-        if self.file is None and not self.viewer and self.web_port is None:
+        if self.file is None and not self.viewer and self.serve_port is None:
             return None
         from nac_drive.interpret.live_view import check_rrd_path, require_rerun
 
@@ -237,7 +237,7 @@ def live_view(live: LiveOptions | None, policy):
     from nac_drive.interpret.live_view import open_view
 
     nac = policy.core.nac if policy.config.core.core == "nac" else None
-    view = open_view(live.file, viewer=live.viewer, web_port=live.web_port, saliency=live.saliency,
+    view = open_view(live.file, viewer=live.viewer, serve_port=live.serve_port, saliency=live.saliency,
                      num_heads=nac.num_heads if nac is not None else 0, name=f"{policy.config.task}-drive")
     print(f"live view: {view.where}", file=sys.stderr)
     try:
