@@ -220,6 +220,8 @@ class LiveOptions:
         """Itself, its file checked and rerun-sdk present (before any work), or None if it names no sink."""
         if self.file is None and not self.viewer and self.serve_port is None:
             return None
+        if self.viewer and self.serve_port is not None:
+            raise ValueError("--rerun-serve: a viewer started for the drive already serves it; give one of the two")
         from nac_drive.interpret.live_view import check_rrd_path, require_rerun
 
         require_rerun()
