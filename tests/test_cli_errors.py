@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import nac_drive
 from nac_drive.arguments import check_number
 from nac_drive.pipeline.train_args import TrainArgs
 
@@ -153,3 +154,13 @@ def test_argument_dataclasses_check_their_bounds_in_python_too():
         ExpertTrainArgs(total_frames=-5)
     assert check_number(0.5, min=0, below=1) is None
     assert check_number(float("-inf"), max=3) == "must be a finite number, got -inf"
+
+
+def test_python_m_nac_drive_is_the_command(tmp_path):
+    version = subprocess.run([sys.executable, "-m", "nac_drive", "--version"], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == f"nac-drive {nac_drive.__version__}"
+    refused = subprocess.run([sys.executable, "-m", "nac_drive", "drive", "carracing", "--rerun", "run.mp4"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "nac-drive drive: error: --rerun: expected a file name ending in .rrd, got 'run.mp4'"]

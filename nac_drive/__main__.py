@@ -1,0 +1,7 @@
+"""``python -m nac_drive``: the ``nac-drive`` command (for an environment whose scripts folder is not on PATH)."""
+
+import sys
+
+from nac_drive.cli import main
+
+sys.exit(main())
