@@ -25,13 +25,25 @@ def shipped_policy_path(task: str = "carracing") -> Path:
 
 def load_driving_policy(path: str | Path | None = None, task: str = "carracing"):
     """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one for
-    ``task``), in eval mode."""
+    ``task``; a training run folder: its ``best/``, :func:`checkpoint_folder`), in eval mode."""
     import torch
 
     from nac_drive.policy import DrivingPolicy
 
     torch.set_num_threads(1)
-    return DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else path)
+    return DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path))
+
+
+def checkpoint_folder(path: str | Path) -> str | Path:
+    """``path`` itself, or, for the run folder of ``nac-drive train`` (no ``config.json`` in
+    it, one in its ``best/``), that ``best/`` checkpoint, said on stderr. A Hub id passes as it is."""
+    import sys
+
+    run = Path(path)
+    if run.is_dir() and not (run / "config.json").exists() and (run / "best" / "config.json").is_file():
+        print(f"policy: {run} is a training run folder; using its best/ checkpoint ({run / 'best'})", file=sys.stderr)
+        return run / "best"
+    return path
 
 
 class PolicyDriver:

@@ -231,3 +231,16 @@ def test_encoders_convolve_channels_last_whatever_the_input_layout(encoder):
     torch.testing.assert_close(from_nchw, from_hwc)
     torch.testing.assert_close(model(hwc.permute(0, 3, 1, 2).float() / 255), from_hwc)
     assert layouts == [True, True, True]
+
+
+def test_a_training_run_folder_given_as_the_policy_means_its_best_checkpoint(tmp_path, capsys):
+    from nac_drive.agents.driver import load_driving_policy
+
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8), feature_dim=8)).eval()
+    policy.save_pretrained(tmp_path / "run" / "best")
+    loaded = load_driving_policy(tmp_path / "run")
+    assert loaded.config == policy.config
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), policy.state_dict().values()))
+    assert f"using its best/ checkpoint ({tmp_path / 'run' / 'best'})" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="config.json"):   # a folder that is neither still fails in one line
+        load_driving_policy(tmp_path)
