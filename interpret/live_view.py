@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from nac_drive.interpret.trace import BACKBONE_GROUPS, PER_KEY, RunTrace, reduce_nac_trace
+from nac_drive.interpret.trace import BACKBONE_GROUPS, NAC_FIELDS, PER_KEY, RunTrace, reduce_nac_trace
 
 APPLICATION_ID = "nac-drive"
 GRPC_PORT = 9876      # Rerun's own default proxy port
@@ -376,11 +376,8 @@ def trace_to_rrd(run: RunTrace, out: str | os.PathLike, saliency=None, progress:
 
 
 def _trace_row(run: RunTrace, i: int) -> dict[str, np.ndarray]:
-    """Step ``i`` of a trace as :func:`reduce_nac_trace` returns it (empty key slots trimmed
-    to the step's own K, as live)."""
-    names = ["q", "k", "v", *(f"{g}_{r}" for g in BACKBONE_GROUPS for r in ("mean", "top")), *PER_KEY,
-             "key_step", "key_age"]
-    return {name: getattr(run, name)[i] for name in names}
+    """Step ``i`` of a trace as :func:`reduce_nac_trace` returns it."""
+    return {name: getattr(run, name)[i] for name in NAC_FIELDS}
 
 
 __all__ = ["RerunView", "open_view", "start_viewer", "trace_to_rrd", "default_blueprint", "require_rerun",

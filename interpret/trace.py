@@ -483,9 +483,11 @@ def _stack_nac(rows: list[dict[str, np.ndarray] | None], n: int) -> dict[str, np
     return out
 
 
-# Rank (after the step axis) of every NAC member, in schema order.
+# Rank (after the step axis) of every NAC member, in schema order (NAC_FIELDS: their names).
 _NAC_RANKS = {"q": 1, "k": 1, "v": 1, **{f"{g}_{r}": 2 for g in BACKBONE_GROUPS for r in ("mean", "top")},
               **{name: 2 for name in PER_KEY}, "key_step": 2, "key_age": 2}
 
 
-__all__ = ["RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "describe_nac", "ArchiveError", "TRACE_FILE"]
+NAC_FIELDS = tuple(_NAC_RANKS)
+
+__all__ = ["NAC_FIELDS", "RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "describe_nac", "ArchiveError", "TRACE_FILE"]

@@ -29,7 +29,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
 
     ``recorded``: only the first this many episodes go into ``video``, the trace and the
     ``live`` view (all are scored, and the latency covers all, traced or not); default all."""
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
     from nac_drive.atomic import fresh_dir
     from nac_drive.video import check_video_path
 
@@ -38,9 +38,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
     if video is not None:
         check_video_path(video)   # before driving
     live = live.checked() if live is not None else None
-    policy = load_driving_policy(policy_path)
-    if policy.config.task != "carracing":
-        raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a CarRacing one")
+    policy = task_policy(policy_path, "carracing")
     recorder, oracle = None, None
     continuous = policy.config.action == "continuous"
     if trace_dir is not None or live is not None:
@@ -165,7 +163,7 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     ``trace_dir-2``, ...). Returns the summary: ``tracks``, ``seeds`` (each track's), the
     figures of :func:`udacity_summary` (per track: frames driven, laps, mean |cte|,
     off-road, ...), the policy's latency and ``trace`` (the run folder)."""
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
     from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.udacity_env import ENV_ID
     from nac_drive.simulators.udacity_track import track_spec
@@ -174,9 +172,7 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     if not tracks or frames < 1:
         raise ValueError(f"tracks and frames: expected at least one track and frames >= 1, got {tracks} and {frames}")
     seeds = [track_spec(t).seed for t in tracks]   # a bad name fails here, before any folder exists
-    policy = load_driving_policy(policy_path, task="udacity")
-    if policy.config.task != "udacity":
-        raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a Udacity one")
+    policy = task_policy(policy_path, "udacity")
     recorder = None
     if trace_dir is not None:
         recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, ENV_ID, ["steering"])
@@ -238,7 +234,7 @@ def live_view(live: LiveOptions | None, policy):
         return
     from nac_drive.interpret.live_view import open_view
 
-    nac = policy.core.nac if policy.config.core.core == "nac" else None
+    nac = policy_nac(policy)
     view = open_view(live.file, viewer=live.viewer, serve_port=live.serve_port, saliency=live.saliency,
                      num_heads=nac.num_heads if nac is not None else 0, name=f"{policy.config.task}-drive")
     print(f"live view: {view.where}", file=sys.stderr)
@@ -248,16 +244,31 @@ def live_view(live: LiveOptions | None, policy):
         view.close()
 
 
+def task_policy(policy_path, task: str):
+    """The policy of ``policy_path`` (default: the shipped one of ``task``), refused in one
+    line if it drives another task."""
+    from nac_drive.agents.driver import load_driving_policy
+
+    policy = load_driving_policy(policy_path, task=task)
+    if policy.config.task != task:
+        raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a {task!r} one")
+    return policy
+
+
+def policy_nac(policy):
+    """The policy's NAC layer, or None for another core."""
+    return policy.core.nac if policy.config.core.core == "nac" else None
+
+
 def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list[str]):
     """A RunRecorder for a policy's closed-loop run (its NAC's wiring included)."""
     from dataclasses import asdict
 
     from nac_drive.interpret.trace import RunRecorder
 
-    nac = policy.core.nac if policy.config.core.core == "nac" else None
     return RunRecorder(trace_dir, metadata={"env": env, "policy": str(policy_path or "shipped"),
                                             "policy_config": asdict(policy.config)},
-                       nac=nac, action_names=action_names, expert_action_names=action_names)
+                       nac=policy_nac(policy), action_names=action_names, expert_action_names=action_names)
 
 
 def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567, speed: float = 9.0,
@@ -266,15 +277,13 @@ def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567,
     """Serve the Udacity simulator with a Udacity policy (default: the shipped one) until
     Ctrl-C; ``trace_dir``: also record the run for the dashboard; ``live``: show it in
     Rerun. Returns an exit code."""
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
     from nac_drive.atomic import fresh_dir
     from nac_drive.simulators.udacity_bridge import drive_udacity, require_udacity_extra
 
     require_udacity_extra()   # before the trace folder exists
     live = live.checked() if live is not None else None
-    policy = load_driving_policy(policy_path, task="udacity")
-    if policy.config.task != "udacity":
-        raise ValueError(f"{policy_path} is a {policy.config.task!r} policy, not a Udacity one")
+    policy = task_policy(policy_path, "udacity")
     recorder = None
     if trace_dir:
         recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, "udacity", ["steering"])
