@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,16 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+def connections_to(port: int) -> int:
+    """How many established TCP connections the server on ``port`` holds (from /proc/net/tcp)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "01" and int(local.split(":")[1], 16) == port:   # ESTABLISHED, server side
+            count += 1
+    return count
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -164,6 +175,14 @@ def test_the_grpc_server_listens_on_loopback_only_with_analytics_off_and_serves_
                                   stderr=subprocess.DEVNULL, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
         for i in range(25):
             view.add(frame=np.zeros((8, 8, 3), np.uint8), policy_action=[i % 5], reward=0.5)
+        view.flush()
+        # the server holds the drive for viewers that come late; stop it only once this one is in
+        # (two connections: the drive's and the viewer's) and has had time to take it all
+        deadline = time.monotonic() + 60
+        while connections_to(port) < 2 and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert connections_to(port) >= 2, "the viewer never connected"
+        time.sleep(3)
     finally:
         view.close()   # stops the server: the client's stream ends and it saves the file
     assert view.viewer.poll() is not None
