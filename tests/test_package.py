@@ -3,10 +3,12 @@
 import importlib
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
+import venv
 import zipfile
 from pathlib import Path
 
@@ -17,22 +19,38 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+FOLDERS = ("nac_drive", "agents", "simulators", "data_collection", "interpret")
+
+
+def package_dirs() -> dict[str, str]:
+    """Each folder of the checkout -> the package it installs as (``agents`` -> ``nac_drive/agents``)."""
+    mapping = PYPROJECT["tool"]["setuptools"]["package-dir"]
+    return {folder: package.replace(".", "/") for package, folder in mapping.items()}
+
+
 def shipped_files() -> dict[str, Path]:
     """Every file the wheel must hold, by its path inside the wheel -> its path in the checkout.
 
     All ``.py`` files of the five package folders and every asset, placed where pyproject's
-    ``sources`` table puts them (``agents/x.py`` -> ``nac_drive/agents/x.py``).
+    ``package-dir`` table puts them (``agents/x.py`` -> ``nac_drive/agents/x.py``).
     """
-    wheel = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]
+    targets = package_dirs()
     files = {}
-    for folder in ("nac_drive", "agents", "simulators", "data_collection", "interpret"):
-        assert folder in wheel["only-include"]
-        target = wheel["sources"].get(folder, folder)
+    for folder in FOLDERS:
         for path in (ROOT / folder).rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts and (
                     path.suffix == ".py" or (ROOT / "nac_drive" / "assets") in path.parents):
-                files[f"{target}/{path.relative_to(ROOT / folder).as_posix()}"] = path
+                files[f"{targets[folder]}/{path.relative_to(ROOT / folder).as_posix()}"] = path
     return files
+
+
+def test_pyproject_lists_every_package_of_the_five_folders():
+    # setuptools installs the packages it is told of: a new subpackage must be listed
+    targets = package_dirs()
+    assert set(targets) == set(FOLDERS)
+    found = {targets[folder] + "/" + init.parent.relative_to(ROOT / folder).as_posix()
+             for folder in FOLDERS for init in (ROOT / folder).rglob("__init__.py")}
+    assert {p.removesuffix("/.").replace("/", ".") for p in found} == set(PYPROJECT["tool"]["setuptools"]["packages"])
 
 
 def build(source: Path, out: Path, *kinds: str) -> list[Path]:
@@ -47,40 +65,112 @@ def test_wheel_holds_every_module_and_asset_and_the_sdist_rebuilds_it(tmp_path):
     built = build(ROOT, tmp_path / "dist", "--sdist", "--wheel")
     sdist, wheel = (next(p for p in built if p.name.endswith(ext)) for ext in (".tar.gz", ".whl"))
     with zipfile.ZipFile(wheel) as zf:
-        names = set(zf.namelist())
+        names = {n for n in zf.namelist() if ".dist-info/" not in n}
         expected = shipped_files()
         assert len(expected) > 60 and "nac_drive/commands/quickstart.py" in expected
-        missing = sorted(set(expected) - names)
-        assert not missing, f"the wheel leaves out {missing}"
+        assert names == set(expected), (f"the wheel leaves out {sorted(set(expected) - names)}, "
+                                        f"and holds what the checkout does not: {sorted(names - set(expected))}")
         for name, path in expected.items():
             assert zf.read(name) == path.read_bytes(), name
-        strays = [n for n in names if "__pycache__" in n or n.endswith(".pyc")
-                  or not (n.startswith("nac_drive/") or n.startswith("nac_drive-"))]
-        assert not strays, strays
-    # A user or a distribution that builds from the sdist gets the same wheel, byte for byte.
+    # A user or a distribution that builds from the sdist gets the same wheel: the same files,
+    # byte for byte (the zip's own timestamps are the build's, unless SOURCE_DATE_EPOCH is set)
     rebuilt = build(sdist, tmp_path / "from_sdist", "--wheel")
     assert [p.name for p in rebuilt] == [wheel.name]
-    assert rebuilt[0].read_bytes() == wheel.read_bytes()
+    assert wheel_contents(rebuilt[0]) == wheel_contents(wheel)
+
+
+def wheel_contents(wheel: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
 
 
 def test_tests_run_against_the_installed_package():
     installed = Path(nac_drive.__file__).resolve()
     site_packages = Path(sysconfig.get_paths()["purelib"]).resolve()
-    assert installed.is_relative_to(site_packages) and not installed.is_relative_to(ROOT), installed
+    if installed.is_relative_to(ROOT):   # conftest allows this for an editable install of this checkout only
+        from conftest import editable_install_of
+
+        assert editable_install_of(ROOT)
+    else:
+        assert installed.is_relative_to(site_packages), installed
+
+
+def source_tree_copy(tmp_path: Path) -> Path:
+    """What a build of the checkout reads, copied (so the test can edit it)."""
+    src = tmp_path / "src"
+    for name in (*FOLDERS, "build_backend"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "MANIFEST.in", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    return src
+
+
+def venv_with_our_dependencies(tmp_path: Path) -> Path:
+    """A fresh venv that sees this environment's packages except nac-drive itself; its python."""
+    venv.create(tmp_path / "venv", with_pip=False)
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    stdlib = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
+    site_dirs = [Path(p).resolve() for p in sys.path if p and Path(p).is_dir()]
+    for site_dir in site_dirs:
+        if site_dir in stdlib or site_dir.is_relative_to(ROOT) or not any(site_dir.glob("*.dist-info")):
+            continue   # not a folder that installed distributions live in
+        for entry in site_dir.iterdir():
+            if not entry.name.startswith(("nac_drive", "__editable__")) and not (deps / entry.name).exists():
+                (deps / entry.name).symlink_to(entry)
+    python = tmp_path / "venv" / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "dependencies.pth").write_text(f"{deps}\n")
+    return python
+
+
+def pip(python: Path, *args: str, cwd: Path) -> None:
+    done = subprocess.run([python, "-m", "pip", "--disable-pip-version-check", *args, "--no-deps",
+                           "--no-build-isolation", "--no-index"], capture_output=True, text=True, cwd=cwd)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_an_editable_install_sees_edits_and_new_modules_without_reinstalling(tmp_path):
+    src, python = source_tree_copy(tmp_path), venv_with_our_dependencies(tmp_path)
+    pip(python, "install", "-e", str(src), cwd=tmp_path)
+    with (src / "agents" / "teacher.py").open("a") as f:
+        f.write("\nEDITED_AFTER_INSTALL = 45\n")
+    (src / "interpret" / "brand_new.py").write_text("ANSWER = 42\n")
+    probe = ("import nac_drive, nac_drive.agents.teacher as t, nac_drive.interpret.brand_new as n\n"
+             "print(t.EDITED_AFTER_INSTALL, n.ANSWER, t.__file__, nac_drive.__file__)")
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    edited, answer, teacher, package = out.stdout.split()
+    assert (edited, answer) == ("45", "42")
+    assert Path(teacher) == src / "agents" / "teacher.py" and Path(package) == src / "nac_drive" / "__init__.py"
+    cli = subprocess.run([tmp_path / "venv" / "bin" / "nac-drive", "--version"], capture_output=True, text=True)
+    assert cli.returncode == 0 and cli.stdout.startswith("nac-drive "), cli.stderr
+
+
+def test_a_module_deleted_from_the_checkout_leaves_the_next_wheel(tmp_path):
+    # setuptools alone would ship it again from the build/lib of the previous build
+    src, python = source_tree_copy(tmp_path), venv_with_our_dependencies(tmp_path)
+    pip(python, "wheel", "-w", str(tmp_path / "first"), str(src), cwd=src)
+    (src / "agents" / "random_actor.py").unlink()
+    pip(python, "wheel", "-w", str(tmp_path / "second"), str(src), cwd=src)
+    first, second = (zipfile.ZipFile(next((tmp_path / d).glob("*.whl"))).namelist() for d in ("first", "second"))
+    assert "nac_drive/agents/random_actor.py" in first
+    assert set(first) - set(second) == {"nac_drive/agents/random_actor.py"}
 
 
 def test_every_installed_module_imports_and_pip_check_passes(tmp_path):
-    # In a fresh interpreter started outside the checkout, walk the installed package and
-    # import every module: a module that is missing, or imports one that is, fails here.
-    probe = ("import importlib, pkgutil, nac_drive\n"
-             "names = [m.name for m in pkgutil.walk_packages(nac_drive.__path__, 'nac_drive.')]\n"
-             "for name in names: importlib.import_module(name)\n"
-             "print(len(names), nac_drive.__file__)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    # In a fresh interpreter started outside the checkout, import every module the checkout
+    # has, under its installed name: a module that is missing, or imports one that is, fails here.
+    names = sorted(name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+                   for name in shipped_files() if name.endswith(".py"))
+    probe = ("import importlib, sys, nac_drive\n"
+             "for name in sys.argv[1:]: importlib.import_module(name)\n"
+             "print(len(sys.argv) - 1, nac_drive.__file__)")
+    done = subprocess.run([sys.executable, "-c", probe, *names], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     count, origin = done.stdout.split()
-    # walk_packages names every module and subpackage below nac_drive, one per .py file
-    assert int(count) == sum(n.endswith(".py") for n in shipped_files()) - 1
+    assert int(count) == len(names) > 60
     assert Path(origin).resolve() == Path(nac_drive.__file__).resolve()
     check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
