@@ -3,7 +3,7 @@
 Recording and DAgger step the raw CarRacing env (one row per env frame), while the
 expert's policy acts every ``action_repeat`` frames on grey frame stacks. :class:`PPOExpert`
 bridges the two: it feeds each frame it decides on through the same gymnasium observation
-wrappers an SB3 user stacks on the env (:func:`~nac_drive.agents.expert_env.observe_as_expert`),
+wrappers an SB3 user stacks on the env (:func:`~nac_drive.agents.ppo_lab.env.observe_as_expert`),
 and repeats its action in between, as :class:`~nac_drive.simulators.carracing.ActionRepeat`
 does. Everything it needs comes from the zip (its ``preprocessing`` record).
 """
@@ -16,8 +16,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.agents.expert_env import observe_as_expert
-from nac_drive.agents.expert_zip import load_expert_zip
+from nac_drive.agents.ppo_lab.env import observe_as_expert
+from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip
 
 
 def shipped_expert_path() -> Path:
@@ -47,7 +47,7 @@ class _HandedFrames(gym.Env):
 
 
 class PPOExpert:
-    """Drives the raw env with a PPO expert zip (:func:`~nac_drive.agents.expert_training.train_expert`).
+    """Drives the raw env with a PPO expert zip (:func:`~nac_drive.agents.ppo_lab.training.train_expert`).
 
     ``continuous``: whether it drives the continuous env; ``gas``: what its GAS presses (the env
     it drives is ``make_carracing(continuous=..., gas=...)``). ``act(obs)`` takes the raw RGB frame

@@ -41,7 +41,6 @@ def main() -> int:
     import gymnasium as gym
     import torch
 
-    import nac_drive  # noqa: F401  (registers the env id)
     from nac_drive.agents.driver import load_driving_policy
     from nac_drive.simulators.udacity_env import ENV_ID, SpeedControl
     from nac_drive.simulators.udacity_track import pure_pursuit

@@ -53,7 +53,6 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 

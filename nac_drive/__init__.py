@@ -13,16 +13,6 @@ _LAZY = {"NAC": "nac_drive.nac", "NACCache": "nac_drive.nac", "NACTrace": "nac_d
          "DrivingPolicy": "nac_drive.policy", "PolicyConfig": "nac_drive.policy"}
 
 
-def _register_gymnasium_envs() -> None:
-    # gymnasium's convention for third-party envs: importing the package registers its ids
-    from nac_drive.simulators.udacity_env import register
-
-    register()
-
-
-_register_gymnasium_envs()
-
-
 def __getattr__(name: str):
     # Imported on first use, so that `nac-drive --help` does not pay for importing torch.
     if name in _LAZY:

@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import math
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -309,52 +307,3 @@ class UdacityBridge:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def require_udacity_extra():
-    """The socket server's ``serve`` (the ``udacity`` extra); raises :class:`MissingUdacityExtra`
-    without it. Called before anything is made: no folder, no summary of a run that never starts."""
-    try:
-        from nac_drive.simulators.udacity_server import serve
-    except ImportError as e:
-        raise MissingUdacityExtra(str(e)) from None
-    return serve
-
-
-def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exit_on_disconnect: bool) -> int:
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
-
-    def ready(p):
-        print(f"udacity bridge listening on {host}:{p} "
-              f"({'driving' if bridge.policy is not None else 'passing manual driving through'}"
-              f"{', recording to ' + str(bridge.writer.out_dir) if bridge.writer else ''})",
-              file=sys.stderr, flush=True)
-
-    try:
-        serve(bridge, host, port, exit_on_disconnect, ready=ready)
-    finally:
-        bridge.close()
-        summary = bridge.stats.summary()
-        if json_out:
-            print(json.dumps(summary), flush=True)
-        else:
-            print("udacity bridge summary:", flush=True)
-            for k, v in summary.items():
-                print(f"  {k}: {v}", flush=True)
-    return 0
-
-
-def drive_udacity(policy, host: str = "127.0.0.1", port: int = 4567, speed: float = 9.0,
-                  record_dir=None, json_out: bool = False, exit_on_disconnect: bool = False) -> int:
-    """Drive the simulator with ``policy`` (an actor: ``reset()`` + ``act(obs)``) until
-    Ctrl-C; print the summary (one JSON line with ``json_out``). Returns an exit code."""
-    serve = require_udacity_extra()
-    return _run(UdacityBridge(policy, speed, record_dir), serve, host, port, json_out, exit_on_disconnect)
-
-
-def record_udacity(out_dir, host: str = "127.0.0.1", port: int = 4567, json_out: bool = False,
-                   exit_on_disconnect: bool = False) -> int:
-    """Record a human's driving (pass-through: answers ``manual``) to ``out_dir``."""
-    serve = require_udacity_extra()
-    return _run(UdacityBridge(None, record_dir=out_dir), serve, host, port, json_out, exit_on_disconnect)

@@ -1,7 +1,7 @@
 """The Udacity emulator as a gymnasium environment, in-process: ``nac_drive/UdacityEmulator-v0``.
 
     import gymnasium as gym
-    import nac_drive  # registers the id (gymnasium's convention for third-party envs)
+    import nac_drive.simulators  # registers the id (gymnasium's convention for third-party envs)
 
     env = gym.make("nac_drive/UdacityEmulator-v0", track="serpentine", render_mode="rgb_array")
     obs, info = env.reset(seed=0)           # obs: uint8 RGB [160, 320, 3], the simulator's camera
@@ -162,7 +162,7 @@ class SpeedControl(gym.Wrapper, RecordConstructorArgs):
 
 
 def register() -> None:
-    """Register ``nac_drive/UdacityEmulator-v0`` with gymnasium (``import nac_drive`` does it)."""
+    """Register ``nac_drive/UdacityEmulator-v0`` with gymnasium (``import nac_drive.simulators`` does it)."""
     if ENV_ID not in gym.registry:
         gym.register(id=ENV_ID, entry_point="nac_drive.simulators.udacity_env:UdacityEmulatorEnv",
                      max_episode_steps=MAX_EPISODE_STEPS)

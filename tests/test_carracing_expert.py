@@ -19,8 +19,8 @@ import pytest
 import torch
 from support.expert_zips import rewrite_zip, shipped_with_data
 
-from nac_drive.agents.expert_env import Preprocessing, preprocess
-from nac_drive.agents.expert_zip import load_expert_zip, read_data
+from nac_drive.agents.ppo_lab.env import Preprocessing, preprocess
+from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip, read_data
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.agents.teacher import PurePursuitTeacher
 from nac_drive.simulators.carracing import (
@@ -341,7 +341,7 @@ def test_expert_matches_sb3_on_the_training_env(expert_at_each_rate):
     """The adapter on the raw env picks the actions SB3 picks on the training wrappers."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_env import make_vec_env
+    from nac_drive.agents.ppo_lab.env import make_vec_env
 
     expert = expert_at_each_rate
     # PPO.load unpickles: only for the zip this package ships (never for a zip from elsewhere)
@@ -374,7 +374,7 @@ def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert_at_e
     real episode prefix, on the same observations, and the two cars stay together."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_env import make_expert_env
+    from nac_drive.agents.ppo_lab.env import make_expert_env
 
     expert = expert_at_each_rate
     model = PPO.load(expert.path, device="cpu")   # unpickles: only for the zip this package ships (and a copy)
@@ -404,7 +404,7 @@ def test_a_stable_baselines3_user_drives_the_expert_with_its_actions(expert_at_e
 def test_expert_evaluation_env_drives_consecutive_track_seeds():
     """Seeded with s, the training's evaluation env drives tracks s, s+1, ... (those of
     `expert eval --seed-base s`); a training env goes on with the generator's stream."""
-    from nac_drive.agents.expert_env import make_vec_env
+    from nac_drive.agents.ppo_lab.env import make_vec_env
 
     def track(seed):
         env = make_carracing()
@@ -433,7 +433,7 @@ def test_expert_evaluation_env_drives_consecutive_track_seeds():
 def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
     """The fast path (training's evaluation env, undrawn frames skipped) drives the same
     episodes as the raw env with PPOExpert: one lap finished early (900004), one not."""
-    from nac_drive.agents.expert_training import score_checkpoint
+    from nac_drive.agents.ppo_lab.training import score_checkpoint
     from nac_drive.cli import main
 
     fast = score_checkpoint(expert.path, episodes=2, seed_base=900_003)
@@ -461,7 +461,7 @@ def test_scoring_a_checkpoint_fast_gives_what_expert_eval_gives(expert, capsys):
 def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path, capsys):
     """A zip whose GAS presses 0.5 is driven through DiscreteActions by `expert eval` and
     `expert compare` alike, and `compare --gas 0.5` drives another zip in that env."""
-    from nac_drive.agents.expert_training import score_checkpoint
+    from nac_drive.agents.ppo_lab.training import score_checkpoint
     from nac_drive.cli import main
     from nac_drive.pipeline.evaluate import evaluate_expert
 
@@ -546,7 +546,7 @@ def test_shipping_several_checkpoints_ships_the_mean_of_their_weights(tmp_path, 
 def test_negative_reward_streak_truncates_the_episode():
     """A car standing still earns -0.1 a frame: after ``patience`` agent steps the
     episode ends as a truncation, which PPO bootstraps with the last state's value."""
-    from nac_drive.agents.expert_env import make_vec_env
+    from nac_drive.agents.ppo_lab.env import make_vec_env
 
     venv = make_vec_env(continuous=False, patience=3)
     venv.seed(5)
@@ -682,8 +682,8 @@ def test_cli_eval_bad_expert_path_names_it(tmp_path, capsys):
 def test_expert_training_starts_from_init_from(tmp_path):
     import torch
 
-    from nac_drive.agents.expert_training import train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
                 eval_every_frames=10**9, progress_bar=False)
@@ -731,8 +731,8 @@ def test_expert_training_updates_on_more_threads_and_drives_on_one(tmp_path, mon
     caller's thread count is back afterwards."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_training import UpdateThreads, train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import UpdateThreads, train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
     from nac_drive.torch_threads import available_cores
 
     seen = {"update": [], "rollout": []}   # threads at each update, and at each rollout step
@@ -761,8 +761,8 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
     import torch
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_training import resume_expert, train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import resume_expert, train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
     from nac_drive.cli import main
 
     # 32 agent steps (repeat 2) in rollouts of 8; evaluated and kept at 16 and 32 steps
@@ -837,8 +837,8 @@ def test_expert_training_resumes_from_its_last_kept_checkpoint(tmp_path, monkeyp
 
 
 def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
-    from nac_drive.agents.expert_training import resume_seed
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import resume_seed
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
 
     args = ExpertTrainArgs(seed=20, n_envs=2, action_repeat=4, eval_every_frames=200_000, eval_seed=62_000)
     per_eval = 200_000 // 4   # agent steps of both workers between evaluations
@@ -857,8 +857,8 @@ def test_a_resumed_run_gets_new_training_tracks_clear_of_validation():
 def test_a_run_starts_only_from_an_expert_with_its_kind_of_actions(tmp_path):
     import torch
 
-    from nac_drive.agents.expert_training import train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
 
     tiny = dict(out=str(tmp_path), n_envs=1, n_steps=8, batch_size=8, n_epochs=1, total_frames=32,
                 eval_every_frames=10**9, progress_bar=False, continuous=True)

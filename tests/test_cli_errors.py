@@ -148,7 +148,7 @@ def test_argument_dataclasses_check_their_bounds_in_python_too():
         TrainArgs(val_fraction=1.5)
     with pytest.raises(ValueError, match="--class-weighting: must be one of none, balanced"):
         TrainArgs(class_weighting="balance")
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
 
     with pytest.raises(ValueError, match="--total-frames: must be >= 1, got -5"):
         ExpertTrainArgs(total_frames=-5)

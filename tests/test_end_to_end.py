@@ -124,7 +124,7 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
     from support.expert_zips import shipped_with_data
 
     from nac_drive.agents.driver import PolicyDriver
-    from nac_drive.agents.expert_zip import read_data
+    from nac_drive.agents.ppo_lab.expert_zip import read_data
     from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
     from nac_drive.data_collection.carracing_dataset import find_datasets
     from nac_drive.pipeline.collect import collect_carracing

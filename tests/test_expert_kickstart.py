@@ -1,4 +1,4 @@
-"""Kickstarting a PPO expert from the teacher (agents/expert_kickstart.py) and DAgger with a
+"""Kickstarting a PPO expert from the teacher (agents/ppo_lab/kickstart.py) and DAgger with a
 PPO expert as the oracle (nac_drive/pipeline/dagger.py)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive.agents.expert_kickstart import (
+from nac_drive.agents.ppo_lab.kickstart import (
     KickstartArgs, agreement, drive_and_label, fit_value_head, kickstart, new_model, track_seed, value_targets)
-from nac_drive.agents.expert_zip import load_expert_zip
+from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.simulators.carracing import COLLECT_SEED_BASE, GAS, NOOP
 
@@ -130,8 +130,8 @@ def test_a_small_kickstart_agrees_with_the_teacher_more_than_an_untrained_policy
 
 @pytest.mark.slow
 def test_ppo_training_continues_from_a_kickstart_zip(tmp_path):
-    from nac_drive.agents.expert_training import train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
 
     start = tmp_path / "start.zip"
     new_model(KickstartArgs(eval_episodes=0)).save(start)

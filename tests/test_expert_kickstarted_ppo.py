@@ -8,7 +8,7 @@ import pytest
 import torch
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from nac_drive.agents.expert_kickstarted_ppo import KickstartedPPO, TeacherLabels
+from nac_drive.agents.ppo_lab.kickstarted_ppo import KickstartedPPO, TeacherLabels
 
 
 class Counter(gym.Env):
@@ -107,9 +107,9 @@ def test_kickstarted_ppo_refuses_what_the_teacher_cannot_label():
 def test_expert_training_with_a_teacher_fit_writes_a_plain_ppo_zip(tmp_path):
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_training import train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
-    from nac_drive.agents.expert_zip import load_expert_zip, read_data
+    from nac_drive.agents.ppo_lab.training import train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip, read_data
     from nac_drive.agents.ppo_expert import shipped_expert_path
 
     with pytest.raises(ValueError, match="--teacher-fit-lr"):

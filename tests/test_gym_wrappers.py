@@ -15,8 +15,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import nac_drive
-from nac_drive.agents.expert_env import GrayObservation, NegativeRewardTruncation, Preprocessing, make_expert_env
-from nac_drive.agents.expert_kickstarted_ppo import TeacherLabels
+from nac_drive.agents.ppo_lab.env import GrayObservation, NegativeRewardTruncation, Preprocessing, make_expert_env
+from nac_drive.agents.ppo_lab.kickstarted_ppo import TeacherLabels
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
 from nac_drive.simulators.carracing import (
     DISCRETE_GAS,

@@ -27,7 +27,7 @@ from huggingface_hub import constants as hf_constants
 from support.expert_zips import rewrite_zip
 from support.fake_hub import FakeHub, serve
 
-from nac_drive.agents.expert_zip import export_for_shipping, load_expert_zip, read_data
+from nac_drive.agents.ppo_lab.expert_zip import export_for_shipping, load_expert_zip, read_data
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
 from nac_drive.checkpoint import CheckpointError
 from nac_drive.cli import main
@@ -169,8 +169,8 @@ def test_expert_zip_whose_json_holds_crafted_pickles(canary, tmp_path, capsys):
 
 def _tiny_expert_run(tmp_path: Path) -> Path:
     """A real `expert train` run of 32 frames (action repeat 2), kept and best at 32 frames."""
-    from nac_drive.agents.expert_training import train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
 
     train_expert(ExpertTrainArgs(out=str(tmp_path / "runs"), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,
                                  total_frames=32, action_repeat=2, eval_every_frames=32, eval_episodes=1, progress_bar=False))

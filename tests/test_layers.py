@@ -1,14 +1,16 @@
 """Imports point one way: the model library <- data and simulators <- agents and
 interpretation <- the pipeline (collect, train, DAgger, drive, evaluate) <- the CLI, which only
-parses arguments (docs/ARCHITECTURE.md §1).
+parses arguments (docs/ARCHITECTURE.md §1); and no module imports itself back through others.
 
 Every ``import`` of the installed package is read from its source (function-level ones
-too, where the heavy imports live) and each must go to its own layer or one below.
+too, where the heavy imports live; not those under ``if TYPE_CHECKING:``, which never run) and
+each must go to its own layer or one below.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -25,9 +27,9 @@ LAYERS = [
     ("nac_drive", 0),
 ]
 NAMES = {0: "model library", 1: "data and simulators", 2: "agents and interpretation", 3: "pipeline", 4: "CLI"}
-# importing the package registers its gymnasium env id: gymnasium's convention, so the
-# package's front door reaches the simulator that defines it
-FRONT_DOOR = {("nac_drive", "nac_drive.simulators.udacity_env")}
+# the folders installed under nac_drive: inside PACKAGE, or in the checkout for an editable install
+MAPPED_ROOTS = {f"nac_drive.{name}": Path(importlib.util.find_spec(f"nac_drive.{name}").origin).parent
+                for name in ("agents", "simulators", "data_collection", "interpret")}
 
 
 def layer(module: str) -> int:
@@ -38,12 +40,26 @@ def layer(module: str) -> int:
 
 
 def package_modules() -> dict[str, Path]:
-    """Dotted name -> source file of every module of the installed package."""
+    """Dotted name -> source file of every module of the package (installed, or editable, where
+    the mapped folders live outside ``nac_drive/``)."""
+    roots = {"nac_drive": PACKAGE, **MAPPED_ROOTS}
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package, root in roots.items():
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            dotted = ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+            modules.setdefault(dotted, path)
     return modules
+
+
+def runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except what sits under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in [child, *runtime_nodes(child)])
+            continue
+        yield node
+        yield from runtime_nodes(node)
 
 
 def package_imports() -> list[tuple[str, str]]:
@@ -54,7 +70,7 @@ def package_imports() -> list[tuple[str, str]]:
     edges = []
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:   # from . import x, from ..pipeline import y
@@ -77,7 +93,7 @@ def test_the_walk_sees_every_layer():
 
 def test_no_import_points_up_a_layer():
     upward = sorted(f"{a} ({NAMES[layer(a)]}) imports {b} ({NAMES[layer(b)]})"
-                    for a, b in package_imports() if layer(b) > layer(a) and (a, b) not in FRONT_DOOR)
+                    for a, b in package_imports() if layer(b) > layer(a))
     assert upward == []
 
 
@@ -90,6 +106,7 @@ def test_relative_and_submodule_imports_are_seen(tmp_path, monkeypatch):
     (fake / "pipeline" / "train.py").write_text("")
     (fake / "policy.py").write_text("from .pipeline import train\nfrom nac_drive.pipeline import train\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    monkeypatch.setattr(sys.modules[__name__], "MAPPED_ROOTS", {})
     assert sorted(package_imports()) == [("nac_drive.policy", "nac_drive.pipeline"),
                                          ("nac_drive.policy", "nac_drive.pipeline"),
                                          ("nac_drive.policy", "nac_drive.pipeline.train"),
@@ -102,3 +119,50 @@ def test_the_model_library_stands_alone():
     library = {m for m in package_modules() if layer(m) == 0} - {"nac_drive"}
     assert {"nac_drive.nac", "nac_drive.policy", "nac_drive.checkpoint", "nac_drive.tasks"} <= library
     assert not [(a, b) for a, b in package_imports() if a in library and layer(b) > 0]
+
+
+def import_cycles(edges) -> list[list[str]]:
+    """The strongly connected components of more than one module in the import graph (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def module_edges() -> list[tuple[str, str]]:
+    """Imports between two modules (a package's ``__init__`` counts when it is the target
+    itself; importing a submodule runs its parents first, which is no edge of the importer's)."""
+    modules = package_modules()
+    return [(a, b) for a, b in package_imports() if b in modules and a != b and b != "nac_drive"]
+
+
+def test_no_import_cycles_function_level_ones_included():
+    assert import_cycles(module_edges()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_modules():
+    edges = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e")]
+    assert import_cycles(edges) == [["a", "b", "c"]]

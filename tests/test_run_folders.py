@@ -200,8 +200,8 @@ def test_collect_and_dagger_refuse_a_taken_dataset_name_before_driving(tmp_path,
 
 
 def test_expert_runs_and_traces_take_new_folders(tmp_path, capsys):
-    from nac_drive.agents.expert_training import train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
     from nac_drive.interpret.trace import load_trace
 
     tiny = ExpertTrainArgs(out=str(tmp_path), run_name="r", n_envs=1, n_steps=8, batch_size=8, n_epochs=1,

@@ -12,22 +12,29 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import nac_drive  # noqa: F401  (registers nac_drive/UdacityEmulator-v0)
 from nac_drive.simulators.udacity_bridge import decode_image
 from nac_drive.simulators.udacity_emulator import EmulatorConfig, UdacityEmulator
 from nac_drive.simulators.udacity_env import ENV_ID, MAX_EPISODE_STEPS, SpeedControl, UdacityEmulatorEnv
 from nac_drive.simulators.udacity_track import pure_pursuit
 
 
-def test_importing_nac_drive_registers_the_env_for_gymnasium_make():
+def test_importing_the_simulators_registers_the_env_and_nac_drive_alone_stays_light():
     # gymnasium's two ways: import the package, or name it in the id ("module:id")
-    for code in ("import gymnasium as gym, nac_drive; env = gym.make('nac_drive/UdacityEmulator-v0', track='gentle')",
-                 "import gymnasium as gym; env = gym.make('nac_drive:nac_drive/UdacityEmulator-v0', track='gentle')"):
+    for code in ("import gymnasium as gym, nac_drive.simulators; "
+                 "env = gym.make('nac_drive/UdacityEmulator-v0', track='gentle')",
+                 "import gymnasium as gym; env = gym.make('nac_drive.simulators:nac_drive/UdacityEmulator-v0', "
+                 "track='gentle')"):
         out = subprocess.run([sys.executable, "-c", code + "; print(env.spec.id, env.spec.max_episode_steps, "
                               "env.observation_space.shape, env.action_space.shape)"],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == [ENV_ID, str(MAX_EPISODE_STEPS), "(160,", "320,", "3)", "(2,)"]
+    # the model library (the NAC layer, the policy, checkpoints) never imports gymnasium
+    light = ("import sys, nac_drive, nac_drive.policy, nac_drive.nac, nac_drive.checkpoint; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'gymnasium' "
+             "or m.startswith('nac_drive.simulators')))")
+    out = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_check_env_passes_and_the_spec_recreates_the_env():

@@ -93,7 +93,7 @@ def run_udacity(args: argparse.Namespace) -> int:
     if args.driver == "human":
         import logging
 
-        from nac_drive.simulators.udacity_bridge import record_udacity
+        from nac_drive.simulators.udacity_session import record_udacity
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         return record_udacity(args.out, values["host"], values["port"], args.json, values["exit_on_disconnect"])

@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
     sub = parser.add_subparsers(dest="expert_command", metavar="SUBCOMMAND", required=True)
 
     train = sub.add_parser("train", help="train a PPO expert (stable-baselines3)")
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
     from nac_drive.arguments import add_dataclass_arguments
 
     add_dataclass_arguments(train, ExpertTrainArgs)
@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
     kick = sub.add_parser("kickstart", help="teach a PPO expert's network by DAgger from the privileged teacher "
                                             "(continue it with 'train --init-from')",
                           description=kickstart_doc())
-    from nac_drive.agents.expert_kickstart import KickstartArgs
+    from nac_drive.agents.ppo_lab.kickstart import KickstartArgs
 
     add_dataclass_arguments(kick, KickstartArgs)
     kick.set_defaults(func=_kickstart)
@@ -101,13 +101,13 @@ def add_parser(subparsers) -> None:
 
 
 def kickstart_doc() -> str:
-    from nac_drive.agents import expert_kickstart
+    from nac_drive.agents.ppo_lab import kickstart
 
-    return expert_kickstart.__doc__
+    return kickstart.__doc__
 
 
 def _kickstart(args: argparse.Namespace) -> int:
-    from nac_drive.agents.expert_kickstart import KickstartArgs, kickstart
+    from nac_drive.agents.ppo_lab.kickstart import KickstartArgs, kickstart
     from nac_drive.arguments import from_namespace
 
     print(f"kickstart zip: {kickstart(from_namespace(KickstartArgs, args))}")
@@ -115,15 +115,15 @@ def _kickstart(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nac_drive.agents.expert_training import train_expert
-    from nac_drive.agents.expert_training_args import ExpertTrainArgs
+    from nac_drive.agents.ppo_lab.training import train_expert
+    from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
     from nac_drive.arguments import from_namespace
 
     return _report(train_expert(from_namespace(ExpertTrainArgs, args)), args.ship)
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from nac_drive.agents.expert_training import resume_expert
+    from nac_drive.agents.ppo_lab.training import resume_expert
 
     return _report(resume_expert(args.run_dir, args.total_frames), args.ship)
 
@@ -145,7 +145,7 @@ def _ship(args: argparse.Namespace) -> int:
 def _write_shipped(src, dst, gas: float | None = None) -> None:
     """``src`` (a zip, or zips whose weights are averaged) without optimizer state at ``dst``
     (read without unpickling)."""
-    from nac_drive.agents.expert_zip import export_for_shipping
+    from nac_drive.agents.ppo_lab.expert_zip import export_for_shipping
 
     print(f"shipped copy: {export_for_shipping(src, dst, gas)}")
 

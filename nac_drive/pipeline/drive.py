@@ -279,7 +279,7 @@ def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567,
     Rerun. Returns an exit code."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.atomic import fresh_dir
-    from nac_drive.simulators.udacity_bridge import drive_udacity, require_udacity_extra
+    from nac_drive.simulators.udacity_session import drive_udacity, require_udacity_extra
 
     require_udacity_extra()   # before the trace folder exists
     live = live.checked() if live is not None else None

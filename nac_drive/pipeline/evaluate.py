@@ -32,8 +32,8 @@ def compare_experts(zips: list[str], episodes: int, seed_base: int, progress: bo
     {path: EpisodeResults}."""
     from tqdm import tqdm
 
-    from nac_drive.agents.expert_training import score_checkpoint
-    from nac_drive.agents.expert_zip import load_expert_zip
+    from nac_drive.agents.ppo_lab.training import score_checkpoint
+    from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip
 
     for path in zips:
         load_expert_zip(path, gas)   # a bad zip fails before any other is driven

@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-from nac_drive.simulators.udacity_bridge import drive_udacity, record_udacity
+from nac_drive.simulators.udacity_session import drive_udacity, record_udacity
 
 
 def load_policy_factory(spec: str):

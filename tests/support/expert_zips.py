@@ -6,7 +6,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from nac_drive.agents.expert_zip import read_data
+from nac_drive.agents.ppo_lab.expert_zip import read_data
 from nac_drive.agents.ppo_expert import shipped_expert_path
 
 

@@ -1,6 +1,6 @@
 """PPO that keeps imitating the teacher while it learns from the reward (kickstarting).
 
-A network taught by DAgger (:mod:`~nac_drive.agents.expert_kickstart`) and then trained by
+A network taught by DAgger (:mod:`~nac_drive.agents.ppo_lab.kickstart`) and then trained by
 plain PPO learns to spread probability over actions: its sampled policy improves while the
 most likely action, the one every command drives and ships, gets worse (BENCHMARKS.md
 section 3, session 21). Kickstarting (Schmitt et al. 2018) adds the teacher to the RL
@@ -22,9 +22,23 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 
-from nac_drive.agents.expert_kickstart import imitation_step
-
 LABEL_KEY = "teacher_action"
+
+
+def imitation_step(policy, optimizer, stacks: np.ndarray, labels: np.ndarray,
+                   max_grad_norm: float = 0.5) -> tuple[float, float]:
+    """One ``optimizer`` step of the policy's action logits towards ``labels`` (``int64 [B]``)
+    on ``stacks`` (``uint8 [B, stack, 64, 64]``) by cross-entropy, gradients clipped to
+    ``max_grad_norm``. Returns (loss, share of the batch whose label was the most likely action).
+    The DAgger kickstart (:func:`~nac_drive.agents.ppo_lab.kickstart.fit_policy`) takes the same step."""
+    logits = policy.get_distribution(torch.as_tensor(stacks)).distribution.logits
+    target = torch.as_tensor(labels)
+    loss = torch.nn.functional.cross_entropy(logits, target)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item(), (logits.argmax(1) == target).float().mean().item()
 
 
 class TeacherLabels(gym.Wrapper, gym.utils.RecordConstructorArgs):

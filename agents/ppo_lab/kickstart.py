@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from nac_drive.agents.expert_training_args import FRAME_STACK
+from nac_drive.agents.ppo_lab.training_args import FRAME_STACK
 from nac_drive.arguments import arg, check_fields
 from nac_drive.simulators.carracing import COLLECT_SEED_BASE, DISCRETE_GAS, MAX_EPISODE_FRAMES
 
@@ -216,8 +216,9 @@ def fit_policy(policy, optimizer, stacks: np.ndarray, labels: np.ndarray, update
                rng: np.random.Generator, progress: bool = False) -> float:
     """Fit the policy's action logits to ``labels`` by cross-entropy with ``updates`` minibatch
     steps (all weights but the value head's move); returns the mean loss of the last 50."""
-    import torch
     from tqdm import tqdm
+
+    from nac_drive.agents.ppo_lab.kickstarted_ppo import imitation_step
 
     policy.set_training_mode(True)
     losses: list[float] = []
@@ -226,23 +227,6 @@ def fit_policy(policy, optimizer, stacks: np.ndarray, labels: np.ndarray, update
         losses.append(imitation_step(policy, optimizer, stacks[idx], labels[idx])[0])
     policy.set_training_mode(False)
     return float(np.mean(losses[-50:]))
-
-
-def imitation_step(policy, optimizer, stacks: np.ndarray, labels: np.ndarray,
-                   max_grad_norm: float = 0.5) -> tuple[float, float]:
-    """One ``optimizer`` step of the policy's action logits towards ``labels`` (``int64 [B]``)
-    on ``stacks`` (``uint8 [B, stack, 64, 64]``) by cross-entropy, gradients clipped to
-    ``max_grad_norm``. Returns (loss, share of the batch whose label was the most likely action)."""
-    import torch
-
-    logits = policy.get_distribution(torch.as_tensor(stacks)).distribution.logits
-    target = torch.as_tensor(labels)
-    loss = torch.nn.functional.cross_entropy(logits, target)
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-    optimizer.step()
-    return loss.item(), (logits.argmax(1) == target).float().mean().item()
 
 
 def value_targets(rewards: np.ndarray, episode_ends: list[int], gamma: float) -> np.ndarray:
@@ -295,7 +279,7 @@ def new_model(args: KickstartArgs):
     spaces; its zip records its preprocessing as ``expert train``'s do."""
     from stable_baselines3 import PPO
 
-    from nac_drive.agents.expert_env import Preprocessing, make_vec_env
+    from nac_drive.agents.ppo_lab.env import Preprocessing, make_vec_env
 
     preprocessing = Preprocessing(frame_stack=args.frame_stack, action_repeat=args.action_repeat, gas=args.gas)
     venv = make_vec_env(continuous=False, preprocessing=preprocessing)
@@ -312,8 +296,8 @@ def kickstart(args: KickstartArgs) -> Path:
     import torch
     from tqdm import tqdm
 
-    from nac_drive.agents.expert_zip import export_for_shipping
-    from nac_drive.agents.expert_training import score_checkpoint
+    from nac_drive.agents.ppo_lab.expert_zip import export_for_shipping
+    from nac_drive.agents.ppo_lab.training import score_checkpoint
     from nac_drive.atomic import atomic_write, fresh_dir
 
     torch.set_num_threads(1)
@@ -373,7 +357,7 @@ def kickstart(args: KickstartArgs) -> Path:
 
 def _warm_up_value(zip_path: Path, args: KickstartArgs, rng: np.random.Generator, write_json) -> None:
     """Drive ``zip_path`` (no teacher, no bursts), fit its value head, write it back in place."""
-    from nac_drive.agents.expert_zip import load_expert_zip
+    from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip
     from nac_drive.atomic import atomic_write
 
     first = args.rounds * args.episodes

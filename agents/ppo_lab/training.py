@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
-from nac_drive.agents.expert_env import Preprocessing, make_vec_env
-from nac_drive.agents.expert_kickstarted_ppo import KickstartedPPO
-from nac_drive.agents.expert_zip import (LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps,
+from nac_drive.agents.ppo_lab.env import Preprocessing, make_vec_env
+from nac_drive.agents.ppo_lab.kickstarted_ppo import KickstartedPPO
+from nac_drive.agents.ppo_lab.expert_zip import (LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps,
                                          trained_gamma)
-from nac_drive.agents.expert_training_args import FRAME_SIZE, ExpertTrainArgs
+from nac_drive.agents.ppo_lab.training_args import FRAME_SIZE, ExpertTrainArgs
 from nac_drive.atomic import atomic_write, fresh_dir
 from nac_drive.checkpoint import dataclass_from_json, read_json
 from nac_drive.simulators.carracing import DISCRETE_GAS, EpisodeResults

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.agents.expert_env import Preprocessing
+from nac_drive.agents.ppo_lab.env import Preprocessing
 from nac_drive.arguments import in_unit_interval
 from nac_drive.atomic import atomic_write
 from nac_drive.checkpoint import parse_json_object

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.agents.expert_training_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK
+from nac_drive.agents.ppo_lab.training_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK
 from nac_drive.arguments import in_unit_interval
 from nac_drive.simulators.carracing import DISCRETE_GAS, ActionRepeat, ConsecutiveTrackSeeds, make_carracing
 
@@ -131,7 +131,7 @@ def make_expert_env(preprocessing: Preprocessing = Preprocessing(), continuous: 
 
     Training adds ``track_stride`` (evaluation: :class:`ConsecutiveTrackSeeds`),
     ``teacher_labels`` (kickstarted PPO:
-    :class:`~nac_drive.agents.expert_kickstarted_ppo.TeacherLabels`) and ``patience``
+    :class:`~nac_drive.agents.ppo_lab.kickstarted_ppo.TeacherLabels`) and ``patience``
     (:class:`NegativeRewardTruncation`) below the observation wrappers, and ``skip_render``
     (frames the agent never sees are not drawn; same observations)."""
     env = make_carracing(continuous=continuous, render_mode=render_mode, gas=preprocessing.gas)
@@ -139,7 +139,7 @@ def make_expert_env(preprocessing: Preprocessing = Preprocessing(), continuous: 
         env = ConsecutiveTrackSeeds(env, stride=track_stride)
     env = ActionRepeat(env, preprocessing.action_repeat, skip_render=skip_render)
     if teacher_labels:
-        from nac_drive.agents.expert_kickstarted_ppo import TeacherLabels
+        from nac_drive.agents.ppo_lab.kickstarted_ppo import TeacherLabels
 
         env = TeacherLabels(env)
     if patience:
