@@ -7,8 +7,8 @@
 
 Both take uint8 or float frames; uint8 frames are scaled to [0, 1] inside, so a
 policy can be fed raw simulator images. Frames go through the convolutions in the
-channels-last layout (the simulators' own HWC order), which oneDNN runs 1.5-1.9x faster
-on CPU than NCHW for these small stacks (BENCHMARKS.md section 2).
+channels-last layout (the simulators' own HWC order), which oneDNN runs 1.5x faster on
+CPU than NCHW for these small stacks (BENCHMARKS.md §2).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A network taught by DAgger (:mod:`~nac_drive.agents.ppo_lab.kickstart`) and then trained by
 plain PPO learns to spread probability over actions: its sampled policy improves while the
-most likely action, the one every command drives and ships, gets worse (BENCHMARKS.md
-section 3, session 21). Kickstarting (Schmitt et al. 2018) adds the teacher to the RL
+most likely action, the one every command drives and ships, gets worse (BENCHMARKS.md §3,
+docs/findings.md). Kickstarting (Schmitt et al. 2018) adds the teacher to the RL
 loss. Here the imitation is a phase of its own after each PPO update, as in Phasic Policy
 Gradient's auxiliary phase (Cobbe et al. 2021): the rollout's states, which the policy
 itself reached, were each labelled by the discrete teacher as the rollout ran
