@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nac_drive import NAC, nac_kernels
-from nac_drive.key_selection import NO_KEY, Visibility, select_block, select_exact
+from nac_drive import NAC
+from nac_drive.nac import kernels as nac_kernels
+from nac_drive.nac.selection import NO_KEY, Visibility, select_block, select_exact
 
 torch.set_num_threads(1)
 MODES = ("exact", "euler", "steady")
