@@ -1,19 +1,21 @@
 """The Neuronal Attention Circuit layer, in the paper's order (arXiv 2512.10282, §2.2).
 
-For every query step i and each of its K selected keys j, per head:
+For every query step i and each of its K selected keys j, per head (the method that computes
+each line on the right):
 
-    q, k, v    = the sensory gates (NCP-wired linear maps) of x       eq. 13   NAC.sensory_gates
-    j          = the K keys of best q_i . k_j the query may see       Top-K    NAC.select_keys
-    inter      = tanh(W [q_i; k_j] + b)         over the backbone wiring        eq. 14   NAC.backbone
-    command    = tanh(W_c inter + b_c),  motor = tanh(W_m command + b_m)
-    phi        = sigmoid(w_phi . motor + b_phi)                        eq. 15   NAC.phi_tau
-    tau        = softplus(w_tau . motor + b_tau) + eps                 eq. 16
-    t_ij       = sigmoid(a_ij t + b_ij),  (a, b) = affine read-out of [q_i; k_j]  NAC.time_vector
-    logit_ij   = phi/tau                             (mode "steady",   eq. 18)    NAC.logits
-               = phi/tau (1 - exp(-tau t_ij))        (mode "exact",    eqs. 3, 17)
-               = N Euler steps of da/dt = -tau a + phi   (mode "euler", eq. 2)
-    w_ij       = softmax_j(logit_ij)   over the selected keys (invalid: -inf)     NAC.attention_weights
-    out_i      = W_o concat_h(sum_j w_ij t_ij v_j)                    eq. 19   NAC.aggregate, NAC.output
+    q, k, v   = NCP-wired linear maps of x                  eq. 13       NAC.sensory_gates
+    j         = the K keys of best q_i . k_j it may see     Top-K        NAC.select_keys
+    inter     = tanh(W [q_i; k_j] + b)                      eq. 14       NAC.backbone
+    command   = tanh(W_c inter + b_c)
+    motor     = tanh(W_m command + b_m)
+    phi       = sigmoid(w_phi . motor + b_phi)              eq. 15       NAC.phi_tau
+    tau       = softplus(w_tau . motor + b_tau) + eps       eq. 16
+    t_ij      = sigmoid(a_ij t + b_ij), (a, b) = A [q_i; k_j] + c        NAC.time_vector
+    logit_ij  = phi/tau                      mode "steady", eq. 18       NAC.logits
+              = phi/tau (1 - exp(-tau t_ij)) mode "exact",  eqs. 3, 17
+              = N Euler steps of da/dt = -tau a + phi, "euler", eq. 2
+    w_ij      = softmax_j(logit_ij), invalid keys -inf      softmax      NAC.attention_weights
+    out_i     = W_o concat_h(sum_j w_ij t_ij v_j)           eq. 19       NAC.aggregate, NAC.output
 
 :meth:`NAC.forward` runs them in that order; :meth:`NAC.attend` is the pair stage (eqs.
 14-19). Beside each readable step sits its fast path, as nanoGPT keeps flash attention
