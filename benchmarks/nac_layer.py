@@ -43,8 +43,8 @@ def _build(impl: str, T: int, B: int, d: int, H: int, K: int, mode: str, select:
         mask = torch.nn.Transformer.generate_square_subsequent_mask(T)
         return layer.eval(), (lambda x: layer(x, x, x, attn_mask=mask, need_weights=False, is_causal=True)[0])
     if impl == "selection-only":  # the layer's exact causal key selection alone, on ready q and k (kernel or eager)
-        from nac_drive import nac_kernels
-        from nac_drive.key_selection import Visibility, select_exact
+        from nac_drive.nac import kernels as nac_kernels
+        from nac_drive.nac.selection import Visibility, select_exact
 
         select = nac_kernels.kernel_select_exact if nac_kernels.available() else select_exact
 

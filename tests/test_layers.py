@@ -117,7 +117,8 @@ def test_the_model_library_stands_alone():
     """The NAC layer, policy and checkpoints import nothing but the library (and no
     simulator, dataset or agent code), so they can be used without the rest."""
     library = {m for m in package_modules() if layer(m) == 0} - {"nac_drive"}
-    assert {"nac_drive.nac", "nac_drive.policy", "nac_drive.checkpoint", "nac_drive.tasks"} <= library
+    assert {"nac_drive.nac", "nac_drive.nac.layer", "nac_drive.policy", "nac_drive.checkpoint",
+            "nac_drive.tasks"} <= library
     assert not [(a, b) for a, b in package_imports() if a in library and layer(b) > 0]
 
 
@@ -166,3 +167,49 @@ def test_no_import_cycles_function_level_ones_included():
 def test_the_cycle_finder_finds_a_cycle_through_three_modules():
     edges = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e")]
     assert import_cycles(edges) == [["a", "b", "c"]]
+
+
+NAC_ROOM = "nac_drive.nac"
+# what the NAC room may import from outside itself (top-level names); numba only lazily
+NAC_ROOM_THIRD_PARTY = {"__future__", "collections", "contextlib", "dataclasses", "functools", "math", "os",
+                        "typing", "numpy", "torch", "ncps", "numba"}
+
+
+def _in_room(module: str) -> bool:
+    return module == NAC_ROOM or module.startswith(NAC_ROOM + ".")
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The first component of every absolute import in a source file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+    return names
+
+
+def test_the_nac_room_imports_nothing_else_of_the_package_and_no_simulator():
+    """The layer can be lifted out with its folder: no edge leaves nac_drive/nac/ for the rest of
+    nac_drive, and nothing in it imports gymnasium (or anything but torch, numpy, ncps, numba)."""
+    modules = {m: path for m, path in package_modules().items() if _in_room(m)}
+    assert {"nac_drive.nac.layer", "nac_drive.nac.packing", "nac_drive.nac.kernels",
+            "nac_drive.nac.streaming", "nac_drive.nac.selection"} <= set(modules)
+    assert [(a, b) for a, b in package_imports() if _in_room(a) and not _in_room(b)] == []
+    for module, path in modules.items():
+        outside = _top_level_imports(path) - NAC_ROOM_THIRD_PARTY - {"nac_drive"}
+        assert outside == set(), f"{module} imports {sorted(outside)}"
+
+
+def test_the_kernels_and_the_packing_never_import_the_layer():
+    below_the_layer = {"nac_drive.nac.kernels", "nac_drive.nac._numba", "nac_drive.nac.packing",
+                       "nac_drive.nac.selection", "nac_drive.nac.streaming"}
+    reached = {(a, b) for a, b in package_imports() if a in below_the_layer and b in ("nac_drive.nac.layer", NAC_ROOM)}
+    assert reached == set()
+
+
+def test_the_nac_room_imports_its_modules_not_its_front_door():
+    """Inside the room every import names a module of it, never ``nac_drive.nac`` itself (its
+    ``__init__`` imports the layer): so the kernels cannot reach the layer by the back door."""
+    assert [(a, b) for a, b in package_imports() if _in_room(a) and a != NAC_ROOM and b == NAC_ROOM] == []

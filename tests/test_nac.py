@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nac_drive import NAC, nac_kernels
-from nac_drive.key_selection import NO_KEY, Visibility, select_block, select_exact
+from nac_drive import NAC
+from nac_drive.nac import kernels as nac_kernels
+from nac_drive.nac.selection import NO_KEY, Visibility, select_block, select_exact
 
 torch.set_num_threads(1)
 MODES = ("exact", "euler", "steady")
@@ -528,3 +529,28 @@ def test_checkpoints_with_the_old_phi_tau_names_still_load():
     fresh = make(seed=9)
     fresh.load_state_dict(old)
     torch.testing.assert_close(fresh(inputs()), layer(inputs()))
+
+
+# ------------------------------------------------------------------------- the paper's map
+def test_each_equation_maps_to_a_function_named_in_the_architecture_table():
+    """docs/ARCHITECTURE.md §3 names, for each of eqs. 13-19, the function of the layer that
+    computes it; every name there exists (``NAC.method`` or ``module.function`` of the room)."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## 3. The NAC layer"):doc.index("## 4.")]
+    rows = [line.strip("| ").split(" | ") for line in section.splitlines() if line.startswith("| ")]
+    assert rows[0] == ["step", "equation (paper §2)", "code (`nac_drive/nac/`)"]
+    rows = rows[1:]
+    by_equation = {}
+    for _, equation, code in rows:
+        for owner, name in re.findall(r"`(\w+)\.(\w+)`", code):
+            target = NAC if owner == "NAC" else importlib.import_module(f"nac_drive.nac.{owner}")
+            assert callable(getattr(target, name, None)), f"{owner}.{name} named in ARCHITECTURE.md does not exist"
+        methods = re.findall(r"`NAC\.(\w+)`", code)
+        for eq in re.findall(r"eqs?\. ([\d, ]+)", equation):
+            for n in re.findall(r"\d+", eq):
+                by_equation.setdefault(int(n), set()).update(methods)
+    assert all(by_equation.get(n) for n in range(13, 20)), by_equation

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive import NAC, nac_kernels
-from nac_drive.key_selection import NO_KEY, BlockPartition, Visibility, select_block, select_exact
+from nac_drive import NAC
+from nac_drive.nac import kernels as nac_kernels
+from nac_drive.nac.selection import NO_KEY, BlockPartition, Visibility, select_block, select_exact
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.skipif(not nac_kernels.available(), reason="numba kernels unavailable")
@@ -173,7 +174,7 @@ def test_exact_selection_kernel_on_long_sequences():
 def math_kernels():
     from numba import njit
 
-    from nac_drive import _nac_numba as nb
+    from nac_drive.nac import _numba as nb
 
     def wrap(helper, with_tmp):
         if with_tmp:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive import NAC, nac_kernels
+from nac_drive import NAC
+from nac_drive.nac import kernels as nac_kernels
 from nac_drive.agents.driver import load_driving_policy
 from nac_drive.interpret.fig4 import SCENES, auroc, fig4_claim, head_values, scene_classes, steering_sides
 from nac_drive.interpret.neuron_atlas import (PolicyReplay, mi_bias_bits, mutual_information, neuron_atlas,

@@ -1,6 +1,6 @@
 """Wired weights: linear maps whose weights are multiplied by a fixed 0/1 wiring mask.
 
-The modules here hold parameters and a mask; :class:`~nac_drive.nac.NAC` reads their
+The modules here hold parameters and a mask; :class:`~nac_drive.nac.layer.NAC` reads their
 ``effective_weight`` (``weight * mask``) and packs several of them into one product, so
 they have no ``forward`` of their own. Masked entries of the effective weight are
 exactly zero and, because the mask is a constant factor, their underlying parameters

@@ -1,9 +1,8 @@
-"""Fused CPU kernels of the NAC layer, for inference.
+"""Fused CPU kernels of the NAC layer, for inference, and the choice of when they serve.
 
-The eager torch code (:mod:`nac_drive.nac`, :mod:`nac_drive.key_selection`) defines the
-layer: autograd differentiates it and GPUs run it. On CPU the layer's two hot spots
-run through numba kernels (:mod:`nac_drive._nac_numba`) instead, where they give the
-same result:
+The eager torch code (:mod:`.layer`, :mod:`.selection`) defines the layer: autograd
+differentiates it and GPUs run it. On CPU the layer's two hot spots run through numba
+kernels (:mod:`._numba`) instead, where they give the same result:
 
 * key selection (always on CPU: it is never differentiated): each query keeps its
   K best keys in an insertion buffer while its scores stream past, instead of
@@ -12,10 +11,10 @@ same result:
   values), when nothing needs a gradient or a trace: one pass over tiles of pairs
   instead of ~40 small tensor operations.
 
-:class:`~nac_drive.nac.NAC` decides once per call which path serves it (the predicates
-:func:`handles_selection` and :func:`handles_pairs`). Tests hold both paths equal.
-``NAC_DRIVE_KERNELS=0`` in the environment, or :func:`disabled`, makes every call take
-the eager path.
+:func:`choose` decides once per call which path serves it. The kernels read the layer's
+packed weights and key rows (:mod:`.packing`), never the layer itself. Tests hold both
+paths equal. ``NAC_DRIVE_KERNELS=0`` in the environment, or :func:`disabled`, makes every
+call take the eager path.
 """
 
 from __future__ import annotations
@@ -23,14 +22,13 @@ from __future__ import annotations
 import functools
 import os
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from nac_drive.key_selection import BlockPartition, Visibility
-    from nac_drive.nac import KeyLayout
+from nac_drive.nac.packing import KeyLayout, PackedWeights
+from nac_drive.nac.selection import BlockPartition, Visibility
 
 _enabled = os.environ.get("NAC_DRIVE_KERNELS", "1") != "0"
 
@@ -41,10 +39,10 @@ MODE_CODES = {"exact": 0, "euler": 1, "steady": 2}
 def _kernels():
     """The numba module, compiled lazily (None if numba cannot be imported here)."""
     try:
-        from nac_drive import _nac_numba
+        import nac_drive.nac._numba as numba_kernels
     except ImportError:
         return None
-    return _nac_numba
+    return numba_kernels
 
 
 def available() -> bool:
@@ -85,7 +83,7 @@ def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
 def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
     """Whether :func:`attend` can serve a pair stage on these inputs and pair-stage weights:
     CPU, float32, finite inputs, and no gradient needed. (Traces and dropout are the
-    caller's to rule out, and whether the weights are finite too: :func:`pair_arrays`.)"""
+    caller's to rule out, and whether the weights are finite too: ``PackedWeights.kernel_arrays``.)"""
     if not available() or _scripting():
         return False
     tensors = (q_side, key_rows, *weights)
@@ -95,11 +93,31 @@ def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[t
             and _finite(q_side.detach().numpy(), key_rows.detach().numpy()))
 
 
-def pair_arrays(weights: tuple[torch.Tensor, ...]) -> tuple[tuple[np.ndarray, ...], bool]:
-    """The pair stage's weights (command, command bias, motor, motor bias, phi/tau read-out
-    and bias) as numpy arrays, and whether they are all finite."""
-    arrays = tuple(_array(w) for w in weights)
-    return arrays, _finite(*arrays)
+class Backend(NamedTuple):
+    """Which code serves one call: the numba kernels or the torch reference."""
+
+    selection_on_kernels: bool
+    pairs_on_kernels: bool
+
+
+def choose(q: torch.Tensor, k: torch.Tensor, q_side: torch.Tensor, key_rows: torch.Tensor,
+           weights: PackedWeights, pairs_allowed: bool) -> Backend:
+    """The code that serves one call, chosen once. Key selection is never differentiated,
+    so it runs on the kernels whenever they take q, k ``[B,H,T,depth]``; the pair stage
+    (q_side, key_rows, ``weights``) only if ``pairs_allowed`` (the caller needs no trace,
+    dropout or clamp inside it), no gradient is needed and every input is finite."""
+    selection = handles_selection(q, k)
+    pairs = (selection and pairs_allowed and handles_pairs(q_side, key_rows, weights.pair_stage())
+             and weights.kernel_arrays[1])   # last: the weights become arrays only for a kernel call
+    return Backend(selection, pairs)
+
+
+def select(strategy: str, q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -> torch.Tensor:
+    """Top-K by ``strategy`` ("exact" or "block") on the kernels: as the torch reference of
+    :mod:`~nac_drive.nac.selection` gives it, q, k ``[B,H,T,D]`` -> idx ``[B,H,Tq,topk]``."""
+    if strategy == "block":
+        return kernel_select_block(q, BlockPartition.of(k, topk, vis.key_valid), topk, vis)
+    return kernel_select_exact(q, k, topk, vis)
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
@@ -119,7 +137,7 @@ def _empty_score(x: torch.Tensor):
     return dtype(torch.finfo(x.dtype).min)
 
 
-def _key_valid(vis: "Visibility", batch: int, num_keys: int) -> np.ndarray:
+def _key_valid(vis: Visibility, batch: int, num_keys: int) -> np.ndarray:
     """The key validity mask as bool ``[batch, num_keys]`` (broadcast as torch would; the
     kernels do not check bounds, so a mask of another shape is refused here)."""
     if vis.key_valid is None:
@@ -131,9 +149,9 @@ def _key_valid(vis: "Visibility", batch: int, num_keys: int) -> np.ndarray:
     return valid.contiguous().numpy()
 
 
-def kernel_select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visibility",
+def kernel_select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility,
                  q_offset: int = 0) -> torch.Tensor:
-    """As :func:`nac_drive.key_selection.select_exact`: q ``[B,H,Tq,D]``, k ``[B,H,Tk,D]``
+    """As :func:`~nac_drive.nac.selection.select_exact`: q ``[B,H,Tq,D]``, k ``[B,H,Tk,D]``
     -> idx ``[B,H,Tq,topk]``."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
@@ -143,8 +161,8 @@ def kernel_select_exact(q: torch.Tensor, k: torch.Tensor, topk: int, vis: "Visib
     return torch.from_numpy(out).view(B, H, Tq, topk)
 
 
-def kernel_select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis: "Visibility") -> torch.Tensor:
-    """As :func:`nac_drive.key_selection.select_block`: q ``[B,H,T,D]`` and the keys cut into
+def kernel_select_block(q: torch.Tensor, part: BlockPartition, topk: int, vis: Visibility) -> torch.Tensor:
+    """As :func:`~nac_drive.nac.selection.select_block`: q ``[B,H,T,D]`` and the keys cut into
     blocks -> idx ``[B,H,T,topk]``. The centroid scores of every (query, block) are one
     batched product here; the kernel picks the blocks and searches them."""
     B, H, T, D = q.shape
@@ -158,12 +176,13 @@ def kernel_select_block(q: torch.Tensor, part: "BlockPartition", topk: int, vis:
 
 
 def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor, idx: torch.Tensor,
-           weight_arrays: tuple[np.ndarray, ...], layout: "KeyLayout", *, mode: str, euler_steps: int,
+           weights: PackedWeights, layout: KeyLayout, *, mode: str, euler_steps: int,
            tau_eps: float, time_input: str, time_weighted_values: bool) -> tuple[torch.Tensor, float]:
-    """The pair stage of :meth:`nac_drive.nac.NAC._attend`: q_side ``[B,H,Tq,P]``, key_rows
-    ``[B,H,Tk,>= layout.width]`` packed as :class:`~nac_drive.nac.KeyLayout` says, idx
-    ``[B,H,Tq,K]``, the arrays of :func:`pair_arrays` -> (out ``[B,H,Tq,depth]``, the
-    largest dt * tau of a selected pair in mode euler, for the layer's stability check)."""
+    """The pair stage of :meth:`~nac_drive.nac.layer.NAC.attend` (eqs. 14-19) in one pass:
+    q_side ``[B,H,Tq,P]`` (:func:`~nac_drive.nac.packing.query_half`), key_rows
+    ``[B,H,Tk,>= layout.width]`` packed as :class:`~nac_drive.nac.packing.KeyLayout` says,
+    idx ``[B,H,Tq,K]`` -> (out ``[B,H,Tq,depth]``, the largest dt * tau of a selected pair
+    in mode euler, for the layer's stability check)."""
     nb = _kernels()
     B, H, Tq, P = q_side.shape
     if P != layout.stamp or layout.value.start != P + 1:
@@ -180,7 +199,7 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
     nb.attend(_array(q_side.transpose(-1, -2)), _array(key_rows[..., :layout.stamp + 1].transpose(-1, -2)),
-              _array(key_rows), _array(idx), times, time_kind, *weight_arrays, MODE_CODES[mode],
+              _array(key_rows), _array(idx), times, time_kind, *weights.kernel_arrays[0], MODE_CODES[mode],
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau)
     return out, float(worst_dt_tau[0])
 
@@ -192,6 +211,6 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def _window(vis: "Visibility") -> int:
+def _window(vis: Visibility) -> int:
     return -1 if vis.window is None else vis.window
 

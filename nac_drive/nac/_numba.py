@@ -1,6 +1,6 @@
-"""numba kernels behind :mod:`nac_drive.nac_kernels` (imported on first use only).
+"""numba kernels behind :mod:`~nac_drive.nac.kernels` (imported on first use only).
 
-Shapes are those of :mod:`nac_drive.key_selection` and :meth:`nac_drive.nac.NAC._attend`
+Shapes are those of :mod:`~nac_drive.nac.selection` and :meth:`~nac_drive.nac.layer.NAC.attend`
 with batch and heads flattened where noted. Everything here is plain loops that LLVM
 vectorises: the pair stage works on tiles of pairs laid out feature-major
 (``[feature, pair]``), so each step is one loop over the pairs of a tile.
@@ -154,7 +154,7 @@ def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, ou
 
 @njit(**_SELECT_JIT)
 def topk_block_rows(q, kT, key_ok, count, block_scores, heads, causal, window, size, n_pick, empty, out):
-    """Square-root partitioned Top-K (paper Alg. 2), as :func:`key_selection.select_block`.
+    """Square-root partitioned Top-K (paper Alg. 2), as :func:`~nac_drive.nac.selection.select_block`.
 
     q ``[BH, T, D]``; the keys cut into blocks of ``size``: kT ``[BH, D, n_blocks*size]``
     (transposed, zero padded), key_ok ``[B, n_blocks*size]``, count ``[B, n_blocks]``
@@ -293,7 +293,7 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
     part, feature-major), key_side_t ``[B, H, P + 1, Tk]`` (the key side and timestamp,
     feature-major), key_feats ``[B, H, Tk, >= P + 1 + depth]`` (the same rows, then the
     value), idx ``[B, H, Tq, K]`` (NO_KEY: empty), q_times ``[B, Tq]``; weights as in
-    ``nac._PackedParams`` (cmd_w ``[H, n_inter, n_cmd]``, mot_w ``[H, n_cmd, n_motor]``, phi_tau_w
+    ``packing.PackedWeights`` (cmd_w ``[H, n_inter, n_cmd]``, mot_w ``[H, n_cmd, n_motor]``, phi_tau_w
     ``[H, n_motor, 2]``: the phi and tau read-outs) -> out ``[B, H, Tq, depth]``, float32;
     mode euler also writes the largest dt * tau of a selected pair to ``worst_dt_tau[0]``.
     """

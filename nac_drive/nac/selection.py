@@ -15,8 +15,8 @@ a causal prefix, a padding mask). Which keys a query may see is decided by
 
 Among equal scores the newest key ranks first (a car standing still sends identical
 frames; the newest of them is the one to read). This module is the torch reference and
-the GPU path; on CPU :class:`~nac_drive.nac.NAC` runs the numba kernels of
-:mod:`nac_drive.nac_kernels` instead, which return the same keys in the same order.
+the GPU path; on CPU :class:`~nac_drive.nac.layer.NAC` runs the numba kernels of
+:mod:`~nac_drive.nac.kernels` instead, which return the same keys in the same order.
 """
 
 from __future__ import annotations

@@ -1,0 +1,192 @@
+"""The layer's named weights, masked and packed into the few products its fast path takes.
+
+The layer (:mod:`.layer`) owns its weights by name: the sensory gates ``q_gate``, ``k_gate``,
+``v_gate`` (eq. 13), the backbone ``inter``, ``command``, ``motor`` (eq. 14), the read-outs
+``phi_tau_weight`` / ``phi_tau_bias`` (eqs. 15-16) and the time affine ``time_weight`` /
+``time_bias``. Its computations consume them packed (:class:`PackedWeights`):
+
+* the three gates stacked, so q, k and v take one product;
+* the backbone's first layer and the time affine split into a query half and a key half.
+  Both are linear in the pair ``[q_i; k_j]``: ``W [q_i; k_j] + b = (W_q q_i + b) + W_k k_j``,
+  so ``W_q q_i`` is computed once per query and ``W_k k_j`` once per key and the two are added
+  after the gather; the ``[B, H, T, K, 2*depth]`` pair tensor is never built. The heads'
+  halves sit block-diagonally in one matrix, so all heads take one product.
+
+What a query gathers from a key is one packed row (:class:`KeyLayout`); the streaming cache
+and the numba kernels read the same rows. Without autograd the packed weights are built once
+and reused until a source tensor changes (:func:`packed`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nac_drive.nac.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """The columns of a packed key row: everything a query gathers from one key, so that
+    one gather serves the whole pair stage.
+
+    ``[0, n_inter)`` W_k k_j, the key's half of the backbone's first layer (eq. 14);
+    ``n_inter, n_inter + 1`` the key's half of the time affine (a, b); ``stamp`` the key's
+    timestamp; ``value`` v_j (``depth`` columns); ``key`` k_j itself, in the streaming
+    cache only (:func:`~nac_drive.nac.streaming.step` selects on it).
+    """
+
+    n_inter: int
+    depth: int
+
+    @property
+    def pair(self) -> slice:
+        """The columns added to the query half: W_k k_j and the time affine's key half."""
+        return slice(0, self.n_inter + 2)
+
+    @property
+    def stamp(self) -> int:
+        return self.n_inter + 2
+
+    @property
+    def value(self) -> slice:
+        return slice(self.stamp + 1, self.stamp + 1 + self.depth)
+
+    @property
+    def key(self) -> slice:
+        return slice(self.value.stop, self.value.stop + self.depth)
+
+    @property
+    def width(self) -> int:
+        """Columns of a row of :func:`key_rows` (without the key)."""
+        return self.value.stop
+
+    @property
+    def cache_width(self) -> int:
+        """Columns of a :class:`~nac_drive.nac.streaming.NACCache` slot (with the key)."""
+        return self.key.stop
+
+
+@dataclass
+class PackedWeights:
+    """The layer's effective (masked, packed) weights, as its computations consume them.
+
+    qkv ``[3*d_model, input_dim]`` and ``[3*d_model]``: the three sensory gates stacked;
+    query_side, key_side ``[d_model, H*(n_inter + 2)]``: the query and key halves of the
+    backbone's first layer and of the time affine, block-diagonal over the heads so all
+    heads take one product (query_bias ``[H*(n_inter + 2)]``); command, motor
+    ``[H, in, out]`` with biases ``[H, out]``; phi_tau ``[H, n_motor, 2]`` and
+    phi_tau_bias ``[H, 2]``: the read-outs of phi (column 0) and tau (column 1).
+    """
+
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor
+    query_side: torch.Tensor
+    query_bias: torch.Tensor
+    key_side: torch.Tensor
+    command: torch.Tensor
+    command_bias: torch.Tensor
+    motor: torch.Tensor
+    motor_bias: torch.Tensor
+    phi_tau: torch.Tensor
+    phi_tau_bias: torch.Tensor
+
+    def pair_stage(self) -> tuple[torch.Tensor, ...]:
+        """What the pair stage reads after the gather, in the kernel's argument order."""
+        return self.command, self.command_bias, self.motor, self.motor_bias, self.phi_tau, self.phi_tau_bias
+
+    @functools.cached_property
+    def kernel_arrays(self) -> tuple[tuple[np.ndarray, ...], bool]:
+        """:meth:`pair_stage` as contiguous numpy arrays for the kernels, and whether they
+        are all finite: made once per packing (a changed parameter repacks)."""
+        arrays = tuple(w.detach().contiguous().numpy() for w in self.pair_stage())
+        return arrays, all(np.isfinite(a).all() for a in arrays)
+
+
+def pack(gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear, command: HeadwiseMaskedLinear,
+         motor: HeadwiseMaskedLinear, time: tuple[torch.Tensor, torch.Tensor],
+         phi_tau: tuple[torch.Tensor, torch.Tensor]) -> PackedWeights:
+    """The named weights -> :class:`PackedWeights`. ``gates`` (q, k, v); ``inter`` reads
+    ``[q_i; k_j]`` (``[H, 2*depth, n_inter]``); ``time`` = (weight ``[H, 2*depth, 2]``, bias
+    ``[H, 2]``); ``phi_tau`` = (weight ``[H, n_motor, 2]``, bias ``[H, 2]``)."""
+    first, (time_weight, time_bias) = inter.effective_weight, time
+    d = first.shape[1] // 2                                                  # rows of q_i, then of k_j
+    query_side = torch.cat([first[:, :d], time_weight[:, :d]], dim=-1)      # [H, depth, n_inter + 2]
+    key_side = torch.cat([first[:, d:], time_weight[:, d:]], dim=-1)
+    return PackedWeights(
+        qkv_weight=torch.cat([g.effective_weight for g in gates]),
+        qkv_bias=torch.cat([g.bias for g in gates]),
+        query_side=torch.block_diag(*query_side),
+        query_bias=torch.cat([inter.bias, time_bias], dim=-1).flatten(),
+        key_side=torch.block_diag(*key_side),
+        command=command.effective_weight, command_bias=command.bias,
+        motor=motor.effective_weight, motor_bias=motor.bias,
+        phi_tau=phi_tau[0], phi_tau_bias=phi_tau[1])
+
+
+def packed(cache: tuple | None, gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear,
+           command: HeadwiseMaskedLinear, motor: HeadwiseMaskedLinear, time: tuple[torch.Tensor, torch.Tensor],
+           phi_tau: tuple[torch.Tensor, torch.Tensor]) -> tuple[tuple | None, PackedWeights]:
+    """:func:`pack`, reused from ``cache`` while no source tensor changed -> (the cache to
+    keep, the weights).
+
+    Without autograd (inference, streaming) the weights are built once and reused until a
+    parameter or mask changes, in place or replaced (each tensor's storage and version
+    counter key the cache): a streamed step would otherwise spend a third of its time
+    re-masking. With autograd, or for inference tensors (which have no version), they are
+    built afresh and the cache is left as it was.
+    """
+    # The tensors pack reads, fetched directly: iterating Module.parameters() would cost
+    # more than the masking it saves.
+    wired = (*gates, inter, command, motor)
+    tensors = [t for m in wired for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+    tensors += [*time, *phi_tau]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return cache, pack(gates, inter, command, motor, time, phi_tau)
+    try:
+        key = tuple((t.data_ptr(), t._version) for t in tensors)
+    except RuntimeError:  # inference tensors (a layer built under inference_mode) have no version
+        return cache, pack(gates, inter, command, motor, time, phi_tau)
+    if cache is None or cache[0] != key:
+        cache = (key, pack(gates, inter, command, motor, time, phi_tau))
+    return cache, cache[1]
+
+
+def query_half(q: torch.Tensor, weights: PackedWeights, num_heads: int) -> torch.Tensor:
+    """q ``[B, T, d_model]`` -> ``[B, H, T, n_inter + 2]``: each head's ``W_q q_i + b`` of the
+    backbone's first layer (eq. 14), then the time affine's query half."""
+    rows = torch.addmm(weights.query_bias, q.flatten(0, 1), weights.query_side)
+    return split_heads(rows.view(*q.shape[:2], -1), num_heads)
+
+
+def key_rows(k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None, weights: PackedWeights,
+             num_heads: int) -> torch.Tensor:
+    """k ``[B, Tk, d_model]``, vh ``[B, H, Tk, depth]``, times ``[B, Tk]`` or None -> packed
+    key rows ``[B, H, Tk, KeyLayout.width]``: each head's ``W_k k_j`` of the backbone's first
+    layer and the time affine's key half, the key's timestamp (0 without), its value."""
+    B, H, Tk, _ = vh.shape
+    stamp = vh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
+    return torch.cat([split_heads(k @ weights.key_side, num_heads), stamp, vh], dim=-1)
+
+
+def gather_pairs(q_half: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, layout: KeyLayout):
+    """The selected pairs' pre-activations: q_half ``[B,H,Tq,n_inter+2]``, rows
+    ``[B,H,Tk,>= layout.width]``, idx ``[B,H,Tq,K]`` -> pre ``[B,H,Tq,K,n_inter+2]`` (the
+    backbone's first layer, then the time affine (a, b), of ``[q_i; k_j]``), the keys'
+    timestamps ``[B,H,Tq,K]`` and values ``[B,H,Tq,K,depth]``. Empty slots (-1) hold key
+    0's row (masked later)."""
+    B, H, Tk, F_ = rows.shape
+    offset = (torch.arange(B * H, device=rows.device) * Tk).view(B, H, 1, 1)
+    gathered = rows.reshape(B * H * Tk, F_)[idx.clamp(min=0) + offset]                  # [B,H,Tq,K,F]
+    pre = q_half[:, :, :, None] + gathered[..., layout.pair]
+    return pre, gathered[..., layout.stamp], gathered[..., layout.value]
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[B, T, H * n] -> [B, H, T, n] (a view)"""
+    B, T, _ = x.shape
+    return x.view(B, T, num_heads, -1).transpose(1, 2)
