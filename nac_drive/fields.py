@@ -75,10 +75,3 @@ def check_fields(instance) -> None:
             if problem:
                 raise ValueError(f"{flag}: {problem}")
 
-
-def changed(instance) -> list[str]:
-    """The fields of a dataclass whose value is not their default."""
-    def default(f):
-        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-    return [f.name for f in dataclasses.fields(instance) if getattr(instance, f.name) != default(f)]

@@ -49,7 +49,7 @@ def test_wheel_holds_every_module_and_asset_and_the_sdist_rebuilds_it(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         expected = shipped_files()
-        assert len(expected) > 60 and "nac_drive/commands/quickstart.py" in expected
+        assert len(expected) > 60 and "nac_drive/cli/commands/quickstart.py" in expected
         missing = sorted(set(expected) - names)
         assert not missing, f"the wheel leaves out {missing}"
         for name, path in expected.items():

@@ -90,14 +90,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
     ``--help``, the others under their group's heading. The parser keeps ``(cls, skip)`` in
     ``parser.argument_classes`` and sets ``verb_parser`` (itself) in the namespace."""
     hints = typing.get_type_hints(cls)
-    groups: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         meta = f.metadata
-        group = meta.get("group")
-        target = parser if group is None else groups.get(group) or groups.setdefault(
-            group, parser.add_argument_group(group))
+        target = parser if meta.get("group") is None else _group(parser, meta["group"])
         options = _options(f, hints[f.name])
         if meta.get("positional"):
             target.add_argument(f.name, metavar=meta.get("metavar"), **options)
@@ -107,6 +104,14 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
                                 **options)
     vars(parser).setdefault("argument_classes", []).append((cls, skip))
     parser.set_defaults(verb_parser=parser)
+
+
+def _group(parser: argparse.ArgumentParser, title: str):
+    """The parser's argument group ``title`` (a heading of ``--help``), made on first use."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
 
 
 def _options(f: dataclasses.Field, hint) -> dict:
