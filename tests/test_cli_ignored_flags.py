@@ -45,12 +45,12 @@ IGNORED = [
     (["quickstart", "--full", "--budget", "small", "--dagger-rounds", "0", "--disturb-frames", "4"],
      "--disturb-frames: only with DAgger"),
     # collect: the other --driver's flags; a gas the expert does not press
-    (["collect", "udacity", "--out", MISSING, "--no-progress"], "--progress: only with --driver scripted"),
+    (["collect", "udacity", "--out", MISSING, "--no-progress"], "--no-progress: only with --driver scripted"),
     (["collect", "udacity", "--driver", "scripted", "--out", MISSING, "--exit-on-disconnect"],
      "--exit-on-disconnect: only with --driver human"),
     (["collect", "carracing", "--expert", "teacher", "--gas", "0.4"], "--gas: teacher drives the continuous env"),
     # drive: the live view's option without a live view
-    (["drive", "carracing", "--no-live-saliency"], "--live-saliency: only with --rerun or --rerun-serve"),
+    (["drive", "carracing", "--no-live-saliency"], "--no-live-saliency: only with --rerun or --rerun-serve"),
     (["drive", "udacity", "--live-saliency"], "--live-saliency: only with --rerun or --rerun-serve"),
     # dashboard --rrd alone writes no HTML
     (["dashboard", MISSING, "--rrd", "run.rrd", "--title", "x"], "--title: only for the HTML file"),

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from nac_drive.fields import arg, bounds, check_number, flag_name
 
-GIVEN = "flags_given"   # the namespace's set of the fields whose flag was on the command line
+GIVEN = "flags_given"   # in the namespace: {field: the flag that set it} of the flags on the command line
 
 
 @dataclasses.dataclass
@@ -73,12 +73,12 @@ class Parser(argparse.ArgumentParser):
 
 @functools.cache
 def _noting(action: type[argparse.Action]) -> type[argparse.Action]:
-    """``action`` that also adds its field to the namespace's :data:`GIVEN` set when its flag is given."""
+    """``action`` that also notes its field and flag in the namespace's :data:`GIVEN` when its flag is given."""
     class Given(action):
         def __call__(self, parser, namespace, values, option_string=None):
             super().__call__(parser, namespace, values, option_string)
             if option_string is not None:
-                namespace.__dict__.setdefault(GIVEN, set()).add(self.dest)
+                namespace.__dict__.setdefault(GIVEN, {})[self.dest] = option_string
 
     return Given
 
@@ -143,13 +143,14 @@ def _is_union(hint) -> bool:
 def from_namespace(cls, namespace: argparse.Namespace, ignored: Callable[[Any], dict[str, str]] | None = None):
     """Build ``cls`` from the parsed flags of :func:`add_dataclass_arguments` (its
     ``__post_init__`` checks it). A flag given on the command line whose value the instance
-    would not use is refused (ValueError ``--flag: why``): the fields ``ignored(instance)``
-    names, by default the instance's own ``ignored()`` ({field: why}) if it has one."""
+    would not use is refused (ValueError ``--flag: why``, the flag as typed): the fields
+    ``ignored(instance)`` names, by default the instance's own ``ignored()`` ({field: why})
+    if it has one."""
     values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
     instance = cls(**values)
     reasons = ignored(instance) if ignored else instance.ignored() if hasattr(instance, "ignored") else {}
-    given = getattr(namespace, GIVEN, set())
+    given = getattr(namespace, GIVEN, {})
     for name, why in reasons.items():
         if name in given:
-            raise ValueError(f"{flag_name(name)}: {why}")
+            raise ValueError(f"{given[name]}: {why}")
     return instance
