@@ -27,9 +27,9 @@ from bridge_process import free_port, start_listening
 
 
 def carracing_trace(folder: Path, frames: int) -> Path:
-    from nac_drive.pipeline.drive import drive_carracing
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing
 
-    return Path(drive_carracing(None, episodes=1, max_steps=frames, trace_dir=folder / "carracing",
+    return Path(drive_carracing(DriveArgs(episodes=1, max_steps=frames, trace=str(folder / "carracing")),
                                 progress=False)["trace"])
 
 

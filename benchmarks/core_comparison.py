@@ -19,7 +19,7 @@ CORE_CHOICES = ("nac-exact", "nac-euler", "nac-steady", "lstm", "gru", "cfc", "l
 
 
 def main() -> None:
-    from nac_drive.pipeline.drive import drive_carracing
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs
 
@@ -45,7 +45,7 @@ def main() -> None:
         best = min(rows, key=lambda r: float(r["val_loss"]))
         ret = ""
         if args.episodes > 0:
-            s = drive_carracing(run / "best", args.episodes, progress=False)
+            s = drive_carracing(DriveArgs(policy=str(run / "best"), episodes=args.episodes), progress=False)
             ret = f"{s['mean_return']:.1f} +- {s['std_return']:.1f} ({s['episodes']})"
         print(f"| {name} | {float(best['val_accuracy']):.3f} | {float(best['val_loss']):.3f} | {ret} |", flush=True)
 

@@ -29,7 +29,7 @@ from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from torch import nn
 
 from nac_drive import hub
-from nac_drive.arguments import in_unit_interval
+from nac_drive.fields import in_unit_interval
 from nac_drive.atomic import readable_dir
 from nac_drive.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes, dataclass_from_json, load_state_into,
                                   read_json, read_tensors, save_model, tensor_shapes)

@@ -31,10 +31,11 @@ class RunLog:
 
         from nac_drive.cores import CORES
 
+        domains = {"core": list(CORES), "mode": ["exact", "euler", "steady"]}   # of the keys a run has
         self.writer = SummaryWriter(str(Path(run_dir) / TB_FOLDER), purge_step=first_step + 1 if first_step else None)
         experiment, start, self._end = hparam_summaries(
             hparams, {tag: 0.0 for tag in HPARAM_METRICS},
-            hparam_domain_discrete={"core": list(CORES), "mode": ["exact", "euler", "steady"]})
+            hparam_domain_discrete={k: v for k, v in domains.items() if k in hparams})
         for summary in (experiment, start):
             self.writer.file_writer.add_summary(summary)
 

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.actor import Actor
-from nac_drive.arguments import in_unit_interval
+from nac_drive.fields import in_unit_interval
 from nac_drive.simulators.road_drawing import draw_road_vectorised
 from nac_drive.tasks import DISCRETE_GAS
 from nac_drive.video import WebmWriter

@@ -463,11 +463,11 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path, capsys
     `expert compare` alike, and `compare --gas 0.5` drives another zip in that env."""
     from nac_drive.agents.ppo_lab.training import score_checkpoint
     from nac_drive.cli import main
-    from nac_drive.pipeline.evaluate import evaluate_expert
+    from nac_drive.pipeline.evaluate import ExpertEvalArgs, evaluate_expert
 
     record = read_data(shipped_expert_path())["preprocessing"]
     path = shipped_with_data(tmp_path / "gas.zip", preprocessing={**record, "gas": 0.5})
-    _, evaluated = evaluate_expert(str(path), 1, seed_base=900_004, progress=False)
+    _, evaluated = evaluate_expert(ExpertEvalArgs(expert=str(path), episodes=1, seed_base=900_004), progress=False)
     fast = score_checkpoint(path, 1, 900_004)
     stock = run_episodes(PPOExpert(path), [900_004], env=make_carracing())   # the same network, gymnasium's env
     assert fast.lengths == evaluated.lengths
@@ -479,8 +479,8 @@ def test_an_expert_with_a_stronger_gas_is_driven_in_its_own_env(tmp_path, capsys
     compared = json.loads(capsys.readouterr().out.strip().splitlines()[-1])[shipped]
     assert compared["returns"] == [pytest.approx(fast.returns[0], abs=0.01)]
     # the teacher with a stronger gas (`expert eval --expert teacher-discrete --gas 0.5`)
-    teacher = {gas: evaluate_expert("teacher-discrete", 1, seed_base=900_004, max_steps=300, progress=False,
-                                    gas=gas)[1] for gas in (None, 0.5)}
+    teacher = {gas: evaluate_expert(ExpertEvalArgs(expert="teacher-discrete", episodes=1, seed_base=900_004,
+                                                   max_steps=300, gas=gas), progress=False)[1] for gas in (None, 0.5)}
     assert teacher[None].returns[0] < teacher[0.5].returns[0] - 5   # more tiles in the same 300 frames
     with pytest.raises(SystemExit) as refused:   # argparse refuses a gas outside (0, 1]
         main(["expert", "eval", "--expert", "teacher-discrete", "--gas", "0"])
@@ -493,7 +493,7 @@ def test_a_zip_shipped_with_another_gas_keeps_its_weights_and_names_its_env(tmp_
     only; `expert eval --gas` does not override a zip's; a continuous zip has no gas."""
     from nac_drive.cli import main
     from nac_drive.pipeline.dagger import make_oracle
-    from nac_drive.pipeline.evaluate import evaluate_expert
+    from nac_drive.pipeline.evaluate import ExpertEvalArgs, evaluate_expert
     from nac_drive.pipeline.quickstart import QuickstartArgs, _check_recipe
 
     shipped, path = str(shipped_expert_path()), tmp_path / "gas.zip"
@@ -508,7 +508,7 @@ def test_a_zip_shipped_with_another_gas_keeps_its_weights_and_names_its_env(tmp_
     assert make_oracle(str(path), False, gas=0.5).gas == 0.5
     _check_recipe(QuickstartArgs(full=True, expert=str(path)))   # its own gas goes to its oracle check
     with pytest.raises(ValueError, match=r"--gas: ppo:gas's zip sets gas 0.5 \('expert compare ZIP --gas 0.3'"):
-        evaluate_expert(str(path), 1, gas=0.3)
+        evaluate_expert(ExpertEvalArgs(expert=str(path), episodes=1, gas=0.3))
     no_gas = {name: value for name, value in read_data(shipped)["preprocessing"].items() if name != "gas"}
     box = shipped_with_data(tmp_path / "box.zip", action_space={":type:": "Box"}, preprocessing=no_gas)
     with pytest.raises(ValueError, match="gas 0.5: .*box.zip is a continuous expert"):

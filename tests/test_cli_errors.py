@@ -1,5 +1,5 @@
 """Every verb answers nonsense with one line on stderr and exit 2, before doing any work,
-and never with a traceback (nac_drive.cli.run_verb, nac_drive.arguments)."""
+and never with a traceback (nac_drive.cli.run_verb, nac_drive.cli.arguments)."""
 
 import socket
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nac_drive
-from nac_drive.arguments import check_number
+from nac_drive.fields import check_number
 from nac_drive.pipeline.train_args import TrainArgs
 
 NAC_DRIVE = str(Path(sys.executable).parent / "nac-drive")

@@ -1,5 +1,6 @@
 """CarRacing end to end at tiny scale: collect -> train -> drive, through the CLI."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -89,16 +90,16 @@ def test_a_dagger_round_driven_in_two_processes_records_what_one_process_does(tm
     """Each process drives a run of the round's tracks and writes it as one shard; the
     random-action bursts of a track do not depend on how the round was split."""
     from nac_drive.agents.driver import shipped_policy_path
-    from nac_drive.pipeline.dagger import dagger
+    from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.train_args import TrainArgs
 
     recorded = {}
     for workers in (1, 2):
         data = tmp_path / f"workers{workers}"
-        tiny = TrainArgs(out=str(tmp_path / f"train{workers}"), window=8, epochs=1, windows_per_epoch=16,
-                         batch_size=16, val_fraction=0, progress=False)
-        dagger(shipped_policy_path(), data, 1, 3, tiny, max_steps=40, progress=False, disturb_rate=0.1,
-               disturb_frames=5, oracle="teacher", workers=workers)
+        tiny = TrainArgs(data=str(data), out=str(tmp_path / f"train{workers}"), window=8, epochs=1,
+                         windows_per_epoch=16, batch_size=16, val_fraction=0, progress=False)
+        dagger(DaggerArgs(policy=str(shipped_policy_path()), rounds=1, episodes=3, max_steps=40, disturb_rate=0.1,
+                          disturb_frames=5, oracle="teacher", workers=workers), tiny)
         shards = sorted(p.name for p in (data / "nac_drive" / "dagger-r0-s0").iterdir() if p.is_dir())
         recorded[workers] = shards, load_episodes(data)
     assert recorded[1][0] == ["seeds-150000-150002-v1"]
@@ -110,8 +111,8 @@ def test_a_dagger_round_driven_in_two_processes_records_what_one_process_does(tm
         np.testing.assert_array_equal(a.actions, b.actions)
     # the bursts took the car somewhere the undisturbed student does not go: they were on
     undisturbed = tmp_path / "undisturbed"
-    dagger(shipped_policy_path(), undisturbed, 1, 1, tiny, max_steps=40, progress=False, oracle="teacher",
-           workers=1)
+    dagger(DaggerArgs(policy=str(shipped_policy_path()), rounds=1, episodes=1, max_steps=40, oracle="teacher",
+                      workers=1), dataclasses.replace(tiny, data=str(undisturbed)))
     assert not np.array_equal(load_episodes(undisturbed)[0].frames, alone[0].frames)
 
 
@@ -127,8 +128,8 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
     from nac_drive.agents.ppo_lab.expert_zip import read_data
     from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
     from nac_drive.data_collection.carracing_dataset import find_datasets
-    from nac_drive.pipeline.collect import collect_carracing
-    from nac_drive.pipeline.dagger import dagger
+    from nac_drive.pipeline.collect import CollectArgs, collect_carracing
+    from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import TrainArgs
     from nac_drive.simulators.carracing import make_carracing, run_episodes
@@ -166,16 +167,18 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
 
     # gymnasium's env: a policy of gas 0.5 neither fine-tunes on its data nor joins it in DAgger
     stock = tmp_path / "stock"
-    collect_carracing("teacher-discrete", 1, 5, str(stock), max_steps=20, progress=False)
+    collect_carracing(CollectArgs(expert="teacher-discrete", episodes=1, seed=5, out=str(stock), max_steps=20),
+                      progress=False)
     tiny = dict(out=str(train_dir), window=8, epochs=1, windows_per_epoch=16, batch_size=16, val_fraction=0,
                 progress=False)
     with pytest.raises(ValueError, match="learned an env whose GAS presses 0.5, the data was recorded with 0.2"):
         train(TrainArgs(data=str(stock), init_from=str(best), **tiny))
     with pytest.raises(ValueError, match=r"--data: .*seeds-100005-100005-v1 was recorded in an env whose GAS "
                                          r"presses 0.2, not 0.5"):
-        dagger(best, stock, 1, 1, TrainArgs(**tiny), seed=1, progress=False)
+        dagger(DaggerArgs(policy=str(best), rounds=1, episodes=1), TrainArgs(data=str(stock), seed=1, **tiny))
     assert {e.seed for e in load_episodes(stock)} == {100_005}   # refused before any round was driven
-    collect_carracing("teacher-discrete", 1, 5, str(demos), max_steps=20, progress=False)
+    collect_carracing(CollectArgs(expert="teacher-discrete", episodes=1, seed=5, out=str(demos), max_steps=20),
+                      progress=False)
     with pytest.raises(ValueError, match=r"GAS presses \[0.2, 0.5\] \(e.g. .*seeds-100005-100005-v1.*: 0.2, "
                                          r".*: 0.5\)"):
         train(TrainArgs(data=str(demos), **tiny))

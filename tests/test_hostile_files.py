@@ -258,7 +258,8 @@ def test_policy_checkpoint_with_a_crafted_file(canary, tmp_path, capsys, demos, 
         for argv in (["drive", "carracing", "--policy", run / "last", "--episodes", "1"],
                      ["saliency", "--policy", run / "last", "--run", tmp_path / "nowhere"],
                      ["dagger", "--policy", run / "last", "--data", tmp_path / "dg", "--rounds", "1"],
-                     ["train", "--data", demos, "--out", tmp_path / "ft", "--init-from", run / "last", *TINY]):
+                     ["train", "--data", demos, "--out", tmp_path / "ft", "--init-from", run / "last", "--window", "4",
+                      "--no-progress"]):   # no architecture flag: --init-from takes the checkpoint's
             assert f"last/{name}" in one_line_error(capsys, *argv)
 
 

@@ -20,7 +20,7 @@ PACKAGE = Path(nac_drive.__file__).parent
 
 # layer of a module: the first rule whose prefix matches its dotted name
 LAYERS = [
-    ("nac_drive.commands", 4), ("nac_drive.cli", 4), ("nac_drive.__main__", 4),
+    ("nac_drive.cli", 4), ("nac_drive.__main__", 4),
     ("nac_drive.pipeline", 3),
     ("nac_drive.agents", 2), ("nac_drive.interpret", 2),
     ("nac_drive.data_collection", 1), ("nac_drive.simulators", 1),

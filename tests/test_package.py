@@ -67,7 +67,7 @@ def test_wheel_holds_every_module_and_asset_and_the_sdist_rebuilds_it(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         names = {n for n in zf.namelist() if ".dist-info/" not in n}
         expected = shipped_files()
-        assert len(expected) > 60 and "nac_drive/commands/quickstart.py" in expected
+        assert len(expected) > 60 and "nac_drive/cli/commands/quickstart.py" in expected
         assert names == set(expected), (f"the wheel leaves out {sorted(set(expected) - names)}, "
                                         f"and holds what the checkout does not: {sorted(names - set(expected))}")
         for name, path in expected.items():

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from nac_drive.cli.arguments import add_dataclass_arguments
 from nac_drive.data_collection.carracing_dataset import (DatasetError, WindowDataset, find_datasets, load_episodes,
                                                          split_by_episode, write_dataset)
 from nac_drive.data_collection.episode_recorder import RecordEpisodes
 from nac_drive.pipeline.train import EpochSampler, class_weights, train
-from nac_drive.pipeline.train_args import TrainArgs, add_arguments
+from nac_drive.pipeline.train_args import TrainArgs
 from support.demos import synthetic_episodes
 
 torch.set_num_threads(1)
@@ -134,7 +135,7 @@ def test_sampler_and_class_weights():
     with pytest.raises(ValueError, match="class_weighting"):
         class_weights(np.array([0, 1]), 2, "balance")
     parser = argparse.ArgumentParser()
-    add_arguments(parser)   # the flag offers exactly the accepted values
+    add_dataclass_arguments(parser, TrainArgs)   # the flag offers exactly the accepted values
     assert parser.parse_args(["--class-weighting", "balanced"]).class_weighting == "balanced"
     with pytest.raises(SystemExit):
         parser.parse_args(["--class-weighting", "balance"])

@@ -67,13 +67,13 @@ def test_episodes_are_written_as_vp9_webm_one_frame_per_env_frame(tmp_path):
 
 
 def test_drive_records_the_first_tracks_and_scores_them_all(tmp_path, capsys):
-    from nac_drive.pipeline.drive import drive_carracing
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing
 
-    every = drive_carracing(None, 2, max_steps=6, progress=False)
+    every = drive_carracing(DriveArgs(episodes=2, max_steps=6), progress=False)
     assert every["seeds"] == [900_000, 900_001] and every["lengths"] == [6, 6]   # each track driven once
     capsys.readouterr()
-    split = drive_carracing(None, 3, max_steps=6, video=str(tmp_path / "drive.webm"), trace_dir=str(tmp_path / "run"),
-                            progress=True, recorded=1)
+    split = drive_carracing(DriveArgs(episodes=3, max_steps=6, video=str(tmp_path / "drive.webm"),
+                                      trace=str(tmp_path / "run")), progress=True, recorded=1)
     bars = capsys.readouterr().err   # one bar per part, each saying what it drives
     assert "recorded episodes: 100%" in bars and "other episodes: 100%" in bars and "| 2/2" in bars
     assert split["seeds"] == [900_000, 900_001, 900_002] and split["lengths"] == [6, 6, 6]

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.agents.ppo_lab.training_args import ACTION_REPEAT, FRAME_SIZE, FRAME_STACK
-from nac_drive.arguments import in_unit_interval
+from nac_drive.fields import in_unit_interval
 from nac_drive.simulators.carracing import DISCRETE_GAS, ActionRepeat, ConsecutiveTrackSeeds, make_carracing
 
 GRAYSCALE = "cv2.COLOR_RGB2GRAY"    # the only colour conversion this package applies

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from nac_drive.agents.ppo_lab.env import Preprocessing
-from nac_drive.arguments import in_unit_interval
+from nac_drive.fields import in_unit_interval
 from nac_drive.atomic import atomic_write
 from nac_drive.checkpoint import parse_json_object
 from nac_drive.simulators.carracing import DISCRETE_GAS

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from nac_drive.agents.ppo_lab.training_args import FRAME_STACK
-from nac_drive.arguments import arg, check_fields
+from nac_drive.fields import arg, check_fields
 from nac_drive.simulators.carracing import COLLECT_SEED_BASE, DISCRETE_GAS, MAX_EPISODE_FRAMES
 
 TRACKS_BASE = 10_000        # kickstart tracks: TRACKS_BASE + TRACKS_PER_SEED * seed + i

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nac_drive.arguments import arg, check_fields
+from nac_drive.fields import arg, check_fields
 from nac_drive.simulators.carracing import DISCRETE_GAS, EXPERT_TRAIN_SEED_BASE
 
 ACTION_REPEAT = 4

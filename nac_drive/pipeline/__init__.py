@@ -9,6 +9,6 @@ functions, above every layer they use.
 - :mod:`~nac_drive.pipeline.evaluate`: experts scored on tracks;
 - :mod:`~nac_drive.pipeline.quickstart`: collect -> train -> DAgger -> drive -> dashboard in one call.
 
-``nac_drive.commands`` parses arguments and calls these; nothing below imports them
+``nac_drive.cli`` parses arguments into their argument dataclasses and calls these; nothing below imports them
 (``tests/test_layers.py``).
 """

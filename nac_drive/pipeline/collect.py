@@ -9,32 +9,51 @@ consecutive runs of the tracks, one shard each (``nac_drive/<name>/seeds-<first>
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
-def collect_carracing(expert: str, episodes: int, seed: int, out: str, max_steps: int | None = None,
-                      name: str | None = None, progress: bool = True, workers: int = 1, gas: float | None = None):
-    """Record ``episodes`` expert episodes in ``workers`` processes; returns (dataset folder,
-    EpisodeResults over all tracks in seed order). ``gas``: the teacher's or random actions'
-    (see :func:`~nac_drive.agents.experts.load_expert`)."""
+from nac_drive.fields import arg, check_fields
+
+
+@dataclass
+class CollectArgs:
+    """Arguments of ``nac-drive collect carracing``."""
+
+    expert: str = arg("ppo", "'ppo' (the shipped PPO expert), a PPO zip path, 'teacher' or 'teacher-discrete'")
+    episodes: int = arg(20, "episodes (one track each)", min=1)
+    seed: int = arg(0, "first track is 100000 + SEED", min=0)
+    max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
+    gas: float | None = arg(None, "teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
+                                  "gymnasium's discrete env); a PPO zip records its own", above=0, max=1)
+    out: str = arg("runs/demos", "dataset root folder (Minari's MINARI_DATASETS_PATH)")
+    name: str | None = arg(None, "dataset name (default: carracing-<expert>)")
+    workers: int = arg(1, "processes driving episodes in parallel (one per core), one shard each", min=1)
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def collect_carracing(args: CollectArgs, progress: bool = True):
+    """Record ``args.episodes`` expert episodes in ``args.workers`` processes; returns
+    (dataset folder, EpisodeResults over all tracks in seed order). ``gas``: the teacher's or
+    random actions' (see :func:`~nac_drive.agents.experts.load_expert`)."""
     from nac_drive.agents.experts import load_expert
     from nac_drive.data_collection.carracing_dataset import (dataset_folder, ensure_namespace, refuse_existing,
                                                              refuse_other_gas)
     from nac_drive.pipeline.processes import drive_in_processes, split_runs
     from nac_drive.simulators.carracing import COLLECT_SEED_BASE, EpisodeResults, actor_gas
 
-    if episodes < 1 or workers < 1:
-        raise ValueError(f"episodes and workers must be >= 1, got {episodes} and {workers}")
-    actor, _ = load_expert(expert, gas=gas)   # a bad expert or gas fails here, before any process
-    name = name or f"carracing-{actor.name.replace(':', '-').replace('/', '-')}"
-    runs = split_runs([COLLECT_SEED_BASE + seed + i for i in range(episodes)], workers)
+    actor, _ = load_expert(args.expert, gas=args.gas)   # a bad expert or gas fails here, before any process
+    name = args.name or f"carracing-{actor.name.replace(':', '-').replace('/', '-')}"
+    runs = split_runs([COLLECT_SEED_BASE + args.seed + i for i in range(args.episodes)], args.workers)
     for run in runs:   # before driving: a shard that is taken would waste the collection
-        refuse_existing(out, name, run)
-    refuse_other_gas(dataset_folder(out, name), actor_gas(actor), "--name")
-    ensure_namespace(out, name)
+        refuse_existing(args.out, name, run)
+    refuse_other_gas(dataset_folder(args.out, name), actor_gas(actor), "--name")
+    ensure_namespace(args.out, name)
     results = EpisodeResults()
-    for part in drive_in_processes(_collect_shard, runs, progress, expert=expert, out=out, name=name,
-                                   max_steps=max_steps, gas=gas):
+    for part in drive_in_processes(_collect_shard, runs, progress, expert=args.expert, out=args.out, name=name,
+                                   max_steps=args.max_steps, gas=args.gas):
         results.extend(part)
-    return dataset_folder(out, name), results
+    return dataset_folder(args.out, name), results
 
 
 def _collect_shard(seeds: list[int], *, expert: str, out: str, name: str, max_steps: int | None,

@@ -20,24 +20,53 @@ how to recover, a state a good student rarely reaches by itself.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
+from nac_drive.fields import REQUIRED, arg, check_fields
 from nac_drive.pipeline.train_args import TrainArgs
 from nac_drive.tasks import DISCRETE_GAS
 
 DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
 
 
-def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int, train_args: TrainArgs,
-           seed: int = 0, max_steps: int | None = None, progress: bool = True,
-           disturb_rate: float = 0.0, disturb_frames: int = 10, oracle: str = "teacher",
-           workers: int | None = None) -> Path:
-    """Run ``rounds`` of DAgger from ``policy_path``; returns the final checkpoint folder.
+@dataclass
+class DaggerArgs:
+    """Arguments of ``nac-drive dagger`` besides its fine-tuning's (:class:`TrainArgs`, whose
+    ``data`` also receives each round's dataset and whose ``seed`` picks the rounds' tracks).
+    Each round fine-tunes the checkpoint it starts from: its architecture, never another."""
 
-    ``disturb_rate`` > 0 wraps the student's env in :class:`ActionBursts` (the chance per
-    undisturbed frame that a ``disturb_frames``-frame burst of one random action starts).
-    ``oracle``: who labels, see :func:`make_oracle`. Each round's tracks are driven in
-    ``workers`` processes (default: one per core), one shard of the round's dataset each.
+    policy: str = arg(REQUIRED, "checkpoint folder to start from")
+    rounds: int = arg(3, "DAgger rounds", min=1)
+    episodes: int = arg(5, "student episodes per round", min=1)
+    max_steps: int | None = arg(None, "cap each student episode (env frames)", min=1)
+    disturb_rate: float = arg(0.0, "chance per undisturbed frame that a burst of one random action replaces the "
+                                   "student's, so the teacher labels recoveries (after DART; 0: none)", min=0, max=1)
+    disturb_frames: int = arg(10, "frames per disturbance burst", min=1)
+    workers: int | None = arg(None, "processes that drive a round's tracks, one shard each (default: one per core)",
+                              min=1)
+    oracle: str = arg("teacher", "who labels: 'teacher' (privileged pure pursuit), 'ppo' (the shipped PPO "
+                                 "expert, from the frames the student sees) or the path of a PPO expert zip; a PPO "
+                                 "oracle must drive the student's env (the same gas)")
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def ignored(self) -> dict[str, str]:
+        """The fields these rounds would not use, each with why."""
+        return {} if self.disturb_rate else {"disturb_frames": "only with --disturb-rate > 0 (no bursts without it)"}
+
+
+def dagger(args: DaggerArgs, fine_tune: TrainArgs) -> Path:
+    """Run ``args.rounds`` of DAgger from ``args.policy``; returns the final checkpoint folder.
+
+    Each round's dataset goes into ``fine_tune.data`` (its tracks picked by ``fine_tune.seed``),
+    then the round's student is fine-tuned on all of it with ``fine_tune`` (its ``init_from``
+    the student, its architecture the student's). ``disturb_rate`` > 0 wraps the student's
+    env in :class:`ActionBursts` (the chance per undisturbed frame that a
+    ``disturb_frames``-frame burst of one random action starts). ``oracle``: who labels, see
+    :func:`make_oracle`. Each round's tracks are driven in ``workers`` processes (default:
+    one per core), one shard of the round's dataset each.
     """
     from nac_drive.agents.driver import load_driving_policy
     from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
@@ -46,30 +75,27 @@ def dagger(policy_path: str | Path, data: str | Path, rounds: int, episodes: int
     from nac_drive.run_log import log_closed_loop
     from nac_drive.torch_threads import available_cores
 
-    workers = available_cores() if workers is None else workers
-    if rounds < 1 or episodes < 1 or workers < 1:
-        raise ValueError(f"rounds, episodes and workers must be >= 1, got {rounds}, {episodes} and {workers}")
-    if not 0.0 <= disturb_rate <= 1.0 or disturb_frames < 1:
-        raise ValueError(f"--disturb-rate must be in [0, 1] and --disturb-frames >= 1, "
-                         f"got {disturb_rate} and {disturb_frames}")
-    runs = [split_runs(round_seeds(r, seed, episodes), workers) for r in range(rounds)]
-    for r in range(rounds):   # before driving: the rounds' datasets must be new
+    data, seed, progress = fine_tune.data, fine_tune.seed, fine_tune.progress
+    workers = available_cores() if args.workers is None else args.workers
+    runs = [split_runs(round_seeds(r, seed, args.episodes), workers) for r in range(args.rounds)]
+    for r in range(args.rounds):   # before driving: the rounds' datasets must be new
         for run in runs[r]:
             refuse_existing(data, dataset_name(r, seed), run)
-    policy_path = Path(policy_path)
+    policy_path = Path(args.policy)
     config = load_driving_policy(policy_path).config
-    teacher = make_oracle(oracle, config.action == "continuous", gas=config.gas)   # fails before any driving
+    teacher = make_oracle(args.oracle, config.action == "continuous", gas=config.gas)   # fails before any driving
     refuse_other_gas(data, config.gas, "--data")
-    bursts = f", random-action bursts of {disturb_frames} frames at rate {disturb_rate}/frame" if disturb_rate else ""
-    disturbed = " (with random-action bursts)" if disturb_rate else ""
-    for r in range(rounds):
-        results = drive_round(runs[r], policy_path=policy_path, oracle=oracle, data=data, name=dataset_name(r, seed),
-                              max_steps=max_steps, disturb_rate=disturb_rate, disturb_frames=disturb_frames,
-                              description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled{bursts}",
-                              progress=progress)
+    rate, frames = args.disturb_rate, args.disturb_frames
+    bursts = f", random-action bursts of {frames} frames at rate {rate}/frame" if rate else ""
+    disturbed = " (with random-action bursts)" if rate else ""
+    for r in range(args.rounds):
+        results = drive_round(runs[r], policy_path=policy_path, oracle=args.oracle, data=data,
+                              name=dataset_name(r, seed), max_steps=args.max_steps, disturb_rate=rate,
+                              disturb_frames=frames, progress=progress,
+                              description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled{bursts}")
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
-        run_dir = train(dataclasses.replace(train_args, data=str(data), init_from=str(policy_path),
-                                            run_name=f"{train_args.run_name or 'dagger'}-r{r}"))
+        run_dir = train(dataclasses.replace(fine_tune, init_from=str(policy_path),
+                                            run_name=f"{fine_tune.run_name or 'dagger'}-r{r}"))
         log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
         policy_path = run_dir / "best"
     return policy_path

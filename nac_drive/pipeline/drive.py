@@ -15,28 +15,47 @@ from functools import partial
 
 import numpy as np
 
+from nac_drive.fields import arg, check_fields
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
 
 UDACITY_FRAMES = 1000   # frames per emulator track: ~67 s at its 15 Hz, ~270 m at 9 mph (under a lap)
 UDACITY_SPEED = 9.0     # mph: the set speed of `nac-drive drive udacity`
 
 
-def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE, max_steps=None, render=None,
-                    video=None, trace_dir=None, progress: bool = True, recorded: int | None = None,
-                    live: LiveOptions | None = None) -> dict:
-    """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
-    folder the trace went to, ``trace_dir`` or, if that exists, ``trace_dir-2``, ...).
+@dataclass
+class DriveArgs:
+    """Arguments of ``nac-drive drive carracing``."""
 
-    ``recorded``: only the first this many episodes go into ``video``, the trace and the
+    policy: str | None = arg(None, "checkpoint folder (default: the shipped CNN+NAC policy)")
+    episodes: int = arg(20, "number of tracks", min=1)
+    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track", min=0)
+    max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
+    render: str | None = arg(None, "show a window while driving", choices=("human",))
+    video: str | None = arg(None, "write the episodes to a WebM (VP9) video, which browsers and the dashboard play",
+                            metavar="WEBM")
+    trace: str | None = arg(None, "record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz "
+                                  "(RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: bool = True,
+                    recorded: int | None = None) -> dict:
+    """Drive and score a policy on CarRacing; returns the summary dict (``trace``: the run
+    folder the trace went to, ``args.trace`` or, if that exists, ``args.trace-2``, ...).
+
+    ``recorded``: only the first this many episodes go into the video, the trace and the
     ``live`` view (all are scored, and the latency covers all, traced or not); default all."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.atomic import fresh_dir
     from nac_drive.video import check_video_path
 
-    if episodes < 1 or (recorded is not None and recorded < 1):
-        raise ValueError(f"episodes and recorded: must be >= 1, got {episodes} and {recorded}")
-    if video is not None:
-        check_video_path(video)   # before driving
+    policy_path, trace_dir = args.policy, args.trace
+    if recorded is not None and recorded < 1:
+        raise ValueError(f"recorded: must be >= 1, got {recorded}")
+    if args.video is not None:
+        check_video_path(args.video)   # before driving
     live = live.checked() if live is not None else None
     policy = task_policy(policy_path, "carracing")
     recorder, oracle = None, None
@@ -51,7 +70,7 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
         recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
     with live_view(live, policy) as view:
         summary = _drive_and_score(policy, PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view),
-                                   episodes, seed_base, max_steps, render, video, progress, recorded)
+                                   args, progress, recorded)
     if recorder is not None:
         recorder.metadata["laps"] = summary["laps"][:len(summary["laps"]) if recorded is None else recorded]
         recorder.save()   # the laps of the traced episodes: the dashboard's episode table shows them
@@ -63,17 +82,17 @@ def drive_carracing(policy_path, episodes: int, seed_base: int = EVAL_SEED_BASE,
     return summary
 
 
-def _drive_and_score(policy, driver, episodes, seed_base, max_steps, render, video, progress, recorded) -> dict:
+def _drive_and_score(policy, driver, args: DriveArgs, progress: bool, recorded: int | None) -> dict:
     """Drive the recorded episodes with ``driver``, the rest with a plain driver; the summary."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
-    seeds = eval_seeds(episodes, base=seed_base)
+    seeds = eval_seeds(args.episodes, base=args.seed_base)
     first = len(seeds) if recorded is None else recorded
     shown, scored_only = seeds[:first], seeds[first:]
-    drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=max_steps,
-                    render_mode=render)
-    results = drive(driver, shown, on_step=driver.on_step, video_path=video,
+    drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=args.max_steps,
+                    render_mode=args.render)
+    results = drive(driver, shown, on_step=driver.on_step, video_path=args.video,
                     progress=progress and ("recorded episodes" if scored_only else "episodes"))
     if scored_only:
         plain = PolicyDriver(policy)   # records nothing
@@ -199,24 +218,47 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     return summary
 
 
+LIVE = "live view (Rerun; the 'live' extra)"
+
+
 @dataclass(frozen=True)
 class LiveOptions:
-    """Where a drive is shown live in Rerun (:mod:`nac_drive.interpret.live_view`)."""
+    """Where a drive is shown live in Rerun (:mod:`nac_drive.interpret.live_view`): the flags of the live view."""
 
-    file: str | None = None
-    """a .rrd file the recording is saved to"""
-    viewer: bool = False
-    """start a native Rerun viewer"""
-    serve_port: int | None = None
-    """serve the recording over gRPC on 127.0.0.1 at this port while the drive lasts"""
-    saliency: bool = True
-    """compute each step's Grad-CAM overlay live"""
+    rerun: str | None = arg(None, "show the drive live in a Rerun viewer; with a file name ending in .rrd, save the "
+                                  "recording there instead (headless)", const="viewer", metavar="FILE.rrd",
+                            group=LIVE)
+    rerun_serve: int | None = arg(None, "serve the recording over gRPC on 127.0.0.1 (default port 9876) while the "
+                                        "drive lasts: rerun --connect rerun+http://127.0.0.1:PORT/proxy watches it "
+                                        "(Rerun's web viewer is not offered: it sends usage analytics from the "
+                                        "browser)", const=9876, metavar="PORT", min=1, max=65535, group=LIVE)
+    live_saliency: bool = arg(True, "the per-frame Grad-CAM overlay of the live view (it costs a backward pass a "
+                                    "frame)", group=LIVE)
+
+    def __post_init__(self):
+        check_fields(self)
+
+    @property
+    def file(self) -> str | None:
+        """the .rrd file the recording is saved to"""
+        return None if self.rerun in (None, "viewer") else self.rerun
+
+    @property
+    def viewer(self) -> bool:
+        """whether a native Rerun viewer is started"""
+        return self.rerun == "viewer"
+
+    def ignored(self) -> dict[str, str]:
+        """Without a view, its options."""
+        if self.rerun is None and self.rerun_serve is None:
+            return {"live_saliency": "only with --rerun or --rerun-serve (without them there is no live view)"}
+        return {}
 
     def checked(self) -> "LiveOptions | None":
         """Itself, its file checked and rerun-sdk present (before any work), or None if it names no sink."""
-        if self.file is None and not self.viewer and self.serve_port is None:
+        if self.rerun is None and self.rerun_serve is None:
             return None
-        if self.viewer and self.serve_port is not None:
+        if self.viewer and self.rerun_serve is not None:
             raise ValueError("--rerun-serve: a viewer started for the drive already serves it; give one of the two")
         from nac_drive.interpret.live_view import check_rrd_path, require_rerun
 
@@ -235,7 +277,7 @@ def live_view(live: LiveOptions | None, policy):
     from nac_drive.interpret.live_view import open_view
 
     nac = policy_nac(policy)
-    view = open_view(live.file, viewer=live.viewer, serve_port=live.serve_port, saliency=live.saliency,
+    view = open_view(live.file, viewer=live.viewer, serve_port=live.rerun_serve, saliency=live.live_saliency,
                      num_heads=nac.num_heads if nac is not None else 0, name=f"{policy.config.task}-drive")
     print(f"live view: {view.where}", file=sys.stderr)
     try:
@@ -271,11 +313,26 @@ def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list
                        nac=policy_nac(policy), action_names=action_names, expert_action_names=action_names)
 
 
-def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567, speed: float = 9.0,
-                         record_dir=None, trace_dir=None, json_out: bool = False,
-                         live: LiveOptions | None = None) -> int:
+@dataclass
+class DriveUdacityArgs:
+    """Arguments of ``nac-drive drive udacity``."""
+
+    policy: str | None = arg(None, "checkpoint folder of a Udacity policy (default: the shipped PilotNet+NAC policy)")
+    host: str = arg("127.0.0.1", "address to bind (the simulator connects to it)")
+    port: int = arg(4567, "port the simulator connects to", min=1, max=65535)
+    speed: float = arg(UDACITY_SPEED, "set speed for the PI throttle controller (mph)", above=0)
+    record: str | None = arg(None, "also record driving_log.csv + IMG/ to DIR", metavar="DIR")
+    trace: str | None = arg(None, "record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard; "
+                                  "RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
+    json: bool = arg(False, "end the summary with one line of JSON")
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None) -> int:
     """Serve the Udacity simulator with a Udacity policy (default: the shipped one) until
-    Ctrl-C; ``trace_dir``: also record the run for the dashboard; ``live``: show it in
+    Ctrl-C; ``args.trace``: also record the run for the dashboard; ``live``: show it in
     Rerun. Returns an exit code."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.atomic import fresh_dir
@@ -283,15 +340,16 @@ def drive_udacity_policy(policy_path, host: str = "127.0.0.1", port: int = 4567,
 
     require_udacity_extra()   # before the trace folder exists
     live = live.checked() if live is not None else None
-    policy = task_policy(policy_path, "udacity")
+    policy = task_policy(args.policy, "udacity")
     recorder = None
-    if trace_dir:
-        recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, "udacity", ["steering"])
+    if args.trace:
+        recorder = policy_recorder(fresh_dir(args.trace), policy, args.policy, "udacity", ["steering"])
         print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
     try:
         with live_view(live, policy) as view:
             driver = PolicyDriver(policy, recorder=recorder, live=view)
-            return drive_udacity(driver, host=host, port=port, speed=speed, record_dir=record_dir, json_out=json_out)
+            return drive_udacity(driver, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
+                                 json_out=args.json)
     finally:
         if recorder is not None and len(recorder):
             recorder.save()

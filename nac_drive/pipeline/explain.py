@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from nac_drive.fields import arg, check_fields
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
 from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
@@ -40,12 +42,54 @@ DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_
                           "speed_mph")}
 
 
-def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: int = EVAL_SEED_BASE,
-            max_steps: int | None = None, frames: int | None = None, closed_loop_tracks: int = 10,
-            closed_loop_top: int = 10, closed_loop_random: int = 10, seed: int = 0, progress: bool = True,
-            saliency_frames: int = 500, window_method: str | None = "integrated_gradients",
-            task: str | None = None, speed: float | None = None) -> dict:
-    """Drive ``policy_path`` (default: the shipped policy of ``task``, "carracing" unless
+MEASURES = "measurements"
+
+
+@dataclass
+class ExplainArgs:
+    """Arguments of ``nac-drive explain``."""
+
+    policy: str | None = arg(None, "checkpoint folder, its task read from its config.json (default: the shipped "
+                                   "policy of --task)")
+    task: str | None = arg(None, "explain the shipped policy of this task (default carracing); with --policy it "
+                                 "must agree", choices=tuple(DRIVE_KEYS))
+    episodes: int = arg(3, "held-out tracks driven with a trace", min=1)
+    out: str = arg("runs/explain", "run folder for trace.npz and explain.json (RUN_DIR-2, -3, ... if RUN_DIR "
+                                   "exists)", metavar="RUN_DIR")
+    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (Udacity: the emulator track random-<seed>)", min=0)
+    max_steps: int | None = arg(None, "cap each episode (env frames; default 1000; Udacity: frames per track, 15 a "
+                                      "second)", min=1)
+    speed: float | None = arg(None, "Udacity only: the set speed in mph of the bridge's speed controller "
+                                    "(default 9)", above=0)
+    frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons (default all)",
+                             min=1, group=MEASURES)
+    closed_loop_tracks: int = arg(10, "held-out tracks the intact policy and each chosen neuron clamped drive (0: "
+                                      "no closed-loop check); the verb's longest part: about 9 s a track on a 2-core "
+                                      "CPU", min=0, group=MEASURES)
+    closed_loop_top: int = arg(10, "neurons whose silencing costs most agreement, driven clamped", min=0,
+                               group=MEASURES)
+    closed_loop_random: int = arg(10, "other neurons drawn at random (seeded by --seed), driven clamped", min=0,
+                                  group=MEASURES)
+    saliency_frames: int = arg(500, "frames (spread over the run) on which saliency faithfulness is measured (0: "
+                                    "skip it)", min=0, group=MEASURES)
+    window_method: str = arg("integrated_gradients", "how each window frame's share of a decision is computed "
+                                                     "('none': skip it)",
+                             choices=("integrated_gradients", "ablation", "none"), group=MEASURES)
+    seed: int = arg(0, "seed of the random neurons and of the random maps", min=0, group=MEASURES)
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def ignored(self) -> dict[str, str]:
+        """The fields this run would not use, each with why."""
+        if self.closed_loop_tracks:
+            return {}
+        return {name: "only with a closed-loop check (--closed-loop-tracks 0 skips it)"
+                for name in ("closed_loop_top", "closed_loop_random")}
+
+
+def explain(args: ExplainArgs, progress: bool = True) -> dict:
+    """Drive ``args.policy`` (default: the shipped policy of ``args.task``, "carracing" unless
     given; with a path, its ``config.json`` says the task and ``task``, if given, must agree)
     on ``episodes`` held-out tracks from ``seed_base`` with a trace into a fresh run folder
     (``out``, or ``out-2``, ...), measure it and write ``RUN_DIR/explain.json``; returns what
@@ -58,23 +102,13 @@ def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: 
     atlas's silencing (default all). ``closed_loop_*``: the neurons whose silencing costs most
     (``top``) and ``random`` others (seeded by ``seed``) drive ``tracks`` held-out tracks
     clamped (0 tracks: skipped). ``saliency_frames``: frames scored for saliency faithfulness
-    (0: skipped); ``window_method``: how the window attribution is computed (None: skipped).
+    (0: skipped); ``window_method``: how the window attribution is computed ("none": skipped).
     """
     from nac_drive.agents.driver import load_driving_policy
-    from nac_drive.interpret.temporal_attribution import WINDOW_METHODS
     from nac_drive.interpret.trace import load_trace
-    from nac_drive.pipeline.drive import drive_carracing, drive_udacity_emulator, udacity_eval_tracks
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing, drive_udacity_emulator, udacity_eval_tracks
 
-    for name, value in (("closed_loop_tracks", closed_loop_tracks), ("closed_loop_top", closed_loop_top),
-                        ("closed_loop_random", closed_loop_random), ("saliency_frames", saliency_frames)):
-        if value < 0:
-            raise ValueError(f"{name}: must be >= 0, got {value}")
-    if window_method is not None and window_method not in WINDOW_METHODS:
-        raise ValueError(f"window_method: must be one of {WINDOW_METHODS} or None, got {window_method!r}")
-    if task is not None and task not in DRIVE_KEYS:
-        raise ValueError(f"task: must be one of {tuple(DRIVE_KEYS)}, got {task!r}")
-    if max_steps is not None and max_steps < 1:
-        raise ValueError(f"max_steps: must be >= 1, got {max_steps}")
+    policy_path, task, seed, seed_base, max_steps = args.policy, args.task, args.seed, args.seed_base, args.max_steps
     policy = load_driving_policy(policy_path, task=task or "carracing")
     config = policy.config
     if (config.task, config.core.core, config.action) not in EXPLAINABLE:
@@ -82,29 +116,31 @@ def explain(policy_path=None, episodes: int = 3, out="runs/explain", seed_base: 
                          f"policy (steering regression), got a {config.task} {config.core.core} policy with "
                          f"{config.action} actions")
     if task is not None and task != config.task:
-        raise ValueError(f"task: {policy_path} is a {config.task!r} policy, not a {task!r} one")
-    if speed is not None and config.task != "udacity":
-        raise ValueError(f"speed: only a Udacity policy drives at a set speed, this is a {config.task!r} policy")
-    speed = UDACITY_SPEED if speed is None else speed
-    if not speed > 0:
-        raise ValueError(f"speed: must be > 0 mph, got {speed}")
+        raise ValueError(f"--task: {policy_path} is a {config.task!r} policy, not a {task!r} one")
+    if args.speed is not None and config.task != "udacity":
+        raise ValueError(f"--speed: only a Udacity policy drives at a set speed, this is a {config.task!r} policy")
+    speed = UDACITY_SPEED if args.speed is None else args.speed
     if config.task == "udacity":
-        drive = drive_udacity_emulator(policy_path, udacity_eval_tracks(episodes, seed_base),
-                                       max_steps or UDACITY_FRAMES, trace_dir=out, speed=speed, progress=progress)
+        drive = drive_udacity_emulator(policy_path, udacity_eval_tracks(args.episodes, seed_base),
+                                       max_steps or UDACITY_FRAMES, trace_dir=args.out, speed=speed, progress=progress)
     else:
-        drive = drive_carracing(policy_path, episodes, seed_base, max_steps, trace_dir=out, progress=progress)
+        drive = drive_carracing(DriveArgs(policy=policy_path, episodes=args.episodes, seed_base=seed_base,
+                                          max_steps=max_steps, trace=args.out), progress=progress)
     run_dir = Path(drive["trace"])
     run = load_trace(run_dir)
+    window_method = None if args.window_method == "none" else args.window_method
     report = {
         "task": config.task, "run": str(run_dir), "policy": drive["policy"], "trace_sha256": run.sha256,
         "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]},
         "fig4": fig4_section(run),
-        "atlas": atlas_section(run, policy, frames, progress),
-        "saliency": saliency_section(run, policy, saliency_frames, seed, progress) if saliency_frames else None,
+        "atlas": atlas_section(run, policy, args.frames, progress),
+        "saliency": (saliency_section(run, policy, args.saliency_frames, seed, progress)
+                     if args.saliency_frames else None),
         "window": window_section(run_dir, policy, window_method, progress) if window_method else None,
     }
-    report["closed_loop"] = closed_loop_section(run, policy, report["atlas"], closed_loop_tracks, closed_loop_top,
-                                                closed_loop_random, seed, seed_base, max_steps, progress, speed)
+    report["closed_loop"] = closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
+                                                args.closed_loop_top, args.closed_loop_random, seed, seed_base,
+                                                max_steps, progress, speed)
     write_report(run_dir / EXPLAIN_FILE, report)
     return jsonable(report)
 

@@ -21,12 +21,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from nac_drive.arguments import arg, check_fields, flag_name
+from nac_drive.fields import arg, check_fields, flag_name
 from nac_drive.pipeline.processes import process_pool
 
 VIDEO = "drive.webm"
 TRACKS = 3         # held-out tracks the shipped policy drives (without --full)
 DAGGER_LR = 2e-4   # DAgger's fine-tuning, as in the shipped recipe (BENCHMARKS.md §3)
+FULL = "--full (make the policy first)"   # the flags of --full alone
 
 
 @dataclass(frozen=True)
@@ -71,26 +72,34 @@ class QuickstartArgs:
                                 min=1)
     saliency: bool = arg(True, "Grad-CAM overlays of the driven frames (--no-saliency skips them)")
     full: bool = arg(False, "make the policy first (collect -> train -> DAgger) instead of driving the shipped one")
-    budget: str = arg("standard", "--full: stage sizes, 'small' (a first look) or 'standard' (~95% of the expert "
+    budget: str = arg("standard", "stage sizes, 'small' (a first look) or 'standard' (~95% of the expert "
                                   "on 20 held-out tracks); --episodes and the flags below override them (DAgger's "
-                                  "fine-tuning sizes come from the budget alone)", choices=tuple(BUDGETS))
-    expert: str = arg("ppo", "--full: expert that demonstrates and labels (ppo, teacher, teacher-discrete or a "
-                             "PPO zip)")
-    collect_episodes: int | None = arg(None, "--full: demonstration episodes (default: the budget's)", min=1)
-    core: str = arg("nac", "--full: temporal core (nac, lstm, gru, cfc, ltc, mha)")
-    epochs: int | None = arg(None, "--full: behaviour-cloning epochs (default: the budget's)", min=1)
-    windows_per_epoch: int | None = arg(None, "--full: windows per epoch, 0: all (default: the budget's)", min=0)
-    dagger_rounds: int | None = arg(None, "--full: DAgger rounds, 0: none (default: the budget's)", min=0)
-    disturb_rate: float = arg(0.02, "--full: chance per frame of a random-action burst in DAgger", min=0, max=1)
-    disturb_frames: int = arg(8, "--full: frames per burst", min=1)
-    seed: int = arg(0, "--full: seed of collection, training and DAgger", min=0)
+                                  "fine-tuning sizes come from the budget alone)", choices=tuple(BUDGETS), group=FULL)
+    expert: str = arg("ppo", "expert that demonstrates and labels (ppo, teacher, teacher-discrete or a "
+                             "PPO zip)", group=FULL)
+    collect_episodes: int | None = arg(None, "demonstration episodes (default: the budget's)", min=1, group=FULL)
+    core: str = arg("nac", "temporal core (nac, lstm, gru, cfc, ltc, mha)", group=FULL)
+    epochs: int | None = arg(None, "behaviour-cloning epochs (default: the budget's)", min=1, group=FULL)
+    windows_per_epoch: int | None = arg(None, "windows per epoch, 0: all (default: the budget's)", min=0, group=FULL)
+    dagger_rounds: int | None = arg(None, "DAgger rounds, 0: none (default: the budget's)", min=0, group=FULL)
+    disturb_rate: float = arg(0.02, "chance per frame of a random-action burst in DAgger", min=0, max=1, group=FULL)
+    disturb_frames: int = arg(8, "frames per burst", min=1, group=FULL)
+    seed: int = arg(0, "seed of collection, training and DAgger", min=0, group=FULL)
 
     def __post_init__(self):
         check_fields(self)
         if not self.full:   # a flag of --full alone would silently do nothing
             for f in fields(self):
-                if f.metadata["help"].startswith("--full:") and getattr(self, f.name) != f.default:
+                if f.metadata["group"] == FULL and getattr(self, f.name) != f.default:
                     raise ValueError(f"{flag_name(f.name)}: only with --full")
+
+    def ignored(self) -> dict[str, str]:
+        """The fields this run would not use, each with why (the flags of --full alone are
+        refused by ``__post_init__``)."""
+        if self.full and not self.stages().dagger_rounds:
+            return {name: "only with DAgger rounds (--dagger-rounds 0 runs none)"
+                    for name in ("disturb_rate", "disturb_frames")}
+        return {}
 
     def stages(self) -> Budget:
         """The budget's stage sizes, with the ones given explicitly in their place."""
@@ -109,7 +118,7 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     (wall time) and ``stage_seconds``; with ``full`` also ``expert`` (the expert's summary on
     the same tracks) and ``share_of_expert`` (the policy's mean return over the expert's)."""
     from nac_drive.atomic import fresh_dir
-    from nac_drive.pipeline.drive import drive_carracing
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing
 
     if args.full:
         _check_recipe(args)
@@ -127,8 +136,9 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
             print(f"(the {args.expert} expert drives them beside it, to score it)", flush=True)
             expert_scored = pool.submit(_score_expert, args, tracks)
         with _timed(stage_seconds, "drive"):
-            summary = drive_carracing(policy_path, tracks, max_steps=args.max_steps, video=str(out / VIDEO),
-                                      trace_dir=str(out / "run"), progress=progress, recorded=args.recorded)
+            summary = drive_carracing(DriveArgs(policy=policy_path, episodes=tracks, max_steps=args.max_steps,
+                                                video=str(out / VIDEO), trace=str(out / "run")),
+                                      progress=progress, recorded=args.recorded)
         print(summary.pop("text"))
         if expert_scored is not None:
             with _timed(stage_seconds, "expert"):   # what the drive did not hide of the expert's scoring
@@ -158,8 +168,8 @@ def _timed(stage_seconds: dict[str, float], name: str):
 def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage_seconds: dict[str, float]) -> Path:
     """collect -> behaviour cloning -> DAgger with disturbances; returns the final checkpoint
     (each stage's wall time goes into ``stage_seconds``)."""
-    from nac_drive.pipeline.collect import collect_carracing
-    from nac_drive.pipeline.dagger import dagger
+    from nac_drive.pipeline.collect import CollectArgs, collect_carracing
+    from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import TrainArgs
     from nac_drive.torch_threads import available_cores
@@ -168,22 +178,25 @@ def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage_seconds:
     demos = out / "demos"
     print(f"collecting {sizes.collect_episodes} episodes with the {args.expert} expert ...", flush=True)
     with _timed(stage_seconds, "collect"):
-        _, results = collect_carracing(args.expert, sizes.collect_episodes, args.seed, str(demos), args.max_steps,
-                                       name=f"quickstart-s{args.seed}", progress=progress, workers=available_cores())
+        _, results = collect_carracing(CollectArgs(expert=args.expert, episodes=sizes.collect_episodes, seed=args.seed,
+                                                   out=str(demos), max_steps=args.max_steps,
+                                                   name=f"quickstart-s{args.seed}", workers=available_cores()),
+                                       progress=progress)
     print(results.format())
     print(f"training a CNN+{args.core} policy on {demos} ...", flush=True)
-    train_args = TrainArgs(data=str(demos), out=str(out / "train"), core=args.core, epochs=sizes.epochs,
-                           windows_per_epoch=sizes.windows_per_epoch, seed=args.seed, progress=progress)
+    common = dict(data=str(demos), out=str(out / "train"), seed=args.seed, progress=progress)
     with _timed(stage_seconds, "train"):
-        policy = train(train_args) / "best"
+        policy = train(TrainArgs(**common, core=args.core, epochs=sizes.epochs,
+                                 windows_per_epoch=sizes.windows_per_epoch)) / "best"
     if sizes.dagger_rounds:
         print(f"{sizes.dagger_rounds} DAgger rounds, the {args.expert} expert labelling ...", flush=True)
-        fine_tune = replace(train_args, epochs=sizes.dagger_epochs, windows_per_epoch=sizes.dagger_windows,
-                            lr=DAGGER_LR, run_name="dagger")
-        with _timed(stage_seconds, "dagger"):
-            policy = dagger(policy, demos, sizes.dagger_rounds, sizes.dagger_episodes, fine_tune, seed=args.seed,
-                            max_steps=args.max_steps, progress=progress, disturb_rate=args.disturb_rate,
+        rounds = DaggerArgs(policy=str(policy), rounds=sizes.dagger_rounds, episodes=sizes.dagger_episodes,
+                            max_steps=args.max_steps, disturb_rate=args.disturb_rate,
                             disturb_frames=args.disturb_frames, oracle=_oracle(args.expert))
+        fine_tune = TrainArgs(**common, epochs=sizes.dagger_epochs, windows_per_epoch=sizes.dagger_windows,
+                              lr=DAGGER_LR, run_name="dagger")   # the architecture: each round's student's
+        with _timed(stage_seconds, "dagger"):
+            policy = dagger(rounds, fine_tune)
     return policy
 
 
@@ -213,9 +226,10 @@ def _oracle(expert: str) -> str:
 def _score_expert(args: QuickstartArgs, tracks: int) -> dict:
     """The expert's summary on the ``tracks`` held-out tracks the policy drove (no progress
     bar: it runs beside the drive's)."""
-    from nac_drive.pipeline.evaluate import evaluate_expert
+    from nac_drive.pipeline.evaluate import ExpertEvalArgs, evaluate_expert
 
-    name, results = evaluate_expert(args.expert, tracks, max_steps=args.max_steps, progress=False)
+    name, results = evaluate_expert(ExpertEvalArgs(expert=args.expert, episodes=tracks, max_steps=args.max_steps),
+                                    progress=False)
     return {"name": name, **results.summary()}
 
 

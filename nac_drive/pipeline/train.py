@@ -34,7 +34,7 @@ from nac_drive.atomic import atomic_write, atomic_write_dir, fresh_dir, readable
 from nac_drive.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
 from nac_drive.cores import CORES, CoreConfig
 from nac_drive.policy import DrivingPolicy, PolicyConfig, read_policy_weights
-from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs
+from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs, core_fields
 from nac_drive.torch_threads import available_cores, torch_threads
 
 
@@ -164,7 +164,8 @@ def _train(args: TrainArgs) -> Path:
     if len(train_set) == 0:
         raise ValueError(f"data: no episode or segment of {args.data} has {args.window} frames (--window)")
     core_cfg = CoreConfig(core=args.core, window=args.window, d_model=args.d_model, num_heads=args.num_heads,
-                          topk=args.topk, mode=args.mode, seed=args.seed, **args.extra)
+                          topk=args.topk, mode=args.mode, select=args.select, euler_steps=args.euler_steps,
+                          seed=args.seed)
     config.core = core_cfg
     run_dir = Path(args.out) / run_name(args, config.task)
     if args.init_from:   # fine-tune (e.g. a DAgger round): the checkpoint's own architecture
@@ -273,11 +274,12 @@ def _train(args: TrainArgs) -> Path:
 
 
 def hyperparameters(args: TrainArgs, config: PolicyConfig, world: int) -> dict:
-    """What TensorBoard's HParams table shows of a run (what tells runs apart)."""
+    """What TensorBoard's HParams table shows of a run (what tells runs apart): of the
+    architecture, only what its core uses (an lstm has no heads)."""
     core = config.core
-    return {"task": config.task, "action": config.action, "core": core.core,
-            "mode": core.mode if core.core == "nac" else "-", "window": core.window, "d_model": core.d_model,
-            "num_heads": core.num_heads, "topk": core.topk, "epochs": args.epochs,
+    architecture = {name: getattr(core, name) for name in ("core", "window", "d_model",
+                                                           *core_fields(core.core, core.mode))}
+    return {"task": config.task, "action": config.action, **architecture, "epochs": args.epochs,
             "windows_per_epoch": args.windows_per_epoch, "batch_size": args.batch_size * world, "lr": args.lr,
             "weight_decay": args.weight_decay, "class_weighting": args.class_weighting, "seed": args.seed,
             "init_from": args.init_from or "-"}

@@ -10,12 +10,18 @@ Each run folder holds ``best/`` and ``last/`` checkpoints (``config.json`` +
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
-from nac_drive.arguments import COUNT, add_dataclass_arguments, arg, check_fields, from_namespace
+from nac_drive.fields import arg, check_fields
 
 CLASS_WEIGHTINGS = ("none", "balanced")
+# The architecture flags each temporal core of nac_drive.cores reads besides --window and
+# --d-model (tests/test_cli_ignored_flags.py checks the cores are CORES); another core would ignore them.
+CORE_FIELDS = {"nac": ("mode", "num_heads", "topk", "select", "euler_steps"), "lstm": (), "gru": (), "cfc": (),
+               "ltc": (), "mha": ("num_heads",)}
+# What --init-from takes from its checkpoint instead (its config.json)
+ARCHITECTURE = ("core", "d_model") + CORE_FIELDS["nac"]
+ARCHITECTURE_GROUP = "architecture (the checkpoint's with --init-from)"
 
 
 @dataclass
@@ -24,41 +30,52 @@ class TrainArgs:
     out: str = arg("runs/train", 'where run folders go.')
     run_name: str | None = arg(None, 'run folder name; default says what ran: '
                                      '<task>__<core>[-<mode>]__w<window>__s<seed>.')
-    core: str = arg("nac", 'temporal core: nac, lstm, gru, cfc, ltc or mha.')
-    mode: str = arg("exact", 'NAC logit mode: exact, euler or steady.')
+    core: str = arg("nac", 'temporal core: nac, lstm, gru, cfc, ltc or mha.', choices=tuple(CORE_FIELDS))
     window: int = arg(16, "frames per training window (and the policy's causal window when driving).", min=1)
-    d_model: int = arg(64, 'core width (NAC d_model; hidden units of the baselines).', min=1)
-    num_heads: int = arg(4, 'attention heads (nac, mha).', min=1)
-    topk: int = arg(8, 'keys per query (nac).', min=1)
     epochs: int = arg(10, 'passes over --windows-per-epoch sampled windows.', min=1)
-    windows_per_epoch: int = arg(4096, 'windows sampled per epoch (0: all windows).', min=0)
-    batch_size: int = arg(32, 'windows per optimiser step (per process under torchrun).', min=1)
-    lr: float = arg(1e-3, 'peak learning rate (AdamW), reached after a 5% warm-up, then cosine decay.', above=0)
-    weight_decay: float = arg(1e-4, 'AdamW weight decay.', min=0)
+    seed: int = arg(0, 'seeds the split, sampling, dropout and initialisation.', min=0)
+    init_from: str = arg("", 'start from this checkpoint folder\'s weights and architecture (fine-tuning).')
+    resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
+    progress: bool = arg(True, 'show a progress bar.')
+    mode: str = arg("exact", 'NAC logit mode: exact, euler or steady.', choices=("exact", "euler", "steady"),
+                    group=ARCHITECTURE_GROUP)
+    d_model: int = arg(64, 'core width (NAC d_model; hidden units of the baselines).', min=1, group=ARCHITECTURE_GROUP)
+    num_heads: int = arg(4, 'attention heads (nac, mha).', min=1, group=ARCHITECTURE_GROUP)
+    topk: int = arg(8, 'keys per query (nac).', min=1, group=ARCHITECTURE_GROUP)
+    select: str = arg("exact", 'NAC key selection: exact Top-K or every key of the window (block selection '
+                               'cannot stream, and a policy drives frame by frame).', choices=("exact", "all"),
+                      group=ARCHITECTURE_GROUP)
+    euler_steps: int = arg(6, 'NAC Euler steps (--mode euler).', min=1, group=ARCHITECTURE_GROUP)
+    windows_per_epoch: int = arg(4096, 'windows sampled per epoch (0: all windows).', min=0, group="optimisation")
+    batch_size: int = arg(32, 'windows per optimiser step (per process under torchrun).', min=1, group="optimisation")
+    lr: float = arg(1e-3, 'peak learning rate (AdamW), reached after a 5% warm-up, then cosine decay.', above=0,
+                    group="optimisation")
+    weight_decay: float = arg(1e-4, 'AdamW weight decay.', min=0, group="optimisation")
     class_weighting: str = arg("none", 'discrete actions: "none", or "balanced" (inverse frequency, clipped '
                                         'to 10x). Balanced weights make a CarRacing policy brake and coast '
-                                        'too often (BENCHMARKS.md section 3).', choices=CLASS_WEIGHTINGS)
+                                        'too often (BENCHMARKS.md section 3).', choices=CLASS_WEIGHTINGS,
+                               group="optimisation")
     val_fraction: float = arg(0.15, 'share of episodes held out for validation (at least one when there '
-                                    'are two).', min=0, below=1)
-    val_windows: int = arg(1024, 'validation windows evaluated per epoch (0: all).', min=0)
-    seed: int = arg(0, 'seeds the split, sampling, dropout and initialisation.', min=0)
-    resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
-    init_from: str = arg("", 'start from this checkpoint folder\'s weights and architecture (fine-tuning).')
-    progress: bool = arg(True, 'show a progress bar.')
-    extra: dict = arg({}, 'further CoreConfig fields (e.g. {"select": "all"}).')
+                                    'are two).', min=0, below=1, group="validation")
+    val_windows: int = arg(1024, 'validation windows evaluated per epoch (0: all).', min=0, group="validation")
 
     def __post_init__(self):
         check_fields(self)
 
+    def ignored(self) -> dict[str, str]:
+        """The fields this run would not use, each with why: with ``init_from`` the
+        architecture (the checkpoint's is used), else what the chosen core does not read."""
+        if self.init_from:
+            return {name: "--init-from fine-tunes the checkpoint's own architecture (its config.json); "
+                          "leave this flag out" for name in ARCHITECTURE}
+        used = ("core", "d_model", *core_fields(self.core, self.mode))
+        users = {name: " and ".join(core for core, fields in CORE_FIELDS.items() if name in fields)
+                 for name in ARCHITECTURE}
+        return {name: (f"only --mode euler takes Euler steps (this run's mode: {self.mode})"
+                       if self.core == "nac" else f"the {self.core} core does not use it (only {users[name]})")
+                for name in ARCHITECTURE if name not in used}
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(parser, TrainArgs, skip=("extra",))
-    parser.add_argument("--select", choices=["exact", "all"], default=None,
-                        help="NAC key selection: exact Top-K or every key of the window (block selection "
-                             "cannot stream, and a policy drives frame by frame; default: exact).")
-    parser.add_argument("--euler-steps", type=COUNT, default=None, help="NAC Euler steps (mode euler; default: 6).")
 
-
-def args_from_namespace(ns: argparse.Namespace) -> TrainArgs:
-    extra = {k: v for k, v in (("select", ns.select), ("euler_steps", ns.euler_steps)) if v is not None}
-    return from_namespace(TrainArgs, ns, extra=extra)
+def core_fields(core: str, mode: str) -> tuple[str, ...]:
+    """The architecture fields a core (in ``mode``, for the NAC) reads besides window and d_model."""
+    return tuple(name for name in CORE_FIELDS[core] if name != "euler_steps" or mode == "euler")

@@ -10,21 +10,34 @@ taken with the temporal window before it held fixed.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+from nac_drive.fields import REQUIRED, arg
+
+
+@dataclass
+class SaliencyArgs:
+    """Arguments of ``nac-drive saliency``."""
+
+    run: str = arg(REQUIRED, "run folder holding trace.npz (drive --trace)", metavar="RUN_DIR")
+    policy: str | None = arg(None, "checkpoint folder (default: the shipped CNN+NAC policy)")
+    method: str = arg("gradcam", "CAM method: gradcam, gradcam++, eigencam, hirescam, xgradcam or layercam")
 
 
 def add_parser(subparsers) -> None:
+    from nac_drive.cli.arguments import add_dataclass_arguments
+
     p = subparsers.add_parser("saliency", help="Grad-CAM overlays for a recorded run", description=__doc__)
-    p.add_argument("--policy", default=None, help="checkpoint folder (default: the shipped CNN+NAC policy)")
-    p.add_argument("--run", required=True, metavar="RUN_DIR", help="run folder holding trace.npz (drive --trace)")
-    p.add_argument("--method", default="gradcam",
-                   help="CAM method: gradcam, gradcam++, eigencam, hirescam, xgradcam or layercam")
+    add_dataclass_arguments(p, SaliencyArgs)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(namespace: argparse.Namespace) -> int:
     from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.cli.arguments import from_namespace
     from nac_drive.interpret.policy_saliency import policy_saliency
 
+    args = from_namespace(SaliencyArgs, namespace)
     path = policy_saliency(load_driving_policy(args.policy), args.run, args.method)
     print(f"wrote {path}")
     return 0

@@ -49,62 +49,44 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
-from nac_drive.arguments import COUNT, POSITIVE, SEED, number
-from nac_drive.simulators.carracing import EVAL_SEED_BASE
+from nac_drive.fields import arg, check_fields
 
-NON_NEGATIVE = number(int, min=0)
+
+@dataclass
+class ExplainPrint:
+    """What ``nac-drive explain`` prints of its report."""
+
+    rows: int = arg(15, "atlas rows printed (explain.json has all)", min=1)
+    json: bool = arg(False, "end the output with one line of JSON (explain.json's content)")
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def add_parser(subparsers) -> None:
+    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.pipeline.explain import ExplainArgs
+
     p = subparsers.add_parser("explain", help="test the paper's Fig. 4 claim and map every neuron of a policy",
                               description=__doc__)
-    p.add_argument("--policy", default=None,
-                   help="checkpoint folder, its task read from its config.json (default: the shipped policy of --task)")
-    p.add_argument("--task", choices=["carracing", "udacity"], default=None,
-                   help="explain the shipped policy of this task (default carracing); with --policy it must agree")
-    p.add_argument("--episodes", type=COUNT, default=3, help="held-out tracks driven with a trace")
-    p.add_argument("--out", default="runs/explain", metavar="RUN_DIR",
-                   help="run folder for trace.npz and explain.json (RUN_DIR-2, -3, ... if RUN_DIR exists)")
-    p.add_argument("--seed-base", type=SEED, default=EVAL_SEED_BASE,
-                   help="seed of the first track (Udacity: the emulator track random-<seed>)")
-    p.add_argument("--max-steps", type=COUNT, default=None,
-                   help="cap each episode (env frames; default 1000; Udacity: frames per track, 15 a second)")
-    p.add_argument("--speed", type=POSITIVE, default=None,
-                   help="Udacity only: the set speed in mph of the bridge's speed controller (default 9)")
-    p.add_argument("--frames", type=COUNT, default=None,
-                   help="replay at most this many recorded frames when silencing neurons (default all)")
-    p.add_argument("--closed-loop-tracks", type=NON_NEGATIVE, default=10,
-                   help="held-out tracks the intact policy and each chosen neuron clamped drive (0: no "
-                        "closed-loop check); the verb's longest part: about 9 s a track on a 2-core CPU")
-    p.add_argument("--closed-loop-top", type=NON_NEGATIVE, default=10,
-                   help="neurons whose silencing costs most agreement, driven clamped")
-    p.add_argument("--closed-loop-random", type=NON_NEGATIVE, default=10,
-                   help="other neurons drawn at random (seeded by --seed), driven clamped")
-    p.add_argument("--saliency-frames", type=NON_NEGATIVE, default=500,
-                   help="frames (spread over the run) on which saliency faithfulness is measured (0: skip it)")
-    p.add_argument("--window-method", choices=["integrated_gradients", "ablation", "none"],
-                   default="integrated_gradients",
-                   help="how each window frame's share of a decision is computed ('none': skip it)")
-    p.add_argument("--seed", type=SEED, default=0, help="seed of the random neurons and of the random maps")
-    p.add_argument("--rows", type=COUNT, default=15, help="atlas rows printed (explain.json has all)")
-    p.add_argument("--json", action="store_true", help="end the output with one line of JSON (explain.json's content)")
+    add_dataclass_arguments(p, ExplainArgs)
+    add_dataclass_arguments(p, ExplainPrint)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from nac_drive.pipeline.explain import EXPLAIN_FILE, explain
+def run(namespace: argparse.Namespace) -> int:
+    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.pipeline.explain import EXPLAIN_FILE, ExplainArgs, explain
 
-    report = explain(args.policy, args.episodes, args.out, args.seed_base, args.max_steps, args.frames,
-                     args.closed_loop_tracks, args.closed_loop_top, args.closed_loop_random, args.seed,
-                     progress=not args.json, saliency_frames=args.saliency_frames,
-                     window_method=None if args.window_method == "none" else args.window_method,
-                     task=args.task, speed=args.speed)
+    shown = from_namespace(ExplainPrint, namespace)
+    report = explain(from_namespace(ExplainArgs, namespace), progress=not shown.json)
     print(format_drive(report))
     print()
     print("\n".join(format_fig4(report["fig4"])))
     print()
-    print("\n".join(format_atlas(report["atlas"], args.rows)))
+    print("\n".join(format_atlas(report["atlas"], shown.rows)))
     if report["saliency"]:
         print()
         print("\n".join(format_saliency(report["saliency"])))
@@ -115,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(format_closed_loop(report["closed_loop"])))
     print(f"\nwrote {report['run']}/{EXPLAIN_FILE}")
-    if args.json:
+    if shown.json:
         print(json.dumps(report, allow_nan=False))
     return 0
 

@@ -1,9 +1,9 @@
 """The ``nac-drive`` command line: one subcommand per verb.
 
-Each verb lives in ``nac_drive/commands/<verb>.py`` and exposes
-``add_parser(subparsers)``, which registers its arguments (with checked types from
-``nac_drive.arguments``, so a bad value is refused before any work) and sets ``func``.
-Verb modules import heavy libraries (torch, gymnasium) inside ``func`` so that
+Each verb lives in ``nac_drive/cli/commands/<verb>.py`` and exposes
+``add_parser(subparsers)``, which registers its flags, the fields of its argument
+dataclass (:mod:`nac_drive.cli.arguments`: a bad value is refused before any work), and
+sets ``func``. Verb modules import heavy libraries (torch) inside ``func`` so that
 ``nac-drive --help`` stays fast. :func:`run_verb` runs every verb, so that every error
 ends the same way: one line on stderr and a non-zero exit, never a traceback.
 """
@@ -19,13 +19,13 @@ import sys
 # folder or port (argparse uses 2 for bad flags too), 130 interrupted.
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
-# Verb modules under nac_drive.commands, in the order --help lists them.
+# Verb modules under nac_drive.cli.commands, in the order --help lists them.
 COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "drive", "saliency", "explain", "dashboard", "expert", "sim"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     from nac_drive import __version__
-    from nac_drive.arguments import Parser
+    from nac_drive.cli.arguments import Parser
 
     parser = Parser(
         prog="nac-drive",
@@ -35,13 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"nac_drive.commands.{name}").add_parser(subparsers)
+        importlib.import_module(f"nac_drive.cli.commands.{name}").add_parser(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:   # named by the verb's own parser: "nac-drive dagger: error: unrecognized arguments: --core"
+        getattr(args, "verb_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
@@ -70,6 +72,3 @@ def run_verb(args: argparse.Namespace) -> int:
               f"NAC_DRIVE_TRACEBACK=1 shows where it happened)", file=sys.stderr)
         return EXIT_BUG
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,31 +11,41 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 
-from nac_drive.arguments import COUNT, PORT, POSITIVE, number
+from nac_drive.fields import arg, check_fields
+
+
+@dataclass
+class EmulatorArgs:
+    """Arguments of ``nac-drive sim udacity-emulator``."""
+
+    host: str = arg("127.0.0.1", "bridge host")
+    port: int = arg(4567, "bridge port (the simulator's)", min=1, max=65535)
+    track: str = arg("lakeside", "gentle, lakeside, serpentine, canyon, or random-<seed>")
+    frames: int | None = arg(None, "stop after N telemetry messages", min=1)
+    laps: float | None = arg(None, "stop after this many laps", above=0)
+    start: float = arg(0.0, "start position, metres along the track")
+    stop_off_road: bool = arg(False, "stop at the first off-road event")
+    realtime: bool = arg(False, "one step per 1/15 s of wall clock, like the real simulator (without it: as fast as "
+                                "answered)")
+    timeout: float = arg(5.0, "seconds to wait for an answer", above=0)
+    json: bool = arg(False, "print the summary as one JSON line")
+    progress: bool | None = arg(None, "show laps, distance and cross-track error live on stderr (default: when "
+                                      "stderr is a terminal)")
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def add_parser(subparsers) -> None:
+    from nac_drive.cli.arguments import add_dataclass_arguments
+
     sim = subparsers.add_parser("sim", help="headless simulators (Udacity protocol emulator)",
                                 description=__doc__)
     kinds = sim.add_subparsers(dest="simulator", metavar="SIMULATOR", required=True)
     p = kinds.add_parser("udacity-emulator", help="Udacity Term-1 simulator stand-in (procedural road)")
-    p.add_argument("--host", default="127.0.0.1", help="bridge host")
-    p.add_argument("--port", type=PORT, default=4567, help="bridge port (the simulator's)")
-    p.add_argument("--track", default="lakeside",
-                   help="gentle, lakeside, serpentine, canyon, or random-<seed>")
-    p.add_argument("--frames", type=COUNT, default=None,
-                   help="stop after N telemetry messages")
-    p.add_argument("--laps", type=POSITIVE, default=None, help="stop after this many laps")
-    p.add_argument("--start", type=number(float), default=0.0, help="start position, metres along the track")
-    p.add_argument("--stop-off-road", action="store_true", help="stop at the first off-road event")
-    p.add_argument("--realtime", action="store_true",
-                   help="one step per 1/15 s of wall clock, like the real simulator (default: as fast as answered)")
-    p.add_argument("--timeout", type=POSITIVE, default=5.0, help="seconds to wait for an answer")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show laps, distance and cross-track error live on stderr "
-                        "(default: when stderr is a terminal)")
+    add_dataclass_arguments(p, EmulatorArgs)
     p.set_defaults(func=run_udacity_emulator)
 
 
@@ -58,9 +68,11 @@ def check_track(name: str) -> None:
         raise ValueError(f"--track: {e}") from None
 
 
-def run_udacity_emulator(args) -> int:
+def run_udacity_emulator(namespace: argparse.Namespace) -> int:
+    from nac_drive.cli.arguments import from_namespace
     from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
 
+    args = from_namespace(EmulatorArgs, namespace)
     check_track(args.track)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     cfg = EmulatorConfig(host=args.host, port=args.port, track=args.track, frames=args.frames, laps=args.laps,

@@ -4,11 +4,42 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, fields
 
-from nac_drive.arguments import POSITIVE
+from nac_drive.fields import REQUIRED, arg, check_fields
+
+HTML = "the HTML file (written without --rrd, or with -o)"
+
+
+@dataclass
+class DashboardArgs:
+    """Arguments of ``nac-drive dashboard``."""
+
+    run_dir: str = arg(REQUIRED, "directory holding trace.npz (written by drive --trace)", positional=True,
+                       metavar="RUN_DIR")
+    output: str | None = arg(None, "output file (default: RUN_DIR/dashboard.html)", metavar="HTML", short="-o")
+    rrd: str | None = arg(None, "write the run as a Rerun recording (the layout drive --rerun streams live; needs the "
+                                "'live' extra) instead of the HTML file, or as well with -o", metavar="FILE.rrd")
+    video: str | None = arg(None, "the run's video (drive --video), played beside the traces (default: "
+                                  "RUN_DIR/video.webm if present)", metavar="WEBM", group=HTML)
+    title: str | None = arg(None, "page title (default: the run directory's name)", group=HTML)
+    image_budget_mb: float = arg(20.0, "frames + overlays above this many MB (base64) are re-encoded smaller",
+                                 above=0, group=HTML)
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def ignored(self) -> dict[str, str]:
+        """With --rrd alone no HTML file is written: its options."""
+        if self.rrd is None or self.output is not None:
+            return {}
+        return {f.name: "only for the HTML file (--rrd alone writes none; add -o HTML for both)"
+                for f in fields(self) if f.metadata["group"] == HTML}
 
 
 def add_parser(subparsers) -> None:
+    from nac_drive.cli.arguments import add_dataclass_arguments
+
     p = subparsers.add_parser(
         "dashboard", help="write a self-contained HTML dashboard of a recorded run",
         description="Read RUN_DIR/trace.npz (and RUN_DIR/saliency.npz, window_attribution.npz and explain.json "
@@ -16,26 +47,17 @@ def add_parser(subparsers) -> None:
                     "episode's return, lap and policy/expert agreement, frame scrubber, saliency overlay, the run's "
                     "video, actions, running return, cross-track error, neuron heatmaps, which past frame each "
                     "decision used, NCP wiring.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="directory holding trace.npz (written by drive --trace)")
-    p.add_argument("-o", "--output", default=None, metavar="HTML",
-                   help="output file (default: RUN_DIR/dashboard.html)")
-    p.add_argument("--video", default=None, metavar="WEBM",
-                   help="the run's video (drive --video), played beside the traces "
-                        "(default: RUN_DIR/video.webm if present)")
-    p.add_argument("--title", default=None, help="page title (default: the run directory's name)")
-    p.add_argument("--image-budget-mb", type=POSITIVE, default=20.0,
-                   help="frames + overlays above this many MB (base64) are re-encoded smaller")
-    p.add_argument("--rrd", default=None, metavar="FILE.rrd",
-                   help="write the run as a Rerun recording (the layout drive --rerun streams live; needs the "
-                        "'live' extra) instead of the HTML file, or as well with -o")
+    add_dataclass_arguments(p, DashboardArgs)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(namespace: argparse.Namespace) -> int:
     import os
 
+    from nac_drive.cli.arguments import from_namespace
     from nac_drive.interpret.dashboard import build_dashboard
 
+    args = from_namespace(DashboardArgs, namespace)
     paths = []
     if args.rrd is not None:
         paths.append(write_rrd(args.run_dir, args.rrd))

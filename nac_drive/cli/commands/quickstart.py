@@ -26,24 +26,25 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline.quickstart import QuickstartArgs
 
     p = subparsers.add_parser("quickstart", help="drive the shipped policy and build its dashboard (--full: the "
                               "whole pipeline)", description=__doc__)
     add_dataclass_arguments(p, QuickstartArgs)
-    p.add_argument("--json", action="store_true", help="end the output with one line of JSON")
+    add_dataclass_arguments(p, JsonOutput)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from nac_drive.arguments import from_namespace
+def run(namespace: argparse.Namespace) -> int:
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.quickstart import QuickstartArgs, quickstart
 
-    summary = quickstart(from_namespace(QuickstartArgs, args), progress=not args.json)
+    output = from_namespace(JsonOutput, namespace)
+    summary = quickstart(from_namespace(QuickstartArgs, namespace), progress=not output.json)
     print(f"video: {summary['video']}\ndashboard: {summary['dashboard']} (open it in a browser)")
     print("stages: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in summary["stage_seconds"].items())
           + f"; total {summary['seconds']:.0f} s")
-    if args.json:
+    if output.json:
         print(json.dumps(summary))
     return 0

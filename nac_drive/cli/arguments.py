@@ -1,0 +1,156 @@
+"""Argument dataclasses as command-line flags: every verb's flags are the documented fields
+of its dataclass(es) (:func:`~nac_drive.fields.arg`), added by :func:`add_dataclass_arguments`
+and read back by :func:`from_namespace`. Kept free of heavy imports so that ``nac-drive
+--help`` stays fast.
+
+A value outside its range is refused when the flags are parsed, before any work starts (a
+number flag parses with :func:`number`, which applies its field's bounds); a flag given
+whose value the run would not use is refused when its dataclass is built
+(:func:`from_namespace`, from the dataclass's ``ignored()``). Every refusal is one line and
+exit 2 (:class:`Parser`, ``nac_drive.cli.main.run_verb``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import types
+import typing
+from typing import Any, Callable
+
+from nac_drive.fields import arg, bounds, check_number, flag_name
+
+GIVEN = "flags_given"   # in the namespace: {field: the flag that set it} of the flags on the command line
+
+
+@dataclasses.dataclass
+class JsonOutput:
+    """The output flag of the verbs that print a summary."""
+
+    json: bool = arg(False, "end the output with one line of JSON")
+
+
+def number(kind: type = int, **limits) -> Callable[[str], Any]:
+    """An argparse ``type``: parses ``kind`` (int or float) and applies :func:`check_number`."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        problem = check_number(value, **limits)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Help with the description as written and every flag's default. None is not shown
+    (the help says what stands in for it), nor a switch's False."""
+
+    def _get_help_string(self, action):
+        unset_switch = action.const is True and action.default is False   # store_true
+        if action.default is None or unset_switch:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of ``nac-drive`` and of each of its verbs (argparse makes a subcommand's
+    parser of its parent's class): help in the :class:`RawDefaults` format everywhere, and a
+    bad command line answered in one line (``--help`` shows the usage)."""
+
+    def __init__(self, *args, formatter_class=RawDefaults, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+@functools.cache
+def _noting(action: type[argparse.Action]) -> type[argparse.Action]:
+    """``action`` that also notes its field and flag in the namespace's :data:`GIVEN` when its flag is given."""
+    class Given(action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            if option_string is not None:
+                namespace.__dict__.setdefault(GIVEN, {})[self.dest] = option_string
+
+    return Given
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """One ``--flag`` per field of ``cls`` (but ``skip``), with its help, choices, bounds and
+    default: booleans get ``--flag/--no-flag``; ``int | None`` parses as a checked number;
+    ``list[str]`` takes one or more values. Fields without a ``group`` come first in
+    ``--help``, the others under their group's heading. The parser keeps ``(cls, skip)`` in
+    ``parser.argument_classes`` and sets ``verb_parser`` (itself) in the namespace."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        meta = f.metadata
+        target = parser if meta.get("group") is None else _group(parser, meta["group"])
+        options = _options(f, hints[f.name])
+        if meta.get("positional"):
+            target.add_argument(f.name, metavar=meta.get("metavar"), **options)
+        else:
+            names = [meta["short"]] if meta.get("short") else []
+            target.add_argument(*names, flag_name(f.name), dest=f.name, metavar=meta.get("metavar"),
+                                **options)
+    vars(parser).setdefault("argument_classes", []).append((cls, skip))
+    parser.set_defaults(verb_parser=parser)
+
+
+def _group(parser: argparse.ArgumentParser, title: str):
+    """The parser's argument group ``title`` (a heading of ``--help``), made on first use."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
+def _options(f: dataclasses.Field, hint) -> dict:
+    """add_argument's keywords (but the names and metavar) for field ``f`` annotated ``hint``."""
+    options: dict[str, Any] = {"help": f.metadata.get("help", "").replace("%", "%%")}  # argparse formats help with %
+    if f.default_factory is not dataclasses.MISSING:
+        options["default"] = f.default_factory()
+    elif f.default is not dataclasses.MISSING:
+        options["default"] = f.default
+    elif not f.metadata.get("positional"):
+        options["required"] = True
+    kinds = [k for k in (typing.get_args(hint) if _is_union(hint) else (hint,)) if k is not type(None)]
+    kind = kinds[0] if len(kinds) == 1 else str
+    if kind is bool:
+        return {**options, "action": _noting(argparse.BooleanOptionalAction)}
+    if typing.get_origin(kind) is list:
+        options["nargs"], kind = "+", typing.get_args(kind)[0]
+    if f.metadata.get("const") is not None:
+        options.update(nargs="?", const=f.metadata["const"])
+    if kind in (int, float):
+        kind = number(kind, **bounds(f))
+    return {**options, "type": kind, "choices": f.metadata.get("choices"), "action": _noting(argparse._StoreAction)}
+
+
+def _is_union(hint) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def from_namespace(cls, namespace: argparse.Namespace, ignored: Callable[[Any], dict[str, str]] | None = None):
+    """Build ``cls`` from the parsed flags of :func:`add_dataclass_arguments` (its
+    ``__post_init__`` checks it). A flag given on the command line whose value the instance
+    would not use is refused (ValueError ``--flag: why``, the flag as typed): the fields
+    ``ignored(instance)`` names, by default the instance's own ``ignored()`` ({field: why})
+    if it has one."""
+    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
+    instance = cls(**values)
+    reasons = ignored(instance) if ignored else instance.ignored() if hasattr(instance, "ignored") else {}
+    given = getattr(namespace, GIVEN, {})
+    for name, why in reasons.items():
+        if name in given:
+            raise ValueError(f"{given[name]}: {why}")
+    return instance

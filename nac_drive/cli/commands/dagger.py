@@ -1,0 +1,33 @@
+"""``nac-drive dagger``: DAgger rounds, the privileged teacher or a PPO expert as the oracle
+(:mod:`nac_drive.pipeline.dagger`). Each round fine-tunes the checkpoint it is given, so the
+verb takes the flags of ``nac-drive train`` but its architecture (and ``--init-from``,
+``--resume``)."""
+
+from __future__ import annotations
+
+import argparse
+
+# flags of `nac-drive train` that dagger does not take: each round fine-tunes its student as it is
+NOT_FROM_TRAIN = ("init_from", "resume")
+
+
+def add_parser(subparsers) -> None:
+    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.pipeline import dagger
+    from nac_drive.pipeline.train_args import ARCHITECTURE, TrainArgs
+
+    p = subparsers.add_parser("dagger", help="improve a policy with DAgger (an oracle labels the student's states)",
+                              description=dagger.__doc__)
+    add_dataclass_arguments(p, dagger.DaggerArgs)
+    add_dataclass_arguments(p, TrainArgs, skip=ARCHITECTURE + NOT_FROM_TRAIN)   # each round's fine-tuning
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.pipeline.dagger import DaggerArgs, dagger
+    from nac_drive.pipeline.train_args import TrainArgs
+
+    final = dagger(from_namespace(DaggerArgs, args), from_namespace(TrainArgs, args))
+    print(f"final checkpoint: {final}")
+    return 0
