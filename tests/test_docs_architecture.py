@@ -73,6 +73,8 @@ class Index:
     def _definitions(node: ast.AST) -> list[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return [node.name]
+        if isinstance(node, ast.ImportFrom):   # a module's imports are its attributes (a package re-exports)
+            return [alias.asname or alias.name for alias in node.names]
         if isinstance(node, ast.Assign):
             return [t.id for t in node.targets if isinstance(t, ast.Name)]
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
