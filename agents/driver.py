@@ -28,7 +28,7 @@ def load_driving_policy(path: str | Path | None = None, task: str = "carracing")
     ``task``; a training run folder: its ``best/``, :func:`checkpoint_folder`), in eval mode."""
     import torch
 
-    from nac_drive.policy import DrivingPolicy
+    from nac_drive.policy.driving_policy import DrivingPolicy
 
     torch.set_num_threads(1)
     return DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path))
@@ -47,7 +47,7 @@ def checkpoint_folder(path: str | Path) -> str | Path:
 
 
 class PolicyDriver:
-    """A policy as an actor (:mod:`nac_drive.actor`) that can also time and record what it
+    """A policy as an actor (:mod:`nac_drive.policy.actor`) that can also time and record what it
     does: ``reset``, ``reset_env``, ``act``, and the CarRacing runner's ``on_step`` (which
     completes a step's record with its reward; a Udacity step, which has none, is recorded
     as soon as it is acted on).

@@ -8,7 +8,7 @@ import copy
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.tasks import DISCRETE_GAS
+from nac_drive.policy.tasks import DISCRETE_GAS
 
 
 class RandomActor:

@@ -1,6 +1,6 @@
 """Hand-written Udacity policies (no learning) for tests, benchmarks and smoke runs.
 
-They are actors (:mod:`nac_drive.actor`): ``reset()`` and ``act(obs) -> float`` steering in
+They are actors (:mod:`nac_drive.policy.actor`): ``reset()`` and ``act(obs) -> float`` steering in
 [-1, 1] (positive = right), ``obs = {"image": uint8 RGB [160, 320, 3], "timestamp": s,
 "speed": mph}``.
 """

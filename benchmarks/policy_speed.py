@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nac_drive.cores import CORES, CoreConfig
-from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.policy.cores import CORES, CoreConfig
+from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from nac_drive.torch_threads import available_cores
 
 BATCH, WINDOW = 32, 16

@@ -44,8 +44,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from nac_drive.atomic import fsync_dir
-from nac_drive.tasks import DISCRETE_GAS
+from nac_drive.io.atomic import fsync_dir
+from nac_drive.policy.tasks import DISCRETE_GAS
 
 FRAME_SHAPE = (96, 96, 3)
 PARTIAL = ".partial"   # suffix of the hidden folder a dataset is written in before it is renamed into place

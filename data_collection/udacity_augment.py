@@ -1,6 +1,6 @@
 """Augmentations of Udacity frames (PilotNet input).
 
-The frames are preprocessed by :func:`nac_drive.tasks.udacity_frame`, the one function
+The frames are preprocessed by :func:`nac_drive.policy.tasks.udacity_frame`, the one function
 that turns a simulator frame into network input for the training data and for live
 driving alike: crop rows 60:-25 (sky and the car's hood), resize to 66x200, RGB -> YUV,
 uint8 ``[66, 200, 3]``; the dataset then moves channels first and scales by 1/255

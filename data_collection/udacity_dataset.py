@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, to_chw_float
-from nac_drive.tasks import udacity_frame
+from nac_drive.policy.tasks import udacity_frame
 from nac_drive.data_collection.udacity_log import DrivingLogRow, check_images, load_rgb, read_driving_log
 
 DEFAULT_FPS = 15.0  # the simulator records at about 15 Hz; used when names carry no time

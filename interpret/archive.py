@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from nac_drive.atomic import atomic_write
-from nac_drive.jpeg import jpeg_size
-from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
+from nac_drive.io.atomic import atomic_write
+from nac_drive.io.jpeg import jpeg_size
+from nac_drive.io.untrusted_zip import ZipMemberError, open_zip, read_member
 
 METADATA_MEMBER = "metadata.json"
 METADATA_LIMIT = 16 * 2**20
@@ -237,7 +237,7 @@ MAX_FRAME_PIXELS = 4096 * 4096   # a run's frames are camera-sized; a header may
 
 def decode_jpeg(data: bytes | np.ndarray) -> np.ndarray:
     """JPEG bytes -> uint8 RGB ``[H, W, 3]``. The size the header claims is checked
-    before decoding (:func:`~nac_drive.jpeg.jpeg_size`): at most :data:`MAX_FRAME_PIXELS`."""
+    before decoding (:func:`~nac_drive.io.jpeg.jpeg_size`): at most :data:`MAX_FRAME_PIXELS`."""
     import cv2
 
     height, width = jpeg_size(bytes(data))

@@ -60,14 +60,14 @@ from typing import Any
 
 import numpy as np
 
-from nac_drive.atomic import atomic_write
+from nac_drive.io.atomic import atomic_write
 from nac_drive.interpret.archive import ArchiveError, decode_jpeg, encode_jpeg
 from nac_drive.interpret.explain_report import explain_figures, load_explain
 from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
 from nac_drive.interpret.temporal_attribution import WINDOW_FILE as WINDOW_ATTRIBUTION_FILE
 from nac_drive.interpret.temporal_attribution import load_window_attribution
 from nac_drive.interpret.trace import BACKBONE_GROUPS, RunTrace, load_trace
-from nac_drive.video import read_webm_info
+from nac_drive.io.video import read_webm_info
 
 DEFAULT_IMAGE_BUDGET = 20_000_000  # bytes of base64 images; the whole page should stay <= 25 MB
 VIDEO_FILE = "video.webm"

@@ -10,7 +10,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 __all__ = ["NAC", "NACCache", "NACTrace", "DrivingPolicy", "PolicyConfig", "__version__"]
 
 _LAZY = {"NAC": "nac_drive.nac", "NACCache": "nac_drive.nac", "NACTrace": "nac_drive.nac",
-         "DrivingPolicy": "nac_drive.policy", "PolicyConfig": "nac_drive.policy"}
+         "DrivingPolicy": "nac_drive.policy.driving_policy", "PolicyConfig": "nac_drive.policy.driving_policy"}
 
 
 def __getattr__(name: str):

@@ -21,11 +21,11 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from nac_drive.actor import Actor
+from nac_drive.policy.actor import Actor
 from nac_drive.fields import in_unit_interval
 from nac_drive.simulators.road_drawing import draw_road_vectorised
-from nac_drive.tasks import DISCRETE_GAS
-from nac_drive.video import WebmWriter
+from nac_drive.policy.tasks import DISCRETE_GAS
+from nac_drive.io.video import WebmWriter
 
 ENV_ID = "CarRacing-v3"
 MAX_EPISODE_FRAMES = 1000  # CarRacing-v3's own time limit (env frames at 50 FPS)

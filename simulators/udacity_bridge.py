@@ -29,7 +29,7 @@ failing recording (e.g. a full disk) is logged once and driving goes on. One con
 drives at a time; others are refused while it does. A new driving connection starts
 from a reset policy and speed controller.
 
-The policy is an actor (:mod:`nac_drive.actor`): ``reset()`` and ``act(obs) -> float``
+The policy is an actor (:mod:`nac_drive.policy.actor`): ``reset()`` and ``act(obs) -> float``
 (steering in [-1, 1], positive = right), ``obs = {"image": uint8 RGB [160, 320, 3],
 "timestamp": float seconds (monotonic, arrival of the telemetry), "speed": float mph,
 "cte": float metres or None}`` (``cte``: the cross-track error, which the headless emulator
@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nac_drive.data_collection.udacity_log import DrivingLogWriter, parse_decimal
-from nac_drive.jpeg import jpeg_size
-from nac_drive.tasks import UDACITY_CAMERA
+from nac_drive.io.jpeg import jpeg_size
+from nac_drive.policy.tasks import UDACITY_CAMERA
 
 log = logging.getLogger("nac_drive.udacity_bridge")
 

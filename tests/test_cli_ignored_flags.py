@@ -160,7 +160,7 @@ def test_only_flags_given_are_refused_and_python_callers_are_not():
 
 
 def test_the_core_table_is_the_cores_and_their_config():
-    from nac_drive.cores import CORES, CoreConfig
+    from nac_drive.policy.cores import CORES, CoreConfig
 
     assert tuple(CORE_FIELDS) == CORES
     names = {f.name for f in dataclasses.fields(CoreConfig)}

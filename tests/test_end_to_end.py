@@ -11,7 +11,7 @@ import torch
 
 from nac_drive.data_collection.carracing_dataset import WindowDataset, load_episodes
 from nac_drive.interpret.trace import load_trace
-from nac_drive.policy import DrivingPolicy
+from nac_drive.policy.driving_policy import DrivingPolicy
 
 torch.set_num_threads(1)
 

@@ -37,8 +37,8 @@ def test_the_fig4_section_is_strict_json_with_null_for_scenes_never_seen(tmp_pat
 
 
 def test_explain_refuses_a_policy_it_cannot_explain_before_driving(tmp_path):
-    from nac_drive.cores import CoreConfig
-    from nac_drive.policy import DrivingPolicy, PolicyConfig
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
     lstm = DrivingPolicy(PolicyConfig(core=CoreConfig(core="lstm", d_model=8))).save_pretrained(tmp_path / "lstm")
     udacity = str(shipped_policy_path("udacity"))

@@ -120,8 +120,8 @@ def test_rank_averages_ties_and_spearman_knows_its_extremes():
 
 
 def _small_policy():
-    from nac_drive.cores import CoreConfig
-    from nac_drive.policy import DrivingPolicy, PolicyConfig
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
     return DrivingPolicy(PolicyConfig(core=CoreConfig(window=4, d_model=16, num_heads=2, topk=2))).eval()
 

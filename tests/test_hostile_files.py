@@ -29,10 +29,10 @@ from support.fake_hub import FakeHub, serve
 
 from nac_drive.agents.ppo_lab.expert_zip import export_for_shipping, load_expert_zip, read_data
 from nac_drive.agents.ppo_expert import PPOExpert, shipped_expert_path
-from nac_drive.checkpoint import CheckpointError
+from nac_drive.io.checkpoint import CheckpointError
 from nac_drive.cli import main
 from nac_drive.interpret.archive import ArchiveError
-from nac_drive.policy import DrivingPolicy
+from nac_drive.policy.driving_policy import DrivingPolicy
 
 torch.set_num_threads(1)
 

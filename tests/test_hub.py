@@ -10,10 +10,10 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants
 from support.fake_hub import FakeHub, serve
 
-from nac_drive.checkpoint import CheckpointError
+from nac_drive.io.checkpoint import CheckpointError
 from nac_drive.cli import main
-from nac_drive.cores import CoreConfig
-from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.policy.cores import CoreConfig
+from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
 torch.set_num_threads(1)
 CARD = {"data": "demos/carracing-teacher.h5", "held_out_score": 812.5}

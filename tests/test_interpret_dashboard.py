@@ -162,7 +162,7 @@ def test_titles_say_policy_alone_without_an_expert_and_no_empty_panel(page_html,
 
 
 def test_header_is_a_readable_summary_not_a_json_dump(tmp_path, page_html):
-    from nac_drive.policy import PolicyConfig
+    from nac_drive.policy.driving_policy import PolicyConfig
 
     classes = ["noop", "right", "left", "gas", "brake"]
     config = dataclasses.asdict(PolicyConfig())      # what drive --trace records

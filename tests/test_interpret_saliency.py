@@ -218,8 +218,8 @@ def test_the_readme_recipe_is_the_packages_saliency():
     from pytorch_grad_cam import GradCAM
     from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
-    from nac_drive.cores import CoreConfig
-    from nac_drive.policy import DrivingPolicy, PolicyConfig
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
     policy = DrivingPolicy(PolicyConfig(core=CoreConfig(window=4, d_model=16, num_heads=2, topk=2))).eval()
     frames = torch.randint(0, 256, (5, 96, 96, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))

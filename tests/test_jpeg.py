@@ -6,7 +6,7 @@ import pytest
 
 from support.hostile_jpegs import encode, giant
 
-from nac_drive.jpeg import jpeg_size
+from nac_drive.io.jpeg import jpeg_size
 
 
 @pytest.mark.parametrize("h,w", [(160, 320), (1, 1), (37, 901)])

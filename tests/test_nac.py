@@ -500,7 +500,7 @@ def _eager_call(fn):
 
 
 def test_step_refuses_block_selection_and_a_driving_core_refuses_it_at_build():
-    from nac_drive.cores import CoreConfig, NACCore
+    from nac_drive.policy.cores import CoreConfig, NACCore
 
     layer = make(select="block")
     with pytest.raises(ValueError, match="cannot stream select='block'"):

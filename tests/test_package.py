@@ -251,3 +251,15 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert 'python -m pip install --quiet ".[all]"' in ci_lines
     assert any(line.startswith("nac-drive quickstart ") for line in ci_lines)
     assert not any("pip install" in line and " -e " in line for line in ci_lines)
+
+
+def test_the_policy_room_imports_torch_only_for_the_policy():
+    # tasks and actor (the bridge, the CLI, the agents need them) stay light; the model card's
+    # `from nac_drive.policy import DrivingPolicy` still finds the class
+    probe = ("import sys, nac_drive.policy.tasks, nac_drive.policy.actor\n"
+             "light = 'torch' not in sys.modules\n"
+             "from nac_drive.policy import DrivingPolicy, PolicyConfig\n"
+             "print(light, DrivingPolicy.__module__, PolicyConfig.__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "nac_drive.policy.driving_policy", "PolicyConfig"]

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive.checkpoint import CheckpointError
-from nac_drive.cores import CORES, CoreConfig
-from nac_drive.encoders import ENCODERS
-from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.io.checkpoint import CheckpointError
+from nac_drive.policy.cores import CORES, CoreConfig
+from nac_drive.policy.encoders import ENCODERS
+from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
 torch.set_num_threads(1)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nac_drive.atomic import atomic_write_dir, fresh_dir
+from nac_drive.io.atomic import atomic_write_dir, fresh_dir
 from nac_drive.cli import main
 from nac_drive.data_collection.carracing_dataset import DatasetError, find_datasets, load_episodes, write_dataset
-from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from support.demos import synthetic_episodes
 
 torch.set_num_threads(1)
@@ -67,8 +67,8 @@ def _policy(seed: int) -> DrivingPolicy:
 
 # where the writer is killed, and whether the new checkpoint was already in place
 KILL_POINTS = {
-    "writing": ("import nac_drive.checkpoint\n"   # the weights are written, the config is not
-                "nac_drive.checkpoint.write_json = die", False),
+    "writing": ("import nac_drive.io.checkpoint\n"   # the weights are written, the config is not
+                "nac_drive.io.checkpoint.write_json = die", False),
     "moving the previous aside": ("real = os.rename\n"
                                   "os.rename = lambda a, b: die() if Path(a) == target else real(a, b)", False),
     "putting the new in place": ("real = os.rename\n"
@@ -86,8 +86,8 @@ def test_a_checkpoint_folder_killed_at_any_step_loads_whole(tmp_path, point):
     atomic_write_dir(target, old.save_pretrained)
     patch, replaced = KILL_POINTS[point]
     killed(patch, """
-        from nac_drive.atomic import atomic_write_dir
-        from nac_drive.policy import DrivingPolicy, PolicyConfig
+        from nac_drive.io.atomic import atomic_write_dir
+        from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
         policy = DrivingPolicy(PolicyConfig(core={"core": "gru", "d_model": 8, "seed": 2}))
         atomic_write_dir(target, policy.save_pretrained)
         """, target)

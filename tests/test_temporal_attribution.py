@@ -39,8 +39,8 @@ class LagCore(nn.Module):
 
 
 def _lag_policy(stream_lag: int | None = None):
-    from nac_drive.cores import CoreConfig
-    from nac_drive.policy import DrivingPolicy, PolicyConfig
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
     policy = DrivingPolicy(PolicyConfig(core=CoreConfig(window=WINDOW, d_model=16, num_heads=2, topk=2)))
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from nac_drive.data_collection.udacity_augment import (
     to_chw_float,
     translate,
 )
-from nac_drive.tasks import udacity_frame as preprocess
+from nac_drive.policy.tasks import udacity_frame as preprocess
 from nac_drive.data_collection.udacity_dataset import UdacityWindowDataset, segments_from_log, split_segments
 from nac_drive.data_collection.udacity_log import DrivingLogWriter
 

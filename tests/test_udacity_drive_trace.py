@@ -36,7 +36,7 @@ def test_drive_udacity_with_a_checkpoint_records_the_nac_trace(tmp_path):
     # Grad-CAM for the run: the overlay covers only the rows the model sees (60:-25)
     from nac_drive.interpret.policy_saliency import policy_saliency
     from nac_drive.interpret.saliency import load_saliency
-    from nac_drive.policy import DrivingPolicy
+    from nac_drive.policy.driving_policy import DrivingPolicy
 
     policy_saliency(DrivingPolicy.from_pretrained(checkpoint), run, progress=False)
     sal = load_saliency(run, trace)

@@ -30,7 +30,7 @@ def test_importing_the_simulators_registers_the_env_and_nac_drive_alone_stays_li
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == [ENV_ID, str(MAX_EPISODE_STEPS), "(160,", "320,", "3)", "(2,)"]
     # the model library (the NAC layer, the policy, checkpoints) never imports gymnasium
-    light = ("import sys, nac_drive, nac_drive.policy, nac_drive.nac, nac_drive.checkpoint; "
+    light = ("import sys, nac_drive, nac_drive.policy.driving_policy, nac_drive.nac, nac_drive.io.checkpoint; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'gymnasium' "
              "or m.startswith('nac_drive.simulators')))")
     out = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, timeout=120)

@@ -16,8 +16,8 @@ from nac_drive.interpret.dashboard import build_dashboard
 from support.synthetic_runs import make_synthetic_run
 from nac_drive.interpret.trace import load_trace
 from nac_drive.simulators.carracing import FPS, VIDEO_SCALE, run_episodes
-from nac_drive import video as video_module
-from nac_drive.video import WebmWriter, read_webm_info
+from nac_drive.io import video as video_module
+from nac_drive.io.video import WebmWriter, read_webm_info
 
 GAS = 3
 

@@ -5,7 +5,7 @@ An SB3 zip holds ``data`` (JSON; some of its values are base64 pickles, which SB
 pickles too. A zip can come from anywhere (``--init-from``, a run folder), so this
 module reads only the JSON values and, with ``torch.load(weights_only=True)``, the
 tensors; it never calls ``PPO.load``. Every member is size-checked before it is inflated
-(:mod:`nac_drive.untrusted_zip`), the network is built from checked JSON fields, first
+(:mod:`nac_drive.io.untrusted_zip`), the network is built from checked JSON fields, first
 on PyTorch's "meta" device (shapes, no memory) to be compared with the tensors, and
 :func:`export_for_shipping` writes a new zip from the checked parts only.
 """
@@ -23,10 +23,10 @@ import numpy as np
 
 from nac_drive.agents.ppo_lab.env import Preprocessing
 from nac_drive.fields import in_unit_interval
-from nac_drive.atomic import atomic_write
-from nac_drive.checkpoint import parse_json_object
+from nac_drive.io.atomic import atomic_write
+from nac_drive.io.checkpoint import parse_json_object
 from nac_drive.simulators.carracing import DISCRETE_GAS
-from nac_drive.untrusted_zip import ZipMemberError, open_zip, read_member
+from nac_drive.io.untrusted_zip import ZipMemberError, open_zip, read_member
 
 DATA_LIMIT = 64 * 2**20       # the JSON ``data`` of an expert zip is ~60 kB
 TENSORS_LIMIT = 512 * 2**20   # a torch file of an expert zip is a few MB

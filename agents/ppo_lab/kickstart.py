@@ -298,7 +298,7 @@ def kickstart(args: KickstartArgs) -> Path:
 
     from nac_drive.agents.ppo_lab.expert_zip import export_for_shipping
     from nac_drive.agents.ppo_lab.training import score_checkpoint
-    from nac_drive.atomic import atomic_write, fresh_dir
+    from nac_drive.io.atomic import atomic_write, fresh_dir
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -358,7 +358,7 @@ def kickstart(args: KickstartArgs) -> Path:
 def _warm_up_value(zip_path: Path, args: KickstartArgs, rng: np.random.Generator, write_json) -> None:
     """Drive ``zip_path`` (no teacher, no bursts), fit its value head, write it back in place."""
     from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip
-    from nac_drive.atomic import atomic_write
+    from nac_drive.io.atomic import atomic_write
 
     first = args.rounds * args.episodes
     seeds = [track_seed(args.seed, first + e) for e in range(args.value_episodes)]
@@ -377,7 +377,7 @@ def _warm_up_value(zip_path: Path, args: KickstartArgs, rng: np.random.Generator
 
 
 def _json_writer(run_dir: Path):
-    from nac_drive.atomic import atomic_write
+    from nac_drive.io.atomic import atomic_write
 
     def write(name: str, value) -> None:
         atomic_write(run_dir / name, lambda tmp: Path(tmp).write_text(json.dumps(value, indent=1)))

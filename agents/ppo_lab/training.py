@@ -27,8 +27,8 @@ from nac_drive.agents.ppo_lab.kickstarted_ppo import KickstartedPPO
 from nac_drive.agents.ppo_lab.expert_zip import (LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps,
                                          trained_gamma)
 from nac_drive.agents.ppo_lab.training_args import FRAME_SIZE, ExpertTrainArgs
-from nac_drive.atomic import atomic_write, fresh_dir
-from nac_drive.checkpoint import dataclass_from_json, read_json
+from nac_drive.io.atomic import atomic_write, fresh_dir
+from nac_drive.io.checkpoint import dataclass_from_json, read_json
 from nac_drive.simulators.carracing import DISCRETE_GAS, EpisodeResults
 from nac_drive.torch_threads import available_cores
 
@@ -186,7 +186,7 @@ def _last_kept(folder: Path) -> Path:
 
 def _restore(model, kept: Path, callback: EvalCallback) -> None:
     """Put ``model`` and ``callback`` back in the state they were in when ``kept`` was saved."""
-    from nac_drive.checkpoint import restore_optimizer
+    from nac_drive.io.checkpoint import restore_optimizer
 
     state_path = kept.with_suffix(".json")
     if not state_path.is_file():

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from nac_drive.fields import REQUIRED, arg, check_fields
 from nac_drive.pipeline.train_args import TrainArgs
-from nac_drive.tasks import DISCRETE_GAS
+from nac_drive.policy.tasks import DISCRETE_GAS
 
 DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
 
@@ -72,7 +72,7 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs) -> Path:
     from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
     from nac_drive.pipeline.processes import split_runs
     from nac_drive.pipeline.train import train
-    from nac_drive.run_log import log_closed_loop
+    from nac_drive.io.run_log import log_closed_loop
     from nac_drive.torch_threads import available_cores
 
     data, seed, progress = fine_tune.data, fine_tune.seed, fine_tune.progress

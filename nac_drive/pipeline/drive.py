@@ -48,8 +48,8 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
     ``recorded``: only the first this many episodes go into the video, the trace and the
     ``live`` view (all are scored, and the latency covers all, traced or not); default all."""
     from nac_drive.agents.driver import PolicyDriver
-    from nac_drive.atomic import fresh_dir
-    from nac_drive.video import check_video_path
+    from nac_drive.io.atomic import fresh_dir
+    from nac_drive.io.video import check_video_path
 
     policy_path, trace_dir = args.policy, args.trace
     if recorded is not None and recorded < 1:
@@ -183,7 +183,7 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     figures of :func:`udacity_summary` (per track: frames driven, laps, mean |cte|,
     off-road, ...), the policy's latency and ``trace`` (the run folder)."""
     from nac_drive.agents.driver import PolicyDriver
-    from nac_drive.atomic import fresh_dir
+    from nac_drive.io.atomic import fresh_dir
     from nac_drive.simulators.udacity_env import ENV_ID
     from nac_drive.simulators.udacity_track import track_spec
 
@@ -335,7 +335,7 @@ def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None
     Ctrl-C; ``args.trace``: also record the run for the dashboard; ``live``: show it in
     Rerun. Returns an exit code."""
     from nac_drive.agents.driver import PolicyDriver
-    from nac_drive.atomic import fresh_dir
+    from nac_drive.io.atomic import fresh_dir
     from nac_drive.simulators.udacity_session import drive_udacity, require_udacity_extra
 
     require_udacity_extra()   # before the trace folder exists

@@ -282,7 +282,7 @@ def jsonable(value):
 
 def write_report(path: Path, report: dict) -> Path:
     """Write ``report`` as JSON (NaN as null) to ``path`` atomically."""
-    from nac_drive.atomic import atomic_write
+    from nac_drive.io.atomic import atomic_write
 
     text = json.dumps(jsonable(report), indent=1, allow_nan=False) + "\n"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

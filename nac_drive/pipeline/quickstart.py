@@ -117,7 +117,7 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     """Run the quickstart; returns the drive summary with the paths it wrote, ``seconds``
     (wall time) and ``stage_seconds``; with ``full`` also ``expert`` (the expert's summary on
     the same tracks) and ``share_of_expert`` (the policy's mean return over the expert's)."""
-    from nac_drive.atomic import fresh_dir
+    from nac_drive.io.atomic import fresh_dir
     from nac_drive.pipeline.drive import DriveArgs, drive_carracing
 
     if args.full:
@@ -204,7 +204,7 @@ def _check_recipe(args: QuickstartArgs) -> None:
     """Refuse a core, expert or oracle that cannot work before any folder or stage: each
     stage takes minutes."""
     from nac_drive.agents.experts import load_expert
-    from nac_drive.cores import CORES
+    from nac_drive.policy.cores import CORES
     from nac_drive.pipeline.dagger import make_oracle
     from nac_drive.simulators.carracing import actor_gas
 

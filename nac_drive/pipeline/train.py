@@ -9,9 +9,9 @@ run folder (``<out>/<run name>``, or ``<run name>-2``, ``-3``, ... when that is 
 ``--resume`` writes into an existing one) holds ``best/`` (lowest validation loss;
 ``config.json`` + ``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
 ``metrics.csv``, TensorBoard events (``tensorboard/``: per-step ``train/`` and per-epoch
-``val/`` scalars, and the run's hyperparameters; :mod:`nac_drive.run_log`) and
+``val/`` scalars, and the run's hyperparameters; :mod:`nac_drive.io.run_log`) and
 ``train_args.json``. ``best/`` and ``last/`` are
-replaced whole (:func:`~nac_drive.atomic.atomic_write_dir`): a kill leaves the previous one.
+replaced whole (:func:`~nac_drive.io.atomic.atomic_write_dir`): a kill leaves the previous one.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from nac_drive.atomic import atomic_write, atomic_write_dir, fresh_dir, readable_dir
-from nac_drive.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
-from nac_drive.cores import CORES, CoreConfig
-from nac_drive.policy import DrivingPolicy, PolicyConfig, read_policy_weights
+from nac_drive.io.atomic import atomic_write, atomic_write_dir, fresh_dir, readable_dir
+from nac_drive.io.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
+from nac_drive.policy.cores import CORES, CoreConfig
+from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig, read_policy_weights
 from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs, core_fields
 from nac_drive.torch_threads import available_cores, torch_threads
 
@@ -209,7 +209,7 @@ def _train(args: TrainArgs) -> Path:
 
     log = None
     if rank == 0:
-        from nac_drive.run_log import RunLog
+        from nac_drive.io.run_log import RunLog
         print(f"run folder: {run_dir}", flush=True)
         if args.resume:   # rows of epochs after the checkpoint are about to be trained again
             _keep_csv_rows(csv_path, start_epoch)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from nac_drive.fields import arg, check_fields
 
 CLASS_WEIGHTINGS = ("none", "balanced")
-# The architecture flags each temporal core of nac_drive.cores reads besides --window and
+# The architecture flags each temporal core of nac_drive.policy.cores reads besides --window and
 # --d-model (tests/test_cli_ignored_flags.py checks the cores are CORES); another core would ignore them.
 CORE_FIELDS = {"nac": ("mode", "num_heads", "topk", "select", "euler_steps"), "lstm": (), "gru": (), "cfc": (),
                "ltc": (), "mha": ("num_heads",)}

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from nac_drive.agents.driver import PolicyDriver
-from nac_drive.cores import CoreConfig
+from nac_drive.policy.cores import CoreConfig
 from nac_drive.interpret.trace import RunRecorder, load_trace
-from nac_drive.policy import DrivingPolicy, PolicyConfig
+from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from nac_drive.simulators.carracing import ACTION_NAMES, LEFT, RIGHT
 from support.synthetic_runs import road_frame
 

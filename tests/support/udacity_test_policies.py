@@ -43,7 +43,7 @@ def untrained_udacity_policy():
     udacity_test_policies:untrained_udacity_policy``)."""
     import torch
 
-    from nac_drive.policy import DrivingPolicy, PolicyConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
     torch.set_num_threads(1)
     return DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,

@@ -29,7 +29,7 @@ class RunLog:
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparam_summaries
 
-        from nac_drive.cores import CORES
+        from nac_drive.policy.cores import CORES
 
         domains = {"core": list(CORES), "mode": ["exact", "euler", "steady"]}   # of the keys a run has
         self.writer = SummaryWriter(str(Path(run_dir) / TB_FOLDER), purge_step=first_step + 1 if first_step else None)

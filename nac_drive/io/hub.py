@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from huggingface_hub import ModelCard, ModelCardData, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 
-from nac_drive.atomic import readable_dir
-from nac_drive.checkpoint import CONFIG, WEIGHTS, CheckpointError
-from nac_drive.tasks import DISCRETE_GAS
+from nac_drive.io.atomic import readable_dir
+from nac_drive.io.checkpoint import CONFIG, WEIGHTS, CheckpointError
+from nac_drive.policy.tasks import DISCRETE_GAS
 
 if TYPE_CHECKING:
-    from nac_drive.policy import PolicyConfig
+    from nac_drive.policy.driving_policy import PolicyConfig
 
 # owner/name: letters, digits, "-", "_", "." (the Hub's rule, simplified). A bare name is
 # taken for a folder, so a mistyped folder name does not go looking on the Hub.

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from nac_drive.atomic import atomic_write
+from nac_drive.io.atomic import atomic_write
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 OPTIM_TENSORS, TRAIN_STATE = "optimizer.safetensors", "train_state.json"

@@ -28,15 +28,15 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from torch import nn
 
-from nac_drive import hub
 from nac_drive.fields import in_unit_interval
-from nac_drive.atomic import readable_dir
-from nac_drive.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes, dataclass_from_json, load_state_into,
+from nac_drive.io import hub
+from nac_drive.io.atomic import readable_dir
+from nac_drive.io.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_shapes, dataclass_from_json, load_state_into,
                                   read_json, read_tensors, save_model, tensor_shapes)
-from nac_drive.cores import CoreConfig, build_core
-from nac_drive.encoders import ENCODERS
+from nac_drive.policy.cores import CoreConfig, build_core
+from nac_drive.policy.encoders import ENCODERS
 from nac_drive.nac import upgrade_state_names
-from nac_drive.tasks import DISCRETE_GAS, TASKS, Task
+from nac_drive.policy.tasks import DISCRETE_GAS, TASKS, Task
 
 FORMAT_VERSION = 1
 # Largest value a loaded config may give each size (far above any policy trained here):
@@ -132,7 +132,7 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
 
     @property
     def task(self) -> Task:
-        """What the task makes of observations and outputs (:mod:`nac_drive.tasks`)."""
+        """What the task makes of observations and outputs (:mod:`nac_drive.policy.tasks`)."""
         return TASKS[self.config.task]
 
     # ---------------------------------------------------------------- closed loop
@@ -193,7 +193,7 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         return self.task.actor_action(self.output_to_action(self.step_output(obs)))
 
     def act(self, obs):
-        """:meth:`select_action` under the name of the actor contract (:mod:`nac_drive.actor`)."""
+        """:meth:`select_action` under the name of the actor contract (:mod:`nac_drive.policy.actor`)."""
         return self.select_action(obs)
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):

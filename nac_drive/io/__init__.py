@@ -1,0 +1,4 @@
+"""What nac-drive reads and writes, safely: checkpoints (``checkpoint``: safetensors + JSON,
+never executed), the Hugging Face Hub (``hub``), atomic writes (``atomic``), ZIP members that
+may be hostile (``untrusted_zip``), JPEG headers (``jpeg``), browser video (``video``) and
+TensorBoard events (``run_log``)."""
