@@ -3,6 +3,10 @@
     pip install --no-deps torch-nac==0.0.2     # the public reference (benchmark only)
     python benchmarks/nac_layer.py             # prints the markdown tables of BENCHMARKS.md
 
+    # this build side by side with another one, e.g. before a refactor:
+    git worktree add /tmp/old <commit> && pip install --no-deps --target /tmp/old-site /tmp/old
+    python benchmarks/nac_layer.py --sections against --against /tmp/old-site --rounds 5
+
 One thread, forward only, no grad, median of --repeats runs after one warm-up. Memory
 is the forward's peak-RSS increase over the process's RSS once model and input exist;
 every measurement runs in its own process so peaks do not mix. Rows marked "eager"
@@ -111,11 +115,14 @@ def _measure_step(spec: dict, x) -> dict:
     return {"ms": 1e3 * sorted(runs)[len(runs) // 2], "mem_mb": float("nan")}
 
 
-def measure(eager: bool = False, **spec) -> dict:
-    """Run one configuration in a fresh process; ``eager`` turns the layer's numba kernels off."""
+def measure(eager: bool = False, site: str | None = None, **spec) -> dict:
+    """Run one configuration in a fresh process; ``eager`` turns the layer's numba kernels off;
+    ``site``: a folder holding another nac-drive build, imported instead of the installed one."""
     spec = {"B": 1, "d": 64, "H": 4, "K": 8, "mode": "exact", "select": "exact", "causal": True,
             "window": None, "repeats": 10, **spec}
     env = {**os.environ, "NAC_DRIVE_KERNELS": "0" if eager else "1"}
+    if site:
+        env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
                          env=env)
     if out.returncode != 0:
@@ -134,8 +141,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--long", type=int, nargs="*", default=[1024, 4096, 16384], help="T for the long runs")
-    parser.add_argument("--sections", nargs="*", choices=SECTIONS, default=list(SECTIONS),
-                        help="which tables to measure (default: all)")
+    parser.add_argument("--sections", nargs="*", choices=SECTIONS, default=list(SECTIONS[:-1]),
+                        help="which tables to measure (default: all but 'against')")
+    parser.add_argument("--against", help="section 'against': a folder holding another nac-drive build "
+                                          "(pip install --no-deps --target FOLDER CHECKOUT)")
+    parser.add_argument("--rounds", type=int, default=5, help="section 'against': rounds, the two builds alternating")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -148,9 +158,13 @@ def main() -> None:
         _long_sequences(args.long)
     if "step" in args.sections:
         _streaming_step()
+    if "against" in args.sections:
+        if not args.against:
+            parser.error("--sections against needs --against FOLDER")
+        _against(args.against, args.rounds)
 
 
-SECTIONS = ("paper", "driving", "long", "step")
+SECTIONS = ("paper", "driving", "long", "step", "against")
 HEADER = ("| implementation | ms / forward | forward peak RSS (MB) | speed-up vs torch-nac | memory vs torch-nac |"
           "\n|---|---|---|---|---|")
 
@@ -207,6 +221,40 @@ def _streaming_step() -> None:
              for grad in ("no_grad", "inference_mode")}
         e = measure(True, impl="nac", T=1, mode=mode, window=16, step=True, grad_mode="inference_mode")
         print(f"| {mode} | {r['no_grad']['ms']:.3f} | {r['inference_mode']['ms']:.3f} | {e['ms']:.3f} |")
+
+
+# the layer's configurations of the tables above, each run by both builds
+AGAINST = [
+    ("paper, exact, select=block, causal", False, dict(T=1024, select="block")),
+    ("paper, exact, select=block, causal, eager", True, dict(T=1024, select="block")),
+    ("paper, exact, select=exact, causal", False, dict(T=1024)),
+    ("paper, exact, select=exact, non-causal", False, dict(T=1024, causal=False)),
+    ("paper, steady, select=exact, causal", False, dict(T=1024, mode="steady")),
+    ("paper, euler, select=block, non-causal", False, dict(T=1024, mode="euler", select="block", causal=False)),
+    ("driving, exact, window=16, B=32", False, dict(T=16, B=32, window=16)),
+    ("driving, exact, window=16, B=32, eager", True, dict(T=16, B=32, window=16)),
+    ("step, exact, inference_mode", False, dict(T=1, window=16, step=True, grad_mode="inference_mode")),
+    ("step, exact, no_grad", False, dict(T=1, window=16, step=True, grad_mode="no_grad")),
+    ("step, exact, inference_mode, eager", True, dict(T=1, window=16, step=True, grad_mode="inference_mode")),
+]
+
+
+def _against(site: str, rounds: int) -> None:
+    """This build and the one in ``site``, alternating in fresh processes (which goes first swaps
+    every round), so a machine whose speed drifts slows both alike: min and median of the rounds."""
+    import statistics
+
+    print(f"\n### This build against {site} ({rounds} rounds, 1 thread)\n")
+    print("| configuration | other build ms (min / median) | this build ms (min / median) | this / other (min) |")
+    print("|---|---|---|---|")
+    for name, eager, spec in AGAINST:
+        ms = {"this": [], "other": []}
+        for r in range(rounds):
+            for build in (("other", "this") if r % 2 == 0 else ("this", "other")):
+                ms[build].append(measure(eager, site if build == "other" else None, impl="nac", **spec)["ms"])
+        digits = 3 if spec.get("step") else 2
+        shown = {b: f"{min(v):.{digits}f} / {statistics.median(v):.{digits}f}" for b, v in ms.items()}
+        print(f"| {name} | {shown['other']} | {shown['this']} | {min(ms['this']) / min(ms['other']):.2f} |")
 
 
 if __name__ == "__main__":
