@@ -5,13 +5,13 @@ core only; an option of a part the run skips is refused. Every verb's flags are 
 of its argument dataclass(es) (nac_drive.cli.arguments), and TensorBoard's HParams of a run
 record only what its core uses."""
 
-import argparse
 import dataclasses
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from support.cli_parsers import verb_parsers
 
 from nac_drive.cli import build_parser
 from nac_drive.cli.arguments import from_namespace
@@ -75,17 +75,6 @@ NOTHING_TO_IGNORE = {"nac-drive saliency", "nac-drive sim udacity-emulator", "na
 def run_cli(args: list[str], cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nac_drive.cli", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd)
-
-
-def verb_parsers(parser=None, name="nac-drive"):
-    """(command line, parser) of every leaf verb, e.g. ("nac-drive expert eval", ...)."""
-    parser = parser or build_parser()
-    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not groups:
-        yield name, parser
-    for group in groups:
-        for verb, child in group.choices.items():
-            yield from verb_parsers(child, f"{name} {verb}")
 
 
 def test_every_ignored_flag_is_refused_in_one_line_with_exit_2(tmp_path):

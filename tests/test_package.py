@@ -12,6 +12,7 @@ import venv
 import zipfile
 from pathlib import Path
 
+from support.cli_parsers import verb_parsers
 
 import nac_drive
 
@@ -195,24 +196,12 @@ def test_cli_version_and_help():
     assert out.returncode == 0 and "usage: nac-drive" in out.stdout
 
 
-def _verb_parsers(parser, name="nac-drive"):
-    """(command line, parser) of every verb that takes flags, e.g. ("nac-drive expert eval", ...)."""
-    import argparse
-
-    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not groups:
-        yield name, parser
-    for group in groups:
-        for verb, child in group.choices.items():
-            yield from _verb_parsers(child, f"{name} {verb}")
-
-
 def test_every_verb_help_shows_each_default_once():
     import argparse
 
     from nac_drive.cli import build_parser
 
-    verbs = dict(_verb_parsers(build_parser()))
+    verbs = dict(verb_parsers(build_parser()))
     assert {"nac-drive train", "nac-drive dagger", "nac-drive expert eval", "nac-drive sim udacity-emulator"} <= set(verbs)
     for name, parser in verbs.items():
         text = " ".join(parser.format_help().split())
