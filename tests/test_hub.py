@@ -3,12 +3,13 @@ the Hub is faked behind the library's HTTP client (support.fake_hub) or laid out
 cache folder; the library's own download and upload code runs."""
 
 import json
+import time
 from dataclasses import asdict
 
 import pytest
 import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants
-from support.fake_hub import FakeHub, serve
+from support.fake_hub import FakeHub, serve, unreachable
 
 from nac_drive.io.checkpoint import CheckpointError
 from nac_drive.cli import main
@@ -130,3 +131,26 @@ def test_a_missing_hub_repo_or_file_is_one_clear_line(tmp_path, capsys, monkeypa
         with pytest.raises(CheckpointError, match="runs/typo: not a checkpoint folder"):
             DrivingPolicy.from_pretrained("runs/typo")
     assert not any("typo" in path for _, path in hub.requests)
+
+
+def test_an_unreachable_hub_fails_at_once_in_one_line_naming_the_ways_out(tmp_path, capsys, monkeypatch):
+    # hf_hub_download alone retries for ~25 s without a network: one request, then the answer
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    with unreachable() as tried:
+        started = time.monotonic()
+        with pytest.raises(CheckpointError, match="owner/driver: .*Hub cannot be reached .*ConnectError") as e:
+            DrivingPolicy.from_pretrained("owner/driver")
+        assert time.monotonic() - started < 3 and len(tried) == 1
+        assert "local checkpoint folder" in str(e.value) and "HF_HUB_OFFLINE=1" in str(e.value)
+        assert main(["drive", "carracing", "--policy", "owner/driver", "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "HF_HUB_OFFLINE=1" in err[0]
+
+
+def test_an_unreachable_hub_still_loads_a_cached_copy(tmp_path, monkeypatch):
+    policy = tiny_policy(action="continuous", num_outputs=3)
+    lay_out_cache(tmp_path / "cache", "owner/driver", checkpoint_files(policy, tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    with unreachable() as tried:
+        loaded = DrivingPolicy.from_pretrained("owner/driver")
+    assert same_outputs(loaded, policy) and len(tried) == 1

@@ -89,10 +89,30 @@ class FakeHub:
 def serve(hub: FakeHub):
     """huggingface_hub talks to ``hub`` inside the block (and to nothing else), through a
     client configured like its default one (its request hook enforces HF_HUB_OFFLINE)."""
+    with _transport(hub.handle):
+        yield hub
+
+
+@contextlib.contextmanager
+def unreachable():
+    """Inside the block every request of huggingface_hub fails as it does without a network
+    (the name does not resolve); yields the list of the URLs it tried."""
+    tried: list[str] = []
+
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        tried.append(str(request.url))
+        raise httpx2.ConnectError("[Errno -2] Name or service not known", request=request)
+
+    with _transport(refuse):
+        yield tried
+
+
+@contextlib.contextmanager
+def _transport(handler):
     huggingface_hub.set_client_factory(lambda: httpx2.Client(
-        transport=httpx2.MockTransport(hub.handle), event_hooks={"request": [_http.hf_request_event_hook]},
+        transport=httpx2.MockTransport(handler), event_hooks={"request": [_http.hf_request_event_hook]},
         follow_redirects=True))
     try:
-        yield hub
+        yield
     finally:
         huggingface_hub.set_client_factory(_http.default_client_factory)
