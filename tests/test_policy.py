@@ -167,6 +167,31 @@ def test_udacity_policy_spaces():
         policy.check_env(carracing)   # anything with the two spaces: here a CarRacing policy
 
 
+@pytest.mark.parametrize("frame", [
+    np.full((96, 96, 3), 200.0, np.float32),      # 0-255 floats: once taken for [0, 1] and clipped white
+    np.full((96, 96, 3), 0.8, np.float32),        # [0, 1] floats
+    np.zeros((96, 96, 3), np.float64), np.zeros((96, 96, 3), np.int64), np.zeros((96, 96, 3), bool),
+    torch.zeros(96, 96, 3)])
+def test_a_frame_that_is_not_uint8_is_refused_in_one_line(frame):
+    policy = policy_for()
+    with pytest.raises(ValueError, match=r"^obs: expected a uint8 RGB image .*, got (float|int|bool)") as e:
+        policy.select_action(frame)
+    assert "\n" not in str(e.value) and policy._frames_seen == 0
+
+
+def test_a_batch_dict_or_a_bad_timestamp_is_refused_in_one_line():
+    image = np.zeros((160, 320, 3), np.uint8)
+    policy = DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                                        core=CoreConfig(window=4)))
+    with pytest.raises(ValueError, match=r"^obs: expected a frame, or a dict with 'image'.*'observation.image'"):
+        policy.select_action({"observation.image": image, "observation.state": np.zeros(2)})   # a LeRobot batch
+    for bad in (float("nan"), float("inf"), "12:00", [1, 2]):
+        with pytest.raises(ValueError, match=r"^obs\['timestamp'\]: expected"):
+            policy.select_action({"image": image, "timestamp": bad})
+    assert policy._frames_seen == 0
+    assert -1 <= policy.select_action({"image": image, "timestamp": 12.5}) <= 1
+
+
 def test_checkpoint_round_trip_and_errors(tmp_path):
     policy = policy_for(core="nac")
     path = policy.save_pretrained(tmp_path / "ckpt")

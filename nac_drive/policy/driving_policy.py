@@ -149,12 +149,24 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
 
         CarRacing: an RGB ``[96, 96, 3]`` uint8 array. Udacity: a dict with ``image``
         (RGB ``[160, 320, 3]`` uint8, preprocessed here) and ``timestamp`` (seconds).
+        Anything else is refused in one line (``ValueError``): a float frame would be read
+        on the wrong scale (is 1.0 white, or nearly black?), a NaN timestamp poisons the episode.
         """
         timestamp = None
         if isinstance(obs, dict):
+            if "image" not in obs:
+                raise ValueError(f"obs: expected a frame, or a dict with 'image' (and 'timestamp'); got a dict with "
+                                 f"keys {sorted(map(str, obs))[:6]} (a batch of a dataset is not one observation)")
             timestamp = obs.get("timestamp")
             obs = obs["image"]
-        image = self.task.frame(np.asarray(obs))
+        image = np.asarray(obs)
+        if image.dtype != np.uint8:
+            raise ValueError(f"obs: expected a uint8 RGB image (0-255, the observation space), got {image.dtype}: "
+                             f"convert it first (np.uint8(frame * 255) from [0, 1], frame.astype(np.uint8) from "
+                             f"[0, 255])")
+        if timestamp is not None:
+            timestamp = _finite_seconds(timestamp)
+        image = self.task.frame(image)
         if image.ndim != 3 or image.shape[2] != 3:
             raise ValueError(f"obs: expected an RGB image [H, W, 3], got shape {image.shape}")
         frame = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
@@ -380,3 +392,13 @@ def _repeat_batch(state, batch: int):
             changes[f.name] = value.expand(batch, *value.shape[1:])
     return dataclasses.replace(state, **changes)
 
+
+def _finite_seconds(timestamp) -> float:
+    """An observation's timestamp as float seconds; a NaN, an infinity or a non-number is refused."""
+    try:
+        seconds = float(timestamp)
+    except (TypeError, ValueError):
+        raise ValueError(f"obs['timestamp']: expected seconds as a number, got {timestamp!r}") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"obs['timestamp']: expected a finite number of seconds, got {seconds}")
+    return seconds
