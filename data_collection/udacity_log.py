@@ -54,11 +54,16 @@ class DrivingLogError(ValueError):
 def parse_decimal(text: str | float | int) -> float:
     """Parse a number written with a decimal point or a decimal comma ("12,5" -> 12.5).
 
-    Raises ValueError for anything else (empty strings, words, "1,234,5").
+    Raises ValueError for anything else (empty strings, words, "1,234,5", an integer past
+    float's range).
     NaN and infinities parse (the caller decides whether they are acceptable).
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
+        try:
+            return float(text)
+        except OverflowError:   # an int past float's range (a JSON number of 400 digits)
+            raise ValueError("not a number a float can hold: an integer of "
+                             f"{len(str(abs(text)))} digits") from None
     if not isinstance(text, str):
         raise ValueError(f"not a number: {text!r}")
     s = text.strip()

@@ -62,6 +62,8 @@ def test_parse_valid_telemetry_with_decimal_commas():
     (_telemetry(throttle="fast"), "non_numeric_throttle"),
     (_telemetry(steering_angle="NaN"), "nan_steering_angle"),
     (_telemetry(speed="inf"), "nan_speed"),
+    (_telemetry(steering_angle=10 ** 400), "non_numeric_steering_angle"),   # once an OverflowError: no answer
+    (_telemetry(throttle=-10 ** 400), "non_numeric_throttle"),
     (_telemetry(image=None), "missing_image"),
     (_telemetry(image="not base64 !!"), "bad_base64"),
     (_telemetry(image=12), "bad_base64"),
@@ -168,6 +170,14 @@ def test_malformed_and_policy_failures_get_the_safe_command_and_are_logged_once(
     assert s["answered"] == 6
     assert sum("bad_base64" in r.message for r in caplog.records) == 1
     assert sum("boom" in r.message for r in caplog.records) == 1
+
+
+def test_a_number_past_floats_range_gets_the_safe_command():
+    # a 400-digit JSON integer once escaped on_telemetry as an OverflowError: no answer, a stalled simulator
+    bridge = UdacityBridge(Recorder())
+    for field in ("steering_angle", "throttle", "speed"):
+        assert bridge.on_telemetry(_telemetry(**{field: 10 ** 400})) == ("steer", steer_payload(0.0, -1.0))
+    assert bridge.stats.summary()["malformed"] == 3
 
 
 def test_nan_from_the_policy_is_not_sent():
