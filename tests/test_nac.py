@@ -474,6 +474,11 @@ def test_bad_inputs_name_the_argument():
         layer.step(torch.randn(3, 6), cache)
     with pytest.raises(ValueError, match="causal"):
         make(causal=False).step(torch.randn(2, 6), cache)
+    for empty in (torch.randn(2, 0, 6), torch.randn(0, 9, 6)):   # once a reshape error deep inside
+        with pytest.raises(ValueError, match=r"^x: expected at least one sequence of at least one step"):
+            layer(empty)
+    with pytest.raises(ValueError, match=r"^x_t: expected at least one sequence"):
+        layer.step(torch.randn(0, 6), layer.init_cache(0))
 
 
 # ------------------------------------------------------------------------- edges

@@ -39,6 +39,8 @@ def check_sequence_inputs(x, t, mask, input_dim: int) -> None:
         shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x: expected [B, T, input_dim={input_dim}], got {shape}")
     B, T, _ = x.shape
+    if B == 0 or T == 0:
+        raise ValueError(f"x: expected at least one sequence of at least one step, got {list(x.shape)}")
     if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, T)):
         raise ValueError(f"t: expected [B={B}, T={T}] timestamps, got {list(getattr(t, 'shape', []))}")
     if mask is not None and (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (B, T)
@@ -58,6 +60,8 @@ def check_step_inputs(x_t, cache_batch: int, t, input_dim: int, causal: bool, se
     if x_t.ndim != 2 or x_t.shape[1] != input_dim:
         raise ValueError(f"x_t: expected [B, input_dim={input_dim}], got {list(x_t.shape)}")
     B = x_t.shape[0]
+    if B == 0:
+        raise ValueError(f"x_t: expected at least one sequence, got {list(x_t.shape)}")
     if cache_batch != B:
         raise ValueError(f"cache: built for batch {cache_batch}, got a batch of {B}")
     if t is not None and tuple(t.shape) != (B,):
