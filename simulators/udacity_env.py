@@ -34,6 +34,8 @@ bridge's PI speed controller, as ``nac-drive drive udacity`` drives.
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -71,8 +73,8 @@ class UdacityEmulatorEnv(gym.Env):
                  jpeg_quality: int | None = DEFAULT_JPEG_QUALITY, render_mode: str | None = None):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode: {render_mode!r} is not one of {self.metadata['render_modes']}")
-        if not dt > 0:
-            raise ValueError(f"dt: must be > 0 seconds, got {dt}")
+        if not 0 < dt <= 1:   # NaN and infinity fail too
+            raise ValueError(f"dt: expected a frame period in (0, 1] seconds, got {dt}")
         if jpeg_quality is not None and not 1 <= jpeg_quality <= 100:
             raise ValueError(f"jpeg_quality: must be 1..100 or None, got {jpeg_quality}")
         self.track = Track(track_spec(track))
@@ -94,12 +96,19 @@ class UdacityEmulatorEnv(gym.Env):
         if start is None:
             start = float(self.np_random.uniform(0, self.track.length))
         x, y, heading = self.track.pose_at(float(start))
-        self.car = Car(x=x, y=y, heading=heading, speed=float(options.get("speed_mph", 0.0)) / MPH_PER_MPS)
+        speed_mph = float(options.get("speed_mph", 0.0))
+        top_mph = Car.top_speed * MPH_PER_MPS
+        if not 0 <= speed_mph <= top_mph:
+            raise ValueError(f"options['speed_mph']: expected 0..{top_mph:.0f} (the simulator's top speed), "
+                             f"got {speed_mph}")
+        self.car = Car(x=x, y=y, heading=heading, speed=speed_mph / MPH_PER_MPS)
         self.progress = Progress(self.track, index=self.track.nearest(x, y))
         return self._observe(), self._info()
 
     def step(self, action):
         steer, throttle = (float(a) for a in np.asarray(action, dtype=np.float64).reshape(2))
+        if not (math.isfinite(steer) and math.isfinite(throttle)):   # a NaN would stay in the car's state for good
+            raise ValueError(f"action: expected finite [steer, throttle] in [-1, 1], got [{steer}, {throttle}]")
         p = self.progress
         before = p.travelled + p.along
         self.car.step(steer, throttle, self.dt)

@@ -166,3 +166,20 @@ def test_shipped_policy_scores_in_the_env_as_over_the_bridge():
     assert in_env["mean_abs_cte_m"] == pytest.approx(over_bridge["mean_abs_cte_m"], abs=0.01)
     assert in_env["mean_abs_cte_m"] < 0.1 and in_env["max_abs_cte_m"] < 0.3  # it drives as well as it does there
     assert 0.95 * in_env["distance_m"] < total <= in_env["distance_m"] + 0.5
+
+
+def test_non_finite_actions_and_absurd_settings_are_refused_in_one_line():
+    # a NaN action once made position, cte and reward NaN for good; dt=inf and speed_mph=1e308 were taken
+    env = UdacityEmulatorEnv(track="gentle")
+    env.reset(seed=0)
+    for action in ([float("nan"), 0.5], [0.0, float("inf")]):
+        with pytest.raises(ValueError, match=r"^action: expected finite \[steer, throttle\]"):
+            env.step(action)
+    obs, reward, terminated, truncated, info = env.step([0.0, 0.5])   # the car is as it was
+    assert np.isfinite([reward, info["cte_m"], info["distance_m"], info["speed_mph"]]).all()
+    for dt in (float("inf"), float("nan"), 0.0, 2.0):
+        with pytest.raises(ValueError, match=r"^dt: expected a frame period in \(0, 1\] seconds"):
+            UdacityEmulatorEnv(track="gentle", dt=dt)
+    for speed in (1e308, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"^options\['speed_mph'\]: expected 0\.\.30"):
+            env.reset(options={"speed_mph": speed})
