@@ -27,7 +27,8 @@ def mean_interval(returns: Sequence[float]) -> tuple[float, float]:
     (bias-corrected and accelerated; returns are skewed, a crash costs far more than a
     clean lap gains), ``BOOTSTRAP_RESAMPLES`` resamples from ``BOOTSTRAP_SEED``.
 
-    Fewer than 2 returns: (nan, nan), one episode says nothing of the spread. All returns
+    Fewer than 2 returns: (nan, nan), one episode says nothing of the spread (in
+    :func:`return_stats`: None). All returns
     equal: (value, value), every resample has that mean (no spread seen, not certainty)."""
     from scipy.stats import bootstrap
 
@@ -56,8 +57,10 @@ def return_stats(returns: Sequence[float], success_at: float = SUCCESS_RETURN) -
     """The figures of episode returns ``[n]``: ``episodes`` (n), ``mean_return``, ``std_return``, ``mean_ci95``
     ([lo, hi], :func:`mean_interval`), ``worst_return``, ``success_threshold``, ``successes``
     (episodes with return >= ``success_at``), ``success_rate`` and ``success_ci95`` ([lo, hi],
-    :func:`success_interval`). Without returns every figure is nan (``successes`` 0). A
-    non-finite return is refused (ValueError)."""
+    :func:`success_interval`). A figure that does not exist is None (JSON null, never NaN):
+    ``mean_ci95`` of fewer than 2 returns, and without returns ``worst_return``, ``success_rate``
+    and ``success_ci95`` (``mean_return`` and ``std_return`` are then nan).
+    A non-finite return is refused (ValueError)."""
     x = _checked(returns)
     n = int(x.size)
     successes = int(np.sum(x >= success_at))
@@ -66,26 +69,31 @@ def return_stats(returns: Sequence[float], success_at: float = SUCCESS_RETURN) -
         "episodes": n,
         "mean_return": float(x.mean()) if n else nan,
         "std_return": float(x.std()) if n else nan,
-        "mean_ci95": [round(v, 2) for v in mean_interval(x)],
-        "worst_return": round(float(x.min()), 2) if n else nan,
+        "mean_ci95": _rounded(mean_interval(x), 2),
+        "worst_return": round(float(x.min()), 2) if n else None,
         "success_threshold": success_at,
         "successes": successes,
-        "success_rate": successes / n if n else nan,
-        "success_ci95": [round(v, 4) for v in success_interval(successes, n)],
+        "success_rate": successes / n if n else None,
+        "success_ci95": _rounded(success_interval(successes, n), 4),
     }
 
 
 def format_return_stats(stats: dict[str, Any]) -> str:
     """:func:`return_stats` in one line, e.g. ``return 883.2 +- 48.2 (95% CI 861.0-903.4),
     worst 716.0, >= 900: 14/20 = 70% (Wilson 48-85%)``."""
-    lo, hi = stats["mean_ci95"]
-    interval = "" if math.isnan(lo) else f" (95% CI {lo:.1f}-{hi:.1f})"
-    text = f"return {stats['mean_return']:.1f} +- {stats['std_return']:.1f}{interval}, worst {stats['worst_return']:.1f}"
     if not stats["episodes"]:
-        return text
+        return "return nan"
+    ci = stats["mean_ci95"]
+    interval = "" if ci is None else f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})"
+    text = f"return {stats['mean_return']:.1f} +- {stats['std_return']:.1f}{interval}, worst {stats['worst_return']:.1f}"
     lo, hi = stats["success_ci95"]
     return (f"{text}, >= {stats['success_threshold']:g}: {stats['successes']}/{stats['episodes']} = "
             f"{100 * stats['success_rate']:.0f}% (Wilson {100 * lo:.0f}-{100 * hi:.0f}%)")
+
+
+def _rounded(interval: tuple[float, float], digits: int) -> list[float] | None:
+    """``interval`` as [lo, hi] rounded to ``digits``; None for (nan, nan)."""
+    return None if math.isnan(interval[0]) else [round(v, digits) for v in interval]
 
 
 def _checked(returns: Sequence[float]) -> np.ndarray:

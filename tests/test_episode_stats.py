@@ -78,8 +78,9 @@ def test_bootstrap_interval_is_reproducible():
 
 
 def test_one_episode_has_no_interval_of_the_mean():
+    assert all(math.isnan(v) for v in mean_interval([905.0]))
     stats = return_stats([905.0])
-    assert all(math.isnan(v) for v in stats["mean_ci95"])
+    assert stats["mean_ci95"] is None   # JSON null, never NaN
     assert stats["worst_return"] == 905.0 and stats["success_rate"] == 1.0
     assert stats["success_ci95"] == pytest.approx(wilson(1, 1), abs=1e-4)
     text = format_return_stats(stats)
@@ -89,8 +90,9 @@ def test_one_episode_has_no_interval_of_the_mean():
 def test_no_episodes():
     stats = return_stats([])
     assert stats["episodes"] == 0 and stats["successes"] == 0
-    assert math.isnan(stats["mean_return"]) and math.isnan(stats["success_rate"])
-    assert all(math.isnan(v) for v in stats["mean_ci95"] + stats["success_ci95"])
+    assert math.isnan(stats["mean_return"])
+    assert stats["success_rate"] is stats["worst_return"] is stats["mean_ci95"] is stats["success_ci95"] is None
+    assert format_return_stats(stats) == "return nan"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -123,12 +125,16 @@ def test_headline_tracks_are_900000_to_900099():
     assert eval_seeds(100) == list(range(900_000, 900_100)) and EVAL_SEED_BASE == 900_000
 
 
-def _cli_json(*args) -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-m", "nac_drive.cli", *args, "--episodes", "2", "--max-steps", "50",
-                          "--json"], capture_output=True, text=True, timeout=600)
+def _refuse_nan(name):
+    raise AssertionError(f"{name} in the JSON line: not JSON")
+
+
+def _cli_json(*args, episodes: int = 2, cwd=None) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-m", "nac_drive.cli", *args, "--episodes", str(episodes),
+                          "--max-steps", "50", "--json"], capture_output=True, text=True, timeout=600, cwd=cwd)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    return json.loads(lines[-1]), "\n".join(lines[:-1])
+    return json.loads(lines[-1], parse_constant=_refuse_nan), "\n".join(lines[:-1])
 
 
 @pytest.mark.parametrize("verb", [("drive", "carracing"), ("expert", "eval", "--expert", "teacher")])
@@ -144,3 +150,14 @@ def test_cli_prints_the_protocol(verb):
     assert summary["success_ci95"] == pytest.approx(wilson(summary["successes"], 2), abs=1e-4)
     assert f"(95% CI {lo:.1f}-{hi:.1f}), worst {summary['worst_return']:.1f}" in text
     assert f">= 900: {summary['successes']}/2" in text
+
+
+def test_quickstart_of_one_track_prints_the_protocol_as_json(tmp_path):
+    """As CI runs it: one track, so no interval of the mean (null), the rest there."""
+    summary, text = _cli_json("quickstart", "--no-saliency", "--out", str(tmp_path / "qs"), episodes=1,
+                              cwd=tmp_path)
+    assert summary["episodes"] == 1 and summary["mean_ci95"] is None
+    assert summary["worst_return"] == pytest.approx(summary["returns"][0], abs=0.01)
+    assert summary["successes"] == int(summary["returns"][0] >= 900)
+    assert summary["success_ci95"] == pytest.approx(wilson(summary["successes"], 1), abs=1e-4)
+    assert f"worst {summary['worst_return']:.1f}, >= 900: {summary['successes']}/1" in text
