@@ -28,8 +28,8 @@ def mean_interval(returns: Sequence[float]) -> tuple[float, float]:
     clean lap gains), ``BOOTSTRAP_RESAMPLES`` resamples from ``BOOTSTRAP_SEED``.
 
     Fewer than 2 returns: (nan, nan), one episode says nothing of the spread (in
-    :func:`return_stats`: None). All returns
-    equal: (value, value), every resample has that mean (no spread seen, not certainty)."""
+    :func:`return_stats`: None). All returns equal: (value, value), every resample has that
+    mean (no spread seen, not certainty)."""
     from scipy.stats import bootstrap
 
     x = _checked(returns)
