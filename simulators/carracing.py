@@ -23,6 +23,7 @@ import numpy as np
 
 from nac_drive.policy.actor import Actor
 from nac_drive.fields import in_unit_interval
+from nac_drive.simulators.episode_stats import SUCCESS_RETURN, format_return_stats, return_stats
 from nac_drive.simulators.road_drawing import draw_road_vectorised
 from nac_drive.policy.tasks import DISCRETE_GAS
 from nac_drive.io.video import WebmWriter
@@ -41,7 +42,8 @@ ACTION_NAMES = ("noop", "right", "left", "gas", "brake")
 EXPERT_TRAIN_SEED_BASE = 0
 COLLECT_SEED_BASE = 100_000
 EVAL_SEED_BASE = 900_000
-NUM_EVAL_TRACKS = 20  # the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE + 19
+NUM_EVAL_TRACKS = 20  # by default the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE + 19
+# Headline figures: `--episodes 100`, the held-out tracks EVAL_SEED_BASE .. EVAL_SEED_BASE + 99.
 
 
 # Returns on the held-out tracks 900000..900019, per track, measured with
@@ -315,14 +317,13 @@ class EpisodeResults:
         for f in fields(self):
             getattr(self, f.name).extend(getattr(other, f.name))
 
-    def summary(self) -> dict[str, Any]:
-        """Aggregate figures; the JSON line of every evaluating command."""
-        returns = np.asarray(self.returns, dtype=np.float64)
+    def summary(self, success_at: float = SUCCESS_RETURN) -> dict[str, Any]:
+        """Aggregate figures; the JSON line of every evaluating command. The returns' figures
+        (mean, its 95% interval, worst, success rate at ``success_at`` with its interval) are
+        :func:`~nac_drive.simulators.episode_stats.return_stats`."""
         lat = np.asarray(self.latencies_ms, dtype=np.float64)
         return {
-            "mean_return": float(returns.mean()) if returns.size else float("nan"),
-            "std_return": float(returns.std()) if returns.size else float("nan"),
-            "episodes": len(self.returns),
+            **return_stats(self.returns, success_at),
             "laps_finished": int(sum(self.laps)),
             "laps": [bool(lap) for lap in self.laps],
             "seeds": [int(s) for s in self.seeds],
@@ -332,12 +333,11 @@ class EpisodeResults:
             "latency_ms_p95": float(np.percentile(lat, 95)) if lat.size else float("nan"),
         }
 
-    def format(self) -> str:
+    def format(self, success_at: float = SUCCESS_RETURN) -> str:
         """One human-readable line."""
-        s = self.summary()
-        return (f"{s['episodes']} episodes: return {s['mean_return']:.1f} +- "
-                f"{s['std_return']:.1f}, laps finished {s['laps_finished']}/{s['episodes']}, "
-                f"actor latency p50 {s['latency_ms_p50']:.3f} ms")
+        s = self.summary(success_at)
+        return (f"{s['episodes']} episodes: {format_return_stats(s)}, laps finished {s['laps_finished']}/"
+                f"{s['episodes']}, actor latency p50 {s['latency_ms_p50']:.3f} ms")
 
 
 StepCallback = Callable[[int, int, np.ndarray, Any, float, dict], None]

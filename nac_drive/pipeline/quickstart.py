@@ -144,10 +144,12 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
             with _timed(stage_seconds, "expert"):   # what the drive did not hide of the expert's scoring
                 expert = expert_scored.result()
     if args.full:
+        from nac_drive.simulators.episode_stats import format_return_stats
+
         # a share of a return <= 0 (e.g. episodes cut short by max_steps) means nothing: None
         share = round(summary["mean_return"] / expert["mean_return"], 4) if expert["mean_return"] > 0 else None
         summary.update(expert=expert, share_of_expert=share)
-        print(f"the expert on the same tracks: {expert['mean_return']:.1f}; the policy reached "
+        print(f"the expert on the same tracks: {format_return_stats(expert)}; the policy reached "
               f"{'n/a' if share is None else f'{100 * share:.1f}%'} of it", flush=True)
     run = Path(summary["trace"])
     with _timed(stage_seconds, "dashboard"):

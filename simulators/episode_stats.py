@@ -1,0 +1,104 @@
+"""The evaluation protocol's figures of a run's episode returns: the mean with its 95%
+bootstrap interval, the worst episode, and the success rate (return >= 900, the score
+CarRacing calls "solved") with its 95% Wilson interval.
+
+Every command that scores on CarRacing (``drive carracing``, ``expert eval``, ``quickstart``)
+reports them through :meth:`~nac_drive.simulators.carracing.EpisodeResults.summary`, which
+calls :func:`return_stats`. Headline figures are over the 100 held-out tracks
+900000-900099 (``--episodes 100``); the intervals say how far a mean over fewer can be
+from it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+SUCCESS_RETURN = 900.0    # an episode succeeds at this return: CarRacing's "solved" (its mean over 100 tracks)
+CONFIDENCE = 0.95         # of both intervals
+BOOTSTRAP_RESAMPLES = 9999
+BOOTSTRAP_SEED = 0        # fixed, so a summary is reproducible
+
+
+def mean_interval(returns: Sequence[float]) -> tuple[float, float]:
+    """The 95% interval of the mean of ``returns`` ``[n]``: scipy's BCa bootstrap
+    (bias-corrected and accelerated; returns are skewed, a crash costs far more than a
+    clean lap gains), ``BOOTSTRAP_RESAMPLES`` resamples from ``BOOTSTRAP_SEED``.
+
+    Fewer than 2 returns: (nan, nan), one episode says nothing of the spread (in
+    :func:`return_stats`: None). All returns equal: (value, value), every resample has that
+    mean (no spread seen, not certainty)."""
+    from scipy.stats import bootstrap
+
+    x = _checked(returns)
+    if x.size < 2:
+        return math.nan, math.nan
+    if np.ptp(x) == 0:   # BCa divides by the (zero) spread of the resampled means
+        return float(x[0]), float(x[0])
+    ci = bootstrap((x,), np.mean, confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
+                   method="BCa", random_state=BOOTSTRAP_SEED).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def success_interval(successes: int, episodes: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate ``successes / episodes`` (scipy's
+    ``binomtest(...).proportion_ci``); (nan, nan) without episodes."""
+    from scipy.stats import binomtest
+
+    if episodes == 0:
+        return math.nan, math.nan
+    ci = binomtest(successes, episodes).proportion_ci(confidence_level=CONFIDENCE, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def return_stats(returns: Sequence[float], success_at: float = SUCCESS_RETURN) -> dict[str, Any]:
+    """The figures of episode returns ``[n]``: ``episodes`` (n), ``mean_return``, ``std_return``, ``mean_ci95``
+    ([lo, hi], :func:`mean_interval`), ``worst_return``, ``success_threshold``, ``successes``
+    (episodes with return >= ``success_at``), ``success_rate`` and ``success_ci95`` ([lo, hi],
+    :func:`success_interval`). A figure that does not exist is None (JSON null, never NaN):
+    ``mean_ci95`` of fewer than 2 returns, and without returns ``worst_return``, ``success_rate``
+    and ``success_ci95`` (``mean_return`` and ``std_return`` are then nan).
+    A non-finite return is refused (ValueError)."""
+    x = _checked(returns)
+    n = int(x.size)
+    successes = int(np.sum(x >= success_at))
+    nan = math.nan
+    return {
+        "episodes": n,
+        "mean_return": float(x.mean()) if n else nan,
+        "std_return": float(x.std()) if n else nan,
+        "mean_ci95": _rounded(mean_interval(x), 2),
+        "worst_return": round(float(x.min()), 2) if n else None,
+        "success_threshold": success_at,
+        "successes": successes,
+        "success_rate": successes / n if n else None,
+        "success_ci95": _rounded(success_interval(successes, n), 4),
+    }
+
+
+def format_return_stats(stats: dict[str, Any]) -> str:
+    """:func:`return_stats` in one line, e.g. ``return 883.2 +- 48.2 (95% CI 861.0-903.4),
+    worst 716.0, >= 900: 14/20 = 70% (Wilson 48-85%)``."""
+    if not stats["episodes"]:
+        return "return nan"
+    ci = stats["mean_ci95"]
+    interval = "" if ci is None else f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})"
+    text = f"return {stats['mean_return']:.1f} +- {stats['std_return']:.1f}{interval}, worst {stats['worst_return']:.1f}"
+    lo, hi = stats["success_ci95"]
+    return (f"{text}, >= {stats['success_threshold']:g}: {stats['successes']}/{stats['episodes']} = "
+            f"{100 * stats['success_rate']:.0f}% (Wilson {100 * lo:.0f}-{100 * hi:.0f}%)")
+
+
+def _rounded(interval: tuple[float, float], digits: int) -> list[float] | None:
+    """``interval`` as [lo, hi] rounded to ``digits``; None for (nan, nan)."""
+    return None if math.isnan(interval[0]) else [round(v, digits) for v in interval]
+
+
+def _checked(returns: Sequence[float]) -> np.ndarray:
+    """``returns`` as float64 ``[n]``; a non-finite one is refused."""
+    x = np.asarray(returns, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"episode returns: expected finite numbers, got {x[~np.isfinite(x)].tolist()}")
+    return x
