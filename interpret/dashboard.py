@@ -67,7 +67,8 @@ from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
 from nac_drive.interpret.temporal_attribution import WINDOW_FILE as WINDOW_ATTRIBUTION_FILE
 from nac_drive.interpret.temporal_attribution import load_window_attribution
 from nac_drive.interpret.trace import BACKBONE_GROUPS, RunTrace, load_trace
-from nac_drive.io.video import read_webm_info
+from nac_drive.io.capped_read import read_capped
+from nac_drive.io.video import webm_info
 
 DEFAULT_IMAGE_BUDGET = 20_000_000  # bytes of base64 images; the whole page should stay <= 25 MB
 VIDEO_FILE = "video.webm"
@@ -281,13 +282,14 @@ def _video_data(path: Path, run: RunTrace) -> dict[str, Any]:
     """The run's video for the page: base64 WebM, its frame rate and size, after checking
     (from its container, nothing decoded) that it is a WebM browsers play with one frame
     per recorded step."""
-    info = read_webm_info(path, max_bytes=MAX_VIDEO_BYTES)
+    data = read_capped(path, MAX_VIDEO_BYTES)   # once: what is checked is what is embedded
+    info = webm_info(data, path)
     if info.codec not in PLAYABLE_CODECS:
         raise ValueError(f"{path}: codec {info.codec!r}, browsers play {', '.join(PLAYABLE_CODECS)} in WebM")
     if info.frames != run.num_steps:
         raise ValueError(f"{path}: {info.frames} video frames but the run's trace has {run.num_steps} steps "
                          f"(not this run's video: drive writes both with --video and --trace)")
-    return {"b64": base64.b64encode(path.read_bytes()).decode("ascii"), "name": path.name, "codec": info.codec,
+    return {"b64": base64.b64encode(data).decode("ascii"), "name": path.name, "codec": info.codec,
             "fps": info.fps or _playback_fps(run.timestamp), "width": info.width, "height": info.height,
             "frames": info.frames}
 

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from nac_drive.io.capped_read import read_capped
+
 EXPLAIN_FILE = "explain.json"
 MAX_REPORT_BYTES = 20_000_000
 PAPER_TAU = (0.8, 1.1, 1.3, 1.6)      # Fig. 4: range, below on left turns, above on right turns
@@ -31,12 +33,10 @@ GROUP_COLOURS = {"q": "#1f77b4", "k": "#17becf", "v": "#9467bd", "inter": "#2ca0
 def load_explain(folder: Path, trace_sha256: str) -> tuple[dict[str, Any] | None, str | None]:
     """(the report, None), (None, why it is not shown), or (None, None) if there is none."""
     path = Path(folder) / EXPLAIN_FILE
-    if not path.is_file():
+    if not path.exists():
         return None, None
     try:
-        if path.stat().st_size > MAX_REPORT_BYTES:
-            raise ValueError(f"larger than {MAX_REPORT_BYTES // 10**6} MB")
-        report = json.loads(path.read_text(encoding="utf-8"))
+        report = json.loads(read_capped(path, MAX_REPORT_BYTES).decode("utf-8"))
         if not isinstance(report, dict):
             raise ValueError("not a JSON object")
         recorded = report.get("trace_sha256")

@@ -337,6 +337,38 @@ def test_a_saliency_file_of_another_trace_is_refused(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ sizes claimed by files
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_a_device_is_refused_by_type_not_read(tmp_path, capsys, trained_run, recorded_run, kind):
+    """A size check passes /dev/zero (size 0, no end: 4.7 GB read in 5 s) and a FIFO (the read
+    waits for a writer for good); both are refused as what they are, at once."""
+    def special(path: Path) -> Path:
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero")
+        return path
+
+    policy = tmp_path / "policy"
+    shutil.copytree(trained_run / "best", policy)
+    (policy / "config.json").unlink()
+    special(policy / "config.json")
+    what = "a FIFO" if kind == "fifo" else "a device"
+    with pytest.raises(CheckpointError, match=rf"config.json: not a regular file \({what}\)"):
+        DrivingPolicy.from_pretrained(policy)
+    video = special(tmp_path / "video.webm")
+    assert f"video.webm: not a regular file ({what})" in one_line_error(
+        capsys, "dashboard", recorded_run, "--video", video, "-o", tmp_path / "page.html")
+    explain = recorded_run / "explain.json"
+    special(explain)
+    try:   # the page is still built; the report is named as not shown
+        from nac_drive.interpret.explain_report import load_explain
+
+        assert load_explain(recorded_run, "0" * 64) == (None, f"explain.json is not shown: {explain}: "
+                                                              f"not a regular file ({what})")
+    finally:
+        explain.unlink()
+
+
 def test_policy_config_sizes_are_checked_before_building(tmp_path, trained_run):
     def with_core(name: str, **core) -> Path:
         folder = tmp_path / name

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from nac_drive.io.atomic import atomic_write
+from nac_drive.io.capped_read import FileRefused, read_capped
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 OPTIM_TENSORS, TRAIN_STATE = "optimizer.safetensors", "train_state.json"
@@ -33,13 +34,11 @@ def write_json(path: Path, data: dict) -> None:
 
 def read_json(path: Path) -> dict:
     """A JSON object from ``path`` (at most :data:`MAX_JSON_BYTES`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than the {MAX_JSON_BYTES} a JSON file "
-                              "here may have")
-    return parse_json_object(path.read_bytes(), path)
+    try:
+        raw = read_capped(path, MAX_JSON_BYTES)
+    except FileRefused as e:
+        raise CheckpointError(str(e)) from None
+    return parse_json_object(raw, path)
 
 
 def parse_json_object(raw: bytes, source: Path | str) -> dict:

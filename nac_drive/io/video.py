@@ -18,8 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from nac_drive.io.capped_read import read_capped
+
 SUFFIX = ".webm"
 MAX_SIDE = 4096     # as for JPEG frames: a larger claimed picture is refused
+MAX_WEBM_BYTES = 2**30   # read_webm_info's cap unless told another
 MAX_DEPTH = 8       # EBML nesting read (Segment > Cluster > BlockGroup > Block is 4)
 
 # Matroska element ids (with their length marker bits, as they appear in the file)
@@ -103,18 +106,19 @@ def read_webm_info(path: str | os.PathLike, max_bytes: int | None = None) -> Web
     """The video track of a WebM file, read from its EBML structure (nothing is decoded).
 
     Raises ``ValueError`` naming the file if it is not a WebM with one video track, a size
-    runs past its parent or the file, or the picture is larger than ``MAX_SIDE``; a file
-    over ``max_bytes`` is refused before it is read.
+    runs past its parent or the file, or the picture is larger than ``MAX_SIDE``; a file over
+    ``max_bytes`` (default :data:`MAX_WEBM_BYTES`), a FIFO or a device is refused
+    (:func:`~nac_drive.io.capped_read.read_capped`).
     """
-    path = Path(path)
-    size = path.stat().st_size
-    if max_bytes is not None and size > max_bytes:
-        raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} allowed")
-    data = path.read_bytes()
+    return webm_info(read_capped(path, MAX_WEBM_BYTES if max_bytes is None else max_bytes), path)
+
+
+def webm_info(data: bytes, source: str | os.PathLike = "video") -> WebmInfo:
+    """:func:`read_webm_info` of a WebM already read (``source`` names it in errors)."""
     try:
         return _parse(data)
     except ValueError as e:
-        raise ValueError(f"{path}: not a readable WebM video ({e})") from None
+        raise ValueError(f"{source}: not a readable WebM video ({e})") from None
 
 
 def _vint(data: bytes, pos: int, end: int, keep_marker: bool) -> tuple[int, int, bool]:
