@@ -216,6 +216,19 @@ def test_checkpoint_round_trip_and_errors(tmp_path):
         DrivingPolicy.from_pretrained(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("change,message", [
+    ({"frame_dt": 1e308}, r"config.frame_dt: 1e\+308 is out of range \(0, 1\] s"),   # once drove on NaN timestamps
+    ({"core": None}, r"config.core: expected a JSON object, got None"),              # these three: exit 1, a bug
+    ({"core": []}, r"config.core: expected a JSON object, got \[\]"),
+    ({"core": "nac"}, r"config.core: expected a JSON object, got 'nac'")])
+def test_a_config_value_of_the_wrong_kind_or_range_is_refused(tmp_path, change, message):
+    path = policy_for().save_pretrained(tmp_path / "ckpt")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError, match=message):
+        DrivingPolicy.from_pretrained(path)
+
+
 def test_checkpoint_with_nan_weights_is_refused(tmp_path):
     policy = policy_for(core="gru")
     with torch.no_grad():

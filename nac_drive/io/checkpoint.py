@@ -8,7 +8,7 @@ safetensors file plus JSON, so ``--resume`` needs no pickle either.
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +69,13 @@ def dataclass_from_json(cls, data: dict[str, Any], where: str):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         elif isinstance(default, (str, list, dict)):
             ok = isinstance(value, type(default))
-        else:   # None (optional) or a nested dataclass, which checks itself
+        elif is_dataclass(default):   # a nested one: an object, which its own class then checks
+            ok = isinstance(value, dict)
+        else:   # None (optional)
             ok = True
         if not ok:
-            raise ValueError(f"{where}.{name}: expected a {type(default).__name__}, got {value!r}")
+            expected = "JSON object" if is_dataclass(default) else type(default).__name__
+            raise ValueError(f"{where}.{name}: expected a {expected}, got {value!r}")
     return cls(**data)
 
 

@@ -93,8 +93,10 @@ class PolicyConfig:
                 raise ValueError(f"config.{name}: {value} is outside 1..{limit}")
         for name, value in (("frame_dt", config.frame_dt), ("head_dropout", config.head_dropout),
                             ("core.sparsity", config.core.sparsity), ("core.dropout", config.core.dropout)):
-            if not (math.isfinite(value) and (0 < value if name == "frame_dt" else 0 <= value <= 1)):
-                raise ValueError(f"config.{name}: {value} is out of range")
+            # frame_dt: a frame period, (0, 1] s (1e308 once drove on NaN timestamps); the rest fractions
+            if not (math.isfinite(value) and (0 < value <= 1 if name == "frame_dt" else 0 <= value <= 1)):
+                valid = "(0, 1] s" if name == "frame_dt" else "[0, 1]"
+                raise ValueError(f"config.{name}: {value} is out of range {valid}")
         return config
 
 
