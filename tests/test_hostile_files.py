@@ -405,6 +405,23 @@ def test_expert_zip_sizes_are_checked_before_building(tmp_path):
             load_expert_zip(tmp_path / f"{name}.zip")
 
 
+@pytest.mark.parametrize("value,message", [(float("nan"), "contains NaN or inf"), (3e38, "holds 3e\\+38, past the 10000")])
+def test_an_expert_zip_with_non_finite_or_absurd_weights_is_refused(tmp_path, capsys, value, message):
+    # such a zip was once shipped, averaged and collected with, and failed mid-run
+    from nac_drive.agents.ppo_lab.expert_zip import read_tensors
+
+    state = read_tensors(shipped_expert_path(), "policy.pth")
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name] = state[name].clone().fill_(value)
+    raw = io.BytesIO()
+    torch.save(state, raw)
+    rewrite_zip(shipped_expert_path(), tmp_path / "bad.zip", policy__pth=raw.getvalue())
+    with pytest.raises(ValueError, match=rf"bad.zip: policy.pth: {name} {message}"):
+        load_expert_zip(tmp_path / "bad.zip")
+    error = one_line_error(capsys, "expert", "ship", tmp_path / "bad.zip", tmp_path / "shipped.zip")
+    assert name in error and not (tmp_path / "shipped.zip").exists()
+
+
 def test_zip_members_are_capped_before_they_are_inflated(tmp_path):
     # a member that inflates to 65 MiB (of spaces: it compresses to ~64 kB)
     bomb = rewrite_zip(shipped_expert_path(), tmp_path / "bomb.zip", data=b" " * (65 * 2**20))

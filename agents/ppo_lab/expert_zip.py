@@ -24,7 +24,7 @@ import numpy as np
 from nac_drive.agents.ppo_lab.env import Preprocessing
 from nac_drive.fields import in_unit_interval
 from nac_drive.io.atomic import atomic_write
-from nac_drive.io.checkpoint import parse_json_object
+from nac_drive.io.checkpoint import check_values, parse_json_object
 from nac_drive.simulators.carracing import DISCRETE_GAS
 from nac_drive.io.untrusted_zip import ZipMemberError, open_zip, read_member
 
@@ -114,6 +114,7 @@ def load_expert_zip(path: str | Path, gas: float | None = None) -> LoadedPolicy:
     state = read_tensors(path, "policy.pth")
     if not (isinstance(state, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items())):
         raise ValueError(f"{path}: member 'policy.pth' is not a state dict of named tensors")
+    check_values(state, f"{path}: policy.pth")
     try:
         with torch.device("meta"):   # shapes only: a huge net_arch costs nothing here
             skeleton = ActorCriticCnnPolicy(observation_space, action_space, lambda _: 0.0,

@@ -21,6 +21,7 @@ from nac_drive.io.capped_read import FileRefused, read_capped
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 OPTIM_TENSORS, TRAIN_STATE = "optimizer.safetensors", "train_state.json"
+MAX_ABS_WEIGHT = 1e4   # the shipped networks' largest weight is ~1; 3e38 is a crafted or broken file
 MAX_JSON_BYTES = 16 * 2**20   # a config or training state is a few kB; refuse to parse anything near this
 
 
@@ -123,10 +124,23 @@ def load_state_into(module: torch.nn.Module, state: dict[str, torch.Tensor], sou
     """``load_state_dict`` with errors that name the file and the first bad tensor."""
     check_shapes({k: tuple(v.shape) for k, v in module.state_dict().items()},
                  {k: tuple(v.shape) for k, v in state.items()}, source)
-    for name, tensor in state.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise CheckpointError(f"{source}: {name} contains NaN or inf")
+    check_values(state, source)
     module.load_state_dict(state)
+
+
+def check_values(state: dict[str, torch.Tensor], source: Path | str) -> None:
+    """Every floating tensor of ``state`` finite and within :data:`MAX_ABS_WEIGHT`; otherwise a
+    :class:`CheckpointError` naming the file and the first bad tensor (such weights load, then
+    fail or drive on NaN mid-run)."""
+    for name, tensor in state.items():
+        if not tensor.is_floating_point():
+            continue
+        if not torch.isfinite(tensor).all():
+            raise CheckpointError(f"{source}: {name} contains NaN or inf")
+        largest = float(tensor.abs().max()) if tensor.numel() else 0.0
+        if largest > MAX_ABS_WEIGHT:
+            raise CheckpointError(f"{source}: {name} holds {largest:.3g}, past the {MAX_ABS_WEIGHT:g} a trained "
+                                  f"network's weight stays within")
 
 
 def save_model(directory: Path, config: dict[str, Any], module: torch.nn.Module) -> None:
