@@ -361,7 +361,9 @@ def load_episodes(path: str | Path) -> list[Episode]:
     """
     global _last_loaded
     loaded = {}
-    for folder in map(Path.resolve, find_datasets(path)):
+    folders = [folder.resolve() for folder in find_datasets(path)]
+    _refuse_overlapping_shards(folders)
+    for folder in folders:
         stamp = _file_stamp(folder / "data" / "main_data.hdf5")
         kept = _last_loaded.get(folder)
         loaded[folder] = kept if kept is not None and kept[0] == stamp else (stamp, _load_one(folder))
@@ -370,6 +372,22 @@ def load_episodes(path: str | Path) -> list[Episode]:
 
 
 _last_loaded: dict[Path, tuple[tuple, list[Episode]]] = {}   # folder -> (file stamp, its episodes)
+
+
+def _refuse_overlapping_shards(folders: list[Path]) -> None:
+    """:class:`DatasetError` if two shards of one dataset hold a track in common (copied
+    together from runs that collected overlapping seeds): its episodes would be trained on
+    twice, and could be in training and validation at once."""
+    ranges: dict[Path, list[tuple[int, int, Path]]] = {}
+    for folder in folders:
+        match = _SHARD.fullmatch(folder.name)
+        if match:
+            ranges.setdefault(folder.parent, []).append((int(match[1]), int(match[2]), folder))
+    for shards in ranges.values():
+        shards.sort()
+        for (_, last, a), (first, _, b) in zip(shards, shards[1:]):
+            if first <= last:
+                raise DatasetError(f"{b}: holds tracks of {a.name} as well (from {first}); remove one of the two")
 
 
 def _file_stamp(path: Path) -> tuple | None:

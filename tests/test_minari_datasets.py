@@ -246,3 +246,21 @@ def test_claims_of_tracks_refuse_live_overlaps_and_ignore_stale_ones(tmp_path):
     reused.write_text("0\n")   # this process's id, another start time: a previous owner of the id
     with claim_tracks(tmp_path, "d", range(100_000, 100_010)):
         assert not dead.exists() and not reused.exists()
+
+
+def test_shards_of_one_dataset_that_share_tracks_are_refused_when_loaded(tmp_path):
+    """Shards copied together from runs with overlapping seeds would give load_episodes
+    the shared tracks twice (in training and validation at once): refused, naming both."""
+    import shutil
+
+    from nac_drive.data_collection.carracing_dataset import DatasetError
+
+    a = write_dataset(tmp_path / "a", "d", synthetic_episodes(3, 8), "CarRacing-v3", expert="x", description="")
+    later = synthetic_episodes(2, 8)
+    for episode, seed in zip(later, (100_002, 100_003)):
+        episode["seed"] = seed
+    b = write_dataset(tmp_path / "b", "d", later, "CarRacing-v3", expert="x", description="")
+    assert [ep.seed for ep in load_episodes(tmp_path)] == [100_000, 100_001, 100_002, 100_002, 100_003]  # two datasets
+    shutil.copytree(b, a.parent / b.name)
+    with pytest.raises(DatasetError, match=r"seeds-100002-100003-v1: holds tracks of seeds-100000-100002-v1 as well"):
+        load_episodes(tmp_path / "a")
