@@ -7,12 +7,14 @@ tracks (``ROOT`` is ``--out`` of ``nac-drive collect``, Minari's ``MINARI_DATASE
     ROOT/nac_drive/<name>/seeds-<first>-<last>-v1/data/main_data.hdf5   # one HDF5 group per episode
     ROOT/nac_drive/<name>/seeds-<first>-<last>-v1/data/metadata.json
     ROOT/.nac_drive.<name>.seeds-<first>-<last>-v1.<pid>.partial/      # while it is written (never loaded)
+    ROOT/nac_drive/<name>/.claim.seeds-<first>-<last>.<pid>            # while a collect records those tracks
 
 so ``minari.load_dataset("nac_drive/<name>/seeds-<first>-<last>-v1")`` reads a shard.
 Shards are named by their tracks: processes or machines that collect disjoint seed ranges
 of one dataset write shards that never collide, and copying them into one ``ROOT`` joins
 the dataset (:func:`load_episodes` of ``ROOT/nac_drive/<name>`` reads them all). A
-shard whose tracks are already in the dataset is refused. ``-v1`` is the format version
+shard whose tracks are already in the dataset is refused, and so is a collect started
+while another one records some of its tracks (:func:`claim_tracks`). ``-v1`` is the format version
 (``DATASET_VERSION``): the env spec holds the TimeLimit and the wrappers the data was
 recorded through, and the metadata an evaluation env and reference scores.
 
@@ -53,6 +55,8 @@ NAMESPACE = "nac_drive"
 DATASET_VERSION = 1    # v0: no namespace, and an env spec without the TimeLimit
 _NAME = re.compile(r"[-\w]+")
 _SHARD = re.compile(r"seeds-(\d+)-(\d+)-v(\d+)")
+CLAIM = ".claim"       # prefix of the hidden file that holds a range of tracks while a process records them
+_CLAIM = re.compile(r"\.claim\.seeds-(\d+)-(\d+)\.(\d+)")
 
 
 class DatasetError(ValueError):
@@ -127,6 +131,70 @@ def refuse_existing(root: str | Path, name: str, seeds: Sequence[int]) -> Path:
             raise FileExistsError(f"{other}: dataset {name} already holds some of the tracks "
                                   f"{seeds[0]}..{seeds[-1]}; record other seeds or under another name")
     return target
+
+
+@contextlib.contextmanager
+def claim_tracks(root: str | Path, name: str, seeds: Sequence[int]):
+    """Hold the consecutive tracks ``seeds`` of dataset ``name`` while this process records
+    them: ``FileExistsError`` (one line) if a shard of the dataset holds one of them, or a
+    live process's claim does (two collects started at once with overlapping seeds).
+
+    The claim is a hidden file ``<dataset>/.claim.seeds-<first>-<last>.<pid>`` holding the
+    process's start time, made with ``O_EXCL`` while the dataset folder is locked, so of
+    two concurrent collects exactly one wins; it is removed on exit. A claim whose process
+    is gone (killed) is stale: ignored and removed.
+    """
+    import fcntl
+
+    first, last = int(seeds[0]), int(seeds[-1])
+    folder = dataset_folder(root, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = folder / f"{CLAIM}.seeds-{first}-{last}.{os.getpid()}"
+    lock = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released on close, or by the kernel if this process dies
+        refuse_existing(root, name, seeds)
+        for other in sorted(folder.glob(f"{CLAIM}.*")):
+            match = _CLAIM.fullmatch(other.name)
+            if not match:
+                continue
+            if not _claim_alive(other, int(match[3])):
+                other.unlink(missing_ok=True)
+            elif int(match[1]) <= last and first <= int(match[2]):
+                raise FileExistsError(f"{other}: another collect (pid {match[3]}) is recording tracks "
+                                      f"{match[1]}..{match[2]} of dataset {name}, some of {first}..{last}; "
+                                      "record other seeds or under another name")
+        fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{_start_time(os.getpid())}\n")
+    finally:
+        os.close(lock)
+    try:
+        yield mine
+    finally:
+        mine.unlink(missing_ok=True)
+
+
+def _start_time(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot; '' where /proc cannot tell):
+    tells a process from a later one that reuses its id."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rpartition(")")[2].split()[19]
+
+
+def _claim_alive(claim: Path, pid: int) -> bool:
+    """Whether the process that wrote ``claim`` still runs (not a later one with its id)."""
+    if not _running(pid):
+        return False
+    try:
+        started = claim.read_text().strip()
+    except OSError:
+        return False
+    now = _start_time(pid)
+    return not started or not now or started == now
 
 
 def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert: str, description: str,
@@ -293,7 +361,9 @@ def load_episodes(path: str | Path) -> list[Episode]:
     """
     global _last_loaded
     loaded = {}
-    for folder in map(Path.resolve, find_datasets(path)):
+    folders = [folder.resolve() for folder in find_datasets(path)]
+    _refuse_overlapping_shards(folders)
+    for folder in folders:
         stamp = _file_stamp(folder / "data" / "main_data.hdf5")
         kept = _last_loaded.get(folder)
         loaded[folder] = kept if kept is not None and kept[0] == stamp else (stamp, _load_one(folder))
@@ -302,6 +372,22 @@ def load_episodes(path: str | Path) -> list[Episode]:
 
 
 _last_loaded: dict[Path, tuple[tuple, list[Episode]]] = {}   # folder -> (file stamp, its episodes)
+
+
+def _refuse_overlapping_shards(folders: list[Path]) -> None:
+    """:class:`DatasetError` if two shards of one dataset hold a track in common (copied
+    together from runs that collected overlapping seeds): its episodes would be trained on
+    twice, and could be in training and validation at once."""
+    ranges: dict[Path, list[tuple[int, int, Path]]] = {}
+    for folder in folders:
+        match = _SHARD.fullmatch(folder.name)
+        if match:
+            ranges.setdefault(folder.parent, []).append((int(match[1]), int(match[2]), folder))
+    for shards in ranges.values():
+        shards.sort()
+        for (_, last, a), (first, _, b) in zip(shards, shards[1:]):
+            if first <= last:
+                raise DatasetError(f"{b}: holds tracks of {a.name} as well (from {first}); remove one of the two")
 
 
 def _file_stamp(path: Path) -> tuple | None:

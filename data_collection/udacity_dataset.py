@@ -46,7 +46,7 @@ def _times(rows: list[DrivingLogRow]) -> np.ndarray:
 
 def segments_from_log(path: str | os.PathLike, max_gap: float = 0.5) -> list[Segment]:
     """Split one driving_log.csv into segments at time gaps > max_gap s (or going back in time).
-    Every image the log lists must exist (:func:`check_images`)."""
+    Every image the log lists must exist, and belong to one row only (:func:`check_images`)."""
     rows = read_driving_log(path)
     check_images(rows, path)
     if not rows:

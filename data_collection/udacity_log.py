@@ -82,9 +82,11 @@ def timestamp_from_name(path: str | os.PathLike) -> float | None:
     return when.timestamp()
 
 
-def image_name(camera: str, when: _dt.datetime) -> str:
-    """The simulator's image file name, e.g. ``center_2016_12_01_13_30_48_287.jpg``."""
-    return f"{camera}_{when:%Y_%m_%d_%H_%M_%S}_{when.microsecond // 1000:03d}.jpg"
+def image_name(camera: str, when: _dt.datetime, take: int = 1) -> str:
+    """The simulator's image file name, e.g. ``center_2016_12_01_13_30_48_287.jpg``; take
+    k > 1 (a later recording of the same instant in one folder) ends in ``-k``:
+    ``center_2016_12_01_13_30_48_287-2.jpg``."""
+    return f"{camera}_{when:%Y_%m_%d_%H_%M_%S}_{when.microsecond // 1000:03d}{f'-{take}' if take > 1 else ''}.jpg"
 
 
 @dataclass
@@ -229,7 +231,17 @@ def _parse_row(cells: list[str], base: Path, n: int) -> DrivingLogRow:
 def check_images(rows: list[DrivingLogRow], log: str | os.PathLike, shown: int = 3) -> None:
     """Raise :class:`DrivingLogError` if an image the rows name (any camera) is not a file,
     naming the log, how many are missing and the first ``shown`` of them: better now than
-    when a training batch first reaches one."""
+    when a training batch first reaches one; or if two rows name the same image, naming
+    both rows: one frame cannot carry two labels, so a later recording overwrote it."""
+    owner: dict[Path, int] = {}
+    for r in rows:
+        for p in (r.center, r.left, r.right):
+            if p is None:
+                continue
+            first = owner.setdefault(Path(os.path.abspath(p)), r.row)
+            if first != r.row:
+                raise DrivingLogError(f"{log}, row {r.row}: its image {p} is row {first}'s as well (overwritten by a "
+                                      "later recording: its labels no longer match it); record into a new folder")
     listed = [p for r in rows for p in (r.center, r.left, r.right) if p is not None]
     missing = [p for p in listed if not p.is_file()]
     if missing:
@@ -254,9 +266,15 @@ class DrivingLogWriter:
     ``out_dir/driving_log.csv`` (no header, absolute paths, dot decimals) and
     ``out_dir/IMG/<camera>_YYYY_MM_DD_HH_MM_SS_mmm.jpg``. Images are written before their
     row, and each row is written with one ``write`` and flushed, so a process killed at
-    any moment loses at most the row being written and the CSV always parses. Appends to
-    an existing recording. File names get strictly increasing milliseconds even when
-    frames arrive faster than 1 kHz.
+    any moment loses at most the row being written and the CSV always parses. File names
+    get strictly increasing milliseconds even when frames arrive faster than 1 kHz.
+
+    A recording into a folder that holds one appends whole new rows with new files: an
+    image file is only ever created, never opened for writing if it exists (``O_EXCL``).
+    Where the simulator's name is taken (an earlier recording, or a concurrent one, made
+    a frame at that time), this recording takes the name's first free *take*,
+    ``<camera>_YYYY_MM_DD_HH_MM_SS_mmm-<k>.jpg`` (k = 2, 3, ...), and keeps it for its
+    later frames; the time stamp in the name keeps its meaning.
     """
 
     def __init__(self, out_dir: str | os.PathLike):
@@ -266,6 +284,7 @@ class DrivingLogWriter:
         self.csv_path = self.out_dir / "driving_log.csv"
         self._file = open(self.csv_path, "a", encoding="utf-8", newline="")
         self._last: _dt.datetime | None = None
+        self._take = 1   # 1: the simulator's own names; k > 1: names ending in -k
         self.rows = 0
 
     def _stamp(self, when: _dt.datetime | None) -> _dt.datetime:
@@ -280,15 +299,27 @@ class DrivingLogWriter:
         """image: JPEG bytes (written as is) or uint8 RGB array [H, W, 3]."""
         import cv2
 
-        path = self.img_dir / image_name(camera, when)
         if isinstance(image, (bytes, bytearray)):
-            path.write_bytes(image)
+            data = bytes(image)
         else:
             ok, buf = cv2.imencode(".jpg", cv2.cvtColor(np.asarray(image), cv2.COLOR_RGB2BGR))
             if not ok:
                 raise ValueError("cannot encode image as JPEG")
-            path.write_bytes(buf.tobytes())
-        return str(path)
+            data = buf.tobytes()
+        while True:
+            path = self.img_dir / image_name(camera, when, self._take)
+            try:
+                f = open(path, "xb")   # O_EXCL: another recording's frame is never overwritten
+            except FileExistsError:
+                self._take += 1
+                continue
+            try:
+                with f:
+                    f.write(data)
+            except OSError:
+                path.unlink(missing_ok=True)   # no half-written image for a later row to find
+                raise
+            return str(path)
 
     def write(self, center, steering: float, throttle: float, brake: float, speed: float,
               left=None, right=None, when: _dt.datetime | None = None) -> Path:

@@ -218,3 +218,49 @@ def test_an_unchanged_dataset_is_read_once_and_a_rewritten_one_again(tmp_path):
     third = load_episodes(tmp_path)
     assert [len(e) for e in third] == [10, 10, 7]
     assert third[0] is first[0] and third[2] is not second[2]
+
+
+def test_claims_of_tracks_refuse_live_overlaps_and_ignore_stale_ones(tmp_path):
+    """A live claim on some of the tracks refuses a second one; a claim whose process is
+    gone, or whose id a later process reuses (another start time), is stale: removed."""
+    import os
+    import subprocess
+    import sys
+
+    from nac_drive.data_collection.carracing_dataset import claim_tracks, dataset_folder
+
+    folder = dataset_folder(tmp_path, "d")
+    with claim_tracks(tmp_path, "d", range(100_000, 100_010)) as mine:
+        assert mine.name == f".claim.seeds-100000-100009.{os.getpid()}" and mine.is_file()
+        with pytest.raises(FileExistsError, match=rf"another collect \(pid {os.getpid()}\) is recording tracks "
+                                                  r"100000\.\.100009 of dataset d, some of 100009\.\.100012"):
+            with claim_tracks(tmp_path, "d", range(100_009, 100_013)):
+                pass
+        with claim_tracks(tmp_path, "d", range(100_010, 100_013)):   # the next tracks: no overlap
+            assert len(list(folder.glob(".claim.*"))) == 2
+    assert list(folder.glob(".claim.*")) == []
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = folder / f".claim.seeds-100000-100009.{int(gone.stdout)}"
+    dead.write_text("1\n")
+    reused = folder / f".claim.seeds-100005-100005.{os.getpid()}"
+    reused.write_text("0\n")   # this process's id, another start time: a previous owner of the id
+    with claim_tracks(tmp_path, "d", range(100_000, 100_010)):
+        assert not dead.exists() and not reused.exists()
+
+
+def test_shards_of_one_dataset_that_share_tracks_are_refused_when_loaded(tmp_path):
+    """Shards copied together from runs with overlapping seeds would give load_episodes
+    the shared tracks twice (in training and validation at once): refused, naming both."""
+    import shutil
+
+    from nac_drive.data_collection.carracing_dataset import DatasetError
+
+    a = write_dataset(tmp_path / "a", "d", synthetic_episodes(3, 8), "CarRacing-v3", expert="x", description="")
+    later = synthetic_episodes(2, 8)
+    for episode, seed in zip(later, (100_002, 100_003)):
+        episode["seed"] = seed
+    b = write_dataset(tmp_path / "b", "d", later, "CarRacing-v3", expert="x", description="")
+    assert [ep.seed for ep in load_episodes(tmp_path)] == [100_000, 100_001, 100_002, 100_002, 100_003]  # two datasets
+    shutil.copytree(b, a.parent / b.name)
+    with pytest.raises(DatasetError, match=r"seeds-100002-100003-v1: holds tracks of seeds-100000-100002-v1 as well"):
+        load_episodes(tmp_path / "a")

@@ -213,3 +213,37 @@ def test_expert_runs_and_traces_take_new_folders(tmp_path, capsys):
                      "--trace", str(tmp_path / "run"), "--json"]) == 0
         assert json.loads(capsys.readouterr().out.splitlines()[-1])["trace"] == str(tmp_path / name)
     assert load_trace(tmp_path / "run").num_steps == 3 and load_trace(tmp_path / "run-2").num_steps == 5
+
+
+def test_a_collect_overlapping_a_running_one_is_refused_at_start_and_a_killed_ones_claim_is_not(tmp_path, capsys):
+    """Issue 44 item 6: two collects started at once with overlapping seeds into one
+    --out both recorded, and the dataset held the shared tracks twice. Now the second is
+    refused before driving, in one line, leaving nothing; once the first is killed
+    (SIGKILL: its claim stays behind) its claim is stale and the same collect runs."""
+    import time
+
+    from nac_drive.data_collection.carracing_dataset import dataset_folder
+
+    first = subprocess.Popen([sys.executable, "-m", "nac_drive.cli", "collect", "carracing", "--expert",
+                              "teacher-discrete", "--episodes", "40", "--out", str(tmp_path), "--name", "x"],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = dataset_folder(tmp_path, "x")
+    try:
+        deadline = time.monotonic() + 120
+        while not (folder / "namespace_metadata.json").is_file():   # the first is driving
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        second = ["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "2", "--seed", "39",
+                  "--max-steps", "5", "--out", str(tmp_path), "--name", "x"]
+        assert main(second) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"another collect (pid {first.pid}) is recording tracks 100000..100039" in err[0]
+        assert first.poll() is None and sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    finally:
+        first.kill()
+        first.wait()
+    assert [p.name for p in folder.glob(".claim.*")] == [f".claim.seeds-100000-100039.{first.pid}"]
+    assert main(second) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["namespace_metadata.json", "seeds-100039-100040-v1"]
+    assert [ep.seed for ep in load_episodes(folder)] == [100039, 100040]

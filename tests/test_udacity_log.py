@@ -160,3 +160,33 @@ def test_missing_images_are_found_when_the_log_is_loaded(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "4 of the 9 images it lists are missing" in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_two_rows_naming_one_image_are_refused_naming_the_row(tmp_path):
+    """A log whose rows share an image (a later recording overwrote it: one frame, two
+    labels) is refused when loaded, in one line naming the row and the row it repeats."""
+    from nac_drive.data_collection.udacity_dataset import segments_from_log
+
+    imgs = _names(tmp_path, 3)
+    lines = [f"{c},{l},{r},{0.1 * k},0.5,0,20" for k, (c, l, r) in enumerate(imgs)]
+    lines.append(f"{imgs[1][0]},,,-0.4,0.5,0,20")   # row 4: row 2's centre frame, another label
+    (tmp_path / "driving_log.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DrivingLogError) as e:
+        segments_from_log(tmp_path / "driving_log.csv")
+    assert str(e.value).startswith(f"{tmp_path / 'driving_log.csv'}, row 4: its image {imgs[1][0]} is row 2's")
+    assert "\n" not in str(e.value)
+
+
+def test_the_writer_never_overwrites_an_image_it_did_not_write(tmp_path):
+    """An image left at a name (an earlier recording's, or one killed before its row) is
+    kept; the new frame takes the name's next take, the same time stamp."""
+    when = dt.datetime(2026, 3, 4, 5, 6, 7, 891000)
+    taken = _img(tmp_path / "rec" / "IMG" / "center_2026_03_04_05_06_07_891.jpg", 7)
+    before = taken.read_bytes()
+    with DrivingLogWriter(tmp_path / "rec") as w:
+        p0 = w.write(np.zeros((160, 320, 3), np.uint8), 0.5, 0.5, 0.0, 10.0, when=when)
+        p1 = w.write(np.zeros((160, 320, 3), np.uint8), 0.5, 0.5, 0.0, 10.0, when=when)
+    assert taken.read_bytes() == before
+    assert (p0.name, p1.name) == ("center_2026_03_04_05_06_07_891-2.jpg", "center_2026_03_04_05_06_07_892-2.jpg")
+    rows = read_driving_log(tmp_path / "rec" / "driving_log.csv")
+    assert [r.timestamp for r in rows] == pytest.approx([timestamp_from_name(taken), timestamp_from_name(taken) + 0.001])

@@ -106,3 +106,26 @@ def test_emulator_training_recording_three_cameras(tmp_path, capsys):
     frames, times, steer = UdacityWindowDataset(segments_from_log(out / "driving_log.csv"), window=8)[0]
     assert frames.shape == (8, 3, 66, 200) and times[-1] == pytest.approx(7 / 15, abs=0.01)
     assert steer.abs().max() <= 1.0 and steer.tolist() == pytest.approx([r.steering for r in rows[:8]])
+
+
+def test_a_second_recording_into_the_folder_appends_its_own_rows_and_frames(tmp_path, capsys):
+    """Issue 44 item 1: two scripted recordings (other tracks, the same simulated clock)
+    into one folder once shared 30 image names: the second overwrote the first's frames,
+    which kept their labels. Now every row keeps its own frame, as if recorded alone."""
+    def record(out, track):
+        assert cli_main(["collect", "udacity", "--driver", "scripted", "--out", str(out), "--frames", "10",
+                         "--track", track, "--json"]) == 0
+        capsys.readouterr()
+        return read_driving_log(out / "driving_log.csv")
+
+    alone = record(tmp_path / "lakeside", "lakeside") + record(tmp_path / "canyon", "canyon")
+    record(tmp_path / "both", "lakeside")
+    both = record(tmp_path / "both", "canyon")
+    images = [p for r in both for p in (r.center, r.left, r.right)]
+    assert len(both) == 20 and len(set(images)) == 60 and len(list((tmp_path / "both" / "IMG").iterdir())) == 60
+    for row, ref in zip(both, alone):   # the label and the frame of each row are those of its own recording
+        assert (row.steering, row.speed, row.timestamp) == (ref.steering, ref.speed, ref.timestamp)
+        assert [p.read_bytes() for p in (row.center, row.left, row.right)] == \
+               [p.read_bytes() for p in (ref.center, ref.left, ref.right)]
+    assert both[10].center.name == alone[10].center.name.replace(".jpg", "-2.jpg")
+    assert [len(s.rows) for s in segments_from_log(tmp_path / "both" / "driving_log.csv")] == [10, 10]

@@ -37,8 +37,8 @@ def collect_carracing(args: CollectArgs, progress: bool = True):
     (dataset folder, EpisodeResults over all tracks in seed order). ``gas``: the teacher's or
     random actions' (see :func:`~nac_drive.agents.experts.load_expert`)."""
     from nac_drive.agents.experts import load_expert
-    from nac_drive.data_collection.carracing_dataset import (dataset_folder, ensure_namespace, refuse_existing,
-                                                             refuse_other_gas)
+    from nac_drive.data_collection.carracing_dataset import (claim_tracks, dataset_folder, ensure_namespace,
+                                                             refuse_existing, refuse_other_gas)
     from nac_drive.pipeline.processes import drive_in_processes, split_runs
     from nac_drive.simulators.carracing import COLLECT_SEED_BASE, EpisodeResults, actor_gas
 
@@ -48,11 +48,12 @@ def collect_carracing(args: CollectArgs, progress: bool = True):
     for run in runs:   # before driving: a shard that is taken would waste the collection
         refuse_existing(args.out, name, run)
     refuse_other_gas(dataset_folder(args.out, name), actor_gas(actor), "--name")
-    ensure_namespace(args.out, name)
     results = EpisodeResults()
-    for part in drive_in_processes(_collect_shard, runs, progress, expert=args.expert, out=args.out, name=name,
-                                   max_steps=args.max_steps, gas=args.gas):
-        results.extend(part)
+    with claim_tracks(args.out, name, [seed for run in runs for seed in run]):   # a concurrent collect: refused
+        ensure_namespace(args.out, name)
+        for part in drive_in_processes(_collect_shard, runs, progress, expert=args.expert, out=args.out, name=name,
+                                       max_steps=args.max_steps, gas=args.gas):
+            results.extend(part)
     return dataset_folder(args.out, name), results
 
 

@@ -18,7 +18,8 @@ The dataset ``--name`` is a Minari namespace ``nac_drive/<name>`` of shards, one
 worker, each named by its tracks (``seeds-<first>-<last>-v1``). Machines that collect
 other ``--seed`` ranges under the same name write shards that never collide: copy their
 ``nac_drive/<name>`` folders into one and train on it. A shard whose tracks are already
-in the dataset is refused before driving.
+in the dataset is refused before driving, and so is a collect started while another one
+records some of its tracks into the same ``--out`` and ``--name``.
 """
 
 from __future__ import annotations
