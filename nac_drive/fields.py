@@ -16,6 +16,11 @@ from typing import Any
 
 BOUNDS = ("min", "max", "above", "below")
 REQUIRED = dataclasses.MISSING   # arg(REQUIRED, ...): a field without a default (a required flag)
+# Caps checked before any work or allocation (--episodes 1e9 once took 23 GB before failing; a seed of
+# 10**30 reached HDF5, which stores int64): a run drives at most MAX_EPISODES tracks, and seeds and
+# track numbers stay below MAX_SEED, inside every library's seed range and int32 with room to add.
+MAX_EPISODES = 100_000
+MAX_SEED = 10**9
 
 
 def check_number(value: float, *, min=None, max=None, above=None, below=None) -> str | None:

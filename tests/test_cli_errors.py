@@ -72,6 +72,14 @@ NONSENSE = [
     (["sim", "udacity-emulator", "--timeout", "0"], "--timeout: must be > 0"),
     (["sim", "udacity-emulator", "--port", "abc"], "--port: expected an integer, got 'abc'"),
     (["sim", "udacity-emulator", "--laps", "inf"], "--laps: must be a finite number"),
+    # caps checked before any work: --episodes 1e9 once allocated 23 GB (dagger) before failing, a seed of
+    # 10**30 reached HDF5 (exit 1 after a folder was made), --speed 1e308 went to the car
+    (["collect", "carracing", "--episodes", "1000000000"], "--episodes: must be <= 100000"),
+    (["collect", "carracing", "--seed", str(10**30)], "--seed: must be <= 1000000000"),
+    (["dagger", "--policy", MISSING, "--episodes", "1000000000"], "--episodes: must be <= 100000"),
+    (["train", "--seed", str(10**10)], "--seed: must be <= 1000000000"),
+    (["expert", "kickstart", "--episodes", "1000000000"], "--episodes: must be <= 100000"),
+    (["collect", "udacity", "--driver", "scripted", "--out", MISSING, "--speed", "1e308"], "--speed: must be <= 30"),
 ]
 
 

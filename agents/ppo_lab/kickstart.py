@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from nac_drive.agents.ppo_lab.training_args import FRAME_STACK
-from nac_drive.fields import arg, check_fields
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import COLLECT_SEED_BASE, DISCRETE_GAS, MAX_EPISODE_FRAMES
 
 TRACKS_BASE = 10_000        # kickstart tracks: TRACKS_BASE + TRACKS_PER_SEED * seed + i
@@ -60,7 +60,7 @@ class KickstartArgs:
                                    f"env through DiscreteActions); the zip records it", above=0, max=1)
     head_units: int = arg(256, "units of the hidden layer of the policy and value heads", min=1, max=4096)
     rounds: int = arg(8, "DAgger rounds (drive, label, aggregate, fit)", min=1)
-    episodes: int = arg(4, "episodes driven per round", min=1)
+    episodes: int = arg(4, "episodes driven per round", min=1, max=MAX_EPISODES)
     max_frames: int = arg(MAX_EPISODE_FRAMES, "cap each driven episode at this many env frames", min=1,
                           max=MAX_EPISODE_FRAMES)
     beta0: float = arg(1.0, "round 0: chance per decision that the teacher's action is executed instead of "
@@ -75,16 +75,18 @@ class KickstartArgs:
     learning_rate: float = arg(3e-4, "Adam learning rate of the fit", above=0)
     max_samples: int = arg(100_000, "keep at most this many labelled decisions (the oldest go first; "
                                     "8 kB each)", min=1)
-    value_episodes: int = arg(4, "episodes the kept policy drives to warm up the value head (0: skip)", min=0)
+    value_episodes: int = arg(4, "episodes the kept policy drives to warm up the value head (0: skip)", min=0,
+                              max=MAX_EPISODES)
     value_epochs: int = arg(10, "passes of the value head's fit", min=1)
     gamma: float = arg(0.99, "discount per decision of the PPO run that will continue from the zip "
                              "(the value head is fitted with it; the zip records it and `expert train "
                              "--init-from` trains with it)", above=0, max=1)
     seed: int = arg(0, "seed of the tracks driven, the network's init and the fit's shuffling", min=0,
                     max=(COLLECT_SEED_BASE - TRACKS_BASE) // TRACKS_PER_SEED - 1)
-    eval_episodes: int = arg(8, "validation tracks scored after each round (0: keep the last round)", min=0)
+    eval_episodes: int = arg(8, "validation tracks scored after each round (0: keep the last round)", min=0,
+                             max=MAX_EPISODES)
     eval_seed: int = arg(50_000, "seed of the first validation track (training range, clear of the "
-                                 "kickstart tracks)", min=0)
+                                 "kickstart tracks)", min=0, max=MAX_SEED)
     progress_bar: bool = arg(True, "show progress bars")
 
     def __post_init__(self):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nac_drive.fields import arg, check_fields
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import DISCRETE_GAS, EXPERT_TRAIN_SEED_BASE
 
 ACTION_REPEAT = 4
@@ -24,7 +24,7 @@ class ExpertTrainArgs:
         False, "train on continuous actions (steer, gas, brake) instead of the 5 discrete ones")
     total_frames: int = arg(1_000_000, "env frames to train for (agent steps x action_repeat)", min=1)
     seed: int = arg(EXPERT_TRAIN_SEED_BASE,
-                     "seed of the training tracks, the network init and PPO's sampling", min=0)
+                     "seed of the training tracks, the network init and PPO's sampling", min=0, max=MAX_SEED)
     n_envs: int = arg(2, "parallel SubprocVecEnv workers (one per core)", min=1)
     update_threads: int = arg(0, "torch threads of the PPO update between rollouts, while the workers wait "
                                  "(0: every core; rollouts always use one)", min=0)
@@ -59,9 +59,9 @@ class ExpertTrainArgs:
     eval_every_frames: int = arg(50_000, "evaluate the policy every this many training frames", min=1)
     keep_evaluated: bool = arg(
         True, "keep every evaluated checkpoint as evaluated/frames_<N>.zip (to compare on more tracks later)")
-    eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)", min=1)
+    eval_episodes: int = arg(8, "validation tracks per evaluation (fixed seeds)", min=1, max=MAX_EPISODES)
     eval_seed: int = arg(EXPERT_TRAIN_SEED_BASE + 50_000,
-                          "seed of the validation tracks (inside the training seed range)", min=0)
+                          "seed of the validation tracks (inside the training seed range)", min=0, max=MAX_SEED)
     skip_render: bool = arg(
         True, "do not draw the frames the agent never sees (same observations, ~3x faster)")
     progress_bar: bool = arg(True, "show a progress bar")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nac_drive.fields import arg, check_fields
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 
 
 @dataclass
@@ -19,8 +19,8 @@ class CollectArgs:
     """Arguments of ``nac-drive collect carracing``."""
 
     expert: str = arg("ppo", "'ppo' (the shipped PPO expert), a PPO zip path, 'teacher' or 'teacher-discrete'")
-    episodes: int = arg(20, "episodes (one track each)", min=1)
-    seed: int = arg(0, "first track is 100000 + SEED", min=0)
+    episodes: int = arg(20, "episodes (one track each)", min=1, max=MAX_EPISODES)
+    seed: int = arg(0, "first track is 100000 + SEED", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
     gas: float | None = arg(None, "teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
                                   "gymnasium's discrete env); a PPO zip records its own", above=0, max=1)

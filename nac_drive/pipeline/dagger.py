@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from nac_drive.fields import REQUIRED, arg, check_fields
+from nac_drive.fields import MAX_EPISODES, REQUIRED, arg, check_fields
 from nac_drive.pipeline.train_args import TrainArgs
 from nac_drive.policy.tasks import DISCRETE_GAS
 
@@ -38,7 +38,7 @@ class DaggerArgs:
 
     policy: str = arg(REQUIRED, "checkpoint folder to start from")
     rounds: int = arg(3, "DAgger rounds", min=1)
-    episodes: int = arg(5, "student episodes per round", min=1)
+    episodes: int = arg(5, "student episodes per round", min=1, max=MAX_EPISODES)
     max_steps: int | None = arg(None, "cap each student episode (env frames)", min=1)
     disturb_rate: float = arg(0.0, "chance per undisturbed frame that a burst of one random action replaces the "
                                    "student's, so the teacher labels recoveries (after DART; 0: none)", min=0, max=1)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nac_drive.fields import arg, check_fields
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
 from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
@@ -53,10 +53,11 @@ class ExplainArgs:
                                    "policy of --task)")
     task: str | None = arg(None, "explain the shipped policy of this task (default carracing); with --policy it "
                                  "must agree", choices=tuple(DRIVE_KEYS))
-    episodes: int = arg(3, "held-out tracks driven with a trace", min=1)
+    episodes: int = arg(3, "held-out tracks driven with a trace", min=1, max=MAX_EPISODES)
     out: str = arg("runs/explain", "run folder for trace.npz and explain.json (RUN_DIR-2, -3, ... if RUN_DIR "
                                    "exists)", metavar="RUN_DIR")
-    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (Udacity: the emulator track random-<seed>)", min=0)
+    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (Udacity: the emulator track random-<seed>)", min=0,
+                         max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000; Udacity: frames per track, 15 a "
                                       "second)", min=1)
     speed: float | None = arg(None, "Udacity only: the set speed in mph of the bridge's speed controller "
@@ -75,7 +76,7 @@ class ExplainArgs:
     window_method: str = arg("integrated_gradients", "how each window frame's share of a decision is computed "
                                                      "('none': skip it)",
                              choices=("integrated_gradients", "ablation", "none"), group=MEASURES)
-    seed: int = arg(0, "seed of the random neurons and of the random maps", min=0, group=MEASURES)
+    seed: int = arg(0, "seed of the random neurons and of the random maps", min=0, group=MEASURES, max=MAX_SEED)
 
     def __post_init__(self):
         check_fields(self)

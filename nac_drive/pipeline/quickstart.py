@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from nac_drive.fields import arg, check_fields, flag_name
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields, flag_name
 from nac_drive.pipeline.processes import process_pool
 
 VIDEO = "drive.webm"
@@ -65,7 +65,8 @@ class QuickstartArgs:
 
     out: str = arg("runs/quickstart", "output folder (<out>-2, -3, ... if it exists)")
     episodes: int | None = arg(None, "held-out tracks to drive and score (default: 3; with --full the budget's, "
-                                     "20 for 'standard' so the share of the expert is not 3 tracks' luck)", min=1)
+                                     "20 for 'standard' so the share of the expert is not 3 tracks' luck)", min=1,
+                                 max=MAX_EPISODES)
     recorded: int = arg(3, "of the driven tracks, the first this many go into the video, traces, Grad-CAM "
                            "overlays and dashboard", min=1)
     max_steps: int | None = arg(None, "cap every episode, driven or collected (env frames; default the env's 1000)",
@@ -77,14 +78,15 @@ class QuickstartArgs:
                                   "fine-tuning sizes come from the budget alone)", choices=tuple(BUDGETS), group=FULL)
     expert: str = arg("ppo", "expert that demonstrates and labels (ppo, teacher, teacher-discrete or a "
                              "PPO zip)", group=FULL)
-    collect_episodes: int | None = arg(None, "demonstration episodes (default: the budget's)", min=1, group=FULL)
+    collect_episodes: int | None = arg(None, "demonstration episodes (default: the budget's)", min=1,
+                                       max=MAX_EPISODES, group=FULL)
     core: str = arg("nac", "temporal core (nac, lstm, gru, cfc, ltc, mha)", group=FULL)
     epochs: int | None = arg(None, "behaviour-cloning epochs (default: the budget's)", min=1, group=FULL)
     windows_per_epoch: int | None = arg(None, "windows per epoch, 0: all (default: the budget's)", min=0, group=FULL)
     dagger_rounds: int | None = arg(None, "DAgger rounds, 0: none (default: the budget's)", min=0, group=FULL)
     disturb_rate: float = arg(0.02, "chance per frame of a random-action burst in DAgger", min=0, max=1, group=FULL)
     disturb_frames: int = arg(8, "frames per burst", min=1, group=FULL)
-    seed: int = arg(0, "seed of collection, training and DAgger", min=0, group=FULL)
+    seed: int = arg(0, "seed of collection, training and DAgger", min=0, group=FULL, max=MAX_SEED)
 
     def __post_init__(self):
         check_fields(self)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nac_drive.fields import arg, check_fields
+from nac_drive.fields import MAX_SEED, arg, check_fields
 
 CLASS_WEIGHTINGS = ("none", "balanced")
 # The architecture flags each temporal core of nac_drive.policy.cores reads besides --window and
@@ -33,7 +33,7 @@ class TrainArgs:
     core: str = arg("nac", 'temporal core: nac, lstm, gru, cfc, ltc or mha.', choices=tuple(CORE_FIELDS))
     window: int = arg(16, "frames per training window (and the policy's causal window when driving).", min=1)
     epochs: int = arg(10, 'passes over --windows-per-epoch sampled windows.', min=1)
-    seed: int = arg(0, 'seeds the split, sampling, dropout and initialisation.', min=0)
+    seed: int = arg(0, 'seeds the split, sampling, dropout and initialisation.', min=0, max=MAX_SEED)
     init_from: str = arg("", 'start from this checkpoint folder\'s weights and architecture (fine-tuning).')
     resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
     progress: bool = arg(True, 'show a progress bar.')

@@ -28,7 +28,7 @@ import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from nac_drive.fields import REQUIRED, arg, check_fields
+from nac_drive.fields import MAX_SEED, REQUIRED, arg, check_fields
 
 HUMAN, SCRIPTED = "--driver human", "--driver scripted"
 
@@ -48,9 +48,9 @@ class CollectUdacityArgs:
     exit_on_disconnect: bool = arg(False, "stop when the simulator disconnects", group=HUMAN)
     track: str = arg("lakeside", "gentle, lakeside, serpentine, canyon, or random-<seed>", group=SCRIPTED)
     frames: int = arg(1000, "frames to record", min=1, group=SCRIPTED)
-    seed: int = arg(0, "start position and steering noise", min=0, group=SCRIPTED)
+    seed: int = arg(0, "start position and steering noise", min=0, group=SCRIPTED, max=MAX_SEED)
     noise: float = arg(0.3, "steering noise of the scripted driver", min=0, group=SCRIPTED)
-    speed: float = arg(9.0, "target speed, mph", above=0, group=SCRIPTED)
+    speed: float = arg(9.0, "target speed, mph", above=0, max=30, group=SCRIPTED)   # 30: the simulator's top speed
     progress: bool | None = arg(None, "show the frames recorded on stderr (default: when stderr is a terminal)",
                                 group=SCRIPTED)
 
