@@ -181,12 +181,13 @@ def _compare(namespace: argparse.Namespace) -> int:
 def _eval(namespace: argparse.Namespace) -> int:
     from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.evaluate import ExpertEvalArgs, evaluate_expert
+    from nac_drive.simulators.perturbations import perturbation_record
 
-    output = from_namespace(JsonOutput, namespace)
-    name, results = evaluate_expert(from_namespace(ExpertEvalArgs, namespace), progress=not output.json)
+    output, args = from_namespace(JsonOutput, namespace), from_namespace(ExpertEvalArgs, namespace)
+    name, results = evaluate_expert(args, progress=not output.json)
     for seed, ret, n, lap in zip(results.seeds, results.returns, results.lengths, results.laps):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}  lap {'yes' if lap else 'no'}")
     print(f"{name}: {results.format()}")
     if output.json:
-        print(json.dumps({**results.summary(), "expert": name}))
+        print(json.dumps({**results.summary(), "expert": name, "perturbation": perturbation_record(args.perturb)}))
     return 0
