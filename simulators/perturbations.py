@@ -1,31 +1,29 @@
 """Perturbed CarRacing: what the frames look like to an actor tested, without retraining, on
 a changed env (after AttentionAgent's CarRacing variants, Tang, Nguyen & Ha 2020).
 
-``--perturb NAME[=LEVEL]`` of ``drive carracing`` and ``expert eval`` names one:
+``--perturb NAME[=LEVEL]`` of ``drive carracing`` and ``expert eval`` names one (the
+default level, the valid levels):
 
-==================  ===========================================================  =========  ===========
-name                what changes                                                  default    levels
-==================  ===========================================================  =========  ===========
-``colour``          the background and grass colours, every channel shifted by    -51        -255..255
-                    LEVEL (0-255 units, clipped); the road, the car and the
-                    indicator bar keep theirs (CarRacingColor-v0's largest shift,
-                    0.2 of full scale, darker)
-``side-bars``       vertical black bars LEVEL pixels wide at both sides of the    7          1..47
-                    96-pixel frame (CarRacingBar-v0's 3/40 of the width)
-``noise``           Gaussian pixel noise, std LEVEL in 0-255 units, per pixel     25         1..255
-                    and channel, every frame (rounded, clipped)
-``occlusion``       a LEVEL x LEVEL patch of CarRacingBlob-v0's red (204, 0, 0)   16         1..84
-                    at a place drawn per episode above the indicator bar
-``domain-randomize`` gymnasium's own ``domain_randomize=True``: road, background  (none)     (none)
-                    and grass colours drawn anew at every reset
-==================  ===========================================================  =========  ===========
+- ``colour`` (-51; -255..255): the background and grass colours, every channel shifted by
+  LEVEL in 0-255 units (clipped); the road, the car and the indicator bar keep theirs
+  (CarRacingColor-v0's largest shift, 0.2 of full scale, here darker).
+- ``side-bars`` (7; 1..47): vertical black bars LEVEL pixels wide at both sides of the
+  96-pixel frame (CarRacingBar-v0's 3/40 of the width).
+- ``noise`` (25; 1..255): Gaussian noise of std LEVEL in 0-255 units on every pixel and
+  channel of every frame (rounded, clipped).
+- ``occlusion`` (16; 1..84): a LEVEL x LEVEL patch of CarRacingBlob-v0's red (204, 0, 0),
+  placed once per episode above the indicator bar.
+- ``domain-randomize`` (no level): gymnasium's own ``domain_randomize=True``, the road,
+  background and grass colours drawn anew at every reset.
 
 The colour shift changes the env's own colours (``bg_color``, ``grass_color``) before each
 reset draws its first frame, so only the grass is recoloured; the bars, the noise and the
 patch are observation transforms of the RGB frame ``uint8 [96, 96, 3]``. Noise and the
 patch's place come from a stream seeded by the episode's reset seed, so an episode is
-reproducible. Every wrapper records its arguments, so ``gymnasium.make(env.spec)`` rebuilds
-the perturbed env. :func:`apply_perturbation` is the one way callers perturb an env.
+reproducible. gymnasium draws domain-randomize's colours from the generator that then draws
+the track, so under it a seed gives another track than in the plain env. Every wrapper
+records its arguments, so ``gymnasium.make(env.spec)`` rebuilds the perturbed env;
+:func:`apply_perturbation` is the one way callers perturb an env.
 """
 
 from __future__ import annotations
