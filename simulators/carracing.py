@@ -92,6 +92,7 @@ def make_carracing(
     domain_randomize: bool = False,
     lap_complete_percent: float = 0.95,
     gas: float = DISCRETE_GAS,
+    perturb: str | None = None,
 ) -> gym.Env:
     """Create CarRacing-v3.
 
@@ -101,7 +102,11 @@ def make_carracing(
     raw RGB frames, ``uint8 [96, 96, 3]``, the stock env's pixels drawn ~2x faster
     (:func:`~nac_drive.simulators.road_drawing.draw_road_vectorised`). ``gas`` other than ``DISCRETE_GAS``: the 5
     discrete actions with that GAS (:class:`DiscreteActions` on the continuous env).
+    ``perturb``: ``NAME[=LEVEL]``, the env under that perturbation
+    (:mod:`~nac_drive.simulators.perturbations`).
     """
+    from nac_drive.simulators.perturbations import apply_perturbation, randomizes_domain
+
     if render_mode == "human":
         # CarRacing blits pygame surfaces: an OpenGL-backed window buys nothing, and Mesa's
         # driver would put its libLLVM in the global namespace, where a later `import triton`
@@ -115,13 +120,14 @@ def make_carracing(
         continuous=continuous or other_gas,
         render_mode=render_mode,
         max_episode_steps=max_episode_steps,
-        domain_randomize=domain_randomize,
+        domain_randomize=domain_randomize or randomizes_domain(perturb),
         lap_complete_percent=lap_complete_percent,
         disable_env_checker=True,  # a stock env; the checker also rejects skipped frames
     )
     draw_road_vectorised(env)
     if other_gas:
         env = DiscreteActions(env, gas)
+    env = apply_perturbation(env, perturb)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
@@ -354,6 +360,7 @@ def run_episodes(
     env: gym.Env | None = None,
     progress: bool | str = False,
     gas: float | None = None,
+    perturb: str | None = None,
 ) -> EpisodeResults:
     """Drive ``actor`` for one episode per seed and collect the results.
 
@@ -363,12 +370,15 @@ def run_episodes(
     one video frame per env frame, upscaled ``VIDEO_SCALE`` times). ``env`` reuses an
     existing env (its ``continuous`` must match). ``progress``: show a progress bar (a
     string: labelled with it). ``gas``: see :func:`make_carracing` (default: the actor's own,
-    :func:`actor_gas`).
+    :func:`actor_gas`). ``perturb``: the perturbation every actor drives under (see
+    :func:`make_carracing`; the video shows the frames as perturbed).
     """
     own_env = env is None
+    if not own_env and perturb is not None:
+        raise ValueError("run_episodes: give the perturbation to the env you pass (make_carracing(perturb=...))")
     if own_env:
         env = make_carracing(continuous=continuous, render_mode=render_mode,
-                             gas=actor_gas(actor) if gas is None else gas)
+                             gas=actor_gas(actor) if gas is None else gas, perturb=perturb)
     writer = WebmWriter(video_path, FPS, scale=VIDEO_SCALE) if video_path else None
     results = EpisodeResults()
     bar = None

@@ -27,6 +27,7 @@ from nac_drive.simulators.carracing import (
     DiscreteActions,
     make_carracing,
 )
+from nac_drive.simulators.perturbations import ColourShift, Occlusion, PixelNoise, SideBars
 from nac_drive.simulators.udacity_env import SpeedControl
 
 # Each project wrapper around the env it serves, with arguments that make it act.
@@ -39,6 +40,10 @@ WRAPPED = {
     NegativeRewardTruncation: lambda: NegativeRewardTruncation(make_carracing(continuous=True), patience=2),
     RecordEpisodes: lambda: RecordEpisodes(make_carracing(), fps=50),
     TeacherLabels: lambda: TeacherLabels(make_carracing()),
+    ColourShift: lambda: ColourShift(make_carracing(), shift=40),
+    SideBars: lambda: SideBars(make_carracing(), width=5),
+    PixelNoise: lambda: PixelNoise(make_carracing(), std=10),
+    Occlusion: lambda: Occlusion(make_carracing(), size=8),
     SpeedControl: lambda: SpeedControl(gym.make("nac_drive/UdacityEmulator-v0", track="gentle"), speed_mph=12.0),
 }
 STACKS = {**{cls.__name__: make for cls, make in WRAPPED.items()},

@@ -17,6 +17,7 @@ import numpy as np
 
 from nac_drive.fields import arg, check_fields
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
+from nac_drive.simulators.perturbations import check_perturb_flag, perturb_arg, perturbation_record
 
 UDACITY_FRAMES = 1000   # frames per emulator track: ~67 s at its 15 Hz, ~270 m at 9 mph (under a lap)
 UDACITY_SPEED = 9.0     # mph: the set speed of `nac-drive drive udacity`
@@ -35,9 +36,11 @@ class DriveArgs:
                             metavar="WEBM")
     trace: str | None = arg(None, "record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz "
                                   "(RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
+    perturb: str | None = perturb_arg()
 
     def __post_init__(self):
         check_fields(self)
+        check_perturb_flag(self.perturb)
 
 
 def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: bool = True,
@@ -74,7 +77,8 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
     if recorder is not None:
         recorder.metadata["laps"] = summary["laps"][:len(summary["laps"]) if recorded is None else recorded]
         recorder.save()   # the laps of the traced episodes: the dashboard's episode table shows them
-    summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core)
+    summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core,
+                   perturbation=perturbation_record(args.perturb))
     if trace_dir is not None:
         summary["trace"] = str(trace_dir)
     if view is not None:
@@ -91,7 +95,7 @@ def _drive_and_score(policy, driver, args: DriveArgs, progress: bool, recorded: 
     first = len(seeds) if recorded is None else recorded
     shown, scored_only = seeds[:first], seeds[first:]
     drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=args.max_steps,
-                    render_mode=args.render)
+                    render_mode=args.render, perturb=args.perturb)
     results = drive(driver, shown, on_step=driver.on_step, video_path=args.video,
                     progress=progress and ("recorded episodes" if scored_only else "episodes"))
     if scored_only:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from nac_drive.fields import REQUIRED, arg, check_fields
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
+from nac_drive.simulators.perturbations import check_perturb_flag, perturb_arg
 
 
 @dataclass
@@ -23,9 +24,11 @@ class ExpertEvalArgs:
                                   "gymnasium's discrete env); a PPO zip drives with the gas its zip records "
                                   "('compare --gas' drives it with another)", above=0, max=1)
     video: str | None = arg(None, "write the episodes to a WebM (VP9) video", metavar="WEBM")
+    perturb: str | None = perturb_arg()
 
     def __post_init__(self):
         check_fields(self)
+        check_perturb_flag(self.perturb)
 
 
 @dataclass
@@ -54,7 +57,7 @@ def evaluate_expert(args: ExpertEvalArgs, progress: bool = True):
     actor, continuous = load_expert(args.expert, gas=args.gas)
     seeds = eval_seeds(args.episodes, base=args.seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps, video_path=args.video,
-                           progress=progress)
+                           progress=progress, perturb=args.perturb)
     return actor.name, results
 
 

@@ -1,6 +1,6 @@
 """``nac-drive drive``: run a trained policy closed-loop.
 
-    nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--json]
+    nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--perturb NAME[=LEVEL]] [--json]
     nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
 
 Either can be watched live in Rerun: ``--rerun`` starts a Rerun viewer, ``--rerun run.rrd``

@@ -3,7 +3,7 @@
     nac-drive expert train [--continuous] [--total-frames N] [--seed S] [--out DIR] ...
     nac-drive expert kickstart [--rounds 8] [--episodes 4] [--action-repeat 1] ...
     nac-drive expert resume RUN_DIR [--total-frames N]
-    nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--gas G] [--json]
+    nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--gas G] [--perturb NAME[=LEVEL]] [--json]
     nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--gas G] [--json]
     nac-drive expert ship ZIP [ZIP ...] OUT [--gas G]
 
@@ -181,12 +181,13 @@ def _compare(namespace: argparse.Namespace) -> int:
 def _eval(namespace: argparse.Namespace) -> int:
     from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.evaluate import ExpertEvalArgs, evaluate_expert
+    from nac_drive.simulators.perturbations import perturbation_record
 
-    output = from_namespace(JsonOutput, namespace)
-    name, results = evaluate_expert(from_namespace(ExpertEvalArgs, namespace), progress=not output.json)
+    output, args = from_namespace(JsonOutput, namespace), from_namespace(ExpertEvalArgs, namespace)
+    name, results = evaluate_expert(args, progress=not output.json)
     for seed, ret, n, lap in zip(results.seeds, results.returns, results.lengths, results.laps):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}  lap {'yes' if lap else 'no'}")
     print(f"{name}: {results.format()}")
     if output.json:
-        print(json.dumps({**results.summary(), "expert": name}))
+        print(json.dumps({**results.summary(), "expert": name, "perturbation": perturbation_record(args.perturb)}))
     return 0
