@@ -15,7 +15,7 @@ from functools import partial
 
 import numpy as np
 
-from nac_drive.fields import arg, check_fields
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
 from nac_drive.simulators.perturbations import check_perturb_flag, perturb_arg, perturbation_record
 
@@ -28,8 +28,8 @@ class DriveArgs:
     """Arguments of ``nac-drive drive carracing``."""
 
     policy: str | None = arg(None, "checkpoint folder (default: the shipped CNN+NAC policy)")
-    episodes: int = arg(20, "number of tracks", min=1)
-    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track", min=0)
+    episodes: int = arg(20, "number of tracks", min=1, max=MAX_EPISODES)
+    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
     render: str | None = arg(None, "show a window while driving", choices=("human",))
     video: str | None = arg(None, "write the episodes to a WebM (VP9) video, which browsers and the dashboard play",
@@ -324,7 +324,7 @@ class DriveUdacityArgs:
     policy: str | None = arg(None, "checkpoint folder of a Udacity policy (default: the shipped PilotNet+NAC policy)")
     host: str = arg("127.0.0.1", "address to bind (the simulator connects to it)")
     port: int = arg(4567, "port the simulator connects to", min=1, max=65535)
-    speed: float = arg(UDACITY_SPEED, "set speed for the PI throttle controller (mph)", above=0)
+    speed: float = arg(UDACITY_SPEED, "set speed for the PI throttle controller (mph)", above=0, max=30)   # top speed
     record: str | None = arg(None, "also record driving_log.csv + IMG/ to DIR", metavar="DIR")
     trace: str | None = arg(None, "record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard; "
                                   "RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nac_drive.fields import REQUIRED, arg, check_fields
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 from nac_drive.simulators.perturbations import check_perturb_flag, perturb_arg
 
@@ -17,8 +17,9 @@ class ExpertEvalArgs:
 
     expert: str | None = arg(None, "SB3 zip of a PPO expert, 'teacher' (privileged, continuous), "
                                    "'teacher-discrete', 'random' or 'random-discrete'; default: the shipped PPO expert")
-    episodes: int = arg(20, "number of tracks", min=1)
-    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (held-out tracks start at 900000)", min=0)
+    episodes: int = arg(20, "number of tracks", min=1, max=MAX_EPISODES)
+    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (held-out tracks start at 900000)", min=0,
+                         max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode at this many env frames (default: the env's 1000)", min=1)
     gas: float | None = arg(None, "teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
                                   "gymnasium's discrete env); a PPO zip drives with the gas its zip records "
@@ -36,9 +37,9 @@ class ExpertCompareArgs:
     """Arguments of ``nac-drive expert compare``."""
 
     zips: list[str] = arg(REQUIRED, "SB3 zips of PPO experts", positional=True, metavar="ZIP")
-    episodes: int = arg(20, "number of tracks", min=1)
+    episodes: int = arg(20, "number of tracks", min=1, max=MAX_EPISODES)
     seed_base: int = arg(70_000, "seed of the first track (inside the expert training range, clear of its "
-                                 "training and validation tracks)", min=0)
+                                 "training and validation tracks)", min=0, max=MAX_SEED)
     gas: float | None = arg(None, "drive every zip with the GAS action pressing this instead of the gas its zip "
                                   "records (discrete experts; see 'ship --gas')", above=0, max=1)
 
