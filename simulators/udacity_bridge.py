@@ -227,6 +227,7 @@ class UdacityBridge:
         self.writer = DrivingLogWriter(record_dir) if record_dir else None
         self.stats = BridgeStats()
         self.driver: str | None = None  # id of the connection that drives
+        self.driver_telemetry = 0  # telemetry messages received since the driver connected
         self._logged: set[str] = set()
 
     def warn_once(self, kind: str, message: str) -> None:
@@ -245,6 +246,7 @@ class UdacityBridge:
             self.warn_once("refused", f"refused a second connection ({sid}) while {self.driver} drives")
             raise Busy(f"connection {self.driver} is driving")
         self.driver = sid
+        self.driver_telemetry = 0
         self.stats.connects += 1
         self.controller.reset()
         if self.policy is not None:
@@ -260,10 +262,16 @@ class UdacityBridge:
         self.stats.disconnects += 1
         return True
 
+    def seated_without_telemetry(self, sid: str) -> bool:
+        """True while ``sid`` drives but has sent no telemetry yet (the server frees such a
+        seat after ``IDLE_TIMEOUT_S``: the simulator sends its first telemetry on connect)."""
+        return sid == self.driver and self.driver_telemetry == 0
+
     def on_telemetry(self, data, arrived: float | None = None) -> tuple[str, dict]:
         """Answer one telemetry; never raises. ``arrived``: time.monotonic() of arrival."""
         arrived = time.monotonic() if arrived is None else arrived
         self.stats.messages += 1
+        self.driver_telemetry += 1
         try:
             tel = parse_telemetry(data)
         except MalformedTelemetry as e:

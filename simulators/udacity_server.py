@@ -11,8 +11,14 @@ it lets one connection drive at a time and refuses the others. Limits of this se
   ~20-50 kB. A larger one is refused before it is buffered: a websocket is closed (1009),
   a POST answered 413;
 - a connection that sends no request for ``IDLE_TIMEOUT_S`` is closed, and so is one that
-  stalls ``IO_TIMEOUT_S`` inside a request; an open websocket gets engineio's ping timeout
-  (60 s; the simulator pings every 25 s). At most ``MAX_CONNECTIONS`` at once, fewer when
+  stalls ``IO_TIMEOUT_S`` inside a request (a half-sent request opens no session: it never
+  holds the seat). The seat: a session that drives but has sent no telemetry
+  ``IDLE_TIMEOUT_S`` after connecting (a handshake that vanished, a silent websocket) is
+  dropped (a websocket closed 1008) and the seat is free; the simulator sends its first
+  telemetry on connect. A driver that has sent telemetry keeps the seat while its
+  connection lives: engineio's ping timeout (60 s; the simulator pings every 25 s) ends a
+  silent one. A message engineio cannot decode closes its websocket (1007) and frees the
+  seat at once (:class:`_CheckedWebSocket`). At most ``MAX_CONNECTIONS`` at once, fewer when
   the process may open fewer files: eventlet's accept loop dies when it runs out of file
   descriptors, and the bridge would stop listening for good;
 - errors never reach a client (eventlet's debug mode, which sends tracebacks, is off);
@@ -26,7 +32,6 @@ it lets one connection drive at a time and refuses the others. Limits of this se
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -45,6 +50,7 @@ import eventlet.event  # noqa: E402
 import eventlet.websocket as ews  # noqa: E402
 import eventlet.wsgi  # noqa: E402
 import socketio  # noqa: E402
+from engineio import packet as engineio_packet  # noqa: E402
 from engineio.async_drivers import eventlet as engineio_eventlet  # noqa: E402
 
 from nac_drive.simulators.udacity_bridge import Busy, UdacityBridge  # noqa: E402
@@ -90,6 +96,68 @@ def _patch_eventlet_websocket() -> None:
     tests). Messages: capped over all their fragments (:class:`_CappedMessage`)."""
     ews.RFC6455WebSocket._apply_mask = staticmethod(_apply_mask_numpy)
     ews.RFC6455WebSocket.Message = _CappedMessage
+
+
+class _CheckedWebSocket:
+    """An Engine.IO websocket whose ``wait`` returns only messages engineio can decode.
+
+    engineio 3.13 decodes a message outside its error handling: a text message whose first
+    character is not ASCII (``"é42"``), a ``b`` packet with bad base64, or a binary one
+    whose tail is not UTF-8 raised out of its reader, which then never ran the disconnect
+    handler, and the connection kept the seat for engineio's 60 s ping timeout. Such a
+    message closes its connection here (1007, invalid payload): engineio sees a closed
+    websocket and disconnects the session at once."""
+
+    def __init__(self, ws, warn_once):
+        self._ws, self._warn_once = ws, warn_once
+
+    def __getattr__(self, name):  # send, close, socket, ...: the websocket's own
+        return getattr(self._ws, name)
+
+    def wait(self):
+        message = self._ws.wait()
+        if message is None:
+            return None
+        try:
+            engineio_packet.Packet(encoded_packet=message)
+        except Exception as e:
+            self._warn_once("undecodable_message", f"closed a connection that sent a message engineio cannot "
+                                                   f"decode ({type(e).__name__})")
+            self.close(close_data=(1007, "not an Engine.IO packet"))
+            return None
+        return message
+
+
+class _Websockets:
+    """engineio's websocket transport for this server: frames and messages capped at
+    ``MAX_MESSAGE_BYTES``, undecodable messages refused (:class:`_CheckedWebSocket`), and
+    each open websocket known by its session id, so that :meth:`close` can end one."""
+
+    def __init__(self, warn_once):
+        self._warn_once = warn_once
+        self.open: dict[str, object] = {}
+
+    def __call__(self, handler):  # handler: the engineio Socket's _websocket_handler
+        sid = handler.__self__.sid
+
+        def checked_handler(ws):
+            ws = _CheckedWebSocket(ws, self._warn_once)
+            self.open[sid] = ws
+            try:
+                return handler(ws)
+            finally:
+                if self.open.get(sid) is ws:
+                    del self.open[sid]
+
+        return engineio_eventlet.WebSocketWSGI(checked_handler, max_frame_length=MAX_MESSAGE_BYTES)
+
+    def close(self, sid: str, code: int, reason: str) -> None:
+        ws = self.open.pop(sid, None)
+        if ws is not None:
+            try:
+                ws.close(close_data=(code, reason))
+            except OSError:
+                pass
 
 
 class _BridgeSocketIO(socketio.Server):
@@ -179,9 +247,21 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
                           engineio_logger=False, max_http_buffer_size=MAX_MESSAGE_BYTES)
     # engineio keeps its async helpers in one dict shared by all servers: this one gets its
     # own copy, whose websocket caps frames (and, patched above, messages) at the same size
-    sio.eio._async = dict(sio.eio._async, websocket=functools.partial(engineio_eventlet.WebSocketWSGI,
-                                                                      max_frame_length=MAX_MESSAGE_BYTES))
+    websockets = _Websockets(bridge.warn_once)
+    sio.eio._async = dict(sio.eio._async, websocket=websockets)
     stop = eventlet.event.Event()
+
+    def _unseat_if_silent(sid):
+        """The seat goes back when its connection has sent no telemetry ``IDLE_TIMEOUT_S``
+        after taking it (a handshake that vanished, a websocket that says nothing)."""
+        if not bridge.seated_without_telemetry(sid):
+            return
+        bridge.warn_once("silent_driver", f"dropped {sid}: no telemetry {IDLE_TIMEOUT_S:g} s after connecting")
+        session = sio.eio.sockets.pop(sid, None)
+        if session is not None:
+            session.close(wait=False, abort=True)   # runs the disconnect handler: the seat is free
+        websockets.close(sid, 1008, "no telemetry")
+        _disconnect(sid)                           # in case engineio had already let the session go
 
     @sio.on("connect")
     def _connect(sid, environ):
@@ -191,6 +271,7 @@ def serve(bridge: UdacityBridge, host: str = "127.0.0.1", port: int = 4567,
             return False
         if answer is not None:
             log.info("simulator connected (%s)", sid)
+            eventlet.spawn_after(IDLE_TIMEOUT_S, _unseat_if_silent, sid)
             sio.emit(*answer, room=sid)
 
     @sio.on("telemetry")

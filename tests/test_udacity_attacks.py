@@ -234,3 +234,67 @@ def test_oversized_messages_are_refused_on_every_transport(bridge):
     bridge.stop()
     summary = bridge.json_summary()
     assert summary["connects"] == 4 and summary["messages"] == 5 and summary["malformed"] == 0
+
+
+def seconds_until_a_driver_drives(port: int, since: float, limit: float = IDLE_TIMEOUT_S + 1) -> float | None:
+    """Seconds from ``since`` until a well-behaved simulator gets the seat and drives (None
+    if it is still refused after ``limit`` s); the driver is left connected-then-closed."""
+    while time.monotonic() - since < limit:
+        try:
+            driver = Driver(port)
+        except websocket.WebSocketBadStatusException as e:
+            assert e.status_code == 401
+            time.sleep(0.1)
+            continue
+        elapsed = time.monotonic() - since
+        driver.drive(4)                 # from a reset policy: 0.5 x3, then -0.25
+        driver.close()
+        return elapsed
+    return None
+
+
+def _handshake_then_close(head: bytes):
+    def attack(port):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(head)
+            assert s.recv(100).startswith(b"HTTP/1.1 200")   # engineio opened a session: it took the seat
+    return attack
+
+
+def _handshake_kept_open(port):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"GET /socket.io/?EIO=3&transport=polling HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(100).startswith(b"HTTP/1.1 200")
+    return s                                                 # and never polls, posts or upgrades
+
+
+def _silent_websocket(port):
+    return SocketIOClient(port)                              # opens, hears the connect command, says nothing
+
+
+SEAT_ATTACKS = {
+    # before: the seat came back after 60.0 s (engineio's ping timeout) in each case
+    "request_line_then_close": _handshake_then_close(b"GET /socket.io/?EIO=3&transport=polling HTTP/1.0\r\n\r\n"),
+    "one_header_then_close": _handshake_then_close(
+        b"GET /socket.io/?EIO=3&transport=polling HTTP/1.1\r\nHost: x\r\n\r\n"),
+    "handshake_that_vanishes": _handshake_kept_open,
+    "silent_websocket": _silent_websocket,
+}
+
+
+@pytest.mark.parametrize("attack", sorted(SEAT_ATTACKS))
+def test_a_connection_that_sends_no_telemetry_gives_the_seat_back_within_the_idle_timeout(bridge, attack):
+    bridge, port = bridge
+    held = SEAT_ATTACKS[attack](port)
+    since = time.monotonic()
+    with pytest.raises(websocket.WebSocketBadStatusException):   # the attacker holds the seat...
+        websocket.create_connection(websocket_url(port), timeout=5)
+    took = seconds_until_a_driver_drives(port, since)            # ...for IDLE_TIMEOUT_S, no longer
+    assert took is not None and took <= IDLE_TIMEOUT_S + 1, took
+    bridge.wait_for("simulator disconnected", count=2)
+    bridge.stop()
+    if held is not None:
+        held.close()
+    summary = bridge.json_summary()
+    assert (summary["connects"], summary["disconnects"]) == (2, 2)
+    assert summary["refused"] >= 1 and summary["messages"] == 4

@@ -3,6 +3,8 @@ answered with the safe command and the bridge still drives afterwards."""
 
 import base64
 import json
+import struct
+import time
 
 import cv2
 import numpy as np
@@ -102,3 +104,46 @@ def test_fuzz_every_malformed_message_is_answered_and_the_bridge_still_drives():
     assert summary["messages"] == summary["answered"] == len(messages) + 1 + 30
     assert len(summary["malformed_kinds"]) >= 8  # the generator really covers many kinds
     assert summary["policy_errors"] == 0
+
+
+# messages engineio 3.13 cannot decode: its reader raised (UnicodeDecodeError, binascii.Error)
+# and never ran the disconnect handler; the seat came back after 60.0 s, its ping timeout
+UNDECODABLE = {
+    "non_ascii_first_character": "é42",
+    "one_non_ascii_character": "\u00e9",
+    "bad_base64_packet": "b4A",
+    "bare_b": "b",
+    "non_utf8_binary_message": b"4\xff\xfe",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNDECODABLE))
+def test_an_undecodable_message_closes_its_connection_and_frees_the_seat_at_once(kind):
+    port = free_port()
+    bridge = start_bridge(port, "udacity_test_policies:Constant03")
+    try:
+        attacker = SocketIOClient(port)
+        message = UNDECODABLE[kind]
+        (attacker.ws.send_binary if isinstance(message, bytes) else attacker.ws.send)(message)
+        while True:   # the server's close frame: 1007, invalid payload
+            opcode, data = attacker.ws.recv_data(control_frame=True)
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+        assert struct.unpack(">H", data[:2])[0] == 1007
+        closed = time.monotonic()
+        driver = None
+        while driver is None and time.monotonic() - closed < 6:
+            try:
+                driver = SocketIOClient(port)
+            except websocket.WebSocketBadStatusException:
+                time.sleep(0.05)
+        took = time.monotonic() - closed
+        assert driver is not None and took < 1.0, took
+        assert driver.next_event()[0] == "steer"
+        driver.close()
+        attacker.close()
+        bridge.wait_for("simulator disconnected", count=2)
+    finally:
+        bridge.stop()
+    summary = bridge.json_summary()
+    assert (summary["connects"], summary["disconnects"]) == (2, 2)

@@ -157,3 +157,30 @@ def test_sim_cli_drives_against_the_bridge_and_exits_2_without_answers(capsys):
     captured = capsys.readouterr()
     assert code == 2 and json.loads(captured.out.strip().splitlines()[-1])["no_answer"] is True
     assert "namespace CONNECT" in captured.err
+
+
+def test_a_driver_that_sent_telemetry_keeps_the_seat_through_a_pause():
+    # the seat goes back IDLE_TIMEOUT_S after connecting only without any telemetry: a simulator
+    # that drove and pauses (its window in the background) keeps it, up to engineio's ping timeout
+    from support.udacity_procs import SocketIOClient
+    from test_udacity_attacks import Driver
+
+    from nac_drive.simulators.udacity_server import IDLE_TIMEOUT_S
+
+    import websocket
+
+    port = free_port()
+    bridge = start_bridge(port, "udacity_test_policies:ResetProbe")
+    try:
+        driver = Driver(port)
+        driver.drive(2)
+        time.sleep(IDLE_TIMEOUT_S + 1)
+        with pytest.raises(websocket.WebSocketBadStatusException):   # still seated
+            SocketIOClient(port, timeout=5)
+        driver.drive(3)                                              # 0.5 once more, then -0.25: no reset
+        driver.close()
+        bridge.wait_for("simulator disconnected")
+    finally:
+        bridge.stop()
+    summary = bridge.json_summary()
+    assert (summary["connects"], summary["disconnects"], summary["messages"]) == (1, 1, 5)
