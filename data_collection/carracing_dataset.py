@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 import shutil
@@ -212,10 +213,30 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
     Each episode dict holds ``observations`` ``[N+1, 96, 96, 3]``, ``actions``,
     ``rewards``, ``terminations``, ``truncations`` ``[N]``, ``timestamps`` ``[N+1]`` and
     ``seed`` (consecutive over the episodes: they name the shard). Refuses to overwrite
-    an existing shard. The shard is written in a hidden folder
-    ``root/.<id>.<pid>.partial`` and renamed into place when complete, so a kill leaves
-    no dataset to be loaded later (the next write removes what it left).
+    an existing shard. :func:`stage_shard` then :func:`commit_shards`, so a kill leaves no
+    dataset to be loaded later.
     """
+    return commit_shards([stage_shard(root, name, episodes, env, expert, description, eval_env)])[0]
+
+
+@dataclass(frozen=True)
+class StagedShard:
+    """A shard written in full, in the hidden folder ``staging``, not yet part of its dataset."""
+
+    staging: Path   # root/.<dataset id>.<owner pid>.partial
+    written: Path   # the shard inside it
+    target: Path    # where :func:`commit_shards` moves it
+    root: Path
+    name: str
+
+
+def stage_shard(root: str | Path, name: str, episodes: list[dict], env, expert: str, description: str,
+                eval_env=None, owner: int | None = None) -> StagedShard:
+    """Write a shard (see :func:`write_dataset`) into a hidden staging folder of ``root``
+    named after ``owner``, the process that will commit it (default: this one): while that
+    process lives no one removes it, and once it is gone (killed) the next write does. A
+    disk too small for the shard is refused before anything is written (h5py crashes the
+    process when the disk fills mid-write)."""
     import minari
     from minari.data_collector import EpisodeBuffer
 
@@ -233,8 +254,9 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
                              infos={"timestamp": np.asarray(ep["timestamps"], np.float64)})
                for i, ep in enumerate(episodes)]
     root.mkdir(parents=True, exist_ok=True)
+    refuse_full_disk(root, sum(np.asarray(ep["observations"]).nbytes for ep in episodes))
     _remove_abandoned(root)
-    staging = root / f".{dataset_id.replace('/', '.')}.{os.getpid()}{PARTIAL}"
+    staging = root / f".{dataset_id.replace('/', '.')}.{owner or os.getpid()}{PARTIAL}"
     staging.mkdir()
     try:
         with minari_root(staging), warnings.catch_warnings():
@@ -248,15 +270,58 @@ def write_dataset(root: str | Path, name: str, episodes: list[dict], env, expert
             dataset.storage.update_episode_metadata([{"seed": ep["seed"], "expert": expert} for ep in episodes],
                                                     episode_indices=range(len(episodes)))
         fsync_dir(staging / dataset_id / "data")
-        ensure_namespace(root, name)
-        try:
-            os.rename(staging / dataset_id, target)
-        except OSError:
-            raise FileExistsError(f"{target}: a dataset of that name appeared while this one was written") from None
-        fsync_dir(target.parent)
-    finally:
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)   # never leave a half-written dataset behind
-    return target
+        raise
+    return StagedShard(staging, staging / dataset_id, target, root, name)
+
+
+def commit_shards(shards: Sequence[StagedShard]) -> list[Path]:
+    """Move staged shards into their datasets, all or none: if one cannot be (its place was
+    taken meanwhile), those already moved are taken back out. The staging folders go either way."""
+    moved: list[StagedShard] = []
+    try:
+        for shard in shards:
+            ensure_namespace(shard.root, shard.name)
+            try:
+                os.rename(shard.written, shard.target)
+            except OSError:
+                raise FileExistsError(f"{shard.target}: a dataset of that name appeared while this one was "
+                                      "written") from None
+            moved.append(shard)
+            fsync_dir(shard.target.parent)
+    except BaseException:
+        for shard in moved:   # out of the dataset in one rename, then removed with its staging folder
+            os.rename(shard.target, shard.written)
+        raise
+    finally:
+        discard_shards(shards)
+    return [shard.target for shard in shards]
+
+
+def discard_shards(shards: Sequence[StagedShard]) -> None:
+    """Remove staged shards that will not be committed."""
+    for shard in shards:
+        shutil.rmtree(shard.staging, ignore_errors=True)
+
+
+def remove_staged_by(root: str | Path, owner: int) -> None:
+    """Remove every shard ``owner`` staged under ``root`` (its workers' too): a run that failed."""
+    for folder in Path(root).glob(f".*.{owner}{PARTIAL}"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+DISK_MARGIN_BYTES = 64 * 2**20   # kept free beside a shard (metadata, the filesystem's own needs)
+
+
+def refuse_full_disk(root: Path, frame_bytes: int) -> None:
+    """Refuse, before anything is written, a shard whose frames (``frame_bytes`` raw; HDF5
+    stores them uncompressed) would not fit on the disk of ``root`` with a margin."""
+    free = shutil.disk_usage(root).free
+    if frame_bytes + DISK_MARGIN_BYTES > free:
+        raise OSError(errno.ENOSPC, f"{root}: {free / 2**20:.0f} MiB free, a shard of these episodes needs "
+                                    f"{(frame_bytes + DISK_MARGIN_BYTES) / 2**20:.0f} MiB; free some space or "
+                                    "record fewer episodes")
 
 
 def ensure_namespace(root: str | Path, name: str) -> None:

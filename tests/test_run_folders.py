@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -247,3 +248,85 @@ def test_a_collect_overlapping_a_running_one_is_refused_at_start_and_a_killed_on
     assert main(second) == 0
     assert sorted(p.name for p in folder.iterdir()) == ["namespace_metadata.json", "seeds-100039-100040-v1"]
     assert [ep.seed for ep in load_episodes(folder)] == [100039, 100040]
+
+
+def process_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of process ``pid`` from /proc, None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    state = process_state(pid)
+    return state is not None and state[0] != "Z"   # a zombie has ended, only its exit status is left
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if alive(int(p.name)) and (process_state(int(p.name)) or ("", 0))[1] == pid]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_collect_takes_its_workers_down_and_commits_nothing(tmp_path, sig):
+    """Issue 44 item 2: killing `collect --workers 2` left orphan workers that finished, committed
+    their shards after the kill, then slept forever at ~370 MB each."""
+    import time
+
+    run = subprocess.Popen([sys.executable, "-m", "nac_drive.cli", "collect", "carracing", "--expert",
+                            "teacher-discrete", "--episodes", "4", "--workers", "2", "--out", str(tmp_path)],
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(workers := children_of(run.pid)) < 2:   # both workers are driving
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1.0)
+    run.send_signal(sig)
+    run.wait()
+    deadline = time.monotonic() + 5
+    try:
+        while any(alive(w) for w in workers):
+            assert time.monotonic() < deadline, f"workers {workers} outlived their run"
+            time.sleep(0.1)
+    finally:   # a failing run leaves no orphans behind either
+        for w in filter(alive, workers):
+            os.kill(w, signal.SIGKILL)
+    time.sleep(2.0)   # what an orphan would have committed by now
+    assert not list(tmp_path.glob("nac_drive/*/seeds-*")), "a shard was committed after the run was killed"
+
+
+def test_a_full_disk_ends_in_one_line_and_commits_no_shard_of_the_run(tmp_path, capsys, monkeypatch):
+    """Issue 44 item 3: a disk filling during `collect` crashed h5py (exit 139) and left a
+    `.partial`; with --workers 2 one shard was committed and a re-run was refused. Now a shard
+    that would not fit is refused before it is written, and a run commits all its shards or none
+    (here the second worker's disk is full, the first's is not)."""
+    import collections
+    import os as os_module
+
+    from nac_drive.data_collection import carracing_dataset
+
+    real = carracing_dataset.shutil.disk_usage
+    first = tmp_path / "first-shard-asked"
+
+    def one_worker_finds_the_disk_full(path):
+        try:
+            os_module.close(os_module.open(first, os_module.O_CREAT | os_module.O_EXCL))
+            return real(path)
+        except FileExistsError:
+            return collections.namedtuple("usage", "total used free")(10**9, 10**9 - 2**20, 2**20)
+
+    monkeypatch.setattr(carracing_dataset.shutil, "disk_usage", one_worker_finds_the_disk_full)
+    out = tmp_path / "out"
+    argv = ["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "2", "--max-steps", "20",
+            "--workers", "2", "--out", str(out)]
+    assert main(argv) == 2
+    *bars, err = capsys.readouterr().err.strip().splitlines()   # the progress bar's lines, then the one error line
+    assert all(bar.startswith("episodes:") for bar in bars)
+    assert "MiB free, a shard of these episodes needs" in err and "free some space" in err
+    assert not list(out.glob("nac_drive/*/seeds-*")) and hidden(out) == []
+    monkeypatch.setattr(carracing_dataset.shutil, "disk_usage", real)
+    assert main(argv) == 0   # a plain re-run: nothing of the failed run is in its way
+    assert [ep.seed for ep in load_episodes(out)] == [100000, 100001]

@@ -39,7 +39,7 @@ def collect_carracing(args: CollectArgs, progress: bool = True):
     from nac_drive.agents.experts import load_expert
     from nac_drive.data_collection.carracing_dataset import (claim_tracks, dataset_folder, ensure_namespace,
                                                              refuse_existing, refuse_other_gas)
-    from nac_drive.pipeline.processes import drive_in_processes, split_runs
+    from nac_drive.pipeline.processes import record_in_processes, split_runs
     from nac_drive.simulators.carracing import COLLECT_SEED_BASE, EpisodeResults, actor_gas
 
     actor, _ = load_expert(args.expert, gas=args.gas)   # a bad expert or gas fails here, before any process
@@ -51,17 +51,18 @@ def collect_carracing(args: CollectArgs, progress: bool = True):
     results = EpisodeResults()
     with claim_tracks(args.out, name, [seed for run in runs for seed in run]):   # a concurrent collect: refused
         ensure_namespace(args.out, name)
-        for part in drive_in_processes(_collect_shard, runs, progress, expert=args.expert, out=args.out, name=name,
-                                       max_steps=args.max_steps, gas=args.gas):
+        for part in record_in_processes(_collect_shard, runs, progress, root=args.out, expert=args.expert, name=name,
+                                        max_steps=args.max_steps, gas=args.gas):
             results.extend(part)
     return dataset_folder(args.out, name), results
 
 
-def _collect_shard(seeds: list[int], *, expert: str, out: str, name: str, max_steps: int | None,
-                   gas: float | None, progress: bool):
-    """Drive ``expert`` on ``seeds`` and write them as one shard; returns EpisodeResults."""
+def _collect_shard(seeds: list[int], *, expert: str, root: str, name: str, max_steps: int | None,
+                   gas: float | None, owner: int, progress: bool):
+    """Drive ``expert`` on ``seeds`` and stage them as one shard for ``owner`` to commit;
+    returns (EpisodeResults, the staged shard)."""
     from nac_drive.agents.experts import load_expert
-    from nac_drive.data_collection.carracing_dataset import write_dataset
+    from nac_drive.data_collection.carracing_dataset import stage_shard
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
     from nac_drive.simulators.carracing import FPS, actor_gas, make_carracing, run_episodes
 
@@ -69,8 +70,8 @@ def _collect_shard(seeds: list[int], *, expert: str, out: str, name: str, max_st
     env = RecordEpisodes(make_carracing(continuous=continuous, gas=actor_gas(actor)), fps=FPS)
     try:
         results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, env=env, progress=progress)
-        write_dataset(out, name, env.take_episodes(), env.env, expert=actor.name,
-                      description=f"CarRacing-v3 demonstrations by {actor.name}, tracks {seeds[0]}..{seeds[-1]}")
+        shard = stage_shard(root, name, env.take_episodes(), env.env, expert=actor.name, owner=owner,
+                            description=f"CarRacing-v3 demonstrations by {actor.name}, tracks {seeds[0]}..{seeds[-1]}")
     finally:
         env.close()
-    return results
+    return results, shard

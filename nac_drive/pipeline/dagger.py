@@ -109,24 +109,26 @@ def drive_round(runs: list[list[int]], *, policy_path: str | Path, oracle: str, 
     student's EpisodeResults over all runs. The bursts of an episode depend on the round's
     first track and its own, not on how the round is split."""
     from nac_drive.data_collection.carracing_dataset import ensure_namespace
-    from nac_drive.pipeline.processes import drive_in_processes
+    from nac_drive.pipeline.processes import record_in_processes
     from nac_drive.simulators.carracing import EpisodeResults
 
     ensure_namespace(data, name)   # before the workers, which would race to create it
     results = EpisodeResults()
-    for part in drive_in_processes(_drive_shard, runs, progress, policy_path=str(policy_path), oracle=oracle,
-                                   data=str(data), name=name, max_steps=max_steps, disturb_rate=disturb_rate,
-                                   disturb_frames=disturb_frames, burst_seed=runs[0][0], description=description):
+    for part in record_in_processes(_drive_shard, runs, progress, root=str(data), policy_path=str(policy_path),
+                                    oracle=oracle, name=name, max_steps=max_steps, disturb_rate=disturb_rate,
+                                    disturb_frames=disturb_frames, burst_seed=runs[0][0], description=description):
         results.extend(part)
     return results
 
 
-def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, data: str, name: str, max_steps: int | None,
-                 disturb_rate: float, disturb_frames: int, burst_seed: int, description: str, progress: bool):
+def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, root: str, name: str, max_steps: int | None,
+                 disturb_rate: float, disturb_frames: int, burst_seed: int, description: str, owner: int,
+                 progress: bool):
     """One process's part of :func:`drive_round`: the student drives ``seeds``, the episodes
-    become one shard of dataset ``name``; returns the student's EpisodeResults."""
+    become one shard of dataset ``name``, staged for ``owner`` to commit; returns (the
+    student's EpisodeResults, the staged shard)."""
     from nac_drive.agents.driver import PolicyDriver, load_driving_policy
-    from nac_drive.data_collection.carracing_dataset import write_dataset
+    from nac_drive.data_collection.carracing_dataset import stage_shard
     from nac_drive.simulators.carracing import run_episodes
 
     policy = load_driving_policy(policy_path)
@@ -137,10 +139,11 @@ def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, data: str, 
     try:
         results = run_episodes(PolicyDriver(policy), seeds, continuous=continuous, max_steps=max_steps, env=env,
                                progress=progress)
-        write_dataset(data, name, env.take_episodes(), env.env, expert=teacher.name, description=description)
+        shard = stage_shard(root, name, env.take_episodes(), env.env, expert=teacher.name, description=description,
+                            owner=owner)
     finally:
         env.close()
-    return results
+    return results, shard
 
 
 def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:

@@ -3,11 +3,23 @@
 Each worker keeps one torch thread: the processes share the cores. A stage that drives
 many tracks splits them into consecutive runs (:func:`split_runs`; a dataset's shard holds
 consecutive tracks) and drives each run in its own process (:func:`drive_in_processes`).
+
+A worker dies with the run that started it: killed (``kill -9``, ``kill -TERM``) or
+interrupted, the parent takes its workers down at once (Linux: the kernel sends them SIGKILL,
+``PR_SET_PDEATHSIG``; elsewhere a watchdog thread notices within a second), so no orphan
+drives on, or writes, after the user stopped the run.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -18,13 +30,35 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     # fork, as torch's DataLoader workers do: spawn would re-run the parent's main script
     # (an unguarded launcher runs everything again) and re-import torch in each worker
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_one_thread)
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start_worker,
+                               initargs=(os.getpid(),))
 
 
-def _one_thread() -> None:
+def _start_worker(parent: int) -> None:
     import torch
 
+    die_with_parent(parent)
     torch.set_num_threads(1)
+
+
+PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process as soon as ``parent`` (the process that started it) is gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:   # it died before the request took effect
+                os._exit(1)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def split_runs(seeds: list[int], parts: int) -> list[list[int]]:
@@ -55,3 +89,22 @@ def drive_in_processes(drive: Callable[..., Any], runs: list[list[int]], progres
         if bar:
             bar.close()
     return results
+
+
+def record_in_processes(record: Callable[..., Any], runs: list[list[int]], progress: bool, *, root: str,
+                        **kwargs) -> list:
+    """:func:`drive_in_processes` for runs that each record a dataset shard under ``root``:
+    ``record(seeds, progress=..., root=root, owner=..., **kwargs)`` returns (its result, the
+    :class:`~nac_drive.data_collection.carracing_dataset.StagedShard` it wrote). The shards
+    are committed together once every run has succeeded; if one fails none is, and if this
+    process is killed its workers die with it and the next write removes what they staged."""
+    from nac_drive.data_collection.carracing_dataset import commit_shards, remove_staged_by
+
+    owner = os.getpid()
+    try:
+        parts = drive_in_processes(record, runs, progress, root=root, owner=owner, **kwargs)
+    except BaseException:
+        remove_staged_by(root, owner)
+        raise
+    commit_shards([shard for _, shard in parts])
+    return [result for result, _ in parts]
