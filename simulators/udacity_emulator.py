@@ -276,13 +276,20 @@ class UdacityEmulator:
             raise MissingUdacityExtra(str(e)) from None
 
         cfg, r = self.cfg, self.report
+        silent = TimeoutError(f"{self.url}: no answer within {cfg.answer_timeout:g} s (is a Udacity bridge "
+                              "listening there?)")
         try:
             self._ws = websocket.create_connection(self.url, timeout=cfg.answer_timeout)
         except websocket.WebSocketBadStatusException as e:
             busy = ": another simulator is driving" if e.status_code == 401 else ""
             raise ConnectionRefusedError(f"the server refused the connection (HTTP {e.status_code}){busy}") from None
+        except websocket.WebSocketTimeoutException:   # a port that accepts and never answers the handshake
+            raise silent from None
         try:
-            opening = self._ws.recv()
+            try:
+                opening = self._ws.recv()
+            except websocket.WebSocketTimeoutException:
+                raise silent from None
             if not isinstance(opening, str) or not opening.startswith("0"):
                 raise ConnectionError(f"expected the Engine.IO open packet '0{{...}}', got {opening!r:.80}")
             if cfg.send_namespace_connect:

@@ -214,3 +214,17 @@ def test_emulator_shows_laps_distance_and_cross_track_error_live_on_a_terminal(t
     shown = subprocess.run([*record, str(tmp_path / "b"), "--progress"], capture_output=True, text=True,
                            timeout=120).stderr
     assert "recording lakeside" not in quiet and "recording lakeside" in shown and "5/5" in shown
+
+
+def test_a_port_that_accepts_and_never_answers_is_one_line_and_exit_2():
+    # once: "unexpected WebSocketTimeoutException ... (a bug)", exit 1
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "nac_drive.cli", "sim", "udacity-emulator", "--port", str(port),
+                              "--timeout", "1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert f"ws://127.0.0.1:{port}" in out.stderr and "no answer within 1 s" in out.stderr
