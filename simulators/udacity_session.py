@@ -33,6 +33,9 @@ def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exi
               f"({'driving' if bridge.policy is not None else 'passing manual driving through'}"
               f"{', recording to ' + str(bridge.writer.out_dir) if bridge.writer else ''})",
               file=sys.stderr, flush=True)
+        if not _loopback(host):
+            print(f"udacity bridge: {host} is not this machine's loopback address: any machine that reaches it "
+                  "can take the seat and drive the car, or feed the recording", file=sys.stderr, flush=True)
 
     try:
         serve(bridge, host, port, exit_on_disconnect, ready=ready)
@@ -61,3 +64,14 @@ def record_udacity(out_dir, host: str = "127.0.0.1", port: int = 4567, json_out:
     """Record a human's driving (pass-through: answers ``manual``) to ``out_dir``."""
     serve = require_udacity_extra()
     return _run(UdacityBridge(None, record_dir=out_dir), serve, host, port, json_out, exit_on_disconnect)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is only reachable from this machine."""
+    import ipaddress
+    import socket
+
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return False

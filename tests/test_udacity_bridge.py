@@ -232,3 +232,20 @@ def test_a_failing_recording_does_not_stop_the_driving(tmp_path, caplog):
         assert bridge.on_telemetry(_telemetry())[1]["steering_angle"] == "0.200000"
     assert bridge.stats.rows_recorded == 1 and bridge.stats.answered == 3
     assert sum("recording failed" in r.message for r in caplog.records) == 1
+
+
+def test_a_bridge_listening_beyond_loopback_says_so(capsys):
+    # once: --host 0.0.0.0 listened on every interface without a word
+    from nac_drive.simulators.udacity_session import _loopback, _run
+
+    assert _loopback("127.0.0.1") and _loopback("localhost") and _loopback("::1")
+    assert not _loopback("0.0.0.0") and not _loopback("192.0.2.7")
+
+    def serve(bridge, host, port, exit_on_disconnect, ready):
+        ready(port)
+
+    for host, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
+        assert _run(UdacityBridge(None), serve, host, 4567, json_out=True, exit_on_disconnect=False) == 0
+        err = capsys.readouterr().err
+        assert f"listening on {host}:4567" in err
+        assert ("any machine that reaches it can take the seat" in err) == warned
