@@ -130,6 +130,20 @@ def test_resume_keeps_each_epochs_metrics_once(tmp_path, demos):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]    # --resume stays in its folder
 
 
+def test_resume_refuses_another_window_or_mode_and_keeps_the_run(tmp_path, demos, capsys):
+    # once: --resume took another --window/--mode, trained another policy under the name and rewrote its config
+    args = [str(a) for a in ["train", "--data", demos, "--out", tmp_path, "--run-name", "r", *TINY]]
+    assert main(args + ["--epochs", "1"]) == 0
+    config = (tmp_path / "r" / "last" / "config.json").read_bytes()
+    capsys.readouterr()
+    for change, said in ((["--window", "5"], "window = 4, this run asks 5"),
+                         (["--mode", "steady"], "mode = 'exact', this run asks 'steady'")):
+        assert main(args + ["--epochs", "2", "--resume", *change]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("nac-drive train: error: resume: ") and said in err[-1], err
+    assert (tmp_path / "r" / "last" / "config.json").read_bytes() == config
+
+
 @pytest.mark.slow
 def test_training_killed_while_it_swaps_in_a_checkpoint_resumes_from_the_previous(tmp_path, demos):
     """Killed in epoch 2 after last/ was moved aside and before the new one took its name."""

@@ -194,6 +194,7 @@ def _train(args: TrainArgs) -> Path:
     start_epoch, best = 0, float("inf")
     if args.resume:
         last = readable_dir(run_dir / "last")
+        refuse_another_architecture(config, last)
         load_state_into(policy, read_policy_weights(last / "model.safetensors"), last / "model.safetensors")
         state = load_optimizer(last, optimizer)
         if not (isinstance(state.get("epoch"), int) and isinstance(state.get("best_val_loss"), (int, float))):
@@ -363,3 +364,22 @@ def _append_csv(path: Path, row: dict) -> None:
         writer.writerow(row)
         f.flush()
         os.fsync(f.fileno())
+
+
+def refuse_another_architecture(config, last: Path) -> None:
+    """A resumed run goes on with the policy its checkpoint ``last`` holds: a ``--window``,
+    ``--mode`` (or any other setting) that differs would train another policy under the saved
+    name (and rewrite its config), so it is refused, naming the first difference."""
+    from nac_drive.io.checkpoint import CONFIG, read_json
+    from nac_drive.policy.driving_policy import PolicyConfig
+
+    saved = asdict(PolicyConfig.from_dict(read_json(last / CONFIG)))
+    asked = asdict(config)
+    for key in saved:
+        pairs = saved[key].items() if isinstance(saved[key], dict) else [(None, saved[key])]
+        for sub, was in pairs:
+            now = asked[key][sub] if sub else asked[key]
+            if now != was:
+                name = sub or key
+                raise ValueError(f"resume: {last} was trained with {name} = {was!r}, this run asks {now!r}; resume "
+                                 f"with the run's own settings (--{name.replace('_', '-')} {was}), or start a new run")
