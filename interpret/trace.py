@@ -70,6 +70,7 @@ TRACE_FILE = "trace.npz"
 FORMAT, VERSION = "nac-drive-trace", 1
 BACKBONE_GROUPS = ("inter", "command", "motor")
 PER_KEY = ("phi", "tau", "t_interp", "logits", "weights")
+MAX_ACTION_NAMES = 1000
 WIRING_FIELDS = ("wiring_q", "wiring_k", "wiring_v", "wiring_sensory_to_inter", "wiring_inter_to_command",
                  "wiring_command_to_motor")
 
@@ -295,21 +296,34 @@ def load_trace(path: str | os.PathLike) -> RunTrace:
                 r.require(size == expected, name, f"axis {axis} has size {size}, other fields say {expected}")
             values[name] = a
         wiring = {name: r.array(name, "u", 2) for name in WIRING_FIELDS if r.has(name)}
-        _check_nac_info(r, meta.get("nac"))
+        _check_nac_info(r, meta.get("nac"), wiring)
+        for key in ("action_names", "expert_action_names"):
+            names = meta.get(key)
+            r.require(names is None or (isinstance(names, list) and len(names) <= MAX_ACTION_NAMES
+                                        and all(isinstance(name, str) for name in names)),
+                      METADATA_MEMBER, f"'{key}' must be null or a list of at most {MAX_ACTION_NAMES} names")
     return RunTrace(path=path, metadata=meta, frames_jpeg=frames, frame_offsets=offsets, wiring=wiring,
                     sha256=r.sha256, **values)
 
 
-def _check_nac_info(r: ArchiveReader, info: Any) -> None:
-    """The ``nac`` metadata (:func:`describe_nac`) has the types the dashboard reads."""
+def _check_nac_info(r: ArchiveReader, info: Any, wiring: dict[str, np.ndarray]) -> None:
+    """The ``nac`` metadata (:func:`describe_nac`) has the types the dashboard reads, and each
+    wiring mask the shape the layer it describes has."""
     if info is None:
         return
     groups = info.get("groups") if isinstance(info, dict) else None
     r.require(isinstance(info, dict) and isinstance(groups, dict) and isinstance(info.get("mode"), str)
-              and all(isinstance(info.get(k), int) for k in ("d_model", "num_heads", "topk"))
+              and all(isinstance(info.get(k), int) for k in ("d_model", "num_heads", "topk", "depth", "input_dim"))
               and isinstance(info.get("window"), (int, type(None)))
               and all(isinstance(groups.get(g), int) for g in ("sensory", "inter", "command", "motor")),
               METADATA_MEMBER, "'nac' must be null or a NAC description (integer sizes and groups, a mode name)")
+    d, inter, command, motor = info["d_model"], groups["inter"], groups["command"], groups["motor"]
+    expected = {"wiring_q": (d, info["input_dim"]), "wiring_k": (d, info["input_dim"]),
+                "wiring_v": (d, info["input_dim"]), "wiring_sensory_to_inter": (2 * info["depth"], inter),
+                "wiring_inter_to_command": (inter, command), "wiring_command_to_motor": (command, motor)}
+    for name, mask in wiring.items():
+        r.require(mask.shape == expected[name], name,
+                  f"shape {list(mask.shape)}, the NAC the metadata describes has {list(expected[name])}")
 
 
 # ------------------------------------------------------------------ the recorder

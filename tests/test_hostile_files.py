@@ -488,6 +488,27 @@ def test_a_trace_whose_nac_description_has_wrong_types_is_refused(tmp_path, caps
     assert "'nac' must be null or a NAC description" in one_line_error(capsys, "dashboard", tmp_path)
 
 
+@pytest.mark.parametrize("field,value,said", [
+    ("action_names", 5, "'action_names' must be null or a list of at most 1000 names"),
+    ("expert_action_names", [1, 2], "'expert_action_names' must be null or a list"),
+    ("wiring_inter_to_command", "one row short", "field 'wiring_inter_to_command': shape [7, 4], the NAC the "
+                                                 "metadata describes has [8, 4]")])
+def test_a_trace_whose_labels_or_wiring_do_not_fit_is_refused(tmp_path, capsys, recorded_run, field, value, said):
+    # both once crashed the dashboard with exit 1
+    from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
+
+    with np.load(recorded_run / "trace.npz", allow_pickle=False) as trace:
+        arrays = {name: trace[name] for name in trace.files if name != METADATA_MEMBER}
+        meta = json.loads(trace[METADATA_MEMBER])
+    if field in arrays:
+        assert arrays[field].shape == (8, 4)
+        arrays[field] = arrays[field][:-1]
+    else:
+        meta[field] = value
+    write_archive(tmp_path / "trace.npz", arrays, meta)
+    assert said in one_line_error(capsys, "dashboard", tmp_path)
+
+
 def test_a_dataset_declaring_more_than_memory_is_refused(tmp_path):
     import h5py
 
