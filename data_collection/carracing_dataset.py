@@ -405,11 +405,26 @@ def find_datasets(path: str | Path, missing_ok: bool = False) -> list[Path]:
         return [path]
     if path.name == "data" and (path / "metadata.json").is_file():
         return [path.parent]
-    found = sorted((p.parent.parent for p in path.rglob("data/metadata.json")
-                    if not any(part.startswith(".") for part in p.relative_to(path).parts)), key=_track_order)
+    found = sorted((p.parent.parent for p in _metadata_files(path)), key=_track_order)
     if not found and not missing_ok:
         raise DatasetError(f"{path}: no Minari dataset (…/data/metadata.json) found")
     return found
+
+
+def _metadata_files(path: Path):
+    """Every ``data/metadata.json`` below ``path``, through symlinked folders too (a dataset
+    linked in from elsewhere), each real folder once (a link back up cannot loop); hidden
+    folders skipped."""
+    seen: set[str] = set()
+    for folder, subfolders, files in os.walk(path, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            subfolders[:] = []
+            continue
+        seen.add(real)
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        if Path(folder).name == "data" and "metadata.json" in files:
+            yield Path(folder) / "metadata.json"
 
 
 def _track_order(folder: Path):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from nac_drive.cli import main
-from nac_drive.data_collection.carracing_dataset import (load_episodes, minari_root, refuse_existing, shard_id,
-                                                         write_dataset)
+from nac_drive.data_collection.carracing_dataset import (find_datasets, load_episodes, minari_root, refuse_existing,
+                                                         shard_id, write_dataset)
 from nac_drive.simulators.carracing import REFERENCE_RETURNS, ActionBursts, make_carracing
 from support.demos import synthetic_episodes
 
@@ -264,3 +264,15 @@ def test_shards_of_one_dataset_that_share_tracks_are_refused_when_loaded(tmp_pat
     shutil.copytree(b, a.parent / b.name)
     with pytest.raises(DatasetError, match=r"seeds-100002-100003-v1: holds tracks of seeds-100000-100002-v1 as well"):
         load_episodes(tmp_path / "a")
+
+
+def test_a_dataset_linked_in_from_elsewhere_is_found_once_and_a_link_loop_ends(tmp_path):
+    # once: a symlinked dataset under --data was skipped silently (Path.rglob does not follow links)
+    elsewhere, data = tmp_path / "elsewhere", tmp_path / "data"
+    shard = write_dataset(elsewhere, "far", synthetic_episodes(2, 8), "CarRacing-v3", expert="x", description="")
+    data.mkdir()
+    (data / "linked").symlink_to(elsewhere)
+    (data / "again").symlink_to(elsewhere)      # the same real folder twice: its episodes once
+    (data / "loop").symlink_to(data)            # a link back up
+    assert find_datasets(data) == [data / "again" / shard.relative_to(elsewhere)]
+    assert len(load_episodes(data)) == 2
