@@ -144,6 +144,25 @@ def test_resume_refuses_another_window_or_mode_and_keeps_the_run(tmp_path, demos
     assert (tmp_path / "r" / "last" / "config.json").read_bytes() == config
 
 
+def test_a_second_resume_of_a_run_being_resumed_is_refused(tmp_path, demos, capsys):
+    # once: two concurrent --resume of one run both went on and wrote metrics.csv rows twice
+    args = [str(a) for a in ["train", "--data", demos, "--out", tmp_path, "--run-name", "r", *TINY]]
+    assert main(args + ["--epochs", "1"]) == 0
+    first = subprocess.Popen([sys.executable, "-m", "nac_drive.cli", *args, "--epochs", "200", "--resume"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert next(line for line in first.stdout if line.startswith("run folder:"))   # it holds the run
+        capsys.readouterr()
+        assert main(args + ["--epochs", "3", "--resume"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert f"another nac-drive train (pid {first.pid}) is writing it" in err[-1], err
+    finally:
+        first.kill()
+        first.wait()
+    assert main(args + ["--epochs", "2", "--resume"]) == 0   # a killed holder's lock went with it
+    assert hidden(tmp_path / "r") == []                       # and a clean exit takes the lock file away
+
+
 @pytest.mark.slow
 def test_training_killed_while_it_swaps_in_a_checkpoint_resumes_from_the_previous(tmp_path, demos):
     """Killed in epoch 2 after last/ was moved aside and before the new one took its name."""

@@ -3,6 +3,7 @@ half of one), and fresh run folders that never reuse an existing one."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -119,3 +120,26 @@ def fresh_dir(path: str | Path) -> Path:
         except FileExistsError:
             continue
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def one_writer(folder: str | Path, what: str):
+    """Hold ``folder``'s writer lock for the block, so two processes never write one run at
+    once. Another holder: ``ValueError`` naming ``what`` and its pid. The lock (``flock`` on
+    ``folder/.writer.lock``) goes with the process however it ends; the file, on a clean exit."""
+    import fcntl
+
+    lock = Path(folder) / ".writer.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise ValueError(f"{folder}: another {what} (pid {holder}) is writing it; wait for it to end") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+        lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)

@@ -16,6 +16,7 @@ replaced whole (:func:`~nac_drive.io.atomic.atomic_write_dir`): a kill leaves th
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -30,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from nac_drive.io.atomic import atomic_write, atomic_write_dir, fresh_dir, readable_dir
+from nac_drive.io.atomic import atomic_write, atomic_write_dir, fresh_dir, one_writer, readable_dir
 from nac_drive.io.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
 from nac_drive.policy.cores import CORES, CoreConfig
 from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig, read_policy_weights
@@ -151,11 +152,12 @@ def train(args: TrainArgs) -> Path:
     Alone, training uses every core (a batch of 512 frames is big enough to share);
     under torchrun each process keeps one. The caller's thread count is back afterwards.
     """
-    with torch_threads(available_cores() if _world_size() == 1 else 1):
-        return _train(args)
+    with torch_threads(available_cores() if _world_size() == 1 else 1), contextlib.ExitStack() as held:
+        return _train(args, held)
 
 
-def _train(args: TrainArgs) -> Path:
+def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
+    """:func:`train`; ``held`` keeps the run folder's writer lock (a resumed run) until it returns."""
     if args.core not in CORES:
         raise ValueError(f"core: must be one of {CORES}, got {args.core!r}")
     rank, world, started_group = _distributed()
@@ -194,6 +196,8 @@ def _train(args: TrainArgs) -> Path:
     start_epoch, best = 0, float("inf")
     if args.resume:
         last = readable_dir(run_dir / "last")
+        if rank == 0:   # two resumes of one run would both write its checkpoints and metrics
+            held.enter_context(one_writer(run_dir, "nac-drive train"))
         refuse_another_architecture(config, last)
         load_state_into(policy, read_policy_weights(last / "model.safetensors"), last / "model.safetensors")
         state = load_optimizer(last, optimizer)
