@@ -43,7 +43,7 @@ import binascii
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,6 +179,9 @@ class SpeedController:
         return float(np.clip(out, -1.0, 1.0))
 
 
+LATENCY_WINDOW = 100_000   # answers the latency percentiles cover: the last ~2 h at 15 Hz
+
+
 @dataclass
 class BridgeStats:
     messages: int = 0  # telemetry messages received
@@ -191,7 +194,8 @@ class BridgeStats:
     refused: int = 0  # connections refused while another one drove
     disconnects: int = 0
     rows_recorded: int = 0
-    latency_ms: list[float] = field(default_factory=list)  # telemetry arrival -> steer emitted
+    # telemetry arrival -> steer emitted, of the last LATENCY_WINDOW answers (a list grew ~32 B a message for good)
+    latency_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
 
     def summary(self) -> dict:
         lat = np.array(self.latency_ms) if self.latency_ms else None

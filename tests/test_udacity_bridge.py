@@ -249,3 +249,13 @@ def test_a_bridge_listening_beyond_loopback_says_so(capsys):
         err = capsys.readouterr().err
         assert f"listening on {host}:4567" in err
         assert ("any machine that reaches it can take the seat" in err) == warned
+
+
+def test_the_latency_record_is_bounded():
+    # once a list that grew ~32 B per message for as long as the bridge ran
+    from nac_drive.simulators.udacity_bridge import LATENCY_WINDOW, BridgeStats
+
+    stats = BridgeStats()
+    stats.latency_ms.extend(range(LATENCY_WINDOW + 500))
+    assert len(stats.latency_ms) == LATENCY_WINDOW and stats.latency_ms[0] == 500
+    assert stats.summary()["latency_ms_p50"] == 500 + (LATENCY_WINDOW - 1) / 2
