@@ -363,3 +363,29 @@ def test_a_full_disk_ends_in_one_line_and_commits_no_shard_of_the_run(tmp_path, 
     monkeypatch.setattr(carracing_dataset.shutil, "disk_usage", real)
     assert main(argv) == 0   # a plain re-run: nothing of the failed run is in its way
     assert [ep.seed for ep in load_episodes(out)] == [100000, 100001]
+
+
+def test_a_checkpoint_that_fills_the_disk_ends_in_one_line_and_keeps_the_previous(tmp_path, demos, capsys,
+                                                                                   monkeypatch):
+    # once: exit 1, "a bug" (safetensors raises its own error when the disk fills)
+    import collections
+
+    from nac_drive.io import atomic, checkpoint
+
+    args = [str(a) for a in ["train", "--data", demos, "--out", tmp_path, "--run-name", "r", *TINY]]
+    assert main(args + ["--epochs", "1"]) == 0
+    before = (tmp_path / "r" / "last" / "model.safetensors").read_bytes()
+
+    def full(*_, **__):
+        raise RuntimeError("I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    monkeypatch.setattr(atomic.shutil, "disk_usage",
+                        lambda path: collections.namedtuple("usage", "total used free")(10**9, 10**9 - 4096, 4096))
+    capsys.readouterr()
+    assert main(args + ["--epochs", "2", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("nac-drive train: error: ") and "the disk is full (4096 bytes free)" in err
+    assert (tmp_path / "r" / "last" / "model.safetensors").read_bytes() == before
+    monkeypatch.undo()
+    assert DrivingPolicy.from_pretrained(tmp_path / "r" / "last") is not None

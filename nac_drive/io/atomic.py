@@ -4,6 +4,7 @@ half of one), and fresh run folders that never reuse an existing one."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import shutil
@@ -30,9 +31,28 @@ def atomic_write(path: str | Path, write) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())   # mkstemp creates 0600
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        raise _disk_full(path.parent, e) or e
+
+
+FULL_DISK_BYTES = 2**20   # less free than this after a failed write: the disk filled
+
+
+def _disk_full(folder: Path, error: BaseException) -> OSError | None:
+    """A one-line ``OSError`` (ENOSPC) for a write that failed because the disk of ``folder`` is
+    full, whatever the writing library raised (safetensors and h5py raise their own errors); None
+    when the disk is not full, the error already says so (ENOSPC) or was no error (an interrupt)."""
+    if not isinstance(error, Exception) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+        return None   # no error, or one that says so already
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return OSError(errno.ENOSPC, f"{folder}: the disk is full ({free} bytes free); the write failed and "
+                                 "what was there before is whole: free some space and run it again")
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -95,9 +115,9 @@ def atomic_write_dir(path: str | Path, write) -> Path:
     try:
         write(new)
         fsync_dir(new)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(new, ignore_errors=True)
-        raise
+        raise _disk_full(path.parent, e) or e
     if path.exists():
         os.rename(path, old)
     os.rename(new, path)
