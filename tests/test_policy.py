@@ -282,3 +282,26 @@ def test_a_training_run_folder_given_as_the_policy_means_its_best_checkpoint(tmp
     assert f"using its best/ checkpoint ({tmp_path / 'run' / 'best'})" in capsys.readouterr().err
     with pytest.raises(ValueError, match="config.json"):   # a folder that is neither still fails in one line
         load_driving_policy(tmp_path)
+
+
+def test_a_policy_drives_under_bfloat16_autocast_and_moved_to_bfloat16():
+    # once: autocast failed at output.numpy() (no bfloat16 in numpy), and .to(bfloat16) on the
+    # encoder's float32 cast of the frame
+    from nac_drive.agents.driver import shipped_policy_path
+
+    policy = DrivingPolicy.from_pretrained(shipped_policy_path("carracing"))
+    frames = np.random.default_rng(0).integers(0, 256, (20, 96, 96, 3), dtype=np.uint8)
+    reference = [policy.select_action(f) for f in frames]
+    policy.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = [policy.select_action(f) for f in frames]
+    policy.reset()
+    policy.to(torch.bfloat16)
+    moved = [policy.select_action(f) for f in frames]
+    assert policy.last_output.dtype == torch.bfloat16
+    for actions in (autocast, moved):   # bfloat16 keeps 8 bits of mantissa: nearly every choice is the same
+        assert all(policy.action_space.contains(a) for a in actions)
+        assert sum(a == r for a, r in zip(actions, reference)) >= 18
+    udacity = DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                                         core=CoreConfig(window=4))).to(torch.bfloat16)
+    assert -1 <= udacity.select_action({"image": np.zeros((160, 320, 3), np.uint8), "timestamp": 0.0}) <= 1

@@ -199,7 +199,7 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
 
     def output_to_action(self, output: torch.Tensor):
         """The head's output ``[num_outputs]`` -> an action of :attr:`action_space`."""
-        return self.task.action(output.numpy(), self.config.action)
+        return self.task.action(output.float().numpy(), self.config.action)   # bfloat16 has no numpy dtype
 
     def select_action(self, obs):
         """One frame in, one action out (an int for discrete policies, else an array;
