@@ -31,7 +31,7 @@ from nac_drive.io.video import WebmWriter
 ENV_ID = "CarRacing-v3"
 MAX_EPISODE_FRAMES = 1000  # CarRacing-v3's own time limit (env frames at 50 FPS)
 FPS = 50
-VIDEO_SCALE = 2   # video frames: the 96x96 observations upscaled (nearest); VP9 costs ~4x the CPU at 4x
+VIDEO_SCALE = 2   # video frames: the 96x96 observations upscaled (nearest); the encoder costs ~4x the CPU at 4x
 
 # Discrete action ids of CarRacing-v3.
 NOOP, RIGHT, LEFT, GAS, BRAKE = 0, 1, 2, 3, 4
@@ -366,7 +366,7 @@ def run_episodes(
 
     ``max_steps`` caps each episode (env frames; default: the env's 1000).
     ``on_step(episode, frame, obs, action, reward, info)`` is called after each frame,
-    with the ``obs`` the actor saw. ``video_path`` writes all episodes to one WebM (VP9,
+    with the ``obs`` the actor saw. ``video_path`` writes all episodes to one WebM (VP8,
     one video frame per env frame, upscaled ``VIDEO_SCALE`` times). ``env`` reuses an
     existing env (its ``continuous`` must match). ``progress``: show a progress bar (a
     string: labelled with it). ``gas``: see :func:`make_carracing` (default: the actor's own,

@@ -1,4 +1,4 @@
-"""Videos browsers play: VP9 WebM from `drive --video`, read back by OpenCV and by the
+"""Videos browsers play: VP8 WebM from `drive --video`, read back by OpenCV and by the
 container reader, and played by the dashboard beside the run's traces (headless Chromium)."""
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ def _decoded_frames(path):
         frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
 
 
-def test_episodes_are_written_as_vp9_webm_one_frame_per_env_frame(tmp_path):
+def test_episodes_are_written_as_vp8_webm_one_frame_per_env_frame(tmp_path):
     path = tmp_path / "run.webm"
     actor = _Gas()
     run_episodes(actor, [5, 6], max_steps=12, video_path=path)
     assert path.read_bytes()[:4] == b"\x1a\x45\xdf\xa3"              # an EBML (Matroska/WebM) file
     fourcc, frames = _decoded_frames(path)
-    assert fourcc == "VP90" and len(frames) == 24 == len(actor.seen)
+    assert fourcc == "VP80" and len(frames) == 24 == len(actor.seen)
     info = read_webm_info(path)
     side = 96 * VIDEO_SCALE
-    assert (info.codec, info.width, info.height, info.fps, info.frames) == ("V_VP9", side, side, FPS, 24)
+    assert (info.codec, info.width, info.height, info.fps, info.frames) == ("V_VP8", side, side, FPS, 24)
     # each video frame is the observation the actor saw (upscaled, lossy): not its neighbour's
     upscaled = [np.repeat(np.repeat(o, VIDEO_SCALE, 0), VIDEO_SCALE, 1).astype(float) for o in actor.seen]
     errors = [np.abs(f - upscaled[i]).mean() for i, f in enumerate(frames)]
@@ -82,12 +82,12 @@ def test_drive_records_the_first_tracks_and_scores_them_all(tmp_path, capsys):
 
 
 def test_a_video_that_is_not_webm_is_refused_before_driving(tmp_path, capsys):
-    with pytest.raises(ValueError, match=r"run\.mp4: videos are written as WebM \(VP9\), name the file \*\.webm"):
+    with pytest.raises(ValueError, match=r"run\.mp4: videos are written as WebM \(VP8\), name the file \*\.webm"):
         run_episodes(_Gas(), [5], max_steps=2, video_path=tmp_path / "run.mp4")
     assert main(["drive", "carracing", "--episodes", "1", "--video", str(tmp_path / "out.mp4"),
                  "--trace", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"nac-drive drive: error: video: {tmp_path / 'out.mp4'}: videos are written as WebM (VP9), "
+    assert err == [f"nac-drive drive: error: video: {tmp_path / 'out.mp4'}: videos are written as WebM (VP8), "
                    f"name the file *.webm"]
     assert not (tmp_path / "run").exists()                              # nothing driven, nothing written
 
@@ -132,10 +132,10 @@ def test_dashboard_embeds_the_runs_video_and_refuses_another_runs(run_dir, tmp_p
     run = load_trace(run_dir)
     video = _webm(tmp_path, [run.frame(i) for i in range(N)], name="<b>drive&.webm")
     page = build_dashboard(run_dir, tmp_path / "d.html", video=video).read_text(encoding="utf-8")
-    assert "&lt;b&gt;drive&amp;.webm: V_VP9 96x96, 30 frames at 10 fps" in page and "<b>drive" not in page   # the name is text
+    assert "&lt;b&gt;drive&amp;.webm: V_VP8 96x96, 30 frames at 10 fps" in page and "<b>drive" not in page   # the name is text
     data = run_data(page)
     assert base64.b64decode(data["video"]["b64"]) == video.read_bytes()
-    assert {k: data["video"][k] for k in ("codec", "frames", "fps")} == {"codec": "V_VP9", "frames": N, "fps": 10}
+    assert {k: data["video"][k] for k in ("codec", "frames", "fps")} == {"codec": "V_VP8", "frames": N, "fps": 10}
     # RUN_DIR/video.webm is found without being named; without one the page has no video
     assert run_data(build_dashboard(run_dir, tmp_path / "none.html").read_text(encoding="utf-8"))["video"] is None
     (run_dir / "video.webm").write_bytes(video.read_bytes())

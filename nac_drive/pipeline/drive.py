@@ -32,7 +32,7 @@ class DriveArgs:
     seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
     render: str | None = arg(None, "show a window while driving", choices=("human",))
-    video: str | None = arg(None, "write the episodes to a WebM (VP9) video, which browsers and the dashboard play",
+    video: str | None = arg(None, "write the episodes to a WebM (VP8) video, which browsers and the dashboard play",
                             metavar="WEBM")
     trace: str | None = arg(None, "record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz "
                                   "(RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")

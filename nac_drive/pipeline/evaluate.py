@@ -24,7 +24,7 @@ class ExpertEvalArgs:
     gas: float | None = arg(None, "teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
                                   "gymnasium's discrete env); a PPO zip drives with the gas its zip records "
                                   "('compare --gas' drives it with another)", above=0, max=1)
-    video: str | None = arg(None, "write the episodes to a WebM (VP9) video", metavar="WEBM")
+    video: str | None = arg(None, "write the episodes to a WebM (VP8) video", metavar="WEBM")
     perturb: str | None = perturb_arg()
 
     def __post_init__(self):
