@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 
-def _conv_input(frames: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``[B, C, H, W]`` uint8 or float -> ``dtype`` (the encoder's weights': a policy moved to
-    bfloat16 convolves in bfloat16) in channels-last memory (no copy if already)."""
+def _conv_input(frames: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, C, H, W]`` uint8 or float -> ``dtype``, the first convolution's (a policy moved to
+    bfloat16 convolves in bfloat16), in channels-last memory (no copy if already)."""
     frames = frames.contiguous(memory_format=torch.channels_last)
     if frames.dtype == torch.uint8:
         return frames.to(dtype).div_(255.0)
@@ -46,7 +46,7 @@ class CarRacingCNN(nn.Module):
         return self.convs[4]
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(_conv_input(frames, self.fc[1].weight.dtype)))
+        return self.fc(self.convs(_conv_input(frames, self.convs[0].weight.dtype)))
 
 
 class PilotNet(nn.Module):
@@ -72,7 +72,7 @@ class PilotNet(nn.Module):
         return self.convs[8]
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(_conv_input(frames, self.fc[1].weight.dtype)))
+        return self.fc(self.convs(_conv_input(frames, self.convs[0].weight.dtype)))
 
 
 ENCODERS = {"carracing_cnn": CarRacingCNN, "pilotnet": PilotNet}
