@@ -300,7 +300,7 @@ def alive(pid: int) -> bool:
 def children_of(pid: int) -> list[int]:
     """The live processes whose parent is ``pid``."""
     return [int(p.name) for p in Path("/proc").glob("[0-9]*")
-            if alive(int(p.name)) and (process_state(int(p.name)) or ("", 0))[1] == pid]
+            if (state := process_state(int(p.name))) and state[0] != "Z" and state[1] == pid]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
