@@ -305,3 +305,45 @@ def test_a_policy_drives_under_bfloat16_autocast_and_moved_to_bfloat16():
     udacity = DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
                                          core=CoreConfig(window=4))).to(torch.bfloat16)
     assert -1 <= udacity.select_action({"image": np.zeros((160, 320, 3), np.uint8), "timestamp": 0.0}) <= 1
+
+
+@pytest.mark.parametrize("core", ["cfc", "ltc"])
+def test_cfc_and_ltc_read_the_timestamps_per_sample(core):
+    """CfC and LTC step their ODE by each frame's elapsed time (in frame periods), batched:
+    regular frames are the unit steps they take without timestamps, a late frame is a longer
+    step, and each sample of a batch keeps its own clock (ncps' loop fails for batch > 1)."""
+    from nac_drive.policy.cores import build_core, elapsed_periods
+
+    torch.manual_seed(0)
+    dt = 0.05
+    net = build_core(8, CoreConfig(core=core, window=6, d_model=16), frame_dt=dt).eval()
+    x = torch.randn(2, 6, 8)
+    regular = torch.arange(6.0)[None].repeat(2, 1) * dt
+    late = regular.clone()
+    late[1, 3:] += 4 * dt                               # sample 1: frame 3 arrives 4 periods late
+    with torch.no_grad():
+        untimed, timed, skewed = net(x), net(x, regular), net(x, late)
+        alone = net(x[1:], late[1:])
+    torch.testing.assert_close(timed, untimed, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(skewed[0], timed[0])     # sample 0's clock is unchanged
+    torch.testing.assert_close(skewed[1:], alone)       # batched = alone
+    torch.testing.assert_close(skewed[1, :3], timed[1, :3])   # before the late frame: the same
+    assert (skewed[1, 3:] - timed[1, 3:]).abs().max() > 1e-3  # from it on: a longer step
+    assert elapsed_periods(late, dt)[1].tolist() == pytest.approx([1, 1, 1, 5, 1, 1])
+    # a repeated timestamp is a short step, never a zero one LTC would divide by
+    assert elapsed_periods(torch.zeros(1, 3), dt).min() > 0
+
+
+@pytest.mark.parametrize("core", ["cfc", "ltc"])
+def test_a_cfc_or_ltc_policy_streams_irregular_frames_as_its_window_forward(core):
+    window, T = 4, 7
+    policy = policy_for(core, window)
+    x = frames(T)
+    t = torch.tensor([[0.0, 0.02, 0.07, 0.09, 0.2, 0.22, 0.25]])
+    policy.reset()
+    for i in range(T):
+        streamed = policy.step_output({"image": x[0, i].permute(1, 2, 0).numpy(), "timestamp": float(t[0, i])})
+        lo = max(0, i - window + 1)
+        with torch.no_grad():
+            expected = policy(x[:, lo:i + 1], t[:, lo:i + 1] - t[0, lo])[0, -1]
+        torch.testing.assert_close(streamed, expected, atol=2e-5, rtol=1e-4)

@@ -10,6 +10,11 @@ last ``window`` frames, since that is what the policy was trained on. The NAC co
 streams in O(window) through :meth:`NAC.step`; the baselines (LSTM, GRU, CfC, LTC, MHA)
 keep the last ``window`` frames and re-run their forward over them
 (:class:`WindowReplay`), which reproduces their training-time context exactly.
+
+Time: the NAC reads the timestamps ``t`` (seconds) itself. CfC and LTC are continuous-time
+too: they get each frame's elapsed time in frame periods (:func:`elapsed_periods`), so a
+late frame of the Udacity bridge is a longer step of their ODE; on regular frames every
+step is 1.0, the unit steps they take without timestamps. LSTM, GRU and MHA ignore ``t``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from torch import nn
 from nac_drive.nac import NAC
 
 CORES = ("nac", "lstm", "gru", "cfc", "ltc", "mha")
+# Bounds of one CfC/LTC step in frame periods: LTC divides by the step, and a repeated
+# or wildly late timestamp must not make one step zero or swamp the window.
+MIN_PERIODS, MAX_PERIODS = 0.05, 20.0
 
 
 @dataclass
@@ -67,12 +75,34 @@ class NACCore(nn.Module):
         return self.nac.step(x_t, state, t=t, return_trace=return_trace)
 
 
+def elapsed_periods(t: torch.Tensor, frame_dt: float) -> torch.Tensor:
+    """Timestamps ``t [B, T]`` (seconds) -> each frame's elapsed time in frame periods
+    ``[B, T]``: ``(t_i - t_{i-1}) / frame_dt``, clamped to [MIN_PERIODS, MAX_PERIODS];
+    the window's first frame, which has no predecessor in the window, counts one period."""
+    steps = torch.ones_like(t)
+    steps[:, 1:] = (t[:, 1:] - t[:, :-1]) / frame_dt
+    return steps.clamp(MIN_PERIODS, MAX_PERIODS)
+
+
+def run_cells(net: CfC | LTC, x: torch.Tensor, periods: torch.Tensor) -> torch.Tensor:
+    """An ncps CfC / LTC over ``x [B, T, F]`` with per-sample steps ``periods [B, T]``
+    -> ``[B, T, units]``. ncps 1.0.1's own loop squeezes batched timespans to ``[B]`` and
+    broadcasts them against ``[B, units]``, which fails for any batch > 1; its cells take
+    ``[B, 1]``."""
+    h = x.new_zeros(x.shape[0], net.state_size)
+    out = []
+    for i in range(x.shape[1]):
+        y, h = net.rnn_cell(x[:, i], h, periods[:, i, None])
+        out.append(y)
+    return getattr(net, "fc", nn.Identity())(torch.stack(out, dim=1))
+
+
 class _Sequence(nn.Module):
     """LSTM / GRU / CfC / LTC / causal MHA over a window: x [B, T, F] -> [B, T, d_model]."""
 
-    def __init__(self, input_dim: int, cfg: CoreConfig):
+    def __init__(self, input_dim: int, cfg: CoreConfig, frame_dt: float = 1.0):
         super().__init__()
-        self.kind, self.out_dim = cfg.core, cfg.d_model
+        self.kind, self.out_dim, self.frame_dt = cfg.core, cfg.d_model, frame_dt
         if cfg.core == "lstm":
             self.net = nn.LSTM(input_dim, cfg.d_model, batch_first=True)
         elif cfg.core == "gru":
@@ -93,9 +123,7 @@ class _Sequence(nn.Module):
         if self.kind in ("lstm", "gru"):
             return self.net(x)[0]
         if self.kind in ("cfc", "ltc"):
-            # Unit time steps: ncps 1.0.1 squeezes batched `timespans` to [B] and then
-            # broadcasts it against [B, units], which fails for any batch > 1.
-            return self.net(x)[0]
+            return self.net(x)[0] if t is None else run_cells(self.net, x, elapsed_periods(t, self.frame_dt))
         T = x.shape[1]
         if T > self.position.shape[0]:
             raise ValueError(f"x: the mha core was built for windows of {self.position.shape[0]} frames, got {T}")
@@ -113,9 +141,9 @@ class _Replay:
 class WindowReplay(nn.Module):
     """Streams a sequence model by re-running it over the last ``window`` frames."""
 
-    def __init__(self, input_dim: int, cfg: CoreConfig):
+    def __init__(self, input_dim: int, cfg: CoreConfig, frame_dt: float = 1.0):
         super().__init__()
-        self.seq = _Sequence(input_dim, cfg)
+        self.seq = _Sequence(input_dim, cfg, frame_dt)
         self.window, self.out_dim = cfg.window, cfg.d_model
 
     def forward(self, x, t=None, return_trace=False):
@@ -140,7 +168,8 @@ class WindowReplay(nn.Module):
         return self.seq(frames, times)[:, -1], _Replay(frames, times)
 
 
-def build_core(input_dim: int, cfg: CoreConfig) -> nn.Module:
+def build_core(input_dim: int, cfg: CoreConfig, frame_dt: float = 1.0) -> nn.Module:
+    """The core ``cfg`` names; ``frame_dt``: the seconds of one frame period (CfC, LTC)."""
     if cfg.core not in CORES:
         raise ValueError(f"core: must be one of {CORES}, got {cfg.core!r}")
-    return NACCore(input_dim, cfg) if cfg.core == "nac" else WindowReplay(input_dim, cfg)
+    return NACCore(input_dim, cfg) if cfg.core == "nac" else WindowReplay(input_dim, cfg, frame_dt)

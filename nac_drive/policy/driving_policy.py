@@ -109,7 +109,7 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
         with torch.random.fork_rng():
             torch.manual_seed(config.core.seed)
             self.encoder = ENCODERS[config.encoder](config.feature_dim)
-            self.core = build_core(config.feature_dim, config.core)
+            self.core = build_core(config.feature_dim, config.core, config.frame_dt)
             self.head = nn.Sequential(nn.Dropout(config.head_dropout),
                                       nn.Linear(self.core.out_dim, config.num_outputs))
         self.trace_enabled = False
