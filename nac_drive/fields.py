@@ -68,15 +68,16 @@ def bounds(f: dataclasses.Field) -> dict:
 
 def check_fields(instance) -> None:
     """Raise ValueError naming the first field of a dataclass built with :func:`arg` whose
-    value is out of its bounds or not among its choices."""
+    value (or, for a list, one of its values) is out of its bounds or not among its choices."""
     for f in dataclasses.fields(instance):
-        value = getattr(instance, f.name)
         flag = flag_name(f.name)
         choices = f.metadata.get("choices")
-        if choices and value is not None and value not in choices:
-            raise ValueError(f"{flag}: must be one of {', '.join(map(str, choices))}, got {value!r}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            problem = check_number(value, **bounds(f))
-            if problem:
-                raise ValueError(f"{flag}: {problem}")
+        value = getattr(instance, f.name)
+        for value in value if isinstance(value, list) else [value]:   # a list field: each of its values
+            if choices and value is not None and value not in choices:
+                raise ValueError(f"{flag}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                problem = check_number(value, **bounds(f))
+                if problem:
+                    raise ValueError(f"{flag}: {problem}")
 

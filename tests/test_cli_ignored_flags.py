@@ -19,7 +19,7 @@ from nac_drive.pipeline.train_args import ARCHITECTURE, CORE_FIELDS, TrainArgs
 
 MISSING = "/nonexistent/nac-drive-test"
 ARCHITECTURE_FLAGS = {"--core": "lstm", "--mode": "euler", "--d-model": "32", "--num-heads": "2", "--topk": "4",
-                      "--select": "all", "--euler-steps": "3"}
+                      "--select": "all", "--sparsity": "0.2", "--euler-steps": "3"}
 
 # (arguments, the start of the flag's refusal after "error: ")
 IGNORED = [
@@ -27,6 +27,7 @@ IGNORED = [
     *[(["dagger", "--policy", MISSING, flag, value], f"unrecognized arguments: {flag}")
       for flag, value in {**ARCHITECTURE_FLAGS, "--init-from": MISSING}.items()],
     (["dagger", "--policy", MISSING, "--resume"], "unrecognized arguments: --resume"),
+    (["dagger", "--policy", MISSING, "--eval-episodes", "3"], "unrecognized arguments: --eval-episodes"),
     (["dagger", "--policy", MISSING, "--disturb-frames", "5"], "--disturb-frames: only with --disturb-rate > 0"),
     # train --init-from: the checkpoint's architecture
     *[(["train", "--init-from", MISSING, flag, value], f"{flag}: --init-from fine-tunes the checkpoint's own "
@@ -56,6 +57,10 @@ IGNORED = [
     (["dashboard", MISSING, "--rrd", "run.rrd", "--title", "x"], "--title: only for the HTML file"),
     (["dashboard", MISSING, "--rrd", "run.rrd", "--video", "v.webm"], "--video: only for the HTML file"),
     (["dashboard", MISSING, "--rrd", "run.rrd", "--image-budget-mb", "5"], "--image-budget-mb: only for the HTML"),
+    # compare without closed-loop episodes
+    (["compare", "--data", MISSING, "--episodes", "0", "--max-steps", "50"], "--max-steps: only with --episodes > 0"),
+    # a NAC ablation's sparsity with another core
+    (["train", "--core", "gru", "--sparsity", "0.9"], "--sparsity: the gru core does not use it (only nac)"),
     # explain without a closed-loop check
     (["explain", "--closed-loop-tracks", "0", "--closed-loop-top", "3"], "--closed-loop-top: only with a closed-loop"),
     (["explain", "--closed-loop-tracks", "0", "--closed-loop-random", "3"], "--closed-loop-random: only with"),

@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 
 TB_FOLDER = "tensorboard"   # inside a run folder
-HPARAM_METRICS = ("val/loss", "val/accuracy", "val/mae", "train/epoch_loss", "closed_loop/mean_return")
+HPARAM_METRICS = ("val/loss", "val/accuracy", "val/mae", "train/epoch_loss", "closed_loop/mean_return",
+                  "closed_loop/laps_finished", "closed_loop/mean_abs_cte")
 _EPOCH_TAGS = {"train_loss": "train/epoch_loss", "train_accuracy": "train/epoch_accuracy",
                "frames_per_s": "train/frames_per_s", "val_loss": "val/loss", "val_accuracy": "val/accuracy",
                "val_mae": "val/mae"}
@@ -60,10 +61,12 @@ class RunLog:
 
 
 def log_closed_loop(run_dir: str | Path, summary: dict, step: int = 0) -> None:
-    """Closed-loop figures (``run_episodes(...).summary()``) as ``closed_loop/`` scalars."""
+    """Closed-loop figures (a CarRacing or Udacity-emulator drive's summary) as ``closed_loop/``
+    scalars: mean return, laps finished, the policy's median latency and, on Udacity, the
+    mean |cross-track error| (m)."""
     from torch.utils.tensorboard import SummaryWriter
 
     with SummaryWriter(str(Path(run_dir) / TB_FOLDER)) as writer:
-        writer.add_scalar("closed_loop/mean_return", summary["mean_return"], step)
-        writer.add_scalar("closed_loop/laps_finished", summary["laps_finished"], step)
-        writer.add_scalar("closed_loop/latency_ms_p50", summary["latency_ms_p50"], step)
+        for name in ("mean_return", "laps_finished", "latency_ms_p50", "mean_abs_cte"):
+            if name in summary:
+                writer.add_scalar(f"closed_loop/{name}", summary[name], step)

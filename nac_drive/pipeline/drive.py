@@ -106,6 +106,19 @@ def _drive_and_score(policy, driver, args: DriveArgs, progress: bool, recorded: 
     return dict(results.summary(), text=results.format())
 
 
+def drive_checkpoint(policy_path, task: str, episodes: int, max_steps: int | None = None,
+                     progress: bool = True) -> dict:
+    """A checkpoint of ``task`` drives the first ``episodes`` held-out tracks (CarRacing
+    900000, ...; the Udacity emulator's ``random-900000``, ...), each capped at ``max_steps``
+    frames (default: a whole CarRacing episode, :data:`UDACITY_FRAMES`); the summary of
+    :func:`drive_carracing` or :func:`drive_udacity_emulator`."""
+    if task == "udacity":
+        return drive_udacity_emulator(policy_path, udacity_eval_tracks(episodes), frames=max_steps or UDACITY_FRAMES,
+                                      progress=progress)
+    return drive_carracing(DriveArgs(policy=str(policy_path), episodes=episodes, max_steps=max_steps),
+                           progress=progress)
+
+
 def udacity_eval_tracks(n: int, base: int = EVAL_SEED_BASE) -> list[str]:
     """The first ``n`` held-out emulator tracks, ``random-<seed>`` for seeds from ``base``.
 

@@ -167,7 +167,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
         raise ValueError(f"data: no episode or segment of {args.data} has {args.window} frames (--window)")
     core_cfg = CoreConfig(core=args.core, window=args.window, d_model=args.d_model, num_heads=args.num_heads,
                           topk=args.topk, mode=args.mode, select=args.select, euler_steps=args.euler_steps,
-                          seed=args.seed)
+                          sparsity=args.sparsity, seed=args.seed)
     config.core = core_cfg
     run_dir = Path(args.out) / run_name(args, config.task)
     if args.init_from:   # fine-tune (e.g. a DAgger round): the checkpoint's own architecture
@@ -271,6 +271,10 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
         print(f"epoch {epoch + 1}: {', '.join(shown)}, {row['frames_per_s']:.0f} frames/s", flush=True)
     if log:
         log.close()
+        if args.eval_episodes:
+            from nac_drive.pipeline.drive import drive_checkpoint
+            record_closed_loop(run_dir, drive_checkpoint(run_dir / "best", config.task, args.eval_episodes,
+                                                         progress=args.progress))
     if world > 1:
         _record_rank_agreement(policy, run_dir, rank, world)
     if started_group:  # gloo's threads left running at interpreter exit can abort the process
@@ -288,6 +292,21 @@ def hyperparameters(args: TrainArgs, config: PolicyConfig, world: int) -> dict:
             "windows_per_epoch": args.windows_per_epoch, "batch_size": args.batch_size * world, "lr": args.lr,
             "weight_decay": args.weight_decay, "class_weighting": args.class_weighting, "seed": args.seed,
             "init_from": args.init_from or "-"}
+
+
+CLOSED_LOOP_FILE = "closed_loop.json"   # in a run folder: how its best checkpoint drove
+
+
+def record_closed_loop(run_dir: Path, summary: dict) -> dict:
+    """A checkpoint's drive (:func:`~nac_drive.pipeline.drive.drive_checkpoint`) into its run
+    folder: ``closed_loop.json`` and the ``closed_loop/`` TensorBoard scalars, which the
+    HParams table shows beside the validation metrics. Returns what it wrote."""
+    from nac_drive.io.run_log import log_closed_loop
+
+    summary = {k: v for k, v in summary.items() if k != "text"}
+    write_json(run_dir / CLOSED_LOOP_FILE, summary)
+    log_closed_loop(run_dir, summary)
+    return summary
 
 
 def _fresh_run_dir(path: Path, rank: int, world: int) -> Path:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nac_drive.fields import MAX_SEED, arg, check_fields
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 
 CLASS_WEIGHTINGS = ("none", "balanced")
 # The architecture flags each temporal core of nac_drive.policy.cores reads besides --window and
 # --d-model (tests/test_cli_ignored_flags.py checks the cores are CORES); another core would ignore them.
-CORE_FIELDS = {"nac": ("mode", "num_heads", "topk", "select", "euler_steps"), "lstm": (), "gru": (), "cfc": (),
+CORE_FIELDS = {"nac": ("mode", "num_heads", "topk", "select", "sparsity", "euler_steps"), "lstm": (), "gru": (), "cfc": (),
                "ltc": (), "mha": ("num_heads",)}
 # What --init-from takes from its checkpoint instead (its config.json)
 ARCHITECTURE = ("core", "d_model") + CORE_FIELDS["nac"]
@@ -45,6 +45,9 @@ class TrainArgs:
     select: str = arg("exact", 'NAC key selection: exact Top-K or every key of the window (block selection '
                                'cannot stream, and a policy drives frame by frame).', choices=("exact", "all"),
                       group=ARCHITECTURE_GROUP)
+    sparsity: float = arg(0.5, "share of NCP synapses left out of the NAC's wired gates (the paper's "
+                               "NAC-02s / NAC-09s ablations: 0.2 / 0.9).", min=0.1, max=0.9,
+                          group=ARCHITECTURE_GROUP)
     euler_steps: int = arg(6, 'NAC Euler steps (--mode euler).', min=1, group=ARCHITECTURE_GROUP)
     windows_per_epoch: int = arg(4096, 'windows sampled per epoch (0: all windows).', min=0, group="optimisation")
     batch_size: int = arg(32, 'windows per optimiser step (per process under torchrun).', min=1, group="optimisation")
@@ -58,6 +61,10 @@ class TrainArgs:
     val_fraction: float = arg(0.15, 'share of episodes held out for validation (at least one when there '
                                     'are two).', min=0, below=1, group="validation")
     val_windows: int = arg(1024, 'validation windows evaluated per epoch (0: all).', min=0, group="validation")
+    eval_episodes: int = arg(0, "after training, the best checkpoint drives this many held-out tracks (CarRacing "
+                                "900000, ...; the Udacity emulator's random-900000, ...); the figures go to "
+                                "closed_loop.json and TensorBoard's closed_loop/ tags and HParams table.",
+                             min=0, max=MAX_EPISODES, group="validation")
 
     def __post_init__(self):
         check_fields(self)

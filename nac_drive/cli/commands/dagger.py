@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 # flags of `nac-drive train` that dagger does not take: each round fine-tunes its student as it is
-NOT_FROM_TRAIN = ("init_from", "resume")
+NOT_FROM_TRAIN = ("init_from", "resume", "eval_episodes")   # a round drives its student itself
 
 
 def add_parser(subparsers) -> None:

@@ -1,0 +1,141 @@
+"""nac-drive compare: variants trained and driven alike, several seeds, one table; train --eval-episodes."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from nac_drive.cli.main import main
+from nac_drive.data_collection.carracing_dataset import write_dataset
+from nac_drive.pipeline.compare import VARIANTS, CompareArgs, RunResult, summarise, t_interval
+from support.demos import synthetic_episodes
+
+torch.set_num_threads(1)
+TINY = ["--window", "4", "--d-model", "16", "--epochs", "1", "--windows-per-epoch", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos")
+    write_dataset(root, "synthetic", synthetic_episodes(), "CarRacing-v3", expert="bands", description="test")
+    return root
+
+
+def run_cli(argv, capsys) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().out
+
+
+def test_t_interval_is_the_students_t_interval_of_the_seeds():
+    lo, hi = t_interval([0.80, 0.82, 0.84])
+    # mean 0.82, sd 0.02, t(0.975, 2) = 4.3027: half-width 0.0496843
+    assert (lo, hi) == pytest.approx((0.82 - 0.0496843, 0.82 + 0.0496843), abs=1e-5)
+    assert t_interval([0.8]) is None
+
+
+def test_a_variant_pools_every_episode_of_its_seeds_and_keeps_each_seeds_mean():
+    loops = [{"returns": [900.0, 800.0], "laps_finished": 1, "mean_return": 850.0},
+             {"returns": [700.0, 950.0], "laps_finished": 1, "mean_return": 825.0}]
+    runs = [RunResult("gru", s, f"r{s}", "carracing", 0.5, acc, None, loop)
+            for s, acc, loop in zip((0, 1), (0.7, 0.9), loops)]
+    row = summarise("gru", runs)
+    assert row["val_accuracy"] == pytest.approx(0.8) and row["val_accuracy_per_seed"] == [0.7, 0.9]
+    loop = row["closed_loop"]
+    assert loop["episodes"] == 4 and loop["mean_return"] == pytest.approx(837.5)
+    assert loop["worst_return"] == 700.0 and loop["successes"] == 2 and loop["laps_finished"] == 2
+    assert loop["mean_return_per_seed"] == [850.0, 825.0]
+    assert loop["mean_ci95"][0] < 837.5 < loop["mean_ci95"][1]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"variants": ["nac-fc"]}, "--variants: must be one of"),
+    ({"variants": ["gru", "gru"]}, "--variants: at least one, each once"),
+    ({"seeds": [0, 0]}, "--seeds: at least one, each once"),
+    ({"seeds": [-1]}, "--seeds: must be >= 0"),
+])
+def test_bad_variants_or_seeds_are_refused_before_any_training(change, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        CompareArgs(**{"data": str(tmp_path), **change})
+
+
+def test_every_variant_sets_train_arguments_that_exist_and_differ():
+    from nac_drive.pipeline.train_args import TrainArgs
+
+    settings = [tuple(sorted(v.items())) for v in VARIANTS.values()]
+    assert len(set(settings)) == len(settings)
+    for variant, values in VARIANTS.items():
+        TrainArgs(**values)   # a misspelt field or an out-of-range value fails here
+
+
+@pytest.mark.slow
+def test_compare_trains_and_drives_every_variant_and_seed_into_one_table(dataset, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--data", str(dataset), "--out", str(out), "--variants", "nac-pw", "lstm",
+            "--seeds", "0", "1", "2", "--episodes", "2", "--max-steps", "30", "--json", *TINY]
+    code, printed = run_cli(argv, capsys)
+    assert code == 0
+    report = json.loads(printed.strip().splitlines()[-1])
+    assert [row["variant"] for row in report["variants"]] == ["nac-pw", "lstm"]
+    for row in report["variants"]:
+        assert row["seeds"] == [0, 1, 2] and len(row["runs"]) == 3
+        accuracies, returns = [], []
+        for run in row["runs"]:
+            with open(f"{run}/metrics.csv") as f:   # the best checkpoint's epoch: the lowest val loss
+                best = min(csv.DictReader(f), key=lambda r: float(r["val_loss"]))
+            accuracies.append(float(best["val_accuracy"]))
+            with open(f"{run}/closed_loop.json") as f:
+                drive = json.load(f)
+            assert drive["seeds"] == [900000, 900001] and max(drive["lengths"]) <= 30
+            returns += drive["returns"]
+            config = json.load(open(f"{run}/best/config.json"))["core"]
+            assert config["core"] == VARIANTS[row["variant"]]["core"]
+            if row["variant"] == "nac-pw":
+                assert config["select"] == "all"
+        assert row["val_accuracy_per_seed"] == pytest.approx(accuracies)
+        assert row["val_accuracy"] == pytest.approx(np.mean(accuracies))
+        loop = row["closed_loop"]
+        assert loop["episodes"] == 6 and loop["mean_return"] == pytest.approx(np.mean(returns), abs=0.01)
+        assert loop["worst_return"] == pytest.approx(min(returns), abs=0.01)
+    table = (out / "compare.md").read_text()
+    assert table.count("\n| nac-pw |") == 1 and table.count("\n| lstm |") == 1 and "3 seeds (0, 1, 2)" in table
+
+    # TensorBoard's HParams table sees each run's closed-loop return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = report["variants"][0]["runs"][0]
+    events = EventAccumulator(f"{first}/tensorboard")
+    events.Reload()
+    with open(f"{first}/closed_loop.json") as f:
+        assert events.Scalars("closed_loop/mean_return")[0].value == pytest.approx(json.load(f)["mean_return"])
+
+    # run again: nothing is trained or driven twice, the table is the same
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "results").iterdir()}
+    code, again = run_cli(argv, capsys)
+    assert code == 0 and json.loads(again.strip().splitlines()[-1]) == report
+    assert {p: p.stat().st_mtime_ns for p in (out / "results").iterdir()} == stamps
+    assert len(list((out / "runs").iterdir())) == 6
+
+
+@pytest.mark.slow
+def test_train_eval_episodes_drives_the_best_checkpoint_and_logs_it(dataset, tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    code, _ = run_cli(["train", "--data", str(dataset), "--out", str(tmp_path), "--run-name", "r", "--core", "gru",
+                       "--eval-episodes", "1", *TINY], capsys)
+    assert code == 0
+    drive = json.loads((tmp_path / "r" / "closed_loop.json").read_text())
+    assert drive["episodes"] == 1 and drive["seeds"] == [900000] and drive["policy"].endswith("best")
+    runs = EventMultiplexer()
+    runs.AddRunsFromDirectory(str(tmp_path))
+    runs.Reload()
+    experiment = [metadata.parse_experiment_plugin_data(tags[metadata.EXPERIMENT_TAG])
+                  for tags in runs.PluginRunToTagToContent(metadata.PLUGIN_NAME).values()
+                  if metadata.EXPERIMENT_TAG in tags][0]
+    assert "closed_loop/mean_return" in [m.name.tag for m in experiment.metric_infos]
+    events = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    events.Reload()
+    assert [s.value for s in events.Scalars("closed_loop/mean_return")] == pytest.approx([drive["mean_return"]])
