@@ -139,3 +139,30 @@ def test_train_eval_episodes_drives_the_best_checkpoint_and_logs_it(dataset, tmp
     events = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
     events.Reload()
     assert [s.value for s in events.Scalars("closed_loop/mean_return")] == pytest.approx([drive["mean_return"]])
+
+
+@pytest.mark.slow
+def test_compare_on_udacity_recordings_gives_steering_mse_and_cross_track_error(tmp_path, capsys):
+    rec = tmp_path / "rec"
+    for track in ("lakeside", "canyon"):
+        code, _ = run_cli(["collect", "udacity", "--driver", "scripted", "--out", str(rec), "--frames", "60",
+                           "--track", track, "--no-progress"], capsys)
+        assert code == 0
+    code, printed = run_cli(["compare", "--data", str(rec), "--out", str(tmp_path / "cmp"), "--variants", "cfc",
+                             "nac-exact", "--seeds", "0", "1", "--episodes", "1", "--max-steps", "20", "--json",
+                             *TINY], capsys)
+    assert code == 0
+    report = json.loads(printed.strip().splitlines()[-1])
+    assert report["task"] == "udacity"
+    for row in report["variants"]:
+        assert row["metric"] == "val_mse"
+        losses = []
+        for run in row["runs"]:
+            with open(f"{run}/metrics.csv") as f:   # Udacity's validation loss is the steering MSE
+                losses.append(min(float(r["val_loss"]) for r in csv.DictReader(f)))
+            drive = json.load(open(f"{run}/closed_loop.json"))
+            assert drive["tracks"] == ["random-900000"] and drive["lengths"] == [20]
+        assert row["val_mse_per_seed"] == pytest.approx(losses)
+        loop = row["closed_loop"]
+        assert loop["episodes"] == 2 and loop["mean_abs_cte"] >= 0 and "off_road_tracks" in loop
+    assert "steering MSE" in (tmp_path / "cmp" / "compare.md").read_text()
