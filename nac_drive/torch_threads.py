@@ -18,6 +18,16 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def check_workers(workers: int) -> None:
+    """Refuse more worker processes than cores, in one line: each worker is one single-threaded
+    process of ~400 MB (a CarRacing env and a policy), so more only slow each other down
+    while their memory adds up (8 workers on 2 cores once took 3.1 GB)."""
+    cores = available_cores()
+    if workers > cores:
+        raise ValueError(f"--workers: {workers} is more than the {cores} cores this process may use; each worker is "
+                         f"one single-threaded process of ~400 MB, so more than {cores} only slows them down")
+
+
 @contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """Run the block with ``threads`` torch threads; the count of before is restored after."""

@@ -1,6 +1,7 @@
 """Every verb answers nonsense with one line on stderr and exit 2, before doing any work,
 and never with a traceback (nac_drive.cli.run_verb, nac_drive.cli.arguments)."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -31,6 +32,10 @@ NONSENSE = [
     (["dagger", "--policy", MISSING, "--rounds", "0"], "--rounds: must be >= 1"),
     (["dagger", "--policy", MISSING, "--disturb-rate", "1.5"], "--disturb-rate: must be <= 1"),
     (["dagger", "--policy", MISSING, "--workers", "0"], "--workers: must be >= 1"),
+    # more workers than cores (each is a single-threaded process of ~400 MB); the cores: os.sched_getaffinity
+    (["dagger", "--policy", MISSING, "--workers", str(len(os.sched_getaffinity(0)) + 1)],
+     f"--workers: {len(os.sched_getaffinity(0)) + 1} is more than the {len(os.sched_getaffinity(0))} cores"),
+    (["collect", "carracing", "--workers", "64"], f"--workers: 64 is more than the {len(os.sched_getaffinity(0))} cores"),
     (["dagger", "--policy", MISSING], MISSING),
     (["drive", "carracing", "--episodes", "0"], "--episodes: must be >= 1"),
     (["drive", "carracing", "--max-steps", "0"], "--max-steps: must be >= 1"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -252,3 +254,48 @@ def test_overlay_keeps_the_frames_brightness_where_show_cam_on_image_does_not():
     theirs = show_cam_on_image(frame.astype(np.float32) / 255, np.zeros((96, 96), np.float32), use_rgb=True,
                                image_weight=0.55)
     assert np.abs(theirs.astype(float) - expected).max() > 20
+
+
+def _recorded_run(run_dir):
+    rng = np.random.default_rng(0)
+    with RunRecorder(run_dir) as rec:
+        for _ in range(3):
+            rec.add(rng.integers(0, 255, (96, 96, 3), dtype=np.uint8), policy_action=0)
+    return run_dir
+
+
+def _saliency_refused_before_computing(run_dir, monkeypatch, capsys) -> str:
+    from nac_drive.cli.main import main
+    from nac_drive.interpret import policy_saliency
+
+    monkeypatch.setattr(policy_saliency, "compute_run_saliency",
+                        lambda *a, **k: pytest.fail("saliency was computed for an output it cannot write"))
+    assert main(["saliency", "--run", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    return err[0]
+
+
+def test_saliency_refuses_an_output_that_is_a_folder_before_computing(tmp_path, monkeypatch, capsys):
+    run = _recorded_run(tmp_path / "run")
+    (run / "saliency.npz").mkdir()
+    assert "saliency.npz: is a folder" in _saliency_refused_before_computing(run, monkeypatch, capsys)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_saliency_refuses_a_read_only_run_folder_before_computing(tmp_path, monkeypatch, capsys):
+    """Issue 44: saliency computed for 11 s before finding its output folder read-only."""
+    import shutil
+    import subprocess
+
+    run = _recorded_run(tmp_path / "run")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], check=True)
+    try:
+        shutil.copytree(run, mount, dirs_exist_ok=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        line = _saliency_refused_before_computing(mount, monkeypatch, capsys)
+        assert f"{mount}: cannot write there (Read-only file system)" in line
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

@@ -36,6 +36,22 @@ def atomic_write(path: str | Path, write) -> None:
         raise _disk_full(path.parent, e) or e
 
 
+def check_writable(path: str | Path) -> Path:
+    """Refuse, before any work, a file :func:`atomic_write` could not write at the end: its
+    folder not writable (read-only, no permission; a temporary file is made and removed, since
+    permission bits do not bind root) or ``path`` a folder. OSError naming it, in one line."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a folder; the output is a file of that name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise OSError(e.errno, f"{path.parent}: cannot write there ({e.strerror}); nothing was computed") from None
+    return path
+
+
 FULL_DISK_BYTES = 2**20   # less free than this after a failed write: the disk filled
 
 

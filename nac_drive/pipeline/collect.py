@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
+from nac_drive.torch_threads import check_workers
 
 
 @dataclass
@@ -26,10 +27,12 @@ class CollectArgs:
                                   "gymnasium's discrete env); a PPO zip records its own", above=0, max=1)
     out: str = arg("runs/demos", "dataset root folder (Minari's MINARI_DATASETS_PATH)")
     name: str | None = arg(None, "dataset name (default: carracing-<expert>)")
-    workers: int = arg(1, "processes driving episodes in parallel (one per core), one shard each", min=1)
+    workers: int = arg(1, "processes driving episodes in parallel (one per core, at most the cores), one shard each",
+                       min=1)
 
     def __post_init__(self):
         check_fields(self)
+        check_workers(self.workers)
 
 
 def collect_carracing(args: CollectArgs, progress: bool = True):

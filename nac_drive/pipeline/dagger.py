@@ -26,6 +26,7 @@ from pathlib import Path
 from nac_drive.fields import MAX_EPISODES, REQUIRED, arg, check_fields
 from nac_drive.pipeline.train_args import TrainArgs
 from nac_drive.policy.tasks import DISCRETE_GAS
+from nac_drive.torch_threads import check_workers
 
 DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
 
@@ -43,14 +44,16 @@ class DaggerArgs:
     disturb_rate: float = arg(0.0, "chance per undisturbed frame that a burst of one random action replaces the "
                                    "student's, so the teacher labels recoveries (after DART; 0: none)", min=0, max=1)
     disturb_frames: int = arg(10, "frames per disturbance burst", min=1)
-    workers: int | None = arg(None, "processes that drive a round's tracks, one shard each (default: one per core)",
-                              min=1)
+    workers: int | None = arg(None, "processes that drive a round's tracks, one shard each (default: one per core; "
+                                    "at most the cores)", min=1)
     oracle: str = arg("teacher", "who labels: 'teacher' (privileged pure pursuit), 'ppo' (the shipped PPO "
                                  "expert, from the frames the student sees) or the path of a PPO expert zip; a PPO "
                                  "oracle must drive the student's env (the same gas)")
 
     def __post_init__(self):
         check_fields(self)
+        if self.workers is not None:
+            check_workers(self.workers)
 
     def ignored(self) -> dict[str, str]:
         """The fields these rounds would not use, each with why."""
