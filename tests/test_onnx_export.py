@@ -16,6 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 from nac_drive.agents.driver import load_driving_policy  # noqa: E402
+from support.held_out_drive import drive_recording, replay  # noqa: E402
 from nac_drive.cli.main import main  # noqa: E402
 from nac_drive.nac.selection import Visibility, select_exact  # noqa: E402
 from nac_drive.policy.onnx_export import export_onnx  # noqa: E402
@@ -52,41 +53,22 @@ def exported(shipped, tmp_path_factory):
 @pytest.fixture(scope="module")
 def held_out(shipped):
     """The torch policy drives held-out track 900000: its frames and the head's outputs."""
-    from nac_drive.simulators.carracing import run_episodes
-
-    class Recording:
-        gas = shipped.config.gas
-
-        def __init__(self):
-            self.frames, self.outputs = [], []
-
-        def reset(self):
-            shipped.reset()
-
-        def act(self, obs):
-            self.frames.append(obs.copy())
-            self.outputs.append(shipped.step_output(obs).numpy().copy())
-            return shipped.output_to_action(shipped.last_output)
-
-    actor = Recording()
-    run_episodes(actor, [HELD_OUT], max_steps=FRAMES)
-    return np.stack(actor.frames), np.stack(actor.outputs)
+    return drive_recording(shipped, [HELD_OUT], max_steps=FRAMES)
 
 
 @pytest.mark.parametrize("graph", ["step", "window"])
 def test_the_exported_policy_gives_torchs_outputs_and_actions_on_held_out_frames(exported, held_out, graph):
-    frames, expected = held_out
     policy = OnnxPolicy(exported[graph])
     assert policy.graph == graph and policy.config.core.window == 16
-    policy.reset()
-    got = np.stack([policy.step_output(frame).numpy() for frame in frames])
+    got, expected = replay(policy, held_out), held_out.outputs
+    assert got.shape == expected.shape == (FRAMES, 5)
     assert np.abs(got - expected).max() <= 1e-5
     assert (got.argmax(1) == expected.argmax(1)).all()
     assert len(set(expected.argmax(1))) > 1   # the frames ask for more than one action
 
 
 def test_the_window_graph_takes_any_length_up_to_the_window(exported, shipped, held_out):
-    frames = torch.from_numpy(held_out[0][:16]).permute(0, 3, 1, 2)[None]   # [1, 16, 3, 96, 96]
+    frames = torch.from_numpy(held_out.frames[:16]).permute(0, 3, 1, 2)[None]   # [1, 16, 3, 96, 96]
     t = torch.arange(16, dtype=torch.float32)[None] * shipped.config.frame_dt
     run = ort.InferenceSession(str(exported["window"]), providers=["CPUExecutionProvider"])
     for n in (1, 7, 16):
