@@ -36,13 +36,10 @@ from torch import nn
 from nac_drive.io.atomic import atomic_write
 from nac_drive.nac import NACCache
 from nac_drive.policy.driving_policy import DrivingPolicy
+from nac_drive.policy.onnx_policy import (EXTRA_HINT, FORMAT, GRAPHS, INPUTS, META_CONFIG, META_FORMAT, META_GRAPH,
+                                          OUTPUTS, session)
 
-GRAPHS = ("step", "window")
-FORMAT = "nac-drive-onnx-1"
-# metadata_props keys
-META_FORMAT, META_GRAPH, META_CONFIG = "nac_drive.format", "nac_drive.graph", "nac_drive.policy_config"
 OPSET = 20
-EXTRA_HINT = "pip install 'nac-drive[onnx]'"
 
 
 class StepGraph(nn.Module):
@@ -72,10 +69,6 @@ class WindowGraph(nn.Module):
 
     def forward(self, frames: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return self.policy(frames, t)
-
-
-INPUTS = {"step": ("frame", "t", "cache", "steps"), "window": ("frames", "t")}
-OUTPUTS = {"step": ("output", "cache_out", "steps_out"), "window": ("outputs",)}
 
 
 def example_inputs(policy: DrivingPolicy, graph: str, frames: int | None = None, seed: int = 0) -> tuple:
@@ -147,8 +140,6 @@ def _quiet():
 def max_abs_diff(policy: DrivingPolicy, path: str | Path, graph: str) -> float:
     """The largest |torch - onnxruntime| of ``graph``'s outputs on its example inputs (the window
     graph: a window of 3 frames too, so the dynamic length is checked)."""
-    from nac_drive.policy.onnx_policy import session
-
     run = session(path)
     worst = 0.0
     for frames in ((None, 3) if graph == "window" else (None,)):

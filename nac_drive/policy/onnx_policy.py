@@ -28,9 +28,16 @@ from nac_drive.io.capped_read import read_capped
 from nac_drive.io.checkpoint import CheckpointError
 from nac_drive.policy.driving_policy import ClosedLoop, PolicyConfig
 from nac_drive.policy.encoders import ENCODERS
-from nac_drive.policy.onnx_export import EXTRA_HINT, FORMAT, GRAPHS, INPUTS, META_CONFIG, META_FORMAT, META_GRAPH
 
 MAX_BYTES = 256 * 2**20   # far above any policy here (the shipped ones: ~1 MB)
+# What an exported file holds (:mod:`.onnx_export` writes it): its graphs' inputs and outputs, and
+# the metadata_props keys of its format, its graph and the policy's config JSON.
+FORMAT = "nac-drive-onnx-1"
+GRAPHS = ("step", "window")
+INPUTS = {"step": ("frame", "t", "cache", "steps"), "window": ("frames", "t")}
+OUTPUTS = {"step": ("output", "cache_out", "steps_out"), "window": ("outputs",)}
+META_FORMAT, META_GRAPH, META_CONFIG = "nac_drive.format", "nac_drive.graph", "nac_drive.policy_config"
+EXTRA_HINT = "pip install 'nac-drive[onnx]'"
 
 
 def session(path: str | Path, threads: int = 1):
