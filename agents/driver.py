@@ -23,14 +23,24 @@ def shipped_policy_path(task: str = "carracing") -> Path:
     return Path(str(files("nac_drive") / "assets" / f"policy_{task}_nac"))
 
 
-def load_driving_policy(path: str | Path | None = None, task: str = "carracing"):
+def load_driving_policy(path: str | Path | None = None, task: str = "carracing", onnx: bool = False):
     """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one for
-    ``task``; a training run folder: its ``best/``, :func:`checkpoint_folder`), in eval mode."""
+    ``task``; a training run folder: its ``best/``, :func:`checkpoint_folder`), in eval mode.
+    With ``onnx``, a ``.onnx`` file of ``nac-drive export`` gives an
+    :class:`~nac_drive.policy.onnx_policy.OnnxPolicy` (onnxruntime; it drives, it has no torch
+    modules to look inside); without, such a file is refused in one line."""
     import torch
 
     from nac_drive.policy.driving_policy import DrivingPolicy
 
     torch.set_num_threads(1)
+    if path is not None and str(path).endswith(".onnx"):
+        if not onnx:
+            raise ValueError(f"policy: {path} is an ONNX export, which only drives (nac-drive drive); "
+                             f"this needs the policy's checkpoint folder")
+        from nac_drive.policy.onnx_policy import OnnxPolicy
+
+        return OnnxPolicy(path)
     return DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path))
 
 

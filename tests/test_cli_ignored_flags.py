@@ -73,8 +73,8 @@ IGNORED = [
     (["expert", "eval", "--expert", "random", "--gas", "0.4"], "--gas: random drives the continuous env"),
 ]
 # verbs with no flag that another flag can make idle
-NOTHING_TO_IGNORE = {"nac-drive saliency", "nac-drive sim udacity-emulator", "nac-drive expert resume",
-                     "nac-drive expert compare", "nac-drive expert ship"}
+NOTHING_TO_IGNORE = {"nac-drive saliency", "nac-drive export", "nac-drive sim udacity-emulator",
+                     "nac-drive expert resume", "nac-drive expert compare", "nac-drive expert ship"}
 
 
 def run_cli(args: list[str], cwd) -> subprocess.CompletedProcess:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from nac_drive.nac.packing import KeyLayout, PackedWeights
-from nac_drive.nac.selection import BlockPartition, Visibility
+from nac_drive.nac.selection import BlockPartition, Visibility, exporting
 
 _enabled = os.environ.get("NAC_DRIVE_KERNELS", "1") != "0"
 
@@ -62,8 +62,9 @@ def disabled():
 
 
 def _scripting() -> bool:
-    """torch.jit.trace / torch.compile see tensors only: numba calls cannot be traced."""
-    return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)()
+    """torch.jit.trace / torch.compile / torch.export (and so ONNX export) see tensors only:
+    numba calls cannot be traced."""
+    return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)() or exporting()
 
 
 def _finite(*arrays: np.ndarray) -> bool:

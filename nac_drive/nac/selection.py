@@ -86,10 +86,10 @@ def _topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> tuple[tor
     """:func:`topk_positions` that also returns the scores ``[..., topk]`` (-inf where empty).
     Ties go to the newest key: candidates are ordered newest first, then stably by score."""
     k = min(topk, scores.shape[-1])
-    newest_first = positions.expand(scores.shape).argsort(dim=-1, descending=True, stable=True)
-    scores, positions = scores.gather(-1, newest_first), positions.expand(scores.shape).gather(-1, newest_first)
-    best, col = scores.sort(dim=-1, descending=True, stable=True)
-    best, col = best[..., :k], col[..., :k]
+    positions = positions.expand(scores.shape)
+    newest_first = _stable_top(positions, scores.shape[-1])[1]
+    scores, positions = scores.gather(-1, newest_first), positions.gather(-1, newest_first)
+    best, col = _stable_top(scores, k)
     pos = torch.gather(positions, -1, col)
     pos = pos.masked_fill(best == float("-inf"), NO_KEY)
     if k < topk:
@@ -98,12 +98,35 @@ def _topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> tuple[tor
     return best, pos
 
 
+def _stable_top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of ``values [..., N]``, largest first, equal values in column order
+    -> (values, columns) ``[..., k]``.
+
+    Eagerly a stable sort. Traced for export (:func:`exporting`), ``topk``: ONNX has no
+    stable sort (torch exports every sort, stable or not, as one), and its TopK puts equal
+    values in index order (the ONNX spec's tie rule), the same order; torch's own ``topk``
+    promises no order among ties, so eager code never takes it.
+    """
+    if exporting():
+        return values.topk(k, dim=-1)
+    best, col = values.sort(dim=-1, descending=True, stable=True)
+    return best[..., :k], col[..., :k]
+
+
+def exporting() -> bool:
+    """``torch.export`` (and so ``torch.onnx.export(dynamo=True)``) is tracing this code."""
+    return getattr(torch.compiler, "is_exporting", lambda: False)()
+
+
 def _query_chunks(num_queries: int, per_query: int, window: int | None = None):
     """Query ranges of about CHUNK_ELEMENTS scores each. With a window, a chunk of C
     queries spans C + window keys, so chunks stay near the window's size."""
     chunk = max(1, CHUNK_ELEMENTS // max(per_query, 1))
     if window is not None:
         chunk = min(chunk, max(window, 32))
+    if num_queries <= chunk:   # one chunk, said without range(): an export keeps T a variable
+        yield 0, num_queries
+        return
     for start in range(0, num_queries, chunk):
         yield start, min(start + chunk, num_queries)
 

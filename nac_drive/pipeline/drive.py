@@ -27,7 +27,8 @@ UDACITY_SPEED = 9.0     # mph: the set speed of `nac-drive drive udacity`
 class DriveArgs:
     """Arguments of ``nac-drive drive carracing``."""
 
-    policy: str | None = arg(None, "checkpoint folder (default: the shipped CNN+NAC policy)")
+    policy: str | None = arg(None, "checkpoint folder, or a .onnx of nac-drive export (default: the shipped CNN+NAC "
+                                   "policy)")
     episodes: int = arg(20, "number of tracks", min=1, max=MAX_EPISODES)
     seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
@@ -308,14 +309,18 @@ def task_policy(policy_path, task: str):
     line if it drives another task."""
     from nac_drive.agents.driver import load_driving_policy
 
-    policy = load_driving_policy(policy_path, task=task)
+    policy = load_driving_policy(policy_path, task=task, onnx=True)
     if policy.config.task != task:
         raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a {task!r} one")
     return policy
 
 
 def policy_nac(policy):
-    """The policy's NAC layer, or None for another core."""
+    """The policy's NAC layer, or None for another core; an ONNX policy, which has no layers to
+    trace or show, is refused in one line."""
+    if not hasattr(policy, "core"):
+        raise ValueError("policy: an ONNX policy records and shows no neuron traces; --trace and --rerun need "
+                         "its checkpoint folder")
     return policy.core.nac if policy.config.core.core == "nac" else None
 
 

@@ -100,44 +100,26 @@ class PolicyConfig:
         return config
 
 
-class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", license="mit",
-                    pipeline_tag="reinforcement-learning", tags=["behaviour-cloning", "driving", "nac-drive"],
-                    paper_url="https://arxiv.org/abs/2512.10282", model_card_template=hub.CARD_TEMPLATE):
-    def __init__(self, config: PolicyConfig | None = None):
-        super().__init__()
-        self.config = config = config or PolicyConfig()
-        with torch.random.fork_rng():
-            torch.manual_seed(config.core.seed)
-            self.encoder = ENCODERS[config.encoder](config.feature_dim)
-            self.core = build_core(config.feature_dim, config.core, config.frame_dt)
-            self.head = nn.Sequential(nn.Dropout(config.head_dropout),
-                                      nn.Linear(self.core.out_dim, config.num_outputs))
-        self.trace_enabled = False
-        self.reset()
+class ClosedLoop:
+    """What a driving policy does in a closed loop, whatever runs its network: observations
+    in, actions out, with its episode's streaming state (LeRobot's ``reset`` /
+    ``select_action``, stable-baselines3's ``predict``, the gymnasium spaces).
 
-    # ------------------------------------------------------------------ training
-    @property
-    def frame_shape(self) -> tuple[int, int, int]:
-        return self.encoder.frame_shape
+    A subclass has ``config`` (:class:`PolicyConfig`) and ``frame_shape``, and implements
+    :meth:`step_output` (one observation -> the head's output ``[num_outputs]``), keeping its
+    state in ``_state`` (None at an episode's start), ``_frames_seen`` and ``_t0``:
+    :class:`DrivingPolicy` (torch) and :class:`~nac_drive.policy.onnx_policy.OnnxPolicy`
+    (onnxruntime).
+    """
 
-    def forward(self, frames: torch.Tensor, t: torch.Tensor | None = None, return_trace: bool = False):
-        """frames ``[B, T, C, H, W]``, t ``[B, T]`` seconds -> outputs ``[B, T, num_outputs]``."""
-        if frames.ndim != 5 or tuple(frames.shape[2:]) != self.frame_shape:
-            raise ValueError(f"frames: expected [B, T, {', '.join(map(str, self.frame_shape))}], "
-                             f"got {list(frames.shape)}")
-        B, T = frames.shape[:2]
-        features = self.encoder(frames.flatten(0, 1)).view(B, T, -1)
-        if return_trace:
-            y, trace = self.core(features, t, return_trace=True)
-            return self.head(y), trace
-        return self.head(self.core(features, t))
+    config: PolicyConfig
+    trace_enabled: bool = False
 
     @property
     def task(self) -> Task:
         """What the task makes of observations and outputs (:mod:`nac_drive.policy.tasks`)."""
         return TASKS[self.config.task]
 
-    # ---------------------------------------------------------------- closed loop
     def reset(self) -> None:
         """Start a new episode: forget the window."""
         self._state = None
@@ -177,25 +159,18 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
                              f"got {image.shape[0]}x{image.shape[1]}")
         return frame, timestamp
 
-    @torch.inference_mode()
-    def step_output(self, obs) -> torch.Tensor:
-        """Consume one observation; returns the head's raw output ``[num_outputs]``."""
-        frame, timestamp = self.observation_to_frame(obs)
+    def episode_time(self, timestamp: float | None) -> torch.Tensor:
+        """A frame's time as the network reads it: ``[1]`` float32 seconds since the episode's
+        first frame (subtracted in float64 first), ``frame_dt`` apart without timestamps."""
         if timestamp is None:
             timestamp = self._frames_seen * self.config.frame_dt
         if self._t0 is None:
             self._t0 = timestamp
-        t = torch.tensor([timestamp - self._t0], dtype=torch.float32)
-        if self._state is None:
-            self._state = self.core.init_state(1)
-        features = self.encoder(frame[None])
-        if self.trace_enabled:
-            y, self._state, self.last_trace = self.core.step(features, self._state, t=t, return_trace=True)
-        else:
-            y, self._state = self.core.step(features, self._state, t=t)
-        self._frames_seen += 1
-        self.last_output = self.head(y)[0]
-        return self.last_output
+        return torch.tensor([timestamp - self._t0], dtype=torch.float32)
+
+    def step_output(self, obs) -> torch.Tensor:
+        """Consume one observation; returns the head's raw output ``[num_outputs]``."""
+        raise NotImplementedError
 
     def output_to_action(self, output: torch.Tensor):
         """The head's output ``[num_outputs]`` -> an action of :attr:`action_space`."""
@@ -267,6 +242,56 @@ class DrivingPolicy(nn.Module, PyTorchModelHubMixin, library_name="nac-drive", l
                 maker = f"make_carracing({'' if self.config.gas == DISCRETE_GAS else f'gas={self.config.gas!r}'})"
                 raise ValueError(f"env and policy disagree on the gas: the env's GAS presses {env_gas}, this "
                                  f"policy learned {self.config.gas} ({maker} makes its env)")
+
+
+class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="nac-drive", license="mit",
+                    pipeline_tag="reinforcement-learning", tags=["behaviour-cloning", "driving", "nac-drive"],
+                    paper_url="https://arxiv.org/abs/2512.10282", model_card_template=hub.CARD_TEMPLATE):
+    def __init__(self, config: PolicyConfig | None = None):
+        super().__init__()
+        self.config = config = config or PolicyConfig()
+        with torch.random.fork_rng():
+            torch.manual_seed(config.core.seed)
+            self.encoder = ENCODERS[config.encoder](config.feature_dim)
+            self.core = build_core(config.feature_dim, config.core, config.frame_dt)
+            self.head = nn.Sequential(nn.Dropout(config.head_dropout),
+                                      nn.Linear(self.core.out_dim, config.num_outputs))
+        self.trace_enabled = False
+        self.reset()
+
+    # ------------------------------------------------------------------ training
+    @property
+    def frame_shape(self) -> tuple[int, int, int]:
+        return self.encoder.frame_shape
+
+    def forward(self, frames: torch.Tensor, t: torch.Tensor | None = None, return_trace: bool = False):
+        """frames ``[B, T, C, H, W]``, t ``[B, T]`` seconds -> outputs ``[B, T, num_outputs]``."""
+        if frames.ndim != 5 or tuple(frames.shape[2:]) != self.frame_shape:
+            raise ValueError(f"frames: expected [B, T, {', '.join(map(str, self.frame_shape))}], "
+                             f"got {list(frames.shape)}")
+        B, T = frames.shape[:2]
+        features = self.encoder(frames.flatten(0, 1)).view(B, T, -1)
+        if return_trace:
+            y, trace = self.core(features, t, return_trace=True)
+            return self.head(y), trace
+        return self.head(self.core(features, t))
+
+    # ---------------------------------------------------------------- closed loop
+    @torch.inference_mode()
+    def step_output(self, obs) -> torch.Tensor:
+        """Consume one observation; returns the head's raw output ``[num_outputs]``."""
+        frame, timestamp = self.observation_to_frame(obs)
+        t = self.episode_time(timestamp)
+        if self._state is None:
+            self._state = self.core.init_state(1)
+        features = self.encoder(frame[None])
+        if self.trace_enabled:
+            y, self._state, self.last_trace = self.core.step(features, self._state, t=t, return_trace=True)
+        else:
+            y, self._state = self.core.step(features, self._state, t=t)
+        self._frames_seen += 1
+        self.last_output = self.head(y)[0]
+        return self.last_output
 
     def frame_model(self) -> nn.Module:
         """An image model ``[B, C, H, W] -> [B, num_outputs]`` for the NEXT frame, with the

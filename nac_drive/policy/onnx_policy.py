@@ -1,0 +1,130 @@
+"""A driving policy exported by :mod:`.onnx_export`, run by onnxruntime: ``drive --policy OUT.onnx``.
+
+    policy = OnnxPolicy("policy.onnx")      # one onnxruntime thread by default
+    policy.reset()
+    action = policy.select_action(obs)      # DrivingPolicy's closed-loop protocol (ClosedLoop)
+
+The file alone suffices: its ``metadata_props`` hold the policy's config (task, window,
+frame_dt, action mapping) and which graph it is. A ``"step"`` graph carries the NAC cache
+from frame to frame, as :meth:`DrivingPolicy.select_action` does; a ``"window"`` graph is run
+on the episode's last ``window`` frames and its last output read. Either gets the same
+timestamps the torch policy gets (:meth:`ClosedLoop.episode_time`).
+
+Loading never executes code: the model is read into memory (a regular file, capped at
+:data:`MAX_BYTES`) and handed to onnxruntime as bytes, so it cannot name external data files;
+no custom-operator library is registered. A file that is not such a policy (not ONNX,
+truncated, another model's inputs, no nac-drive metadata) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nac_drive.io.capped_read import read_capped
+from nac_drive.io.checkpoint import CheckpointError
+from nac_drive.policy.driving_policy import ClosedLoop, PolicyConfig
+from nac_drive.policy.encoders import ENCODERS
+
+MAX_BYTES = 256 * 2**20   # far above any policy here (the shipped ones: ~1 MB)
+# What an exported file holds (:mod:`.onnx_export` writes it): its graphs' inputs and outputs, and
+# the metadata_props keys of its format, its graph and the policy's config JSON.
+FORMAT = "nac-drive-onnx-1"
+GRAPHS = ("step", "window")
+INPUTS = {"step": ("frame", "t", "cache", "steps"), "window": ("frames", "t")}
+OUTPUTS = {"step": ("output", "cache_out", "steps_out"), "window": ("outputs",)}
+META_FORMAT, META_GRAPH, META_CONFIG = "nac_drive.format", "nac_drive.graph", "nac_drive.policy_config"
+EXTRA_HINT = "pip install 'nac-drive[onnx]'"
+
+
+def session(path: str | Path, threads: int = 1):
+    """An onnxruntime CPU session of the model at ``path``, on ``threads`` threads; a file
+    onnxruntime cannot load is refused in one line (:class:`CheckpointError`)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ValueError(f"an ONNX policy runs on onnxruntime (the 'onnx' extra): {EXTRA_HINT}") from None
+    data = read_capped(path, MAX_BYTES)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3   # errors only: the refusal below says what went wrong
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    except Exception as e:   # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
+        why = " ".join(str(e).split())[:200]
+        raise CheckpointError(f"{path}: not an ONNX model onnxruntime can load ({why})") from None
+
+
+class OnnxPolicy(ClosedLoop):
+    """A policy of ``nac-drive export --format onnx`` on onnxruntime, with
+    :class:`~nac_drive.policy.driving_policy.DrivingPolicy`'s ``reset`` / ``select_action`` /
+    ``act`` / ``predict`` / ``check_env`` (:class:`ClosedLoop`). ``config`` is the exported
+    policy's :class:`PolicyConfig`; ``graph`` ``"step"`` or ``"window"``."""
+
+    def __init__(self, path: str | Path, threads: int = 1):
+        self.path = Path(path)
+        self.session = session(path, threads)
+        self.graph, self.config = _read_metadata(self.session.get_modelmeta().custom_metadata_map, self.path)
+        self.frame_shape: tuple[int, int, int] = ENCODERS[self.config.encoder].frame_shape
+        self._check_inputs()
+        self.reset()
+
+    def _check_inputs(self) -> None:
+        """The graph's inputs are the ones :mod:`.onnx_export` writes for this config."""
+        window, core = self.config.core.window, self.config.core
+        if self.graph == "step":
+            cache = [1, core.num_heads, window, None]   # cache_width: the layer's own
+            expected = {"frame": ([1, *self.frame_shape], "uint8"), "t": ([1], "float"),
+                        "cache": (cache, "float"), "steps": ([], "int64")}
+        else:
+            expected = {"frames": ([1, None, *self.frame_shape], "uint8"), "t": ([1, None], "float")}
+        found = {i.name: (i.shape, i.type) for i in self.session.get_inputs()}
+        ok = list(found) == list(INPUTS[self.graph]) and all(
+            found[name][1] == f"tensor({kind})" and len(found[name][0]) == len(shape)
+            and all(want is None or got == want for got, want in zip(found[name][0], shape))
+            for name, (shape, kind) in expected.items())
+        if not ok:
+            seen = ", ".join(f"{n} {s} {k}" for n, (s, k) in found.items())
+            raise CheckpointError(f"{self.path}: its inputs ({seen}) are not those of a {self.graph} graph of this "
+                                  f"policy's config; export it again with nac-drive export")
+        if self.graph == "step":
+            self._cache_shape = tuple(found["cache"][0])
+
+    def step_output(self, obs) -> torch.Tensor:
+        """Consume one observation; returns the head's raw output ``[num_outputs]``."""
+        frame, timestamp = self.observation_to_frame(obs)
+        t = self.episode_time(timestamp).numpy()
+        frame = np.ascontiguousarray(frame.numpy())[None]                           # [1, C, H, W]
+        if self.graph == "step":
+            cache, steps = self._state or (np.zeros(self._cache_shape, np.float32), np.array(0, np.int64))
+            output, cache, steps = self.session.run(None, {"frame": frame, "t": t, "cache": cache, "steps": steps})
+            self._state, output = (cache, steps), output[0]
+        else:   # the last `window` frames, as the torch policy's window holds them
+            window = self.config.core.window
+            frames, times = self._state or (np.empty((1, 0, *self.frame_shape), np.uint8), np.empty((1, 0), np.float32))
+            frames = np.concatenate([frames, frame[:, None]], axis=1)[:, -window:]
+            times = np.concatenate([times, t[None]], axis=1)[:, -window:]
+            self._state = (frames, times)
+            output = self.session.run(None, {"frames": frames, "t": times})[0][0, -1]
+        self._frames_seen += 1
+        self.last_output = torch.from_numpy(np.array(output, np.float32))
+        return self.last_output
+
+
+def _read_metadata(meta: dict[str, str], path: Path) -> tuple[str, PolicyConfig]:
+    """(graph, config) from an exported file's ``metadata_props``, each checked."""
+    if meta.get(META_FORMAT) != FORMAT:
+        raise CheckpointError(f"{path}: not a policy exported by nac-drive export (metadata {META_FORMAT} is "
+                              f"{meta.get(META_FORMAT)!r}, expected {FORMAT!r})")
+    graph = meta.get(META_GRAPH)
+    if graph not in GRAPHS:
+        raise CheckpointError(f"{path}: metadata {META_GRAPH} must be one of {GRAPHS}, got {graph!r}")
+    try:
+        config = PolicyConfig.from_dict(json.loads(meta.get(META_CONFIG, "")))
+    except (TypeError, ValueError) as e:   # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path}: metadata {META_CONFIG}: {' '.join(str(e).split())}") from None
+    return graph, config

@@ -1,0 +1,179 @@
+"""nac-drive export --format onnx and OnnxPolicy: the exported policy gives torch's outputs
+(to 1e-5) and actions on held-out frames, drives held-out tracks to torch's returns, keeps the
+Top-K's tie order, and a file that is not such a policy is refused in one line.
+
+The onnx extra (onnx, onnxscript, onnxruntime) is in ``all``, which CI installs."""
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from nac_drive.agents.driver import load_driving_policy  # noqa: E402
+from support.held_out_drive import drive_recording, replay  # noqa: E402
+from nac_drive.cli.main import main  # noqa: E402
+from nac_drive.nac.selection import Visibility, select_exact  # noqa: E402
+from nac_drive.policy.onnx_export import export_onnx  # noqa: E402
+from nac_drive.policy.onnx_policy import FORMAT, META_CONFIG, META_FORMAT, META_GRAPH, OnnxPolicy  # noqa: E402
+
+HELD_OUT = 900000
+FRAMES = 250   # held-out frames per parity check (benchmarks/onnx_policy.py measures 1,000)
+
+
+def one_line_error(capsys, *argv, code=2) -> str:
+    assert main([str(a) for a in argv]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_driving_policy()
+
+
+@pytest.fixture(scope="module")
+def exported(shipped, tmp_path_factory):
+    """The shipped policy exported as both graphs: {graph: path}."""
+    folder = tmp_path_factory.mktemp("onnx")
+    paths = {}
+    for graph in ("step", "window"):
+        result = export_onnx(shipped, folder / f"{graph}.onnx", graph=graph)
+        assert result["max_abs_diff"] <= 1e-5, result
+        paths[graph] = folder / f"{graph}.onnx"
+    return paths
+
+
+@pytest.fixture(scope="module")
+def held_out(shipped):
+    """The torch policy drives held-out track 900000: its frames and the head's outputs."""
+    return drive_recording(shipped, [HELD_OUT], max_steps=FRAMES)
+
+
+@pytest.mark.parametrize("graph", ["step", "window"])
+def test_the_exported_policy_gives_torchs_outputs_and_actions_on_held_out_frames(exported, held_out, graph):
+    policy = OnnxPolicy(exported[graph])
+    assert policy.graph == graph and policy.config.core.window == 16
+    got, expected = replay(policy, held_out), held_out.outputs
+    assert got.shape == expected.shape == (FRAMES, 5)
+    assert np.abs(got - expected).max() <= 1e-5
+    assert (got.argmax(1) == expected.argmax(1)).all()
+    assert len(set(expected.argmax(1))) > 1   # the frames ask for more than one action
+
+
+def test_the_window_graph_takes_any_length_up_to_the_window(exported, shipped, held_out):
+    frames = torch.from_numpy(held_out.frames[:16]).permute(0, 3, 1, 2)[None]   # [1, 16, 3, 96, 96]
+    t = torch.arange(16, dtype=torch.float32)[None] * shipped.config.frame_dt
+    run = ort.InferenceSession(str(exported["window"]), providers=["CPUExecutionProvider"])
+    for n in (1, 7, 16):
+        with torch.no_grad():
+            expected = shipped(frames[:, :n], t[:, :n]).numpy()
+        got = run.run(None, {"frames": frames[:, :n].numpy(), "t": t[:, :n].numpy()})[0]
+        assert got.shape == (1, n, 5) and np.abs(got - expected).max() <= 1e-5
+
+
+def test_the_file_alone_holds_the_policy_config(exported, shipped):
+    meta = {p.key: p.value for p in onnx.load(str(exported["step"])).metadata_props}
+    assert meta[META_FORMAT] == FORMAT and meta[META_GRAPH] == "step"
+    config = json.loads(meta[META_CONFIG])
+    assert config["task"] == "carracing" and config["core"]["window"] == 16 and config["frame_dt"] == 0.02
+
+
+@pytest.mark.slow
+def test_drive_with_the_onnx_policy_scores_the_torch_policys_returns(exported, capsys):
+    def drive(*policy):
+        assert main(["drive", "carracing", *policy, "--episodes", "2", "--max-steps", "300", "--json"]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    torch_run, onnx_run = drive(), drive("--policy", str(exported["step"]))
+    assert onnx_run["returns"] == torch_run["returns"] and onnx_run["seeds"] == [HELD_OUT, HELD_OUT + 1]
+
+
+def test_export_verb_writes_a_file_drive_can_load(tmp_path, capsys):
+    out = tmp_path / "policy.onnx"
+    assert main(["export", "--format", "onnx", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["graph"] == "step" and result["max_abs_diff"] <= 1e-5
+    assert OnnxPolicy(out).config.task == "carracing"
+
+
+def test_exportable_topk_keeps_the_newest_among_equal_scores(tmp_path):
+    """ONNX has no stable sort: the exported Top-K (topk, ties by index after the newest-first
+    reordering) must pick the keys the eager reference picks, in its order, among many ties."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 2, (2, 3, 12, 4), generator=gen).float()   # 0/1 entries: scores 0..4, many equal
+    k = torch.randint(0, 2, (2, 3, 12, 4), generator=gen).float()
+
+    class Select(torch.nn.Module):
+        def forward(self, q, k):
+            return select_exact(q, k, 5, Visibility(causal=True, window=9))
+
+    expected = Select()(q, k)
+    scores = q @ k.transpose(-1, -2)
+    last = scores[0, 0, 11, 3:12]   # the last query's visible keys: ties among them
+    assert len(set(last.tolist())) < len(last)
+    # the reference itself: among equal scores, the newer key first
+    best = scores.gather(-1, expected.clamp(min=0))
+    newer_first = (best[..., :-1] > best[..., 1:]) | (expected[..., :-1] > expected[..., 1:]) | (expected[..., 1:] < 0)
+    assert newer_first.all()
+    program = torch.onnx.export(Select().eval(), (q, k), dynamo=True, input_names=["q", "k"], output_names=["idx"])
+    program.save(str(tmp_path / "select.onnx"))
+    got = ort.InferenceSession(str(tmp_path / "select.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"q": q.numpy(), "k": k.numpy()})[0]
+    np.testing.assert_array_equal(got, expected.numpy())
+
+
+def tiny_model(path, inputs=(("x", [1, 4]),), meta=None):
+    """A valid ONNX model (Identity of its first input) with ``meta`` as metadata_props."""
+    from onnx import TensorProto, helper
+
+    ins = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, inputs[0][1])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", [inputs[0][0]], ["y"])], "g", ins, [out]),
+                              opset_imports=[helper.make_opsetid("", 20)])
+    helper.set_model_props(model, meta or {})
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_file_that_is_not_an_exported_policy_is_refused_in_one_line(tmp_path, capsys, exported):
+    config = json.dumps(asdict(load_driving_policy().config))
+    text = tmp_path / "text.onnx"
+    text.write_text("not a model")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(exported["step"].read_bytes()[:2000])
+    cases = {
+        text: "not an ONNX model onnxruntime can load",
+        truncated: "not an ONNX model onnxruntime can load",
+        tiny_model(tmp_path / "plain.onnx"): "not a policy exported by nac-drive export",
+        tiny_model(tmp_path / "inputs.onnx", meta={META_FORMAT: FORMAT, META_GRAPH: "step", META_CONFIG: config}):
+            "are not those of a step graph",
+        tiny_model(tmp_path / "config.onnx", meta={META_FORMAT: FORMAT, META_GRAPH: "step", META_CONFIG: "{"}):
+            f"metadata {META_CONFIG}",
+        tiny_model(tmp_path / "graph.onnx", meta={META_FORMAT: FORMAT, META_GRAPH: "scan", META_CONFIG: config}):
+            f"metadata {META_GRAPH} must be one of",
+        tmp_path / "missing.onnx": "missing.onnx",
+    }
+    for path, why in cases.items():
+        assert why in one_line_error(capsys, "drive", "carracing", "--policy", path, "--episodes", "1"), path
+
+
+def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_line(tmp_path, capsys, exported):
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    lstm = tmp_path / "lstm"
+    DrivingPolicy(PolicyConfig(core=CoreConfig(core="lstm", window=4))).save_pretrained(lstm)
+    assert "export --graph window" in one_line_error(capsys, "export", "--policy", lstm, tmp_path / "l.onnx")
+    assert "ending in .onnx" in one_line_error(capsys, "export", tmp_path / "policy.pt")
+    assert not (tmp_path / "l.onnx").exists()
+    step = exported["step"]
+    assert "--trace and --rerun need its checkpoint folder" in one_line_error(
+        capsys, "drive", "carracing", "--policy", step, "--episodes", "1", "--trace", tmp_path / "run")
+    assert "only drives" in one_line_error(capsys, "saliency", "--policy", step, "--run", tmp_path)
