@@ -312,11 +312,12 @@ def load_trace(path: str | os.PathLike) -> RunTrace:
     inflated = 0
     for i, chunk in enumerate([where] if legacy else chunk_paths(where)):
         with ArchiveReader(chunk) as r:
+            inflated += r.inflated   # all chunks together, as one archive: checked before reading
+            if inflated > ARCHIVE_LIMIT:
+                raise ArchiveError(where, None, f"its chunks would inflate to more than the {ARCHIVE_LIMIT} bytes "
+                                                "allowed")
             parts.append(_read_chunk(r, None if legacy else i, sum(p.num_steps for p in parts),
                                      parts[0].metadata if parts else None, axes))
-        inflated += r.inflated
-        if inflated > ARCHIVE_LIMIT:
-            raise ArchiveError(where, None, f"its chunks would inflate to more than the {ARCHIVE_LIMIT} bytes allowed")
     sha256 = parts[0].sha256 if legacy else chunks_sha256([p.sha256 for p in parts])
     return _joined(where, parts, axes, sha256)
 
@@ -327,10 +328,13 @@ def _trace_path(path: Path) -> Path:
         return path.parent if CHUNK.fullmatch(path.name) else path
     if not path.is_dir():
         raise ArchiveError(path, None, "no such file or folder")
-    if (path / TRACE_DIR).is_dir() or path.name != TRACE_DIR and not chunk_indices(path) \
-            and not (path / LEGACY_TRACE_FILE).is_file():
-        return path / TRACE_DIR   # (a run folder without a trace: chunk_paths says "no such folder")
-    return path / LEGACY_TRACE_FILE if (path / LEGACY_TRACE_FILE).is_file() else path
+    if (path / TRACE_DIR).is_dir():
+        return path / TRACE_DIR
+    if (path / LEGACY_TRACE_FILE).is_file():
+        return path / LEGACY_TRACE_FILE
+    if path.name == TRACE_DIR or chunk_indices(path):
+        return path               # the trace folder itself
+    return path / TRACE_DIR       # a run folder without a trace: chunk_paths says "no such folder"
 
 
 @dataclass
