@@ -2,7 +2,7 @@
 
 It streams frames through the policy (``NAC.step``: no recompute of the window),
 times every decision, and can hand each step to its sinks: a
-:class:`~nac_drive.interpret.trace.RunRecorder` (``trace.npz``, for the dashboard) and a
+:class:`~nac_drive.interpret.trace.RunRecorder` (``trace/``, for the dashboard) and a
 live :class:`~nac_drive.interpret.live_view.RerunView`. A step is the frame, the policy's
 action, a privileged oracle's action and cross-track error for the same state, the reward,
 the NAC trace and, live, the saliency of the chosen action.
@@ -65,19 +65,19 @@ class PolicyDriver:
     Args:
         policy: the trained policy.
         recorder: optional :class:`nac_drive.interpret.trace.RunRecorder`. CarRacing: pass
-            :meth:`on_step` as the runner's ``on_step``, which adds the reward.
+            :meth:`on_step` as the runner's ``on_step``, which adds the reward. The recorder
+            writes a chunk of its trace every ``chunk_steps`` steps, so a run that is killed
+            (the bridge runs until Ctrl-C) keeps all but its last few hundred steps.
         oracle: optional privileged expert with ``reset_env(env)`` and
             ``action_for(env)`` (the teacher), recorded as the expert action, and, if it
             has ``cross_track_error(env)``, the step's cross-track error.
-        save_every: with a recorder, rewrite its file every this many steps, so a run
-            that is killed (the bridge runs until Ctrl-C) keeps its traces.
         live: optional :class:`~nac_drive.interpret.live_view.RerunView`; with its
             ``saliency`` set, each step's Grad-CAM overlay is computed before the policy acts
             (outside the timed latency).
     """
 
-    def __init__(self, policy, recorder=None, oracle=None, save_every: int = 500, live=None):
-        self.policy, self.recorder, self.oracle, self.save_every = policy, recorder, oracle, save_every
+    def __init__(self, policy, recorder=None, oracle=None, live=None):
+        self.policy, self.recorder, self.oracle = policy, recorder, oracle
         self.live = live
         self.sinks = [s for s in (recorder, live) if s is not None]
         self.name = f"policy:{policy.config.core.core}"
@@ -146,5 +146,3 @@ class PolicyDriver:
             self.live.add(saliency=self._saliency, **step)
         if self.recorder is not None:
             self.recorder.add(**step)
-            if self.save_every and len(self.recorder) % self.save_every == 0:
-                self.recorder.save()

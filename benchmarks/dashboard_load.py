@@ -78,13 +78,13 @@ def main() -> int:
         html = build_dashboard(run_dir, run_dir / "dashboard.html")
         build_s = time.perf_counter() - t0
         ready, all_drawn, scrub_ms = measure(html, args.repeats)
-        rows.append((spec, html.stat().st_size / 1e6, (run_dir / "trace.npz").stat().st_size / 1e6,
+        rows.append((spec, html.stat().st_size / 1e6, sum(p.stat().st_size for p in (run_dir / "trace").iterdir()) / 1e6,
                      record_s, build_s, statistics.median(ready), max(ready), statistics.median(all_drawn),
                      scrub_ms))
 
     print(f"\nDashboard of a {args.steps}-frame synthetic run (NAC d_model 64, 4 heads, top-8, window 16; "
           f"saliency overlays), headless Chromium, median of {args.repeats} loads\n")
-    print("| frames | dashboard MB | trace.npz MB | record + saliency s | build s | "
+    print("| frames | dashboard MB | trace MB | record + saliency s | build s | "
           "time to interactive s (median / max) | all panels drawn s | scrub ms/frame |")
     print("|---|---|---|---|---|---|---|---|")
     for spec, mb, trace_mb, rec_s, build_s, med, worst, everything, scrub in rows:

@@ -5,7 +5,7 @@
 
 CarRacing: the shipped CNN+NAC policy drives held-out track 900000 for ``--steps`` env steps
 (one torch thread, in this process, after a warm-up drive), the whole closed loop timed (env step, policy, sinks):
-plain; with the teacher labelling and ``trace.npz`` recorded; with the live view saved to a
+plain; with the teacher labelling and the trace recorded; with the live view saved to a
 ``.rrd`` (the same sinks a viewer gets) without and with the per-frame Grad-CAM overlay.
 Udacity: the shipped PilotNet+NAC policy's time per telemetry frame (emulator frames fed to
 the driver as the bridge does), plain and with the live view and its saliency, against the

@@ -13,7 +13,8 @@ none) intact, never half a file. Reads check every member and raise
 array's header must describe exactly the bytes its member declares, and all members
 together may inflate to at most :data:`ARCHIVE_LIMIT` bytes, so nothing is allocated
 for a size a crafted file merely claims. A reader also gives the SHA-256 of the file it
-read (:attr:`ArchiveReader.sha256`), by which a saliency file names its trace.
+read (:attr:`ArchiveReader.sha256`); a trace's chunks' digests name the trace a saliency file
+was computed from (:func:`~nac_drive.interpret.chunks.chunks_sha256`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class ArchiveReader:
 
     ``reader.array(name, dtype_kind, ndim)`` returns a member after checking its
     dtype kind ("f", "i", "u", "b") and number of dimensions; ``reader.metadata``
-    is the parsed JSON; ``reader.sha256`` the hex digest of the file read. Every
+    is the parsed JSON; ``reader.sha256`` the hex digest of the file read, ``reader.inflated``
+    the bytes all its members inflate to. Every
     failure is an :class:`ArchiveError` naming the field.
     """
 
@@ -87,7 +89,7 @@ class ArchiveReader:
                 self._zip = open_zip(self._file, self.path)
             except ZipMemberError as e:
                 raise ArchiveError(self.path, None, f"not a readable .npz archive ({e})") from None
-            total = sum(info.file_size for info in self._zip.infolist())
+            self.inflated = total = sum(info.file_size for info in self._zip.infolist())
             if total > ARCHIVE_LIMIT:
                 raise ArchiveError(self.path, None, f"its members would inflate to {total} bytes, more than the "
                                                     f"{ARCHIVE_LIMIT} allowed")
@@ -166,9 +168,9 @@ class ArchiveReader:
         ``trace_sha256`` names, and as many steps); ``remedy`` says how to make a new one."""
         recorded = self.metadata.get("trace_sha256")
         self.require(recorded == trace.sha256, METADATA_MEMBER,
-                     f"computed from another trace.npz (sha256 {str(recorded)[:12]}..., {trace.path} is "
+                     f"computed from another trace (sha256 {str(recorded)[:12]}..., {trace.path} is "
                      f"{trace.sha256[:12]}...): {remedy}" if recorded else
-                     f"names no trace.npz it was computed from (an older file): {remedy}")
+                     f"names no trace it was computed from (an older file): {remedy}")
         self.require(num_steps == trace.num_steps, METADATA_MEMBER,
                      f"num_steps is {num_steps} but the run's trace has {trace.num_steps} steps: {remedy}")
 

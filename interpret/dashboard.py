@@ -1,6 +1,6 @@
 """One self-contained HTML dashboard per recorded run (works offline, no server).
 
-:func:`build_dashboard` reads ``RUN_DIR/trace.npz`` (and, if present,
+:func:`build_dashboard` reads the trace ``RUN_DIR/trace/`` (and, if present,
 ``RUN_DIR/saliency.npz``, ``RUN_DIR/window_attribution.npz`` and the run's WebM video,
 ``RUN_DIR/video.webm`` or one named) and writes a single HTML file: plotly.js inline (the
 copy bundled with the plotly package), frames and saliency overlays as base64 JPEG, the

@@ -3,7 +3,7 @@ dashboard panels: the paper's Fig. 4 claim, the neuron atlas, saliency faithfuln
 the closed-loop silencing check.
 
 :func:`load_explain` refuses (as a note, not an error: the dashboard still builds) a report
-that does not parse, is too large, or was computed from another ``trace.npz`` (its
+that does not parse, is too large, or was computed from another trace (its
 ``trace_sha256``). Every string taken from the file reaches a figure escaped for plotly's
 own tags (the caller's ``escape``), so a crafted report cannot inject markup.
 """
@@ -41,8 +41,8 @@ def load_explain(folder: Path, trace_sha256: str) -> tuple[dict[str, Any] | None
             raise ValueError("not a JSON object")
         recorded = report.get("trace_sha256")
         if recorded != trace_sha256:
-            raise ValueError("names no trace.npz it was computed from (rerun nac-drive explain)" if recorded is None
-                             else "computed from another trace.npz (rerun nac-drive explain)")
+            raise ValueError("names no trace it was computed from (rerun nac-drive explain)" if recorded is None
+                             else "computed from another trace (rerun nac-drive explain)")
     except (OSError, ValueError, UnicodeDecodeError) as e:
         return None, f"{EXPLAIN_FILE} is not shown: {e}"
     return report, None

@@ -4,7 +4,7 @@ chosen action, the actions, the reward and every traced NAC state, step by step.
 :class:`RerunView` is a step sink like :class:`~nac_drive.interpret.trace.RunRecorder`: the
 driver calls :meth:`RerunView.add` with the same arguments each step (plus the saliency
 overlay) and :meth:`RerunView.new_episode` when the policy resets. :func:`trace_to_rrd`
-replays a recorded ``trace.npz`` (and its ``saliency.npz``) into the same recording.
+replays a recorded trace (``RUN_DIR/trace/``, and its ``saliency.npz``) into the same recording.
 
 Where it goes (:func:`open_view`): a ``.rrd`` file (headless; ``rerun FILE.rrd`` opens it),
 a native Rerun viewer started for the drive, or a Rerun gRPC server that any viewer connects
@@ -16,7 +16,7 @@ of nac-drive's own (``rerun analytics disable`` run against it), so the user's o
 settings are left as they are. Rerun's web viewer is not offered: its page loads fonts from
 Google and its viewer sends usage analytics from the browser, which nac-drive cannot turn off.
 
-Recording layout. Timelines: ``step`` (the run's step: row ``i`` of ``trace.npz``),
+Recording layout. Timelines: ``step`` (the run's step: row ``i`` of the trace),
 ``episode`` and ``episode_step``. Entity paths (A / E = policy / expert action size, D =
 d_model, K = selected keys, n = neurons of a backbone group, h = head):
 
@@ -39,7 +39,7 @@ logits,weights,key_age}``
 ``nac/head{h}/attention``          BarChart    [window] weight by key age (frames ago)
 =================================  ==========  ===============================================
 
-Every value is the one ``trace.npz`` stores for that step (the same reduction,
+Every value is the one the trace stores for that step (the same reduction,
 :func:`~nac_drive.interpret.trace.reduce_nac_trace`), except ``key_age``, whose empty slots
 are NaN here and -1 there.
 """
@@ -196,7 +196,7 @@ class RerunView:
                  where: str = "", flush_every: int = 10):
         self.rec, self.saliency, self.viewer, self.where = recording, saliency, viewer, where
         self.flush_every = flush_every
-        self.steps = 0             # the run's next step index (trace.npz row)
+        self.steps = 0             # the run's next step index (trace row)
         self._episode = -1
         self._episode_step = 0
         self._nac_steps = 0        # NAC traces seen this episode: the layer's step counter

@@ -268,7 +268,7 @@ def silencing(replay: PolicyReplay, clamps: dict[str, Clamp], progress: bool = F
 
 def neuron_atlas(run, policy, max_frames: int | None = None, bins: int = MI_BINS, progress: bool = False,
                  deadband: float | None = None) -> dict:
-    """The atlas of a NAC policy on a run it drove (its ``trace.npz``).
+    """The atlas of a NAC policy on a run it drove (its trace).
 
     Returns ``neurons`` (one row per traced neuron: :func:`information` plus ``agreement``
     and ``silencing_cost`` = 1 - agreement, and for steering ``steering_change``; sorted by

@@ -29,9 +29,10 @@ mirrors the image, and a mirrored road reverses the steering meaning.
 ``overlay_jpeg`` uint8 ``[bytes]`` + ``overlay_offsets`` int64 ``[N+1]`` (the frame
 with the map blended in, frame size, JPEG), and ``metadata.json`` with ``format``
 ("nac-drive-saliency"), ``version``, ``num_steps``, ``method``, ``target``,
-``target_layer`` and ``trace_sha256``, the SHA-256 of the ``trace.npz`` it was computed
-from: :func:`load_saliency` given the run's trace refuses a saliency file of another
-trace (e.g. one left in the folder by an earlier run).
+``target_layer`` and ``trace_sha256``, the identity of the trace it was computed from
+(:attr:`~nac_drive.interpret.trace.RunTrace.sha256`, over the trace's chunks):
+:func:`load_saliency` given the run's trace refuses a saliency file of another trace (e.g.
+one left in the folder by an earlier run, or computed before the run wrote more chunks).
 """
 
 from __future__ import annotations

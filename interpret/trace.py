@@ -1,13 +1,19 @@
 """Per-step traces of a closed-loop run: a recorder for the driving loop and a loader.
 
 The driving loop calls :meth:`RunRecorder.add` once per step and :meth:`RunRecorder.save`
-at the end (or every few hundred steps: each save atomically rewrites the file).
-:func:`load_trace` reads the file back into a :class:`RunTrace`.
+at the end. The recorder holds only the steps not yet written: every ``chunk_steps`` steps
+(500) it writes them as the next chunk, once, and never rewrites it.
+:func:`load_trace` reads the chunks back into one :class:`RunTrace`.
 
-File: ``RUN_DIR/trace.npz`` (see :mod:`nac_drive.interpret.archive`: a plain ``.npz``,
-no pickles, ``np.load(path, allow_pickle=False)`` opens it, plus a ``metadata.json``
-member). Schema, version 1. N = steps, A / E = policy / expert action size,
-D = d_model, H = heads, K = selected keys per query, n_* = backbone group sizes:
+Files: ``RUN_DIR/trace/chunk-000000.npz``, ``chunk-000001.npz``, ... (see
+:mod:`nac_drive.interpret.chunks`). Each chunk is a plain ``.npz`` (see
+:mod:`nac_drive.interpret.archive`: no pickles, ``np.load(path, allow_pickle=False)`` opens it,
+plus a ``metadata.json`` member), written atomically: a kill leaves every chunk written before
+it whole and readable, so a killed run loses at most its last ``chunk_steps`` steps. A run's
+identity (:attr:`RunTrace.sha256`, which saliency and explain files record) is
+:func:`~nac_drive.interpret.chunks.chunks_sha256` over its chunks. Schema, version 2; the arrays
+of a chunk hold its own steps. N = steps, A / E = policy / expert action size, D = d_model,
+H = heads, K = selected keys per query, n_* = backbone group sizes:
 
 =====================  ==========  ===========================================================
 member                 dtype       shape and meaning
@@ -35,21 +41,32 @@ logits
 weights                float32     [N, H, K] attention weights (0 in an empty slot)
 key_step               int64       [N, H, K] layer step index of each selected key, -1: empty
 key_age                int32       [N, H, K] frames ago (``nac_step - key_step``), -1: empty
-wiring_q/_k/_v         uint8       [D, input_dim] sensory gate masks (if the layer was given)
+wiring_q/_k/_v         uint8       [D, input_dim] sensory gate masks (chunk 0, if the layer was given)
 wiring_sensory_to_     uint8       [2*depth, n_inter], [n_inter, n_command],
 inter/_inter_to_                   [n_command, n_motor] backbone masks (if the layer was given)
 command/_command_to_motor
 =====================  ==========  ===========================================================
 
-Without any NAC trace in the run, the NAC members keep their ranks with size-0 axes
-(e.g. q ``[N, 0]``). Steps without a trace hold NaN (key_age / key_step -1).
+Without any NAC trace in a chunk, its NAC members keep their ranks with size-0 axes
+(e.g. q ``[N, 0]``). Steps without a trace hold NaN (key_age / key_step -1). The loader pads
+each chunk to the run's sizes: K to the run's largest, and an axis of size 0 (nothing of it
+recorded in that chunk: no NAC trace, no expert action) to the run's size, with NaN (-1 for
+key_step / key_age, 0 for weights of a step with a trace).
 
-``metadata.json``: ``format`` ("nac-drive-trace"), ``version`` (1), ``num_steps``,
-``frame_shape`` [H, W, 3], ``jpeg_quality``, ``created_utc``, ``action_names``
-(policy) and ``expert_action_names`` (lists or null), ``run`` (free-form JSON given by
-the caller: policy config, env, seeds ...), and ``nac`` (null, or the layer's
-hyper-parameters, ``groups`` = neuron group sizes {sensory, inter, command, motor}
-of one head's backbone, ``wiring_shapes``).
+``metadata.json`` of every chunk: ``format`` ("nac-drive-trace"), ``version`` (2), ``chunk``
+(its index), ``first_step`` (the run's step of its first row), ``num_steps`` (its rows),
+``frame_shape`` [H, W, 3] (null before the first frame) and ``run`` (free-form JSON given by
+the caller: policy config, env, seeds ...; the caller may add to it while recording, e.g. the
+laps at the end, and the last chunk's wins). Chunk 0 also holds what is fixed for the run,
+written once: ``jpeg_quality``, ``created_utc``, ``action_names`` (policy) and
+``expert_action_names`` (lists or null), ``nac`` (null, or the layer's hyper-parameters,
+``groups`` = neuron group sizes {sensory, inter, command, motor} of one head's backbone,
+``wiring_shapes``), and the wiring members. :attr:`RunTrace.metadata` is chunk 0's with the
+run's ``num_steps``, ``frame_shape``, the last ``run`` and ``chunks`` (their count) in place
+of ``chunk`` and ``first_step``.
+
+A version-1 trace (one ``RUN_DIR/trace.npz`` rewritten whole on every save, the same members)
+still loads; its identity is the file's SHA-256.
 """
 
 from __future__ import annotations
@@ -63,11 +80,14 @@ from typing import Any
 
 import numpy as np
 
-from nac_drive.interpret.archive import (METADATA_MEMBER, ArchiveError, ArchiveReader, check_jpeg_pack, decode_jpeg, encode_jpeg,
-                                         pack_jpegs, write_archive)
+from nac_drive.interpret.archive import (ARCHIVE_LIMIT, METADATA_MEMBER, ArchiveError, ArchiveReader, check_jpeg_pack,
+                                         decode_jpeg, encode_jpeg, pack_jpegs, write_archive)
+from nac_drive.interpret.chunks import CHUNK, chunk_indices, chunk_path, chunk_paths, chunks_sha256
 
-TRACE_FILE = "trace.npz"
-FORMAT, VERSION = "nac-drive-trace", 1
+TRACE_DIR = "trace"             # RUN_DIR/trace/chunk-000000.npz, ...
+LEGACY_TRACE_FILE = "trace.npz"  # version 1: one archive, rewritten whole on every save
+FORMAT, VERSION, LEGACY_VERSION = "nac-drive-trace", 2, 1
+CHUNK_STEPS = 500               # steps a recorder holds before writing them as a chunk
 BACKBONE_GROUPS = ("inter", "command", "motor")
 PER_KEY = ("phi", "tau", "t_interp", "logits", "weights")
 MAX_ACTION_NAMES = 1000
@@ -148,7 +168,7 @@ def describe_nac(layer) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 # ------------------------------------------------------------------ the recorded run
 @dataclass
 class RunTrace:
-    """A loaded ``trace.npz``; fields as in the module docstring's schema."""
+    """A loaded trace (all its chunks, in order); fields as in the module docstring's schema."""
 
     path: Path
     metadata: dict[str, Any]
@@ -180,7 +200,9 @@ class RunTrace:
     key_age: np.ndarray
     wiring: dict[str, np.ndarray] = field(default_factory=dict)
     sha256: str = ""
-    """hex SHA-256 of the file as read: what a saliency file computed from it records."""
+    """the trace's identity, what a saliency file computed from it records: hex SHA-256 of the
+    chunks' SHA-256 digests (:func:`~nac_drive.interpret.chunks.chunks_sha256`; of a version-1
+    ``trace.npz``, the file's)."""
 
     @property
     def num_steps(self) -> int:
@@ -276,25 +298,84 @@ _SCHEMA: list[tuple[str, str, tuple[str, ...]]] = [
 
 
 def load_trace(path: str | os.PathLike) -> RunTrace:
-    """Load ``RUN_DIR/trace.npz`` (give the run directory or the file).
+    """Load a run's trace: give the run directory, its ``trace/`` folder or one of its chunks
+    (all are read), or a version-1 ``trace.npz``.
 
-    Raises :class:`~nac_drive.interpret.archive.ArchiveError` naming the file and
-    field when the file is missing, corrupt or does not match the schema.
+    Raises :class:`~nac_drive.interpret.archive.ArchiveError` naming the file (or folder) and
+    field when a chunk is missing, corrupt, does not match the schema or disagrees with the
+    chunks before it.
     """
-    path = Path(path)
-    if path.is_dir() or path.suffix != ".npz":
-        path = path / TRACE_FILE
-    with ArchiveReader(path) as r:
-        meta, n = r.metadata, r.header(FORMAT, VERSION)
-        frames, offsets = check_jpeg_pack(r, "frames_jpeg", "frame_offsets", n)
-        values: dict[str, np.ndarray] = {}
-        sizes: dict[str, int] = {"N": n}
-        for name, kinds, axes in _SCHEMA:
-            a = r.array(name, kinds, len(axes))
-            for axis, size in zip(axes, a.shape):
-                expected = sizes.setdefault(axis, size)
-                r.require(size == expected, name, f"axis {axis} has size {size}, other fields say {expected}")
-            values[name] = a
+    where = _trace_path(Path(path))
+    legacy = where.is_file()
+    parts: list[_Chunk] = []
+    axes: dict[str, int] = {}   # the run's size of each axis but N (K: the largest)
+    inflated = 0
+    for i, chunk in enumerate([where] if legacy else chunk_paths(where)):
+        with ArchiveReader(chunk) as r:
+            inflated += r.inflated   # all chunks together, as one archive: checked before reading
+            if inflated > ARCHIVE_LIMIT:
+                raise ArchiveError(where, None, f"its chunks would inflate to more than the {ARCHIVE_LIMIT} bytes "
+                                                "allowed")
+            parts.append(_read_chunk(r, None if legacy else i, sum(p.num_steps for p in parts),
+                                     parts[0].metadata if parts else None, axes))
+    sha256 = parts[0].sha256 if legacy else chunks_sha256([p.sha256 for p in parts])
+    return _joined(where, parts, axes, sha256)
+
+
+def _trace_path(path: Path) -> Path:
+    """The trace folder (or version-1 file) that ``path`` names: see :func:`load_trace`."""
+    if path.is_file():
+        return path.parent if CHUNK.fullmatch(path.name) else path
+    if not path.is_dir():
+        raise ArchiveError(path, None, "no such file or folder")
+    if (path / TRACE_DIR).is_dir():
+        return path / TRACE_DIR
+    if (path / LEGACY_TRACE_FILE).is_file():
+        return path / LEGACY_TRACE_FILE
+    if path.name == TRACE_DIR or chunk_indices(path):
+        return path               # the trace folder itself
+    return path / TRACE_DIR       # a run folder without a trace: chunk_paths says "no such folder"
+
+
+@dataclass
+class _Chunk:
+    """One chunk as read and checked: its metadata, arrays (``values``) and wiring (chunk 0)."""
+
+    metadata: dict[str, Any]
+    num_steps: int
+    values: dict[str, np.ndarray]
+    wiring: dict[str, np.ndarray]
+    sha256: str
+
+
+def _read_chunk(r: ArchiveReader, index: int | None, first_step: int, run: dict[str, Any] | None,
+                axes: dict[str, int]) -> _Chunk:
+    """Read and check chunk ``index`` (None: a version-1 file), whose first row is the run's step
+    ``first_step``; ``run`` is chunk 0's metadata (None: this is chunk 0); ``axes`` the run's axis
+    sizes so far, updated: each must agree across chunks, except K (the largest is kept) and a
+    size 0 (nothing of that axis recorded in a chunk)."""
+    meta = r.metadata
+    n = r.header(FORMAT, LEGACY_VERSION if index is None else VERSION)
+    if index is not None:
+        r.require((meta.get("chunk"), meta.get("first_step")) == (index, first_step), METADATA_MEMBER,
+                  f"says chunk {meta.get('chunk')!r} from step {meta.get('first_step')!r}, its place in the trace is "
+                  f"chunk {index} from step {first_step}")
+    frames, offsets = check_jpeg_pack(r, "frames_jpeg", "frame_offsets", n)
+    values: dict[str, np.ndarray] = {"frames_jpeg": frames, "frame_offsets": offsets}
+    sizes: dict[str, int] = {"N": n}
+    for name, kinds, names in _SCHEMA:
+        a = r.array(name, kinds, len(names))
+        for axis, size in zip(names, a.shape):
+            expected = sizes.setdefault(axis, size)
+            r.require(size == expected, name, f"axis {axis} has size {size}, other fields say {expected}")
+            if axis != "N" and size:
+                earlier = axes.setdefault(axis, size)
+                r.require(size == earlier or axis == "K", name, f"axis {axis} has size {size}, earlier chunks say {earlier}")
+                axes[axis] = max(size, earlier)
+        values[name] = a
+    shape = meta.get("frame_shape")
+    wiring: dict[str, np.ndarray] = {}
+    if run is None:   # chunk 0 (or a version-1 file): what is fixed for the run
         wiring = {name: r.array(name, "u", 2) for name in WIRING_FIELDS if r.has(name)}
         _check_nac_info(r, meta.get("nac"), wiring)
         for key in ("action_names", "expert_action_names"):
@@ -302,9 +383,40 @@ def load_trace(path: str | os.PathLike) -> RunTrace:
             r.require(names is None or (isinstance(names, list) and len(names) <= MAX_ACTION_NAMES
                                         and all(isinstance(name, str) for name in names)),
                       METADATA_MEMBER, f"'{key}' must be null or a list of at most {MAX_ACTION_NAMES} names")
-    return RunTrace(path=path, metadata=meta, frames_jpeg=frames, frame_offsets=offsets, wiring=wiring,
-                    sha256=r.sha256, **values)
+    else:
+        known = run.get("frame_shape")
+        r.require(shape is None or known is None or shape == known, METADATA_MEMBER,
+                  f"frame_shape {shape!r} differs from chunk 0's {known!r}")
+    return _Chunk(meta, n, values, wiring, r.sha256)
 
+
+def _joined(where: Path, parts: list[_Chunk], axes: dict[str, int], sha256: str) -> RunTrace:
+    """The chunks' rows as one run, each field padded to the run's axis sizes (module docstring)."""
+    meta, values = dict(parts[0].metadata), dict(parts[0].values)
+    if len(parts) > 1:
+        n = sum(p.num_steps for p in parts)
+        starts = np.cumsum([0] + [p.num_steps for p in parts])
+        frames = [p.values["frames_jpeg"] for p in parts]
+        bases = np.cumsum([0] + [len(f) for f in frames])
+        values["frames_jpeg"] = np.concatenate(frames)
+        values["frame_offsets"] = np.concatenate([p.values["frame_offsets"][:-1] + b for p, b in zip(parts, bases)]
+                                                 + [bases[-1:]])
+        for name, _, names in _SCHEMA:
+            dtype = parts[0].values[name].dtype
+            fill = -1 if dtype.kind in "iub" else (0.0 if name == "weights" else np.nan)
+            out = np.full((n, *(axes.get(axis, 0) for axis in names[1:])), fill, dtype=dtype)
+            for p, start in zip(parts, starts):
+                a = p.values[name]
+                out[(slice(start, start + len(a)), *(slice(0, s) for s in a.shape[1:]))] = a
+            values[name] = out
+        values["weights"][~values["has_nac"]] = np.nan   # a step without a trace: NaN, not an empty slot's 0
+        shapes = [p.metadata.get("frame_shape") for p in parts]
+        meta.update(num_steps=n, run=parts[-1].metadata.get("run"),
+                    frame_shape=next((s for s in shapes if s is not None), None))
+    if meta.pop("chunk", None) is not None:   # (not a version-1 file)
+        meta["chunks"] = len(parts)
+        meta.pop("first_step", None)
+    return RunTrace(path=where, metadata=meta, wiring=parts[0].wiring, sha256=sha256, **values)
 
 def _check_nac_info(r: ArchiveReader, info: Any, wiring: dict[str, np.ndarray]) -> None:
     """The ``nac`` metadata (:func:`describe_nac`) has the types the dashboard reads, and each
@@ -328,54 +440,70 @@ def _check_nac_info(r: ArchiveReader, info: Any, wiring: dict[str, np.ndarray]) 
 
 # ------------------------------------------------------------------ the recorder
 class RunRecorder:
-    """Collects one closed-loop run step by step and writes ``RUN_DIR/trace.npz``.
+    """Records one closed-loop run step by step into ``RUN_DIR/trace/``, one chunk at a time.
 
     Args:
-        run_dir: directory of the run (created on save).
-        metadata: free-form JSON-serialisable description (policy config, env, seeds).
+        run_dir: directory of the run (created on the first write).
+        metadata: free-form JSON-serialisable description (policy config, env, seeds); it may
+            grow while recording (each chunk holds it as it was, the last chunk's wins).
         nac: the policy's NAC layer, to store its hyper-parameters and wiring masks.
         action_names, expert_action_names: optional labels of the action columns.
         jpeg_quality: JPEG quality of the stored frames (1-100).
+        chunk_steps: the most steps held in memory; :meth:`add` writes them as the next chunk
+            when there are this many (``trace/chunk-NNNNNN.npz``, never rewritten).
 
-    Use as a context manager to save on exit, or call :meth:`save`.
+    The first write deletes the chunks an earlier recording left in ``RUN_DIR/trace/`` (a
+    folder holds one run). Use as a context manager to save on exit, or call :meth:`save`.
     """
 
     def __init__(self, run_dir: str | os.PathLike, metadata: dict[str, Any] | None = None, nac=None,
                  action_names: list[str] | None = None, expert_action_names: list[str] | None = None,
-                 jpeg_quality: int = 90):
+                 jpeg_quality: int = 90, chunk_steps: int = CHUNK_STEPS):
         if not 1 <= int(jpeg_quality) <= 100:
             raise ValueError(f"jpeg_quality: must be in 1..100, got {jpeg_quality!r}")
+        if int(chunk_steps) < 1:
+            raise ValueError(f"chunk_steps: must be >= 1, got {chunk_steps!r}")
         try:
             json.dumps(metadata or {}, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise ValueError(f"metadata: must be JSON-serialisable ({e})") from e
         self.run_dir = Path(run_dir)
         self.metadata = dict(metadata or {})
-        self.jpeg_quality = int(jpeg_quality)
+        self.jpeg_quality, self.chunk_steps = int(jpeg_quality), int(chunk_steps)
         self.action_names, self.expert_action_names = action_names, expert_action_names
         self.nac_info, self.wiring = describe_nac(nac) if nac is not None else (None, {})
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[dict[str, Any]] = []   # the steps not written yet
+        self._chunks, self._written = 0, 0      # chunks written, and the steps they hold
+        self._written_metadata: str | None = None   # ``metadata`` as the last chunk holds it (JSON)
         self._frame_shape: tuple[int, ...] | None = None
+        self._widths: dict[str, int] = {}   # each action's size, fixed by its first step
         self._episode = 0
         self._nac_steps = 0  # NAC traces seen in this episode: the layer's step counter
 
     @property
     def path(self) -> Path:
-        return self.run_dir / TRACE_FILE
+        """The trace folder, ``RUN_DIR/trace``."""
+        return self.run_dir / TRACE_DIR
 
     def __len__(self) -> int:
+        """Steps recorded, written or not."""
+        return self._written + len(self._rows)
+
+    @property
+    def pending(self) -> int:
+        """Steps held in memory, not written yet (fewer than ``chunk_steps`` after :meth:`add`)."""
         return len(self._rows)
 
     def new_episode(self) -> None:
         """Call when the policy resets (its NAC cache restarts at step 0)."""
-        if self._rows:
+        if len(self):
             self._episode += 1
         self._nac_steps = 0
 
     def add(self, frame: np.ndarray, policy_action, expert_action=None, reward: float | None = None,
             cross_track_error: float | None = None, nac_trace=None, timestamp: float | None = None,
             nac_step: int | None = None) -> None:
-        """Record one closed-loop step.
+        """Record one closed-loop step (and write a chunk when ``chunk_steps`` are held).
 
         frame: uint8 RGB ``[H, W, 3]`` (the same size every step). policy_action /
         expert_action: array-like (a discrete action may be a scalar index).
@@ -400,15 +528,21 @@ class RunRecorder:
             "cross_track_error": np.nan if cross_track_error is None else float(cross_track_error),
             "nac": None,
         }
+        for name in ("policy_action", "expert_action"):
+            a = row[name]
+            if a is not None and self._widths.setdefault(name, len(a)) != len(a):
+                raise ValueError(f"{name}: the action size changed during the run ({self._widths[name]}, then {len(a)})")
         if nac_trace is not None:
             step = self._nac_steps if nac_step is None else int(nac_step)
             row["nac"] = reduce_nac_trace(nac_trace, step)
             row["nac_step"] = step
             self._nac_steps = step + 1
         self._rows.append(row)
+        if len(self._rows) >= self.chunk_steps:
+            self.save()
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The schema's arrays for everything recorded so far."""
+    def _chunk_arrays(self) -> dict[str, np.ndarray]:
+        """The schema's arrays of the steps not written yet."""
         rows, n = self._rows, len(self._rows)
         out: dict[str, np.ndarray] = {}
         out["frames_jpeg"], out["frame_offsets"] = pack_jpegs([r["jpeg"] for r in rows])
@@ -421,27 +555,41 @@ class RunRecorder:
         out["has_nac"] = np.array([r["nac"] is not None for r in rows], dtype=bool)
         out["nac_step"] = np.array([r.get("nac_step", -1) for r in rows], dtype=np.int64)
         out.update(_stack_nac([r["nac"] for r in rows], n))
-        out.update(self.wiring)
         return out
 
     def save(self) -> Path:
-        """Atomically (re)write ``RUN_DIR/trace.npz`` with all steps so far."""
-        meta = {
-            "format": FORMAT, "version": VERSION, "num_steps": len(self._rows),
-            "frame_shape": list(self._frame_shape) if self._frame_shape else None,
-            "jpeg_quality": self.jpeg_quality,
-            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "action_names": self.action_names, "expert_action_names": self.expert_action_names,
-            "run": self.metadata, "nac": self.nac_info,
-        }
-        return write_archive(self.path, self.arrays(), meta)
+        """Write the steps not written yet as the next chunk (atomically; the chunks before it
+        are not touched); returns the trace folder. Writes nothing when every step and the
+        current ``metadata`` are written already; a run of no steps still gets its chunk 0."""
+        run = json.dumps(self.metadata, sort_keys=True, allow_nan=False)
+        if self._chunks and not self._rows and run == self._written_metadata:
+            return self.path
+        meta = {"format": FORMAT, "version": VERSION, "chunk": self._chunks, "first_step": self._written,
+                "num_steps": len(self._rows), "frame_shape": list(self._frame_shape) if self._frame_shape else None,
+                "run": self.metadata}
+        arrays = self._chunk_arrays()
+        if not self._chunks:   # what is fixed for the run, written once
+            self._delete_earlier_recording()
+            meta.update(jpeg_quality=self.jpeg_quality, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        action_names=self.action_names, expert_action_names=self.expert_action_names, nac=self.nac_info)
+            arrays.update(self.wiring)
+        write_archive(chunk_path(self.path, self._chunks), arrays, meta)
+        self._chunks, self._written, self._rows = self._chunks + 1, len(self), []
+        self._written_metadata = run
+        return self.path
+
+    def _delete_earlier_recording(self) -> None:
+        """Delete the chunks another recording left in the trace folder, the last first (a kill
+        meanwhile leaves a shorter trace of that recording, never one with a gap)."""
+        if self.path.is_dir():
+            for index in reversed(chunk_indices(self.path)):
+                chunk_path(self.path, index).unlink()
 
     def __enter__(self) -> "RunRecorder":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.save()
-
 
 def _action(value, name: str) -> np.ndarray:
     a = np.asarray(value, dtype=np.float32).reshape(-1)
@@ -504,4 +652,5 @@ _NAC_RANKS = {"q": 1, "k": 1, "v": 1, **{f"{g}_{r}": 2 for g in BACKBONE_GROUPS 
 
 NAC_FIELDS = tuple(_NAC_RANKS)
 
-__all__ = ["NAC_FIELDS", "RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "describe_nac", "ArchiveError", "TRACE_FILE"]
+__all__ = ["NAC_FIELDS", "RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "describe_nac", "ArchiveError", "TRACE_DIR",
+           "CHUNK_STEPS"]

@@ -296,8 +296,11 @@ def recorded_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("archive,member", [("trace.npz", "timestamp.npy"), ("trace.npz", "frames_jpeg.npy"),
-                                            ("trace.npz", "metadata.json"), ("saliency.npz", "maps.npy")])
+FIRST_CHUNK = "trace/chunk-000000.npz"   # a recorded run's trace (its only chunk)
+
+
+@pytest.mark.parametrize("archive,member", [(FIRST_CHUNK, "timestamp.npy"), (FIRST_CHUNK, "frames_jpeg.npy"),
+                                            (FIRST_CHUNK, "metadata.json"), ("saliency.npz", "maps.npy")])
 def test_run_archive_with_a_crafted_member(canary, tmp_path, capsys, recorded_run, archive, member):
     from nac_drive.interpret.saliency import load_saliency
     from nac_drive.interpret.trace import load_trace
@@ -308,11 +311,11 @@ def test_run_archive_with_a_crafted_member(canary, tmp_path, capsys, recorded_ru
     rewrite_zip(recorded_run / archive, run / archive, **{member.replace(".", "__"): crafted})
     field = member.removesuffix(".npy")
     why = "invalid JSON" if member.endswith(".json") else "object arrays"
-    loader = load_trace if archive == "trace.npz" else lambda r: load_saliency(r, load_trace(r))
+    loader = load_trace if archive == FIRST_CHUNK else lambda r: load_saliency(r, load_trace(r))
     with pytest.raises(ArchiveError, match=f"{archive}: field '{field}'.*{why}"):
         loader(run)
     assert why in one_line_error(capsys, "dashboard", run)
-    if archive == "trace.npz":
+    if archive == FIRST_CHUNK:
         assert why in one_line_error(capsys, "saliency", "--run", run)
 
 
@@ -324,15 +327,15 @@ def test_a_saliency_file_of_another_trace_is_refused(tmp_path, capsys):
 
     make_synthetic_run(tmp_path, steps=6, seed=1)
     assert build_dashboard(tmp_path).is_file()
-    make_synthetic_run(tmp_path, steps=6, seed=2, with_saliency=False)   # trace.npz replaced, saliency.npz stale
-    with pytest.raises(ArchiveError, match="saliency.npz: field 'metadata.json': computed from another trace.npz"):
+    make_synthetic_run(tmp_path, steps=6, seed=2, with_saliency=False)   # the trace replaced, saliency.npz stale
+    with pytest.raises(ArchiveError, match="saliency.npz: field 'metadata.json': computed from another trace "):
         build_dashboard(tmp_path)
     assert "recompute it with nac-drive saliency" in one_line_error(capsys, "dashboard", tmp_path)
     meta = json.loads(zipfile.ZipFile(tmp_path / "saliency.npz").read("metadata.json"))
     rewrite_zip(tmp_path / "saliency.npz", tmp_path / "old.npz",   # a file from before saliency named its trace
                 metadata__json=json.dumps({k: v for k, v in meta.items() if k != "trace_sha256"}).encode())
     os.replace(tmp_path / "old.npz", tmp_path / "saliency.npz")
-    with pytest.raises(ArchiveError, match="names no trace.npz it was computed from"):
+    with pytest.raises(ArchiveError, match="names no trace it was computed from"):
         build_dashboard(tmp_path)
 
 
@@ -445,11 +448,12 @@ def test_run_archive_sizes_are_checked_before_reading(tmp_path, recorded_run, mo
 
     header = io.BytesIO()   # an .npy header asking for 8 TB, followed by 16 bytes
     np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
-    rewrite_zip(recorded_run / "trace.npz", tmp_path / "trace.npz", timestamp__npy=header.getvalue() + bytes(16))
+    (tmp_path / "trace").mkdir()
+    rewrite_zip(recorded_run / FIRST_CHUNK, tmp_path / FIRST_CHUNK, timestamp__npy=header.getvalue() + bytes(16))
     with pytest.raises(ArchiveError, match=r"field 'timestamp': its header asks for \[1000000000000\] x float64"):
         load_trace(tmp_path)
     monkeypatch.setattr(archive, "ARCHIVE_LIMIT", 1000)
-    with pytest.raises(ArchiveError, match=r"trace.npz: its members would inflate to \d+ bytes, more than the 1000"):
+    with pytest.raises(ArchiveError, match=r"chunk-000000.npz: its members would inflate to \d+ bytes, more than the 1000"):
         load_trace(recorded_run)
 
 
@@ -460,7 +464,7 @@ def test_a_trace_frame_claiming_gigapixels_is_never_decoded(tmp_path, capsys, re
 
     from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
 
-    with np.load(recorded_run / "trace.npz", allow_pickle=False) as trace:
+    with np.load(recorded_run / FIRST_CHUNK, allow_pickle=False) as trace:
         arrays = {name: trace[name] for name in trace.files if name != METADATA_MEMBER}
         meta = json.loads(trace[METADATA_MEMBER])
     offsets, frames = arrays["frame_offsets"], arrays["frames_jpeg"]
@@ -469,7 +473,7 @@ def test_a_trace_frame_claiming_gigapixels_is_never_decoded(tmp_path, capsys, re
     arrays["frame_offsets"] = np.concatenate([[0], offsets[1:] - offsets[1] + len(giant)])
     run = tmp_path / "run"
     run.mkdir()
-    write_archive(run / "trace.npz", arrays, meta)
+    write_archive(run / FIRST_CHUNK, arrays, meta)
     claim = "a JPEG claiming 30000x30000 pixels"
     assert claim in one_line_error(capsys, "dashboard", run, "--image-budget-mb", "0.001")
     assert main(["saliency", "--run", str(run)]) == 2     # (after its progress bar)
@@ -480,11 +484,11 @@ def test_a_trace_frame_claiming_gigapixels_is_never_decoded(tmp_path, capsys, re
 def test_a_trace_whose_nac_description_has_wrong_types_is_refused(tmp_path, capsys, recorded_run, nac):
     from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
 
-    with np.load(recorded_run / "trace.npz", allow_pickle=False) as trace:
+    with np.load(recorded_run / FIRST_CHUNK, allow_pickle=False) as trace:
         arrays = {name: trace[name] for name in trace.files if name != METADATA_MEMBER}
         meta = json.loads(trace[METADATA_MEMBER])
     assert isinstance(meta["nac"]["groups"]["inter"], int)   # the recorded run has a NAC description
-    write_archive(tmp_path / "trace.npz", arrays, {**meta, "nac": nac})
+    write_archive(tmp_path / FIRST_CHUNK, arrays, {**meta, "nac": nac})
     assert "'nac' must be null or a NAC description" in one_line_error(capsys, "dashboard", tmp_path)
 
 
@@ -497,7 +501,7 @@ def test_a_trace_whose_labels_or_wiring_do_not_fit_is_refused(tmp_path, capsys, 
     # both once crashed the dashboard with exit 1
     from nac_drive.interpret.archive import METADATA_MEMBER, write_archive
 
-    with np.load(recorded_run / "trace.npz", allow_pickle=False) as trace:
+    with np.load(recorded_run / FIRST_CHUNK, allow_pickle=False) as trace:
         arrays = {name: trace[name] for name in trace.files if name != METADATA_MEMBER}
         meta = json.loads(trace[METADATA_MEMBER])
     if field in arrays:
@@ -505,7 +509,7 @@ def test_a_trace_whose_labels_or_wiring_do_not_fit_is_refused(tmp_path, capsys, 
         arrays[field] = arrays[field][:-1]
     else:
         meta[field] = value
-    write_archive(tmp_path / "trace.npz", arrays, meta)
+    write_archive(tmp_path / FIRST_CHUNK, arrays, meta)
     assert said in one_line_error(capsys, "dashboard", tmp_path)
 
 

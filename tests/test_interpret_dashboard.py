@@ -212,14 +212,14 @@ def test_window_attribution_stands_where_the_attention_stood(page_html, run_dir)
 
 
 def test_window_attribution_of_another_trace_is_noted_not_shown(run_dir, tmp_path):
-    for name in ("trace.npz", "saliency.npz"):
-        shutil.copy(run_dir / name, tmp_path / name)
+    shutil.copytree(run_dir / "trace", tmp_path / "trace")
+    shutil.copy(run_dir / "saliency.npz", tmp_path / "saliency.npz")
     write_window_attribution(tmp_path, trace_sha256="0" * 64)
     page = build_dashboard(tmp_path).read_text(encoding="utf-8")
     data = run_data(page)
     assert data["attribution"] is None and "attribution" not in data["figures"]
     note = re.search(r'<div class="note" id="attribution-note">(.*?)</div>', page).group(1)
-    assert "window_attribution.npz is not shown" in note and "computed from another trace.npz" in note
+    assert "window_attribution.npz is not shown" in note and "computed from another trace " in note
     # the attention over past frames stands where it stood
     assert page.index('id="fig-attention_now"') < page.index('id="fig-wiring"') < page.index('id="fig-sensory"')
     write_window_attribution(tmp_path)             # recomputed for this trace: shown
@@ -230,7 +230,7 @@ def test_run_trace_and_dashboard_render_in_a_notebook(run_dir, page_html, tmp_pa
     run = load_trace(run_dir)
     text = repr(run)
     assert len(text) < 500 and "40 steps, 2 episodes" in text and "NAC" in text, text
-    long = dataclasses.replace(run, path=Path("/" + "x" * 2000) / "trace.npz",
+    long = dataclasses.replace(run, path=Path("/" + "x" * 2000) / "trace",
                                metadata={**run.metadata, "action_names": ["y" * 1000] * 3})
     assert len(repr(long)) < 500
     view = run._repr_html_()
@@ -288,7 +288,7 @@ def test_cli_writes_the_dashboard_and_names_a_missing_trace(run_dir, tmp_path, c
     assert main(["dashboard", str(run_dir), "-o", str(out)]) == 0
     assert run_data(out.read_text(encoding="utf-8"))["n"] == N
     assert main(["dashboard", str(tmp_path / "nowhere")]) == 2
-    assert "trace.npz" in capsys.readouterr().err
+    assert "nowhere: no such file or folder" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -69,7 +69,7 @@ def runs(tmp_path_factory):
     poison = Poison()
     continuous = root / FOLDER
     make_synthetic_run(continuous, steps=12, seed=3, episodes=2)
-    rewrite_metadata(continuous / "trace.npz", poison)
+    rewrite_metadata(continuous / "trace" / "chunk-000000.npz", poison)
     trace_sha256 = load_trace(continuous).sha256      # the saliency file stays bound to its (poisoned) trace
     rewrite_metadata(continuous / "saliency.npz", lambda meta: {**poison(meta), "trace_sha256": trace_sha256})
     write_window_attribution(continuous, method=PAYLOADS[3] + "integrated gradients")

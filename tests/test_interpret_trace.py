@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -97,7 +99,7 @@ def test_round_trip_preserves_values_and_derives_key_age_and_pair_reductions(tmp
 
 def test_file_is_plain_npz_without_pickles(tmp_path):
     rec, _, _ = _record(tmp_path, steps=3)
-    path = rec.save()
+    path = rec.save() / "chunk-000000.npz"
     with np.load(path, allow_pickle=False) as npz:
         arrays = {name: npz[name] for name in npz.files}
     assert b'"format": "nac-drive-trace"' in arrays.pop("metadata.json")
@@ -154,12 +156,22 @@ def test_bad_inputs_name_the_argument(tmp_path):
 # ------------------------------------------------------------------ corrupt files
 @pytest.fixture()
 def saved(tmp_path):
+    """A recorded run of one chunk: (its arrays, its metadata, the chunk's path)."""
     rec, _, _ = _record(tmp_path, steps=4)
-    return rec, rec.save()
+    path = rec.save() / "chunk-000000.npz"
+    arrays, meta = _members(path)
+    return arrays, meta, path
+
+
+def _members(path):
+    """A chunk's arrays and metadata, as np.load reads them."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files if name != "metadata.json"}
+        return arrays, json.loads(npz["metadata.json"])
 
 
 def test_truncated_file_names_the_file(saved):
-    _, path = saved
+    *_, path = saved
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ArchiveError, match=str(path)):
@@ -172,7 +184,7 @@ def test_missing_file_names_the_file(tmp_path):
 
 
 def test_corrupt_member_names_the_field(saved):
-    _, path = saved
+    *_, path = saved
     with zipfile.ZipFile(path) as zf:
         info = zf.getinfo("tau.npy")
     raw = bytearray(path.read_bytes())
@@ -192,28 +204,21 @@ def test_corrupt_member_names_the_field(saved):
     (lambda a: a.update(frame_offsets=a["frame_offsets"][::-1].copy()), "frame_offsets"),
 ])
 def test_mismatched_member_names_the_field(saved, change, field):
-    rec, path = saved
-    arrays = rec.arrays()
+    arrays, meta, path = saved
     change(arrays)
-    with np.load(path, allow_pickle=False) as npz:
-        import json
-        meta = json.loads(npz["metadata.json"])
     write_archive(path, arrays, meta)
     with pytest.raises(ArchiveError, match=rf"{path}: field '{field}'"):
         load_trace(path)
 
 
 def test_wrong_version_and_pickled_member(saved):
-    rec, path = saved
-    with np.load(path, allow_pickle=False) as npz:
-        import json
-        meta = json.loads(npz["metadata.json"])
-    write_archive(path, rec.arrays(), {**meta, "version": 99})
+    arrays, meta, path = saved
+    write_archive(path, arrays, {**meta, "version": 99})
     with pytest.raises(ArchiveError, match=r"field 'metadata.json'.*version 99"):
         load_trace(path)
     # An object array (pickle) in place of a member is refused, naming it.
     with zipfile.ZipFile(path, "w") as zf:
-        for name, a in rec.arrays().items():
+        for name, a in arrays.items():
             with zf.open(f"{name}.npy", "w") as m:
                 np.lib.format.write_array(m, np.array([{"evil": 1}], dtype=object) if name == "timestamp" else a,
                                           allow_pickle=True)
@@ -222,52 +227,212 @@ def test_wrong_version_and_pickled_member(saved):
         load_trace(path)
 
 
+# ------------------------------------------------------------------ chunks: appended, never rewritten
+def _feed(rec: RunRecorder, layer: NAC) -> None:
+    """An episode of 3 steps without NAC trace or expert, then one of 6 with both (some
+    experts unknown) on a layer that selects more keys as its cache grows (K: 1 .. 6)."""
+    rng = np.random.default_rng(2)
+    torch.manual_seed(2)
+    frame = lambda: np.full((16, 16, 3), rng.integers(30, 220, size=3), dtype=np.uint8)  # noqa: E731
+    for i in range(3):
+        rec.add(frame=frame(), policy_action=[0.1 * i, 0.0], reward=1.0, timestamp=float(i))
+    rec.new_episode()
+    cache = layer.init_cache(1)
+    with torch.no_grad():
+        for i in range(6):
+            _, cache, trace = layer.step(torch.randn(1, 6), cache, return_trace=True)
+            rec.add(frame=frame(), policy_action=[0.2 * i, 1.0], expert_action=None if i < 2 else [0.5, 0.1 * i],
+                    nac_trace=trace, timestamp=float(i))
+
+
+def _fields(run) -> dict[str, np.ndarray]:
+    from nac_drive.interpret.trace import NAC_FIELDS
+
+    names = ("frames_jpeg", "frame_offsets", "timestamp", "episode", "policy_action", "expert_action", "reward",
+             "cross_track_error", "has_nac", "nac_step", *NAC_FIELDS)
+    return {name: getattr(run, name) for name in names}
+
+
+@pytest.mark.parametrize("chunk_steps", [1, 2, 4])
+def test_a_trace_of_many_chunks_loads_as_the_same_run_as_one_chunk(tmp_path, chunk_steps):
+    layer = _layer(select="all", window=None)
+    whole, chunked = RunRecorder(tmp_path / "one", nac=layer), RunRecorder(tmp_path / "many", nac=layer,
+                                                                           chunk_steps=chunk_steps)
+    _feed(whole, layer)
+    _feed(chunked, layer)
+    one, many = load_trace(whole.save()), load_trace(chunked.save())
+    assert len(list((tmp_path / "many" / "trace").glob("chunk-*.npz"))) == -(-9 // chunk_steps)
+    assert len(list((tmp_path / "one" / "trace").glob("chunk-*.npz"))) == 1
+    assert one.weights.shape == (9, 2, 6) and one.expert_action.shape == (9, 2)   # K and E from later steps
+    for name, a in _fields(one).items():
+        np.testing.assert_array_equal(getattr(many, name), a, err_msg=name)
+        assert getattr(many, name).dtype == a.dtype, name
+    assert many.metadata["num_steps"] == 9 and many.metadata["frame_shape"] == [16, 16, 3]
+    np.testing.assert_array_equal(many.wiring["wiring_q"], one.wiring["wiring_q"])
+    assert many.sha256 != one.sha256                     # the identity is over the chunks
+
+
+def test_a_new_chunk_leaves_the_earlier_ones_untouched(tmp_path):
+    rec = RunRecorder(tmp_path, chunk_steps=4)
+    frame = np.zeros((8, 8, 3), np.uint8)
+    for i in range(4):
+        rec.add(frame=frame, policy_action=i)
+    first = rec.path / "chunk-000000.npz"
+    assert rec.pending == 0 and first.is_file()          # add wrote the chunk itself
+    before = (first.stat().st_ino, first.stat().st_mtime_ns, first.read_bytes())
+    time.sleep(0.01)
+    for i in range(9):
+        rec.add(frame=frame, policy_action=4 + i)
+    rec.save()
+    assert sorted(p.name for p in rec.path.iterdir()) == [f"chunk-00000{i}.npz" for i in range(4)]
+    assert (first.stat().st_ino, first.stat().st_mtime_ns, first.read_bytes()) == before
+    run = load_trace(tmp_path)
+    assert run.policy_action[:, 0].tolist() == list(range(13)) and run.metadata["chunks"] == 4
+    digests = [hashlib.sha256(p.read_bytes()).digest() for p in sorted(rec.path.iterdir())]
+    assert run.sha256 == hashlib.sha256(b"".join(digests)).hexdigest()
+
+
+def test_the_recorder_holds_at_most_one_chunk_of_steps(tmp_path):
+    import tracemalloc
+
+    layer = _layer()
+    rec = RunRecorder(tmp_path, nac=layer, chunk_steps=20)
+    cache, held, retained = layer.init_cache(1), [], []
+    frame = np.zeros((48, 48, 3), np.uint8)
+    tracemalloc.start()
+    try:
+        with torch.no_grad():
+            for i in range(400):
+                _, cache, trace = layer.step(torch.randn(1, 6), cache, return_trace=True)
+                rec.add(frame=frame, policy_action=[0.0], nac_trace=trace)
+                held.append(rec.pending)
+                if i in (59, 399):
+                    del trace
+                    retained.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert max(held) == 19 and held[19] == 0 and len(rec) == 400
+    # 340 steps more recorded, no more memory held (every step in RAM would be ~340 x 4 kB more)
+    assert retained[1] - retained[0] < 200_000, retained
+
+
+def test_metadata_added_after_the_last_chunk_is_written_in_an_empty_one(tmp_path):
+    rec = RunRecorder(tmp_path, metadata={"env": "x"}, chunk_steps=2)
+    for i in range(4):
+        rec.add(frame=np.zeros((8, 8, 3), np.uint8), policy_action=i)
+    assert rec.save() == tmp_path / "trace" and len(list(rec.path.iterdir())) == 2   # nothing new: nothing written
+    rec.metadata["laps"] = [True]
+    rec.save()
+    rec.save()
+    assert len(list(rec.path.iterdir())) == 3
+    run = load_trace(tmp_path)
+    assert run.num_steps == 4 and run.metadata["run"] == {"env": "x", "laps": [True]}
+
+
+def test_a_new_recording_replaces_an_earlier_one_in_the_folder(tmp_path):
+    for steps in (7, 3):
+        rec = RunRecorder(tmp_path, chunk_steps=2)
+        for i in range(steps):
+            rec.add(frame=np.zeros((8, 8, 3), np.uint8), policy_action=i)
+        rec.save()
+    assert load_trace(tmp_path).policy_action[:, 0].tolist() == [0, 1, 2]
+    assert len(list(rec.path.iterdir())) == 2
+
+
+@pytest.fixture()
+def chunked(tmp_path):
+    """A run of 4 chunks of 3 steps; returns its trace folder."""
+    rec = RunRecorder(tmp_path, chunk_steps=3)
+    for i in range(12):
+        rec.add(frame=np.full((8, 8, 3), 10 * i, np.uint8), policy_action=i)
+    return rec.path
+
+
+def test_a_missing_middle_chunk_is_refused_in_one_line(chunked):
+    (chunked / "chunk-000002.npz").unlink()
+    with pytest.raises(ArchiveError) as e:
+        load_trace(chunked.parent)
+    assert str(e.value) == (f"{chunked}: chunk-000002.npz is missing (1 of chunks 0-3 are): the trace is "
+                            "incomplete, record the run again")
+    (chunked / "chunk-000000.npz").unlink()
+    with pytest.raises(ArchiveError, match="chunk-000000.npz is missing"):
+        load_trace(chunked)
+
+
+def test_a_corrupt_or_misplaced_middle_chunk_is_refused_naming_it(chunked):
+    second = chunked / "chunk-000001.npz"
+    data = second.read_bytes()
+    second.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArchiveError, match=f"^{second}: not a readable .npz archive") as e:
+        load_trace(chunked)
+    assert "\n" not in str(e.value)
+    os.replace(chunked / "chunk-000003.npz", second)       # the last chunk in the place of the second
+    with pytest.raises(ArchiveError, match=rf"{second}: field 'metadata.json': says chunk 3 from step 9, its place "
+                                           r"in the trace is chunk 1 from step 3"):
+        load_trace(chunked)
+
+
+def test_stray_files_are_ignored_and_a_version_1_trace_still_loads(chunked):
+    (chunked / ".chunk-000004.npz.x1y2.tmp").write_bytes(b"PK half a chunk")
+    (chunked / "notes.txt").write_text("mine")
+    assert load_trace(chunked).num_steps == 12
+    arrays, meta = _members(chunked / "chunk-000000.npz")
+    legacy = chunked.parent / "legacy"
+    write_archive(legacy / "trace.npz", arrays, {k: v for k, v in meta.items() if k not in ("chunk", "first_step")}
+                  | {"version": 1})
+    run = load_trace(legacy)
+    assert run.num_steps == 3 and run.path == legacy / "trace.npz"
+    assert run.sha256 == hashlib.sha256((legacy / "trace.npz").read_bytes()).hexdigest()
+    with pytest.raises(ArchiveError, match="version 1 is not supported"):   # a chunk is version 2
+        write_archive(chunked / "chunk-000000.npz", arrays, {**meta, "version": 1})
+        load_trace(chunked)
+
+
 # ------------------------------------------------------------------ kill safety
 _WRITER = textwrap.dedent("""
     import sys, time
     import numpy as np
-    import nac_drive.interpret.archive as archive
     from nac_drive.interpret.trace import RunRecorder
 
-    rec = RunRecorder(sys.argv[1])
+    rec = RunRecorder(sys.argv[1], chunk_steps=10)
     rng = np.random.default_rng(0)
     def add(n):
         for _ in range(n):
             rec.add(frame=rng.integers(0, 255, (32, 32, 3), dtype=np.uint8), policy_action=[0.0],
                     timestamp=float(len(rec)))
-    add(50)
-    rec.save()
-    # From now on every member takes a while to write, so the kill lands mid-file.
+    add(30)                      # three chunks, written by add itself
+    assert rec.pending == 0
+    # From now on every member takes a while to write, so the kill lands mid-chunk.
     write_array = np.lib.format.write_array
     def slow(*a, **k):
         time.sleep(0.2)
         return write_array(*a, **k)
     np.lib.format.write_array = slow
-    print("saved", flush=True)
+    print("flushed", len(rec), flush=True)
     while True:
         add(10)
-        rec.save()
 """)
 
 
-def test_killed_writer_leaves_the_previous_file_intact(tmp_path):
+def test_a_killed_recorder_leaves_every_flushed_step(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    trace = tmp_path / "trace"
     try:
-        assert proc.stdout.readline().strip() == "saved"
+        assert proc.stdout.readline().strip() == "flushed 30"
         deadline = time.time() + 30
-        while not list(tmp_path.glob(".trace.npz.*.tmp")):          # a second save is under way
-            assert time.time() < deadline, "the writer never started a second save"
+        while not list(trace.glob(".chunk-000003.npz.*.tmp")):          # the fourth chunk is under way
+            assert time.time() < deadline, "the writer never started a fourth chunk"
             time.sleep(0.01)
         time.sleep(0.3)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        assert proc.wait(timeout=10) == -signal.SIGKILL                   # it was killed, not finished
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert list(tmp_path.glob(".trace.npz.*.tmp")), "the kill did not land mid-write"
-    run = load_trace(tmp_path)                                       # the previous complete file
-    assert run.num_steps == 50
-    assert len(run.frame_offsets) == 51 and run.frame(49).shape == (32, 32, 3)
+    assert list(trace.glob(".chunk-000003.npz.*.tmp")), "the kill did not land mid-write"
+    run = load_trace(tmp_path)                                             # the three flushed chunks
+    assert run.num_steps == 30 and run.timestamp.tolist() == list(range(30))
+    assert len(run.frame_offsets) == 31 and run.frame(29).shape == (32, 32, 3)
 
 
 def test_attention_entropy_is_relative_to_the_selected_keys():

@@ -1,4 +1,4 @@
-"""The live Rerun view: what a drive streams equals what its trace.npz holds, a recorded run
+"""The live Rerun view: what a drive streams equals what its trace holds, a recorded run
 replays into the same recording, the gRPC server listens on 127.0.0.1 only with Rerun's
 analytics off and serves a viewer, and CarRacing's cross-track error is the car's signed offset from the centre line."""
 
@@ -25,7 +25,7 @@ NAC_DRIVE = str(Path(sys.executable).with_name("nac-drive"))
 
 
 def check_recording_equals_trace(recording, run, live: bool) -> None:
-    """Every value the recording holds for step i is trace.npz's row i (module docstring of
+    """Every value the recording holds for step i is the trace's row i (module docstring of
     nac_drive.interpret.live_view: the layout)."""
     n = run.num_steps
     assert set(recording["camera"]["EncodedImage:blob"]) == set(range(n))

@@ -35,7 +35,7 @@ class DriveArgs:
     render: str | None = arg(None, "show a window while driving", choices=("human",))
     video: str | None = arg(None, "write the episodes to a WebM (VP8) video, which browsers and the dashboard play",
                             metavar="WEBM")
-    trace: str | None = arg(None, "record frames, actions, teacher actions and NAC traces to RUN_DIR/trace.npz "
+    trace: str | None = arg(None, "record frames, actions, teacher actions and NAC traces to RUN_DIR/trace/ "
                                   "(RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
     perturb: str | None = perturb_arg()
 
@@ -344,7 +344,7 @@ class DriveUdacityArgs:
     port: int = arg(4567, "port the simulator connects to", min=1, max=65535)
     speed: float = arg(UDACITY_SPEED, "set speed for the PI throttle controller (mph)", above=0, max=30)   # top speed
     record: str | None = arg(None, "also record driving_log.csv + IMG/ to DIR", metavar="DIR")
-    trace: str | None = arg(None, "record frames, steering and NAC traces to RUN_DIR/trace.npz (for the dashboard; "
+    trace: str | None = arg(None, "record frames, steering and NAC traces to RUN_DIR/trace/ (for the dashboard; "
                                   "RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
     json: bool = arg(False, "end the summary with one line of JSON")
 

@@ -54,7 +54,7 @@ class ExplainArgs:
     task: str | None = arg(None, "explain the shipped policy of this task (default carracing); with --policy it "
                                  "must agree", choices=tuple(DRIVE_KEYS))
     episodes: int = arg(3, "held-out tracks driven with a trace", min=1, max=MAX_EPISODES)
-    out: str = arg("runs/explain", "run folder for trace.npz and explain.json (RUN_DIR-2, -3, ... if RUN_DIR "
+    out: str = arg("runs/explain", "run folder for the trace and explain.json (RUN_DIR-2, -3, ... if RUN_DIR "
                                    "exists)", metavar="RUN_DIR")
     seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (Udacity: the emulator track random-<seed>)", min=0,
                          max=MAX_SEED)

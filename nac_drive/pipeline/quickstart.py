@@ -4,7 +4,7 @@ shipped recipe, from an expert: collect -> behaviour cloning -> DAgger with dist
 (the expert labels the student's states while random-action bursts push it off its line).
 
 Everything goes into a fresh output folder (``out``, or ``out-2``, ... if it exists):
-``drive.webm``, ``run/trace.npz`` (+ ``run/saliency.npz``) and ``dashboard.html``, of the
+``drive.webm``, ``run/trace/`` (+ ``run/saliency.npz``) and ``dashboard.html``, of the
 first ``recorded`` tracks driven (all are scored); ``full`` adds ``demos/`` (Minari
 datasets: the expert's and each DAgger round's) and ``train/`` (the run folders), and also
 scores the expert on the tracks the policy drove, so the summary says what share of its
@@ -119,6 +119,7 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     """Run the quickstart; returns the drive summary with the paths it wrote, ``seconds``
     (wall time) and ``stage_seconds``; with ``full`` also ``expert`` (the expert's summary on
     the same tracks) and ``share_of_expert`` (the policy's mean return over the expert's)."""
+    from nac_drive.interpret.trace import TRACE_DIR
     from nac_drive.io.atomic import fresh_dir
     from nac_drive.pipeline.drive import DriveArgs, drive_carracing
 
@@ -156,7 +157,7 @@ def quickstart(args: QuickstartArgs, progress: bool = True) -> dict:
     run = Path(summary["trace"])
     with _timed(stage_seconds, "dashboard"):
         dashboard = _dashboard(policy_path, run, out, with_saliency=args.saliency, progress=progress)
-    summary.update(video=str(out / VIDEO), trace=str(run / "trace.npz"), dashboard=str(dashboard),
+    summary.update(video=str(out / VIDEO), trace=str(run / TRACE_DIR), dashboard=str(dashboard),
                    seconds=round(time.perf_counter() - started, 1), stage_seconds=stage_seconds)
     return summary
 

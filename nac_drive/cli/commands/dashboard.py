@@ -15,7 +15,7 @@ HTML = "the HTML file (written without --rrd, or with -o)"
 class DashboardArgs:
     """Arguments of ``nac-drive dashboard``."""
 
-    run_dir: str = arg(REQUIRED, "directory holding trace.npz (written by drive --trace)", positional=True,
+    run_dir: str = arg(REQUIRED, "directory holding a trace (written by drive --trace)", positional=True,
                        metavar="RUN_DIR")
     output: str | None = arg(None, "output file (default: RUN_DIR/dashboard.html)", metavar="HTML", short="-o")
     rrd: str | None = arg(None, "write the run as a Rerun recording (the layout drive --rerun streams live; needs the "
@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
 
     p = subparsers.add_parser(
         "dashboard", help="write a self-contained HTML dashboard of a recorded run",
-        description="Read RUN_DIR/trace.npz (and RUN_DIR/saliency.npz, window_attribution.npz and explain.json "
+        description="Read the trace RUN_DIR/trace/ (and RUN_DIR/saliency.npz, window_attribution.npz and explain.json "
                     "if present) and write one HTML file that works offline: an episode selector with each "
                     "episode's return, lap and policy/expert agreement, frame scrubber, saliency overlay, the run's "
                     "video, actions, running return, cross-track error, neuron heatmaps, which past frame each "

@@ -52,7 +52,7 @@ def run_carracing(namespace: argparse.Namespace) -> int:
     if args.trace:
         trace = summary["trace"]
         video = f" --video {args.video}" if args.video else ""
-        print(f"trace: {trace}/trace.npz (open it with: nac-drive dashboard {trace}{video} -o dashboard.html)")
+        print(f"trace: {trace}/trace/ (open it with: nac-drive dashboard {trace}{video} -o dashboard.html)")
     if output.json:
         print(json.dumps(summary))
     return 0

@@ -12,7 +12,7 @@ tracks driven (``--recorded``).
 
 Writes into ``--out`` (default ``runs/quickstart``; ``runs/quickstart-2``, ... if that
 exists, so a run never overwrites another): ``drive.webm``, the run's traces
-``run/trace.npz`` with Grad-CAM overlays ``run/saliency.npz``, and ``dashboard.html``
+``run/trace/`` with Grad-CAM overlays ``run/saliency.npz``, and ``dashboard.html``
 (open it in any browser, offline). ``--full`` adds ``demos/`` (Minari datasets) and
 ``train/`` (the run folders) and drives the last DAgger round's best checkpoint (behaviour
 cloning's with ``--dagger-rounds 0``); its

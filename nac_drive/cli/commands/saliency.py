@@ -19,7 +19,7 @@ from nac_drive.fields import REQUIRED, arg
 class SaliencyArgs:
     """Arguments of ``nac-drive saliency``."""
 
-    run: str = arg(REQUIRED, "run folder holding trace.npz (drive --trace)", metavar="RUN_DIR")
+    run: str = arg(REQUIRED, "run folder holding a trace (drive --trace)", metavar="RUN_DIR")
     policy: str | None = arg(None, "checkpoint folder (default: the shipped CNN+NAC policy)")
     method: str = arg("gradcam", "CAM method: gradcam, gradcam++, eigencam, hirescam, xgradcam or layercam")
 
