@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes the NAC-steady CarRacing policy of BENCHMARKS.md §10 (not shipped: the paper's Fig. 4 model,
+# Makes the NAC-steady CarRacing policy of BENCHMARKS.md §7 (not shipped: the paper's Fig. 4 model,
 # made to test the Fig. 4 claim on the kind of model the paper used), then explains it. The recipe is
 # `nac-drive quickstart --full`'s standard budget, stage by stage, with --mode steady.
 #

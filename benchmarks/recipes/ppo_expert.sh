@@ -15,7 +15,7 @@
 #
 # Time on the 2-core CPU machine: never timed as one run. Recorded while it was made: the kickstart
 # 62 min (two kickstarts side by side), plain PPO ~70 decisions (= frames) a second (108 since the
-# vectorised road, BENCHMARKS.md §8), kickstarted PPO 46-51 a second with two runs side by side;
+# vectorised road, docs/findings.md), kickstarted PPO 46-51 a second with two runs side by side;
 # at those rates the ~900k PPO frames take 3-5 hours: expect 4-6 hours in all.
 #
 # What it should score: the shipped zip drives the 20 held-out tracks (900000-900019) to
