@@ -1,8 +1,8 @@
 """Browser-playable video: VP8 in WebM, encoded by the FFmpeg (libvpx) inside the cv2 wheel
 (VP8, not VP9: 2.6x faster to encode on the 2-core test machine, 10.7 against 27.6 ms a 384x384 frame).
 
-    with WebmWriter("drive.webm", fps=50, scale=4) as video:
-        video.write(rgb)                    # uint8 RGB [H, W, 3], upscaled 4x (nearest)
+    with WebmWriter("drive.webm", fps=50, scale=2) as video:
+        video.write(rgb)                    # uint8 RGB [H, W, 3], upscaled 2x (nearest), encoded in a thread
     info = read_webm_info("drive.webm")     # codec, size, fps and frame count, from the container
 
 :func:`read_webm_info` reads the Matroska (EBML) structure itself and decodes nothing,
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from nac_drive.io.capped_read import read_capped
 SUFFIX = ".webm"
 MAX_SIDE = 4096     # as for JPEG frames: a larger claimed picture is refused
 MAX_WEBM_BYTES = 2**30   # read_webm_info's cap unless told another
+QUEUE_FRAMES = 64   # frames waiting for the encoder thread at most (27 KB each at 96x96)
 MAX_DEPTH = 8       # EBML nesting read (Segment > Cluster > BlockGroup > Block is 4)
 
 # Matroska element ids (with their length marker bits, as they appear in the file)
@@ -46,33 +49,84 @@ def check_video_path(path: str | os.PathLike) -> Path:
 
 class WebmWriter:
     """A VP8 WebM writer for uint8 RGB frames ``[H, W, 3]``, opened at the first frame (which
-    fixes the size); each frame is upscaled ``scale`` times (nearest neighbour)."""
+    fixes the size); each frame is upscaled ``scale`` times (nearest neighbour).
+
+    Frames are encoded in a thread of their own (OpenCV lets go of the GIL while it encodes,
+    so a second core takes the encoder off the caller's loop); at most ``QUEUE_FRAMES`` wait
+    for it, so a slow encoder slows :meth:`write` rather than filling memory. An error in the
+    encoder thread is raised in the caller by the next :meth:`write` or by :meth:`close`,
+    which waits for every frame written to be encoded."""
 
     def __init__(self, path: str | os.PathLike, fps: float, scale: int = 1):
         self.path = check_video_path(path)
         self.fps, self.scale = fps, scale
+        self.frames = 0            # frames written so far
+        self._shape = None         # [H, W, 3] of the first frame, which every frame must have
         self._writer = None
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
+        self._thread = None
+        self._error: BaseException | None = None   # the encoder thread's, until raised here
+        self._failed = False                       # the encoder thread skips what is left
 
     def write(self, rgb: np.ndarray) -> None:
-        import cv2
-
-        frame = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR)
-        if self.scale != 1:
-            frame = cv2.resize(frame, None, fx=self.scale, fy=self.scale, interpolation=cv2.INTER_NEAREST)
-        if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            h, w = frame.shape[:2]
-            # OpenCV prints that WebM takes no fourcc tag, then writes VP8 regardless: not the user's concern
-            with _quiet_stderr():
-                self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"VP80"), self.fps, (w, h))
-            if not self._writer.isOpened():
-                raise OSError(f"cannot open video file for writing: {self.path}")
-        self._writer.write(frame)
+        """Queue one frame (copied: the caller may reuse its array)."""
+        self._raise_encoder_error()
+        rgb = np.asarray(rgb)
+        if self._shape is None:
+            if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+                raise ValueError(f"video: {self.path}: frames are uint8 RGB [H, W, 3], got {rgb.dtype} "
+                                 f"{list(rgb.shape)}")
+            self._open(*rgb.shape[:2])
+            self._shape = rgb.shape
+        elif rgb.shape != self._shape or rgb.dtype != np.uint8:
+            raise ValueError(f"video: {self.path}: frame {self.frames} is {rgb.dtype} {list(rgb.shape)}, "
+                             f"the video's frames are uint8 {list(self._shape)}")
+        self._queue.put(rgb.copy())
+        self.frames += 1
 
     def close(self) -> None:
+        """Encode what is queued, finish the file and stop the encoder thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         if self._writer is not None:
             self._writer.release()
             self._writer = None
+        self._raise_encoder_error()
+
+    def _open(self, height: int, width: int) -> None:
+        import cv2
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        size = (width * self.scale, height * self.scale)
+        # OpenCV prints that WebM takes no fourcc tag, then writes VP8 regardless: not the user's concern
+        with _quiet_stderr():
+            self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"VP80"), self.fps, size)
+        if not self._writer.isOpened():
+            raise OSError(f"cannot open video file for writing: {self.path}")
+        self._thread = threading.Thread(target=self._encode_queued, name="webm-writer", daemon=True)
+        self._thread.start()
+
+    def _encode_queued(self) -> None:
+        """The encoder thread: encode queued frames in order until ``None``."""
+        import cv2
+
+        while (rgb := self._queue.get()) is not None:
+            if self._failed:
+                continue                       # drained, so that write() and close() never wait on a full queue
+            try:
+                frame = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+                if self.scale != 1:
+                    frame = cv2.resize(frame, None, fx=self.scale, fy=self.scale, interpolation=cv2.INTER_NEAREST)
+                self._writer.write(frame)
+            except BaseException as e:         # raised in the caller's thread
+                self._error, self._failed = e, True
+
+    def _raise_encoder_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def __enter__(self) -> "WebmWriter":
         return self
