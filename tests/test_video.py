@@ -133,38 +133,34 @@ def test_the_encoder_thread_keeps_every_frame_in_order_and_close_waits_for_it(tm
 def test_a_slow_encoder_holds_the_writer_back_instead_of_queueing_frames(tmp_path, monkeypatch):
     import time
 
-    import cv2
-
     monkeypatch.setattr(video_module, "QUEUE_FRAMES", 2)
-    convert, encoded = cv2.cvtColor, []
+    encode, encoded = WebmWriter._encode, []
 
-    def slow(*a, **k):
+    def slow(self, rgb):
         time.sleep(0.02)
-        encoded.append(1)
-        return convert(*a, **k)
+        encoded.append(rgb is not None)
+        return encode(self, rgb)
 
-    monkeypatch.setattr(cv2, "cvtColor", slow)
+    monkeypatch.setattr(WebmWriter, "_encode", slow)
     with WebmWriter(tmp_path / "v.webm", fps=10) as video:
         waiting = []
         for f in _greys(12):
             video.write(f)
-            waiting.append(video.frames - len(encoded))
+            waiting.append(video.frames - sum(encoded))
     assert max(waiting) <= 2 + 1, waiting                  # the queue, and the frame being encoded
-    assert len(encoded) == 12 == read_webm_info(tmp_path / "v.webm").frames
+    assert sum(encoded) == 12 == read_webm_info(tmp_path / "v.webm").frames
 
 
 def test_an_encoder_error_is_raised_in_the_caller_once_and_the_thread_ends(tmp_path, monkeypatch):
-    import cv2
+    encode, calls = WebmWriter._encode, []
 
-    convert, calls = cv2.cvtColor, []
-
-    def failing(*a, **k):
-        calls.append(1)
+    def failing(self, rgb):
+        calls.append(rgb)
         if len(calls) == 3:
             raise RuntimeError("encoder broke at frame 2")
-        return convert(*a, **k)
+        return encode(self, rgb)
 
-    monkeypatch.setattr(cv2, "cvtColor", failing)
+    monkeypatch.setattr(WebmWriter, "_encode", failing)
     video = WebmWriter(tmp_path / "v.webm", fps=10)
     with pytest.raises(RuntimeError, match="^encoder broke at frame 2$"):
         try:
@@ -173,7 +169,7 @@ def test_an_encoder_error_is_raised_in_the_caller_once_and_the_thread_ends(tmp_p
         finally:
             video.close()                                  # raises it if no write() did
     video.close()                                          # raised once: closing again is quiet
-    assert _encoder_threads() == [] and len(calls) == 3    # the frames after the error were not encoded
+    assert _encoder_threads() == [] and len(calls) == 3    # nothing encoded after the error, not even the flush
 
 
 def test_frames_of_another_size_or_type_are_refused_in_one_line(tmp_path):
