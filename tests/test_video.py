@@ -99,6 +99,91 @@ def _webm(tmp_path, frames: list[np.ndarray], name="video.webm", fps=10):
     return tmp_path / name
 
 
+def _encoder_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "webm-writer"]
+
+
+def _greys(n: int, side: int = 16) -> list[np.ndarray]:
+    """``n`` (up to 24) flat grey frames, each lighter than the one before (10 levels apart)."""
+    return [np.full((side, side, 3), 10 + 10 * i, np.uint8) for i in range(n)]
+
+
+def test_the_encoder_thread_keeps_every_frame_in_order_and_close_waits_for_it(tmp_path):
+    import cv2
+
+    frames = _greys(24)
+    video = WebmWriter(tmp_path / "v.webm", fps=10, scale=2)
+    for f in frames:
+        video.write(f)
+    assert len(_encoder_threads()) == 1                   # encoding goes on beside the caller
+    video.close()
+    assert _encoder_threads() == [] and video.frames == 24
+    info = read_webm_info(tmp_path / "v.webm")
+    assert (info.frames, info.width, info.height) == (24, 32, 32)
+    cap = cv2.VideoCapture(str(tmp_path / "v.webm"))
+    levels = []
+    while (read := cap.read())[0]:
+        levels.append(read[1].mean())
+    nearest = np.abs(np.array(levels)[:, None] - [f.mean() for f in frames]).argmin(axis=1)
+    assert nearest.tolist() == list(range(24)), levels                  # video frame i is frame i written
+
+
+def test_a_slow_encoder_holds_the_writer_back_instead_of_queueing_frames(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(video_module, "QUEUE_FRAMES", 2)
+    encode, encoded = WebmWriter._encode, []
+
+    def slow(self, rgb):
+        time.sleep(0.02)
+        encoded.append(rgb is not None)
+        return encode(self, rgb)
+
+    monkeypatch.setattr(WebmWriter, "_encode", slow)
+    with WebmWriter(tmp_path / "v.webm", fps=10) as video:
+        waiting = []
+        for f in _greys(12):
+            video.write(f)
+            waiting.append(video.frames - sum(encoded))
+    assert max(waiting) <= 2 + 1, waiting                  # the queue, and the frame being encoded
+    assert sum(encoded) == 12 == read_webm_info(tmp_path / "v.webm").frames
+
+
+def test_an_encoder_error_is_raised_in_the_caller_once_and_the_thread_ends(tmp_path, monkeypatch):
+    encode, calls = WebmWriter._encode, []
+
+    def failing(self, rgb):
+        calls.append(rgb)
+        if len(calls) == 3:
+            raise RuntimeError("encoder broke at frame 2")
+        return encode(self, rgb)
+
+    monkeypatch.setattr(WebmWriter, "_encode", failing)
+    video = WebmWriter(tmp_path / "v.webm", fps=10)
+    with pytest.raises(RuntimeError, match="^encoder broke at frame 2$"):
+        try:
+            for f in _greys(10):
+                video.write(f)
+        finally:
+            video.close()                                  # raises it if no write() did
+    video.close()                                          # raised once: closing again is quiet
+    assert _encoder_threads() == [] and len(calls) == 3    # nothing encoded after the error, not even the flush
+
+
+def test_frames_of_another_size_or_type_are_refused_in_one_line(tmp_path):
+    video = WebmWriter(tmp_path / "v.webm", fps=10)
+    with pytest.raises(ValueError, match=r"v\.webm: frames are uint8 RGB \[H, W, 3\], got float32 \[16, 16, 3\]$"):
+        video.write(np.zeros((16, 16, 3), np.float32))
+    video.write(np.zeros((16, 16, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"v\.webm: frame 1 is uint8 \[16, 17, 3\], the video's frames are "
+                                         r"uint8 \[16, 16, 3\]$"):
+        video.write(np.zeros((16, 17, 3), np.uint8))
+    video.close()
+    assert read_webm_info(tmp_path / "v.webm").frames == 1
+
+
 def test_container_reader_refuses_what_browsers_would_not_play(tmp_path, monkeypatch):
     good = _webm(tmp_path, [np.full((16, 16, 3), 30 * i, np.uint8) for i in range(6)]).read_bytes()
     assert read_webm_info(tmp_path / "video.webm").frames == 6

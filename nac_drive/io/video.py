@@ -1,8 +1,9 @@
-"""Browser-playable video: VP8 in WebM, encoded by the FFmpeg (libvpx) inside the cv2 wheel
-(VP8, not VP9: 2.6x faster to encode on the 2-core test machine, 10.7 against 27.6 ms a 384x384 frame).
+"""Browser-playable video: VP8 in WebM, encoded by libvpx in its realtime mode through PyAV
+(``ENCODER_OPTIONS``: 0.6 ms of CPU a 192x192 frame on the 2-core test machine, against 2.2 ms
+for the encoder inside the cv2 wheel, whose speed cannot be set, at a smaller file and error).
 
-    with WebmWriter("drive.webm", fps=50, scale=4) as video:
-        video.write(rgb)                    # uint8 RGB [H, W, 3], upscaled 4x (nearest)
+    with WebmWriter("drive.webm", fps=50, scale=2) as video:
+        video.write(rgb)                    # uint8 RGB [H, W, 3], upscaled 2x (nearest), encoded in a thread
     info = read_webm_info("drive.webm")     # codec, size, fps and frame count, from the container
 
 :func:`read_webm_info` reads the Matroska (EBML) structure itself and decodes nothing,
@@ -12,9 +13,11 @@ video decoder in this process; every size it reads is checked against the file.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import queue
+import threading
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,8 @@ from nac_drive.io.capped_read import read_capped
 SUFFIX = ".webm"
 MAX_SIDE = 4096     # as for JPEG frames: a larger claimed picture is refused
 MAX_WEBM_BYTES = 2**30   # read_webm_info's cap unless told another
+ENCODER_OPTIONS = {"deadline": "realtime", "cpu-used": "8", "crf": "10", "b": "2M"}   # libvpx: fast, near-lossless
+QUEUE_FRAMES = 64   # frames waiting for the encoder thread at most (27 KB each at 96x96)
 MAX_DEPTH = 8       # EBML nesting read (Segment > Cluster > BlockGroup > Block is 4)
 
 # Matroska element ids (with their length marker bits, as they appear in the file)
@@ -46,52 +51,103 @@ def check_video_path(path: str | os.PathLike) -> Path:
 
 class WebmWriter:
     """A VP8 WebM writer for uint8 RGB frames ``[H, W, 3]``, opened at the first frame (which
-    fixes the size); each frame is upscaled ``scale`` times (nearest neighbour)."""
+    fixes the size); each frame is upscaled ``scale`` times (nearest neighbour).
+
+    Frames are encoded in a thread of their own (PyAV lets go of the GIL while it encodes,
+    so a second core takes the encoder off the caller's loop); at most ``QUEUE_FRAMES`` wait
+    for it, so a slow encoder slows :meth:`write` rather than filling memory. An error in the
+    encoder thread is raised in the caller by the next :meth:`write` or by :meth:`close`,
+    which waits for every frame written to be encoded."""
 
     def __init__(self, path: str | os.PathLike, fps: float, scale: int = 1):
         self.path = check_video_path(path)
         self.fps, self.scale = fps, scale
+        self.frames = 0            # frames written so far
+        self._shape = None         # [H, W, 3] of the first frame, which every frame must have
         self._writer = None
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
+        self._thread = None
+        self._error: BaseException | None = None   # the encoder thread's, until raised here
+        self._failed = False                       # the encoder thread skips what is left
 
     def write(self, rgb: np.ndarray) -> None:
-        import cv2
-
-        frame = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR)
-        if self.scale != 1:
-            frame = cv2.resize(frame, None, fx=self.scale, fy=self.scale, interpolation=cv2.INTER_NEAREST)
-        if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            h, w = frame.shape[:2]
-            # OpenCV prints that WebM takes no fourcc tag, then writes VP8 regardless: not the user's concern
-            with _quiet_stderr():
-                self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"VP80"), self.fps, (w, h))
-            if not self._writer.isOpened():
-                raise OSError(f"cannot open video file for writing: {self.path}")
-        self._writer.write(frame)
+        """Queue one frame (copied: the caller may reuse its array)."""
+        self._raise_encoder_error()
+        rgb = np.asarray(rgb)
+        if self._shape is None:
+            if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+                raise ValueError(f"video: {self.path}: frames are uint8 RGB [H, W, 3], got {rgb.dtype} "
+                                 f"{list(rgb.shape)}")
+            self._open(*rgb.shape[:2])
+            self._shape = rgb.shape
+        elif rgb.shape != self._shape or rgb.dtype != np.uint8:
+            raise ValueError(f"video: {self.path}: frame {self.frames} is {rgb.dtype} {list(rgb.shape)}, "
+                             f"the video's frames are uint8 {list(self._shape)}")
+        self._queue.put(rgb.copy())
+        self.frames += 1
 
     def close(self) -> None:
+        """Encode what is queued, finish the file and stop the encoder thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         if self._writer is not None:
-            self._writer.release()
+            self._writer.close()
             self._writer = None
+        self._raise_encoder_error()
+
+    def _open(self, height: int, width: int) -> None:
+        import av
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = av.open(str(self.path), "w", format="webm")
+        self._stream = self._writer.add_stream("libvpx", rate=Fraction(self.fps).limit_denominator(1001),
+                                               options=ENCODER_OPTIONS)
+        self._stream.width, self._stream.height = width * self.scale, height * self.scale
+        self._stream.pix_fmt = "yuv420p"
+        self._stream.codec_context.thread_count = 1   # the encoder thread is the one core it takes
+        self._thread = threading.Thread(target=self._encode_queued, name="webm-writer", daemon=True)
+        self._thread.start()
+
+    def _encode_queued(self) -> None:
+        """The encoder thread: encode queued frames in order until ``None``, then flush."""
+        while (rgb := self._queue.get()) is not None:
+            if self._failed:
+                continue                       # drained, so that write() and close() never wait on a full queue
+            try:
+                self._encode(rgb)
+            except BaseException as e:         # raised in the caller's thread
+                self._error, self._failed = e, True
+        if not self._failed:
+            try:
+                self._encode(None)
+            except BaseException as e:
+                self._error = e
+
+    def _encode(self, rgb: np.ndarray | None) -> None:
+        """Encode one frame ``[H, W, 3]`` upscaled ``scale`` times (``None``: flush the encoder)."""
+        import av
+        import cv2
+
+        frame = None
+        if rgb is not None:
+            if self.scale != 1:
+                rgb = cv2.resize(rgb, None, fx=self.scale, fy=self.scale, interpolation=cv2.INTER_NEAREST)
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+        for packet in self._stream.encode(frame):
+            self._writer.mux(packet)
+
+    def _raise_encoder_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def __enter__(self) -> "WebmWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence file descriptor 2 (C libraries' stderr) for the duration."""
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 @dataclass(frozen=True)
