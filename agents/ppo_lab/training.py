@@ -137,7 +137,7 @@ def resume_expert(run_dir: str | Path, total_frames: int | None = None) -> Path:
     return train_expert(args, from_checkpoint=kept)
 
 
-# Options runs once had (their experiments did not ship; BENCHMARKS.md §8), with the
+# Options runs once had (their experiments did not ship; BENCHMARKS.md §10), with the
 # value under which a run is the same without them (None: any value, they acted only at the start).
 _RETIRED = {"combined_actions": False, "negative_streak_terminates": False,
             "transfer_steps": None, "released_brake": None}
