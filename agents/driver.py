@@ -66,8 +66,9 @@ class PolicyDriver:
         policy: the trained policy.
         recorder: optional :class:`nac_drive.interpret.trace.RunRecorder`. CarRacing: pass
             :meth:`on_step` as the runner's ``on_step``, which adds the reward. The recorder
-            writes a chunk of its trace every ``chunk_steps`` steps, so a run that is killed
-            (the bridge runs until Ctrl-C) keeps all but its last few hundred steps.
+            writes a chunk of its trace every ``chunk_steps`` steps (in a background thread), so
+            a run that is killed (the bridge runs until Ctrl-C) keeps all but its last steps (at
+            most ``2 * chunk_steps``).
         oracle: optional privileged expert with ``reset_env(env)`` and
             ``action_for(env)`` (the teacher), recorded as the expert action, and, if it
             has ``cross_track_error(env)``, the step's cross-track error.

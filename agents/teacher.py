@@ -21,6 +21,7 @@ import numpy as np
 from nac_drive.simulators.carracing import BRAKE, DISCRETE_GAS, GAS, LEFT, NOOP, RIGHT
 
 WHEEL_LOCK = 0.4  # radians: the front wheel joints' limit in CarRacing's car model
+_BACK, _WINDOW = 10, 50   # the nearest-point search: 50 points, from 10 behind the last nearest one
 
 
 @dataclass
@@ -118,18 +119,20 @@ class PurePursuitTeacher:
         line, positive right of it (as the Udacity emulator's ``cte_m``)."""
         base = env.unwrapped
         self._load_track(base.track)
-        pos = np.array(base.car.hull.position, dtype=np.float64)
-        self._idx = self._nearest(pos)
-        n = len(self._points)
+        pos = base.car.hull.position
+        x, y = pos.x, pos.y
+        self._idx = self._nearest(x, y)
+        pts, n = self._pts, len(self._pts)
         best = math.inf
         for i in (self._idx - 1, self._idx):   # the two segments that meet at the nearest point
-            a, b = self._points[i % n], self._points[(i + 1) % n]
-            d = b - a
-            along = float(np.clip((pos - a) @ d / max(float(d @ d), 1e-12), 0.0, 1.0))
-            offset = pos - (a + along * d)
-            if np.linalg.norm(offset) < abs(best):
-                side = d[0] * offset[1] - d[1] * offset[0]      # > 0: left of the direction of travel
-                best = -math.copysign(float(np.linalg.norm(offset)), side)
+            (ax, ay), (bx, by) = pts[i % n], pts[(i + 1) % n]
+            dx, dy = bx - ax, by - ay
+            along = min(max(((x - ax) * dx + (y - ay) * dy) / max(dx * dx + dy * dy, 1e-12), 0.0), 1.0)
+            ox, oy = x - (ax + along * dx), y - (ay + along * dy)
+            dist = math.sqrt(ox * ox + oy * oy)
+            if dist < abs(best):
+                side = dx * oy - dy * ox      # > 0: left of the direction of travel
+                best = -math.copysign(dist, side)
         return best
 
     def control(self, env: gym.Env) -> tuple[float, float, float]:
@@ -139,25 +142,26 @@ class PurePursuitTeacher:
             raise RuntimeError("PurePursuitTeacher: env has no car/track yet; reset it first")
         self._load_track(base.track)
         hull = base.car.hull
-        pos = np.array(hull.position, dtype=np.float64)
-        forward = np.array(hull.GetWorldVector((0.0, 1.0)), dtype=np.float64)
-        right = np.array(hull.GetWorldVector((1.0, 0.0)), dtype=np.float64)
-        vel = np.array(hull.linearVelocity, dtype=np.float64)
-        speed = float(np.linalg.norm(vel))
+        x, y = hull.position.x, hull.position.y
+        # The dot products stay numpy's (BLAS, which may fuse multiply-adds): the actions
+        # must not change by an ulp.
+        forward, right, vel = (np.array((v.x, v.y)) for v in (hull.GetWorldVector((0.0, 1.0)),
+                                                               hull.GetWorldVector((1.0, 0.0)), hull.linearVelocity))
+        speed = math.sqrt(float(vel.dot(vel)))   # np.linalg.norm(vel)
 
-        self._idx = self._nearest(pos)
+        self._idx = self._nearest(x, y)
         cfg = self.cfg
-        target = self._point_ahead(self._idx, cfg.lookahead + cfg.lookahead_per_speed * speed)
-        d = target - pos
-        heading_error = math.atan2(float(d @ right), float(d @ forward))  # + = target on the right
-        steer = float(np.clip(cfg.steer_gain * heading_error, -1.0, 1.0))
+        tx, ty = self._point_ahead(self._idx, cfg.lookahead + cfg.lookahead_per_speed * speed)
+        d = np.array((tx - x, ty - y))
+        heading_error = math.atan2(float(d.dot(right)), float(d.dot(forward)))  # + = target on the right
+        steer = _clip(cfg.steer_gain * heading_error, -1.0, 1.0)
 
         bend = self._bend_ahead(self._idx, cfg.curve_horizon)
         frac = min(bend / cfg.curve_for_min_speed, 1.0)
         target_speed = cfg.max_speed - frac * (cfg.max_speed - cfg.min_speed)
         # Full gas spins the rear wheels and full gas while steering hard skids: gas is
         # proportional to the missing speed, capped, and reduced in proportion to steering.
-        gas = float(np.clip(cfg.gas_gain * (target_speed - speed), 0.0, cfg.max_gas))
+        gas = _clip(cfg.gas_gain * (target_speed - speed), 0.0, cfg.max_gas)
         gas *= 1.0 - cfg.gas_steer_cut * abs(steer)
         brake = 0.0
         if speed > target_speed + cfg.brake_margin:
@@ -174,9 +178,9 @@ class PurePursuitTeacher:
         further towards the wanted angle (``-steer``, clipped to the lock); otherwise it
         controls speed. This needs no memory, so it also labels arbitrary states.
         """
-        wanted = float(np.clip(-steer, -WHEEL_LOCK, WHEEL_LOCK))
+        wanted = _clip(-steer, -WHEEL_LOCK, WHEEL_LOCK)
         turn_further = (abs(wanted) > self.cfg.steer_deadband
-                        and (np.sign(wanted) != np.sign(wheel_angle)
+                        and (_sign(wanted) != _sign(wheel_angle)
                              or abs(wanted) > abs(wheel_angle) + self.cfg.steer_tolerance))
         if brake > 0:
             return BRAKE
@@ -194,38 +198,67 @@ class PurePursuitTeacher:
         pts = np.array([(t[2], t[3]) for t in track], dtype=np.float64)  # [N, 2] centre line
         seg = np.linalg.norm(np.roll(pts, -1, axis=0) - pts, axis=1)  # [N] to the next point
         self._points, self._seg = pts, seg
+        self._pts, self._seg_len = pts.tolist(), seg.tolist()   # the same, as floats (per-step math)
         self._cum = np.concatenate([[0.0], np.cumsum(seg)])  # [N+1]
         diff = np.roll(pts, -1, axis=0) - pts
         self._heading = np.arctan2(diff[:, 1], diff[:, 0])  # [N] direction of each segment
         self._track_key = key
         self._idx = 0
+        # x and y of points -BACK .. N - 1 + WINDOW - BACK: the search window of point i is [i:i + WINDOW]
+        wrapped = pts[np.arange(-_BACK, len(pts) + _WINDOW - _BACK) % len(pts)]
+        self._x_wrapped, self._y_wrapped = wrapped[:, 0].copy(), wrapped[:, 1].copy()
+        self._near_key, self._near = None, 0
+        self._bends: dict[tuple[int, float], float] = {}
 
-    def _nearest(self, pos: np.ndarray) -> int:
-        """Index of the closest centre-line point (searched near the last one, or globally
-        when the car is far from there)."""
-        n = len(self._points)
-        window = (self._idx + np.arange(-10, 40)) % n
-        dist = np.linalg.norm(self._points[window] - pos, axis=1)
-        best = int(window[int(np.argmin(dist))])
-        if dist.min() > 15.0:  # lost (spun off, or first call): search everywhere
-            best = int(np.argmin(np.linalg.norm(self._points - pos, axis=1)))
+    def _nearest(self, x: float, y: float) -> int:
+        """Index of the closest centre-line point to the car at (``x``, ``y``) (searched near
+        the last one, or globally when the car is far from there). The answer is kept for
+        the position and the last index: the label and the cross-track error of one state
+        share it."""
+        if self._near_key == (x, y, self._idx):
+            return self._near
+        # the window's points in order: a slice of the wrapped copies (no index arrays)
+        window = slice(self._idx, self._idx + _WINDOW)
+        dx, dy = self._x_wrapped[window] - x, self._y_wrapped[window] - y
+        dist = np.sqrt(dx * dx + dy * dy)   # [WINDOW] = np.linalg.norm(points[window] - pos, axis=1)
+        j = int(np.argmin(dist))
+        best = (self._idx - _BACK + j) % len(self._pts)
+        if dist[j] > 15.0:  # lost (spun off, or first call): search everywhere
+            best = int(np.argmin(np.linalg.norm(self._points - (x, y), axis=1)))
+        self._near_key, self._near = (x, y, self._idx), best
         return best
 
-    def _point_ahead(self, idx: int, distance: float) -> np.ndarray:
+    def _point_ahead(self, idx: int, distance: float) -> tuple[float, float]:
         """The centre-line point ``distance`` along the track from point ``idx``."""
-        n = len(self._points)
+        seg, n = self._seg_len, len(self._seg_len)
         i = idx
-        while distance > self._seg[i % n]:
-            distance -= self._seg[i % n]
+        while distance > seg[i % n]:
+            distance -= seg[i % n]
             i += 1
-        a, b = self._points[i % n], self._points[(i + 1) % n]
-        return a + (b - a) * (distance / max(self._seg[i % n], 1e-9))
+        (ax, ay), (bx, by) = self._pts[i % n], self._pts[(i + 1) % n]
+        t = distance / max(seg[i % n], 1e-9)
+        return ax + (bx - ax) * t, ay + (by - ay) * t
 
     def _bend_ahead(self, idx: int, horizon: float) -> float:
         """Largest heading change (radians) between the segment at ``idx`` and any segment
-        within ``horizon`` track units ahead."""
-        n = len(self._points)
-        steps = max(1, int(horizon / max(float(np.mean(self._seg)), 1e-6)))
-        ahead = self._heading[(idx + np.arange(steps)) % n]
-        delta = np.angle(np.exp(1j * (ahead - self._heading[idx % n])))  # wrapped to [-pi, pi]
-        return float(np.abs(delta).max())
+        within ``horizon`` track units ahead (a function of the track: kept per point)."""
+        key = (idx % len(self._points), horizon)
+        bend = self._bends.get(key)
+        if bend is None:
+            n = len(self._points)
+            steps = max(1, int(horizon / max(float(np.mean(self._seg)), 1e-6)))
+            ahead = self._heading[(idx + np.arange(steps)) % n]
+            delta = np.angle(np.exp(1j * (ahead - self._heading[idx % n])))  # wrapped to [-pi, pi]
+            bend = self._bends[key] = float(np.abs(delta).max())
+        return bend
+
+
+
+def _clip(value: float, low: float, high: float) -> float:
+    """``float(np.clip(value, low, high))`` of a float, without numpy."""
+    return min(max(value, low), high)
+
+
+def _sign(value: float) -> int:
+    """``np.sign`` of a float (-1, 0 or 1), without numpy."""
+    return (value > 0) - (value < 0)

@@ -2,14 +2,15 @@
 
 The driving loop calls :meth:`RunRecorder.add` once per step and :meth:`RunRecorder.save`
 at the end. The recorder holds only the steps not yet written: every ``chunk_steps`` steps
-(500) it writes them as the next chunk, once, and never rewrites it.
-:func:`load_trace` reads the chunks back into one :class:`RunTrace`.
+(500) it hands them to a background writer thread, which writes them as the next chunk, once,
+and never rewrites it. :func:`load_trace` reads the chunks back into one :class:`RunTrace`.
 
 Files: ``RUN_DIR/trace/chunk-000000.npz``, ``chunk-000001.npz``, ... (see
 :mod:`nac_drive.interpret.chunks`). Each chunk is a plain ``.npz`` (see
 :mod:`nac_drive.interpret.archive`: no pickles, ``np.load(path, allow_pickle=False)`` opens it,
 plus a ``metadata.json`` member), written atomically: a kill leaves every chunk written before
-it whole and readable, so a killed run loses at most its last ``chunk_steps`` steps. A run's
+it whole and readable, so a killed run loses at most its last ``2 * chunk_steps`` steps (the
+chunk being filled, and the one being written, if the kill lands in the ~0.2 s that takes). A run's
 identity (:attr:`RunTrace.sha256`, which saliency and explain files record) is
 :func:`~nac_drive.interpret.chunks.chunks_sha256` over its chunks. Schema, version 2; the arrays
 of a chunk hold its own steps. N = steps, A / E = policy / expert action size, D = d_model,
@@ -73,6 +74,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -449,8 +451,18 @@ class RunRecorder:
         nac: the policy's NAC layer, to store its hyper-parameters and wiring masks.
         action_names, expert_action_names: optional labels of the action columns.
         jpeg_quality: JPEG quality of the stored frames (1-100).
-        chunk_steps: the most steps held in memory; :meth:`add` writes them as the next chunk
-            when there are this many (``trace/chunk-NNNNNN.npz``, never rewritten).
+        chunk_steps: the steps of a chunk; :meth:`add` hands them to the writer as the next
+            chunk when there are this many (``trace/chunk-NNNNNN.npz``, never rewritten).
+
+    Off the control loop: one background writer thread JPEG-encodes a full chunk's frames
+    and writes it (OpenCV and zlib release the GIL, so a second core takes that work) while
+    :meth:`add` fills the next. The recorder holds at most two chunks of steps: the one being
+    filled and the one being written (a chunk that fills while the writer is still busy waits
+    for it). Its RAM is about ``2 * chunk_steps`` raw frames: ~28 MB for CarRacing's 96x96
+    frames, ~150 MB for the Udacity camera's 320x160. A writer error is raised, as the same
+    one-line error, by the next :meth:`add` or :meth:`save` (and by every later one: no chunk
+    is written after a failed one, so the trace never has a gap). :meth:`save` waits for the
+    writer, so after it every step is on disk; so does interpreter exit, for a chunk under way.
 
     The first write deletes the chunks an earlier recording left in ``RUN_DIR/trace/`` (a
     folder holds one run). Use as a context manager to save on exit, or call :meth:`save`.
@@ -472,9 +484,11 @@ class RunRecorder:
         self.jpeg_quality, self.chunk_steps = int(jpeg_quality), int(chunk_steps)
         self.action_names, self.expert_action_names = action_names, expert_action_names
         self.nac_info, self.wiring = describe_nac(nac) if nac is not None else (None, {})
-        self._rows: list[dict[str, Any]] = []   # the steps not written yet
-        self._chunks, self._written = 0, 0      # chunks written, and the steps they hold
+        self._rows: list[dict[str, Any]] = []   # the steps of the chunk being filled
+        self._chunks, self._written = 0, 0      # chunks handed to the writer, and the steps they hold
         self._written_metadata: str | None = None   # ``metadata`` as the last chunk holds it (JSON)
+        self._writer: threading.Thread | None = None   # writing the last chunk handed over
+        self._error: BaseException | None = None   # what stopped the writer
         self._frame_shape: tuple[int, ...] | None = None
         self._widths: dict[str, int] = {}   # each action's size, fixed by its first step
         self._episode = 0
@@ -491,7 +505,8 @@ class RunRecorder:
 
     @property
     def pending(self) -> int:
-        """Steps held in memory, not written yet (fewer than ``chunk_steps`` after :meth:`add`)."""
+        """Steps of the chunk being filled, not handed to the writer yet (fewer than
+        ``chunk_steps`` after :meth:`add`)."""
         return len(self._rows)
 
     def new_episode(self) -> None:
@@ -503,7 +518,7 @@ class RunRecorder:
     def add(self, frame: np.ndarray, policy_action, expert_action=None, reward: float | None = None,
             cross_track_error: float | None = None, nac_trace=None, timestamp: float | None = None,
             nac_step: int | None = None) -> None:
-        """Record one closed-loop step (and write a chunk when ``chunk_steps`` are held).
+        """Record one closed-loop step (and hand a chunk to the writer when ``chunk_steps`` are held).
 
         frame: uint8 RGB ``[H, W, 3]`` (the same size every step). policy_action /
         expert_action: array-like (a discrete action may be a scalar index).
@@ -511,6 +526,7 @@ class RunRecorder:
         layer's step index of this query; by default the number of traces recorded
         since the last :meth:`new_episode`. timestamp: seconds (default: wall clock).
         """
+        self._check_writer()
         frame = np.asarray(frame)
         if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
             raise ValueError(f"frame: expected a uint8 RGB array [H, W, 3], got {frame.dtype} {list(frame.shape)}")
@@ -519,7 +535,7 @@ class RunRecorder:
         elif frame.shape != self._frame_shape:
             raise ValueError(f"frame: shape {list(frame.shape)} differs from the run's {list(self._frame_shape)}")
         row: dict[str, Any] = {
-            "jpeg": encode_jpeg(np.ascontiguousarray(frame), self.jpeg_quality),
+            "frame": frame.copy(),   # the writer encodes it (the caller may reuse its array)
             "timestamp": time.time() if timestamp is None else float(timestamp),
             "episode": self._episode,
             "policy_action": _action(policy_action, "policy_action"),
@@ -539,13 +555,14 @@ class RunRecorder:
             self._nac_steps = step + 1
         self._rows.append(row)
         if len(self._rows) >= self.chunk_steps:
-            self.save()
+            self._hand_over()
 
-    def _chunk_arrays(self) -> dict[str, np.ndarray]:
-        """The schema's arrays of the steps not written yet."""
-        rows, n = self._rows, len(self._rows)
+    def _chunk_arrays(self, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        """The schema's arrays of a chunk's steps (its frames JPEG-encoded)."""
+        n = len(rows)
         out: dict[str, np.ndarray] = {}
-        out["frames_jpeg"], out["frame_offsets"] = pack_jpegs([r["jpeg"] for r in rows])
+        out["frames_jpeg"], out["frame_offsets"] = pack_jpegs([encode_jpeg(r["frame"], self.jpeg_quality)
+                                                               for r in rows])
         out["timestamp"] = np.array([r["timestamp"] for r in rows], dtype=np.float64)
         out["episode"] = np.array([r["episode"] for r in rows], dtype=np.int32)
         out["policy_action"] = _stack_actions([r["policy_action"] for r in rows], "policy_action")
@@ -559,24 +576,53 @@ class RunRecorder:
 
     def save(self) -> Path:
         """Write the steps not written yet as the next chunk (atomically; the chunks before it
-        are not touched); returns the trace folder. Writes nothing when every step and the
-        current ``metadata`` are written already; a run of no steps still gets its chunk 0."""
+        are not touched) and wait until it is on disk; returns the trace folder. Writes
+        nothing when every step and the current ``metadata`` are written already; a run of no
+        steps still gets its chunk 0. Raises the writer's error, if it had one."""
+        self._hand_over()
+        self._wait_for_writer()
+        return self.path
+
+    def _hand_over(self) -> None:
+        """Give the chunk being filled (and ``metadata`` as it is now) to a new writer thread,
+        once the one before is written; unless nothing is new."""
         run = json.dumps(self.metadata, sort_keys=True, allow_nan=False)
         if self._chunks and not self._rows and run == self._written_metadata:
-            return self.path
+            return
+        self._wait_for_writer()   # at most one chunk being written
         meta = {"format": FORMAT, "version": VERSION, "chunk": self._chunks, "first_step": self._written,
                 "num_steps": len(self._rows), "frame_shape": list(self._frame_shape) if self._frame_shape else None,
-                "run": self.metadata}
-        arrays = self._chunk_arrays()
+                "run": json.loads(run)}   # a copy: the caller may add to metadata meanwhile
         if not self._chunks:   # what is fixed for the run, written once
-            self._delete_earlier_recording()
             meta.update(jpeg_quality=self.jpeg_quality, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         action_names=self.action_names, expert_action_names=self.expert_action_names, nac=self.nac_info)
-            arrays.update(self.wiring)
-        write_archive(chunk_path(self.path, self._chunks), arrays, meta)
+        self._writer = threading.Thread(target=self._write, args=(self._chunks, self._rows, meta),
+                                        name=f"trace writer {self.path}")
+        self._writer.start()
         self._chunks, self._written, self._rows = self._chunks + 1, len(self), []
         self._written_metadata = run
-        return self.path
+
+    def _write(self, index: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+        """The writer thread: chunk ``index`` of ``rows``; an error is kept for the caller."""
+        try:
+            arrays = self._chunk_arrays(rows)
+            if index == 0:
+                self._delete_earlier_recording()
+                arrays.update(self.wiring)
+            write_archive(chunk_path(self.path, index), arrays, meta)
+        except BaseException as e:   # noqa: BLE001 -- raised in the caller's thread (_check_writer)
+            self._error = e
+
+    def _wait_for_writer(self) -> None:
+        """Wait until the chunk under way is written; raise the writer's error, if any."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        self._check_writer()
+
+    def _check_writer(self) -> None:
+        if self._error is not None:
+            raise self._error
 
     def _delete_earlier_recording(self) -> None:
         """Delete the chunks another recording left in the trace folder, the last first (a kill
@@ -589,7 +635,8 @@ class RunRecorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.save()
+        if exc is None or exc is not self._error:   # (after the writer's error no chunk follows)
+            self.save()
 
 def _action(value, name: str) -> np.ndarray:
     a = np.asarray(value, dtype=np.float32).reshape(-1)

@@ -278,7 +278,9 @@ def test_a_new_chunk_leaves_the_earlier_ones_untouched(tmp_path):
     for i in range(4):
         rec.add(frame=frame, policy_action=i)
     first = rec.path / "chunk-000000.npz"
-    assert rec.pending == 0 and first.is_file()          # add wrote the chunk itself
+    assert rec.pending == 0                              # add handed the chunk to the writer
+    rec.save()                                           # which save waits for (nothing new to write)
+    assert first.is_file()
     before = (first.stat().st_ino, first.stat().st_mtime_ns, first.read_bytes())
     time.sleep(0.01)
     for i in range(9):
@@ -339,13 +341,81 @@ def test_a_new_recording_replaces_an_earlier_one_in_the_folder(tmp_path):
     assert len(list(rec.path.iterdir())) == 2
 
 
+def test_chunks_are_written_off_the_loop_one_at_a_time(tmp_path, monkeypatch):
+    import threading
+
+    import nac_drive.interpret.trace as trace_module
+
+    release, writing, write = threading.Event(), [], trace_module.write_archive
+
+    def held(path, arrays, metadata):   # a write that lasts until the test releases it
+        writing.append(path.name)
+        assert release.wait(30)
+        return write(path, arrays, metadata)
+
+    monkeypatch.setattr(trace_module, "write_archive", held)
+    rec = RunRecorder(tmp_path, chunk_steps=2)
+    add = [lambda i=i: rec.add(frame=np.full((8, 8, 3), i, np.uint8), policy_action=i) for i in range(5)]
+    try:
+        add[0]()
+        add[1]()                                         # the chunk is full: handed to the writer
+        assert rec.pending == 0 and len(rec) == 2
+        deadline = time.time() + 30
+        while not writing:
+            assert time.time() < deadline, "the writer never started"
+            time.sleep(0.01)
+        assert writing == ["chunk-000000.npz"] and not rec.path.exists()   # add did not wait for it
+        add[2]()                                         # the next chunk fills meanwhile
+        fourth = threading.Thread(target=add[3])         # full, it waits for the first to be written
+        fourth.start()
+        fourth.join(0.5)
+        assert fourth.is_alive() and writing == ["chunk-000000.npz"] and rec.pending == 2
+    finally:
+        release.set()
+    fourth.join(30)
+    assert rec.pending == 0 and writing[1:] in ([], ["chunk-000001.npz"])
+    add[4]()
+    assert rec.save() == tmp_path / "trace"              # waits for the writer: every step on disk
+    assert writing == [f"chunk-00000{i}.npz" for i in range(3)] and rec.pending == 0
+    run = load_trace(tmp_path)
+    assert run.policy_action[:, 0].tolist() == [0, 1, 2, 3, 4] and run.metadata["chunks"] == 3
+    assert [int(run.frame(i)[0, 0, 0]) for i in range(5)] == [0, 1, 2, 3, 4]
+
+
+def test_a_writer_error_is_raised_by_the_next_add_and_save_in_one_line(tmp_path):
+    small, large = _layer(), _layer(d_model=16)
+    rec = RunRecorder(tmp_path, chunk_steps=2)
+    with torch.no_grad():
+        traces = [layer.step(torch.randn(1, 6), layer.init_cache(1), return_trace=True)[2] for layer in (small, large)]
+    frame = np.zeros((8, 8, 3), np.uint8)
+    for trace in traces:   # a chunk whose NAC traces differ in size: the writer cannot stack them
+        rec.add(frame=frame, policy_action=0, nac_trace=trace, nac_step=0)
+    message = "nac_trace.q: shape [16] at step 1 differs from [8]"
+    with pytest.raises(ValueError) as e:   # the writer stopped at the chunk; the next add says why
+        for _ in range(100):
+            time.sleep(0.01)
+            rec.add(frame=frame, policy_action=0)
+    assert str(e.value) == message
+    for call in (rec.save, lambda: rec.add(frame=frame, policy_action=0), rec.save):   # and every later call
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == message
+    assert not rec.path.exists()                         # no chunk after the failed one (nor it)
+    with pytest.raises(ValueError, match="^nac_trace.q"):   # the with block raises it once, saves nothing
+        with RunRecorder(tmp_path / "with", chunk_steps=2) as rec:
+            for trace in traces * 50:
+                time.sleep(0.01)
+                rec.add(frame=frame, policy_action=0, nac_trace=trace, nac_step=0)
+    assert not (tmp_path / "with").exists()
+
+
 @pytest.fixture()
 def chunked(tmp_path):
     """A run of 4 chunks of 3 steps; returns its trace folder."""
     rec = RunRecorder(tmp_path, chunk_steps=3)
     for i in range(12):
         rec.add(frame=np.full((8, 8, 3), 10 * i, np.uint8), policy_action=i)
-    return rec.path
+    return rec.save()   # (the last chunk is written in the background until then)
 
 
 def test_a_missing_middle_chunk_is_refused_in_one_line(chunked):
