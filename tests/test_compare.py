@@ -117,6 +117,13 @@ def test_compare_trains_and_drives_every_variant_and_seed_into_one_table(dataset
     assert {p: p.stat().st_mtime_ns for p in (out / "results").iterdir()} == stamps
     assert len(list((out / "runs").iterdir())) == 6
 
+    # another budget into the same folder is refused, before anything is trained
+    changed = list(argv)
+    changed[changed.index("--epochs") + 1] = "2"
+    assert main(changed) == 2
+    assert "that run was trained and driven with" in capsys.readouterr().err
+    assert len(list((out / "runs").iterdir())) == 6
+
 
 @pytest.mark.slow
 def test_train_eval_episodes_drives_the_best_checkpoint_and_logs_it(dataset, tmp_path, capsys):

@@ -18,8 +18,9 @@ baselines. Per variant, over its seeds:
 
 Results go to ``OUT/compare.json`` and ``OUT/compare.md``; each (variant, seed) keeps its
 run folder under ``OUT/runs`` and its result in ``OUT/results``, so a killed comparison
-starts again where it stopped. TensorBoard's HParams table (``tensorboard --logdir
-OUT/runs``) shows the same runs with their validation and ``closed_loop/`` metrics.
+starts again where it stopped (with the same data and budget: a result of another is
+refused). TensorBoard's HParams table (``tensorboard --logdir OUT/runs``) shows the same
+runs with their validation and ``closed_loop/`` metrics.
 """
 # The CLI builds ``nac-drive compare``'s parser from this module: keep its imports light.
 
@@ -90,6 +91,15 @@ class RunResult:
     val_accuracy: float | None            # CarRacing (discrete actions)
     val_mse: float | None                 # Udacity steering (the loss)
     closed_loop: dict | None = field(default=None)
+    budget: dict | None = field(default=None)   # what every run of the comparison shares (:func:`shared_budget`)
+
+
+def shared_budget(args: CompareArgs) -> dict:
+    """What each (variant, seed) of a comparison must share to be compared: the data and the
+    budget of training and driving."""
+    return {"data": str(Path(args.data).resolve()), "window": args.window, "epochs": args.epochs,
+            "windows_per_epoch": args.windows_per_epoch, "d_model": args.d_model, "episodes": args.episodes,
+            "max_steps": args.max_steps}
 
 
 def compare(args: CompareArgs) -> dict:
@@ -118,7 +128,11 @@ def _result(args: CompareArgs, variant: str, seed: int, out: Path) -> RunResult:
 
     path = out / RESULTS / f"{variant}__s{seed}.json"
     if path.is_file():
-        return _read_result(path)
+        result = _read_result(path)
+        if result.budget != shared_budget(args):
+            raise ValueError(f"{path}: that run was trained and driven with {result.budget}, this comparison asks "
+                             f"for {shared_budget(args)}; give another --out")
+        return result
     run_dir = train(TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed,
                               window=args.window, epochs=args.epochs, windows_per_epoch=args.windows_per_epoch,
                               d_model=args.d_model, eval_episodes=0, progress=args.progress, **VARIANTS[variant]))
@@ -134,7 +148,7 @@ def _result(args: CompareArgs, variant: str, seed: int, out: Path) -> RunResult:
     path.parent.mkdir(parents=True, exist_ok=True)
     result = RunResult(variant, seed, str(run_dir), task, best["val_loss"],
                        best["val_accuracy"] if task == "carracing" else None,
-                       best["val_loss"] if task == "udacity" else None, closed_loop)
+                       best["val_loss"] if task == "udacity" else None, closed_loop, shared_budget(args))
     write_json(path, vars(result))
     return result
 
