@@ -208,10 +208,14 @@ def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Calla
     of the step returning one. target_layer: None (last Conv2d), a dotted name or the module.
     input_region: ``(top, bottom)`` rows cropped off the frame by ``preprocess``
     (Udacity: 60, 25), so the overlay lands on the part of the frame the model saw.
+    An output that cannot be written is refused before anything is computed.
     """
     from tqdm import tqdm
 
+    from nac_drive.io.atomic import check_writable
+
     run = load_trace(run_dir)
+    out = check_writable(Path(run.path).parent / SALIENCY_FILE)
     maps, overlays = [], []
     layer_name = None
     for i in tqdm(range(run.num_steps), desc="saliency", unit="frame", disable=not progress):
@@ -231,7 +235,7 @@ def compute_run_saliency(run_dir: str | os.PathLike, frame_model_for_step: Calla
             "target": target if isinstance(target, (int, str)) else "per-step", "target_layer": layer_name,
             "trace_created_utc": run.metadata.get("created_utc"), "trace_sha256": run.sha256,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return write_archive(Path(run.path).parent / SALIENCY_FILE, arrays, meta)
+    return write_archive(out, arrays, meta)
 
 
 @dataclass

@@ -266,9 +266,9 @@ def _recorded_run(run_dir):
 
 def _saliency_refused_before_computing(run_dir, monkeypatch, capsys) -> str:
     from nac_drive.cli.main import main
-    from nac_drive.interpret import policy_saliency
+    from nac_drive.interpret import saliency
 
-    monkeypatch.setattr(policy_saliency, "compute_run_saliency",
+    monkeypatch.setattr(saliency, "saliency_maps",
                         lambda *a, **k: pytest.fail("saliency was computed for an output it cannot write"))
     assert main(["saliency", "--run", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
