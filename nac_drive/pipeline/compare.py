@@ -166,7 +166,8 @@ def _best_row(metrics_csv: Path) -> dict[str, float | None]:
     """The epoch of the lowest validation loss (the ``best/`` checkpoint), as numbers (NaN -> None)."""
     import csv
 
-    rows = list(csv.DictReader(metrics_csv.open()))
+    with metrics_csv.open() as f:
+        rows = list(csv.DictReader(f))
     best = min(rows, key=lambda r: float(r["val_loss"]) if r["val_loss"] != "nan" else math.inf)
     return {k: (None if math.isnan(float(v)) else float(v)) for k, v in best.items()}
 
