@@ -2,7 +2,7 @@
 
 The eager code is the reference (autograd differentiates it, GPUs run it); on CPU the
 layer takes the kernels for key selection always, and for the pair stage whenever
-no gradient, trace or dropout is needed.
+no gradient or dropout is needed, a trace's stages included.
 """
 
 import itertools
@@ -95,16 +95,61 @@ def test_the_pair_stage_takes_the_eager_path_when_it_must(kernel_calls):
     x = torch.randn(1, 9, 6)
     with torch.no_grad():
         layer(x)
-        assert len(kernel_calls) == 1                      # inference: the kernel
-        layer(x, return_trace=True)                        # a trace needs the stages' tensors
+        layer(x, return_trace=True)                        # the kernel writes the stages out too
+        assert len(kernel_calls) == 2                      # inference: the kernel
         layer.double()(x.double())                         # float64
         with nac_kernels.disabled():
             layer.float()(x)
         layer.float().train()
         assert not torch.equal(layer(x), layer(x))         # active dropout: two calls differ
-        assert len(kernel_calls) == 1
+        assert len(kernel_calls) == 2
     layer.eval()(x)                                        # autograd needs the eager code
+    layer(x, return_trace=True)
+    assert len(kernel_calls) == 2
+
+
+def _assert_same_trace(fast, eager):
+    """Every field of two NACTraces equal (to the kernels' 1e-5), NaN where the other has NaN."""
+    for name in ("q", "k", "v", "topk_idx", *nac_kernels.TRACED_STAGES):
+        a, b = getattr(fast, name), getattr(eager, name)
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5, equal_nan=True, msg=name)
+    assert torch.equal(torch.isnan(fast.phi), fast.topk_idx < 0)   # NaN exactly in the empty slots
+    assert torch.equal(fast.weights[fast.topk_idx < 0], torch.zeros_like(fast.weights[fast.topk_idx < 0]))
+
+
+@pytest.mark.parametrize("mode,select,causal,window,time_input", SETTINGS[::5])
+def test_a_traced_kernel_forward_gives_the_eager_trace(mode, select, causal, window, time_input, kernel_calls):
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, select=select, causal=causal, window=window,
+                time_input=time_input, seed=0).eval()
+    g = torch.Generator().manual_seed(5)
+    x, t = torch.randn(3, 17, 6, generator=g), torch.rand(3, 17, generator=g).cumsum(1)
+    mask = torch.rand(3, 17, generator=g) > 0.3
+    mask[2] = False                                   # a sequence with no valid step: empty slots only
+    with torch.no_grad():
+        y, fast = layer(x, t=t, mask=mask, return_trace=True)
+        y_eager, eager = _eager(lambda: layer(x, t=t, mask=mask, return_trace=True))
     assert len(kernel_calls) == 1
+    torch.testing.assert_close(y, y_eager, atol=2e-6, rtol=1e-5)
+    assert (fast.topk_idx < 0).any() and (fast.topk_idx >= 0).any()   # both kinds of slot are checked
+    _assert_same_trace(fast, eager)
+
+
+@pytest.mark.parametrize("mode", ["exact", "euler", "steady"])
+def test_a_traced_kernel_step_gives_the_eager_trace_and_the_untraced_output(mode, kernel_calls):
+    """A streamed step with its trace (as ``drive --trace`` runs) takes the kernels: the
+    same output as without the trace, and the eager code's trace."""
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, window=5, seed=0).eval()
+    x = torch.randn(1, 9, 6, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        traced, plain, eager = layer.init_cache(1), layer.init_cache(1), layer.init_cache(1)
+        for i in range(9):
+            y, traced, fast = layer.step(x[:, i], traced, return_trace=True)
+            y_plain, plain = layer.step(x[:, i], plain)
+            _, eager, eager_trace = _eager(lambda: layer.step(x[:, i], eager, return_trace=True))
+            assert torch.equal(y, y_plain)
+            _assert_same_trace(fast, eager_trace)
+    assert len(kernel_calls) == 18
 
 
 @pytest.mark.parametrize("name", ["command", "motor_bias", "phi_tau_bias"])

@@ -284,9 +284,31 @@ MODE_EXACT, MODE_EULER, MODE_STEADY = 0, 1, 2
 TIME_ONE, TIME_QUERY, TIME_ELAPSED = 0, 1, 2
 
 
+@njit(inline="always", **_JIT)
+def _record_pairs(trace_out, b, h, i, base, keys, inter, cmd, motor, phi, tau, t_interp, logit, e, total):
+    """Write query i's K pairs (tile columns base..base+K-1) into the trace arrays: each
+    stage's value, NaN in an empty slot, whose attention weight is 0."""
+    tr_inter, tr_cmd, tr_motor, tr_phi, tr_tau, tr_t, tr_logit, tr_w = trace_out
+    nan = f32(np.nan)
+    for kk in range(tr_w.shape[3]):
+        p = base + kk
+        filled = keys[p] != NO_KEY
+        for u in range(inter.shape[0]):
+            tr_inter[b, h, i, kk, u] = inter[u, p] if filled else nan
+        for c in range(cmd.shape[0]):
+            tr_cmd[b, h, i, kk, c] = cmd[c, p] if filled else nan
+        for m in range(motor.shape[0]):
+            tr_motor[b, h, i, kk, m] = motor[m, p] if filled else nan
+        tr_phi[b, h, i, kk] = phi[p] if filled else nan
+        tr_tau[b, h, i, kk] = tau[p] if filled else nan
+        tr_t[b, h, i, kk] = t_interp[p] if filled else nan
+        tr_logit[b, h, i, kk] = logit[p] if filled else nan
+        tr_w[b, h, i, kk] = e[p] / total if filled else f32(0.0)
+
+
 @njit(**_JIT)
 def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_b, mot_w, mot_b, phi_tau_w,
-           phi_tau_b, mode, euler_steps, tau_eps, time_weighted, out, worst_dt_tau):
+           phi_tau_b, mode, euler_steps, tau_eps, time_weighted, out, worst_dt_tau, want_trace, trace_out):
     """The NAC pair stage: backbone, phi/tau heads, time vector, logits, softmax, values.
 
     q_side_t ``[B, H, P, Tq]`` (P = n_inter + 2: W_q q + b, then the time affine's query
@@ -296,6 +318,9 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
     ``packing.PackedWeights`` (cmd_w ``[H, n_inter, n_cmd]``, mot_w ``[H, n_cmd, n_motor]``, phi_tau_w
     ``[H, n_motor, 2]``: the phi and tau read-outs) -> out ``[B, H, Tq, depth]``, float32;
     mode euler also writes the largest dt * tau of a selected pair to ``worst_dt_tau[0]``.
+    With ``want_trace``, ``trace_out`` = the arrays inter, command, motor ``[B, H, Tq, K, n]``
+    and phi, tau, t_interp, logits, weights ``[B, H, Tq, K]`` receive every stage
+    (:func:`_record_pairs`); without, it may hold empty arrays.
     """
     B, H, P, Tq = q_side_t.shape
     K = idx.shape[3]
@@ -413,6 +438,9 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                         if keys[base + kk] != NO_KEY:
                             total += acc[base + kk]
                     i = i0 + qi
+                    if want_trace:
+                        _record_pairs(trace_out, b, h, i, base, keys, inter, cmd, motor, phi, tau, t_interp, logit,
+                                      acc, total)
                     for d in range(depth):
                         ob[i, d] = 0.0
                     if total != 0:  # 0: no valid key (weights 0); NaN logits give NaN, as the eager code does

@@ -8,8 +8,8 @@ kernels (:mod:`._numba`) instead, where they give the same result:
   K best keys in an insertion buffer while its scores stream past, instead of
   materialising every score and calling ``torch.topk``;
 * the pair stage (backbone, phi/tau heads, time vector, logits, softmax, weighted
-  values), when nothing needs a gradient or a trace: one pass over tiles of pairs
-  instead of ~40 small tensor operations.
+  values), when nothing needs a gradient: one pass over tiles of pairs instead of ~40
+  small tensor operations (that also writes out every stage when a trace is asked for).
 
 :func:`choose` decides once per call which path serves it. The kernels read the layer's
 packed weights and key rows (:mod:`.packing`), never the layer itself. Tests hold both
@@ -83,8 +83,8 @@ def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
     """Whether :func:`attend` can serve a pair stage on these inputs and pair-stage weights:
-    CPU, float32, finite inputs, and no gradient needed. (Traces and dropout are the
-    caller's to rule out, and whether the weights are finite too: ``PackedWeights.kernel_arrays``.)"""
+    CPU, float32, finite inputs, and no gradient needed. (Dropout is the caller's to rule
+    out, and whether the weights are finite too: ``PackedWeights.kernel_arrays``.)"""
     if not available() or _scripting():
         return False
     tensors = (q_side, key_rows, *weights)
@@ -105,7 +105,7 @@ def choose(q: torch.Tensor, k: torch.Tensor, q_side: torch.Tensor, key_rows: tor
            weights: PackedWeights, pairs_allowed: bool) -> Backend:
     """The code that serves one call, chosen once. Key selection is never differentiated,
     so it runs on the kernels whenever they take q, k ``[B,H,T,depth]``; the pair stage
-    (q_side, key_rows, ``weights``) only if ``pairs_allowed`` (the caller needs no trace,
+    (q_side, key_rows, ``weights``) only if ``pairs_allowed`` (the caller needs no
     dropout or clamp inside it), no gradient is needed and every input is finite."""
     selection = handles_selection(q, k)
     pairs = (selection and pairs_allowed and handles_pairs(q_side, key_rows, weights.pair_stage())
@@ -178,12 +178,16 @@ def kernel_select_block(q: torch.Tensor, part: BlockPartition, topk: int, vis: V
 
 def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor, idx: torch.Tensor,
            weights: PackedWeights, layout: KeyLayout, *, mode: str, euler_steps: int,
-           tau_eps: float, time_input: str, time_weighted_values: bool) -> tuple[torch.Tensor, float]:
+           tau_eps: float, time_input: str, time_weighted_values: bool,
+           trace: bool = False) -> tuple[torch.Tensor, float, dict[str, torch.Tensor] | None]:
     """The pair stage of :meth:`~nac_drive.nac.layer.NAC.attend` (eqs. 14-19) in one pass:
     q_side ``[B,H,Tq,P]`` (:func:`~nac_drive.nac.packing.query_half`), key_rows
     ``[B,H,Tk,>= layout.width]`` packed as :class:`~nac_drive.nac.packing.KeyLayout` says,
     idx ``[B,H,Tq,K]`` -> (out ``[B,H,Tq,depth]``, the largest dt * tau of a selected pair
-    in mode euler, for the layer's stability check)."""
+    in mode euler, for the layer's stability check, and with ``trace`` the stages as the
+    eager :meth:`~nac_drive.nac.layer.NAC.attend` traces them: inter, command, motor
+    ``[B,H,Tq,K,n]``, phi, tau, t_interp, logits, weights ``[B,H,Tq,K]``, NaN in an empty
+    slot except its weight 0; else None)."""
     nb = _kernels()
     B, H, Tq, P = q_side.shape
     if P != layout.stamp or layout.value.start != P + 1:
@@ -199,12 +203,20 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     times = _ZERO_TIMES if q_times is None else _array(q_times)
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
+    K = idx.shape[-1]
+    sizes = (layout.n_inter, weights.command.shape[-1], weights.motor.shape[-1])
+    stages = ({name: torch.empty(B, H, Tq, K, *((n,) if n else ()), dtype=torch.float32)
+               for name, n in zip(TRACED_STAGES, sizes + (0,) * 5)} if trace else None)
     nb.attend(_array(q_side.transpose(-1, -2)), _array(key_rows[..., :layout.stamp + 1].transpose(-1, -2)),
               _array(key_rows), _array(idx), times, time_kind, *weights.kernel_arrays[0], MODE_CODES[mode],
-              euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau)
-    return out, float(worst_dt_tau[0])
+              euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau, trace,
+              tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
+    return out, float(worst_dt_tau[0]), stages
 
 
+# The pair stages a trace holds, in the kernel's order (NACTrace's fields of the same names).
+TRACED_STAGES = ("inter", "command", "motor", "phi", "tau", "t_interp", "logits", "weights")
+_NO_TRACE = tuple(np.empty((0,) * (5 if i < 3 else 4), np.float32) for i in range(len(TRACED_STAGES)))
 _ZERO_TIMES = np.zeros((1, 1), np.float32)  # stands for q_times when the kernel does not read them
 
 

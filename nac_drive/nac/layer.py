@@ -168,7 +168,7 @@ class NAC(nn.Module):
         # eq. 14's first layer and the time affine, split: W_q q_i once per query, W_k k_j
         # once per key (packed with its timestamp and value), added after the selection
         q_side, rows = packing.query_half(q, weights, H), packing.key_rows(k, vh, times, weights, H)
-        backend = self.backend(qh, kh, q_side, rows, weights, return_trace)
+        backend = self.backend(qh, kh, q_side, rows, weights)
         idx = self.select_keys(qh, kh, Visibility(self.causal, self.window, mask),
                                backend.selection_on_kernels)                                 # Top-K
         out, stages = self.attend(q_side, times, rows, idx, weights, return_trace,
@@ -188,13 +188,13 @@ class NAC(nn.Module):
         tensors if ``want_trace``. ``on_kernels``: the fused kernel computes ``out``.
         """
         if on_kernels:   # the fast path: the same equations, fused in one pass over the pairs
-            out, worst_dt_tau = kernels.attend(
+            out, worst_dt_tau, stages = kernels.attend(
                 q_side, q_times, rows, idx, weights, self.layout, mode=self.mode,
                 euler_steps=self.euler_steps, tau_eps=self.tau_eps, time_input=self.time_input,
-                time_weighted_values=self.time_weighted_values)
+                time_weighted_values=self.time_weighted_values, trace=want_trace)
             if self.mode == "euler":
                 check_euler_stability(torch.tensor(worst_dt_tau), self.euler_steps)
-            return out, None
+            return out, stages
         valid = idx != NO_KEY
         pre, key_times, values = packing.gather_pairs(q_side, rows, idx, self.layout)
         n_inter = self.layout.n_inter
@@ -319,10 +319,10 @@ class NAC(nn.Module):
         return weights
 
     def backend(self, qh: torch.Tensor, kh: torch.Tensor, q_side: torch.Tensor, rows: torch.Tensor,
-                weights: PackedWeights, want_trace: bool) -> Backend:
+                weights: PackedWeights) -> Backend:
         """Whether the kernels serve this call's selection and pair stage (:func:`kernels.choose`):
-        the pair stage only when no trace, active dropout or clamp inside it is needed."""
-        pairs_allowed = (not want_trace and not (self.training and self.attn_dropout.p > 0)
+        the pair stage only when no active dropout or clamp inside it is needed."""
+        pairs_allowed = (not (self.training and self.attn_dropout.p > 0)
                          and not (self.clamp is not None and self.clamp.in_pair_stage))
         return kernels.choose(qh, kh, q_side, rows, weights, pairs_allowed)
 
