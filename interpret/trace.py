@@ -73,6 +73,7 @@ still loads; its identity is the file's SHA-256.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -98,44 +99,94 @@ WIRING_FIELDS = ("wiring_q", "wiring_k", "wiring_v", "wiring_sensory_to_inter", 
 
 
 # ------------------------------------------------------------------ NAC trace reduction
-def reduce_nac_trace(trace, step: int) -> dict[str, np.ndarray]:
-    """One step's :class:`~nac_drive.nac.NACTrace` (batch 1, T = 1) -> per-step arrays.
-
-    ``step`` is the layer's step index of the query (``cache.steps - 1`` after
-    :meth:`NAC.step`). Returns q, k, v ``[D]``; ``<group>_mean`` / ``<group>_top``
-    ``[H, n]`` for inter, command, motor; phi, tau, t_interp, logits, weights ``[H, K]``
-    (NaN in empty slots except weights); key_step, key_age ``[H, K]`` (-1 empty).
-    """
-    def arr(name: str) -> np.ndarray:
-        return getattr(trace, name).detach().cpu().float().numpy()
-
-    q = arr("q")
-    if q.ndim != 3 or q.shape[:2] != (1, 1):
+def check_nac_step(trace, step: int) -> None:
+    """Refuse a :class:`~nac_drive.nac.NACTrace` that is not one streamed step (batch 1,
+    T = 1, as :meth:`NAC.step` returns it) or that selects a key later than ``step``, its
+    query's step index (``cache.steps - 1`` after the step)."""
+    q = trace.q
+    if q.ndim != 3 or tuple(q.shape[:2]) != (1, 1):
         raise ValueError(f"nac_trace: expected batch 1 and T = 1 (NAC.step), got q of shape {list(q.shape)}")
-    idx = trace.topk_idx.detach().cpu().numpy()[0, :, 0].astype(np.int64)         # [H, K]
-    valid = idx >= 0
-    if np.any(idx > step):
-        raise ValueError(f"nac_trace.topk_idx: a selected key (step {idx.max()}) is later than the query step "
+    idx = trace.topk_idx
+    if idx.numel() and int(idx.max()) > step:
+        raise ValueError(f"nac_trace.topk_idx: a selected key (step {int(idx.max())}) is later than the query step "
                          f"{step}; was the layer's cache reset without RunRecorder.new_episode()?")
-    out: dict[str, np.ndarray] = {name: arr(name)[0, 0] for name in ("q", "k", "v")}
 
-    weights = arr("weights")[0, :, 0]                                                # [H, K]
-    top = np.where(valid, weights, -np.inf).argmax(axis=-1)                          # [H]
-    any_valid = valid.any(axis=-1)                                                   # [H]
-    count = valid.sum(axis=-1)[:, None]                                              # [H, 1]
-    heads = np.arange(idx.shape[0])
+
+def reduce_nac_trace(trace, step: int) -> dict[str, np.ndarray]:
+    """One step's :class:`~nac_drive.nac.NACTrace` (batch 1, T = 1) -> the trace's NAC
+    members for that step (:func:`reduce_nac_steps` without the step axis): q, k, v
+    ``[D]``; ``<group>_mean`` / ``<group>_top`` ``[H, n]``; phi, tau, t_interp, logits,
+    weights, key_step, key_age ``[H, K]``."""
+    check_nac_step(trace, step)
+    return {name: x[0] for name, x in reduce_nac_steps([trace], [step]).items()}
+
+
+def reduce_nac_steps(traces, steps) -> dict[str, np.ndarray]:
+    """Streamed steps' NACTraces (each batch 1, T = 1: :func:`check_nac_step`) and each one's
+    query step -> the trace's NAC members ``[N, ...]`` (the module docstring's schema): q, k,
+    v; per head, each backbone group's mean over the valid selected keys and its value for
+    the top-weighted key; the per-key stages with NaN in an empty slot (weights 0);
+    key_step and key_age (-1 empty). K is padded to the largest among the steps (a layer
+    without a window selects more keys as its cache grows). One pass over all the steps:
+    the recorder's writer thread reduces a whole chunk at once."""
+    raw = _stack_nac_steps(traces)
+    idx = raw["topk_idx"]                                                            # [N, H, K]
+    valid = idx >= 0
+    out: dict[str, np.ndarray] = {name: raw[name] for name in ("q", "k", "v")}
+    weights = raw["weights"]
+    top = np.where(valid, weights, -np.inf).argmax(axis=-1)[..., None, None]          # [N, H, 1, 1]
+    any_valid = valid.any(axis=-1)[..., None]                                        # [N, H, 1]
+    count = valid.sum(axis=-1)[..., None]                                            # [N, H, 1]
     for name in BACKBONE_GROUPS:
-        x = arr(name)[0, :, 0]                                                       # [H, K, n]
-        total = np.where(valid[..., None], x, 0.0).sum(axis=1)
+        x = raw[name]                                                                # [N, H, K, n]
+        total = np.where(valid[..., None], x, 0.0).sum(axis=2)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out[f"{name}_mean"] = np.where(count > 0, total / count, np.nan)
-        out[f"{name}_top"] = np.where(any_valid[:, None], x[heads, top], np.nan)
+            out[f"{name}_mean"] = np.where(count > 0, total / count, np.nan).astype(np.float32)
+        out[f"{name}_top"] = np.where(any_valid, np.take_along_axis(x, top, axis=2)[:, :, 0],
+                                      np.nan).astype(np.float32)
     for name in PER_KEY:
-        x = arr(name)[0, :, 0]
-        out[name] = x if name == "weights" else np.where(valid, x, np.nan)
+        out[name] = raw[name] if name == "weights" else np.where(valid, raw[name], np.nan).astype(np.float32)
     out["key_step"] = idx
-    out["key_age"] = np.where(valid, step - idx, -1)
-    return {name: np.asarray(value) for name, value in out.items()}
+    out["key_age"] = np.where(valid, np.asarray(steps, np.int64)[:, None, None] - idx, -1).astype(np.int32)
+    return out
+
+
+_GATES = ("q", "k", "v")                                  # [B=1, T=1, D] in a step's NACTrace
+_PAIR_MEMBERS = (*BACKBONE_GROUPS, *PER_KEY, "topk_idx")   # [B=1, H, T=1, K, ...]
+
+
+def _stack_nac_steps(traces) -> dict[str, np.ndarray]:
+    """NACTraces of steps -> their members stacked: q, k, v ``[N, D]``, the rest
+    ``[N, H, K, ...]`` (float32; topk_idx int64), each step's K padded to the largest with
+    empty slots (topk_idx -1, weight 0, NaN). One concatenation per member: a chunk's
+    hundreds of small tensors cost one call, not one each."""
+    import torch
+    import torch.nn.functional as F
+
+    out = {}
+    for name in (*_GATES, *_PAIR_MEMBERS):
+        steps = [getattr(trace, name) for trace in traces]
+        per_key = name in _PAIR_MEMBERS
+
+        def shape(a):   # a step's member without its batch and T axes
+            return a.shape[2:] if not per_key else a.shape[1:2] + a.shape[3:]
+
+        def fixed(a):   # what every step must share: all but K
+            return shape(a) if not per_key else shape(a)[:1] + shape(a)[2:]
+
+        for i, a in enumerate(steps):
+            if fixed(a) != fixed(steps[0]):
+                raise ValueError(f"nac_trace.{name}: shape {list(shape(a))} at step {i} differs from "
+                                 f"{list(shape(steps[0]))}")
+        if per_key:
+            k_max = max(a.shape[3] for a in steps)
+            fill = -1 if name == "topk_idx" else (0.0 if name == "weights" else math.nan)
+            steps = [a if a.shape[3] == k_max else F.pad(a, (0, 0) * (a.ndim - 4) + (0, k_max - a.shape[3]), value=fill)
+                     for a in steps]
+        stacked = torch.cat(steps).numpy(force=True)
+        stacked = stacked[:, 0] if not per_key else stacked[:, :, 0]
+        out[name] = stacked.astype(np.int64 if name == "topk_idx" else np.float32, copy=False)
+    return out
 
 
 def attention_entropy(weights: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -454,12 +505,14 @@ class RunRecorder:
         chunk_steps: the steps of a chunk; :meth:`add` hands them to the writer as the next
             chunk when there are this many (``trace/chunk-NNNNNN.npz``, never rewritten).
 
-    Off the control loop: one background writer thread JPEG-encodes a full chunk's frames
-    and writes it (OpenCV and zlib release the GIL, so a second core takes that work) while
-    :meth:`add` fills the next. The recorder holds at most two chunks of steps: the one being
-    filled and the one being written (a chunk that fills while the writer is still busy waits
-    for it). Its RAM is about ``2 * chunk_steps`` raw frames: ~28 MB for CarRacing's 96x96
-    frames, ~150 MB for the Udacity camera's 320x160. A writer error is raised, as the same
+    Off the control loop: :meth:`add` keeps the step's frame and NAC trace as they are, and one
+    background writer thread JPEG-encodes a full chunk's frames, reduces its traces at once
+    (:func:`reduce_nac_steps`) and writes it (OpenCV, torch and zlib release the GIL, so a second
+    core takes most of that work) while :meth:`add` fills the next. The recorder holds at most
+    two chunks of steps: the one being filled and the one being written (a chunk that fills
+    while the writer is still busy waits for it). Its RAM is about ``2 * chunk_steps`` raw
+    frames: ~28 MB for CarRacing's 96x96 frames, ~150 MB for the Udacity camera's 320x160.
+    A writer error is raised, as the same
     one-line error, by the next :meth:`add` or :meth:`save` (and by every later one: no chunk
     is written after a failed one, so the trace never has a gap). :meth:`save` waits for the
     writer, so after it every step is on disk; so does interpreter exit, for a chunk under way.
@@ -548,9 +601,10 @@ class RunRecorder:
             a = row[name]
             if a is not None and self._widths.setdefault(name, len(a)) != len(a):
                 raise ValueError(f"{name}: the action size changed during the run ({self._widths[name]}, then {len(a)})")
-        if nac_trace is not None:
+        if nac_trace is not None:   # reduced with its chunk, by the writer thread
             step = self._nac_steps if nac_step is None else int(nac_step)
-            row["nac"] = reduce_nac_trace(nac_trace, step)
+            check_nac_step(nac_trace, step)
+            row["nac"] = nac_trace
             row["nac_step"] = step
             self._nac_steps = step + 1
         self._rows.append(row)
@@ -559,7 +613,6 @@ class RunRecorder:
 
     def _chunk_arrays(self, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         """The schema's arrays of a chunk's steps (its frames JPEG-encoded)."""
-        n = len(rows)
         out: dict[str, np.ndarray] = {}
         out["frames_jpeg"], out["frame_offsets"] = pack_jpegs([encode_jpeg(r["frame"], self.jpeg_quality)
                                                                for r in rows])
@@ -571,7 +624,7 @@ class RunRecorder:
             out[name] = np.array([r[name] for r in rows], dtype=np.float32)
         out["has_nac"] = np.array([r["nac"] is not None for r in rows], dtype=bool)
         out["nac_step"] = np.array([r.get("nac_step", -1) for r in rows], dtype=np.int64)
-        out.update(_stack_nac([r["nac"] for r in rows], n))
+        out.update(_nac_members(rows))
         return out
 
     def save(self) -> Path:
@@ -658,38 +711,24 @@ def _stack_actions(actions: list[np.ndarray | None], name: str) -> np.ndarray:
     return out
 
 
-def _stack_nac(rows: list[dict[str, np.ndarray] | None], n: int) -> dict[str, np.ndarray]:
-    """Per-step reductions -> [N, ...] arrays. Per-key fields are padded to the run's
-    largest K (a layer without a window selects more keys as its cache grows)."""
-    def dtype_and_fill(name: str):
-        if name == "key_step":
-            return np.int64, -1
-        if name == "key_age":
-            return np.int32, -1
-        return np.float32, (0.0 if name == "weights" else np.nan)
-
-    present = [r for r in rows if r is not None]
-    if not present:  # no NAC in this run: keep the ranks, size-0 axes
-        return {name: np.zeros((n,) + (0,) * rank, dtype=dtype_and_fill(name)[0]) for name, rank in _NAC_RANKS.items()}
-    k_max = max(r["weights"].shape[-1] for r in present)
+def _nac_members(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """The NAC members ``[N, ...]`` of a chunk's steps (:func:`reduce_nac_steps` of those
+    with a trace); a step without one holds NaN (key_step, key_age -1)."""
+    traced = [i for i, r in enumerate(rows) if r["nac"] is not None]
+    if not traced:  # no NAC in this chunk: keep the ranks, size-0 axes
+        return {name: np.zeros((len(rows),) + (0,) * rank, dtype=_NAC_DTYPES.get(name, np.float32))
+                for name, rank in _NAC_RANKS.items()}
+    reduced = reduce_nac_steps([rows[i]["nac"] for i in traced], [rows[i]["nac_step"] for i in traced])
+    if len(traced) == len(rows):
+        return reduced
     out = {}
-    for name in _NAC_RANKS:
-        ref = present[0][name].shape
-        per_key = name in PER_KEY or name.startswith("key_")
-        shape = ref[:-1] + (k_max,) if per_key else ref
-        dtype, fill = dtype_and_fill(name)
-        a = np.full((n,) + shape, fill, dtype=dtype)
-        for i, r in enumerate(rows):
-            if r is None:
-                continue
-            x = r[name]
-            if x.shape[:-1] != shape[:-1] or (not per_key and x.shape != shape):
-                raise ValueError(f"nac_trace.{name}: shape {list(x.shape)} at step {i} differs from {list(ref)}")
-            a[i, ..., :x.shape[-1]] = x
-        out[name] = a
-    # Steps without a trace hold NaN weights, not the 0.0 of an empty slot.
-    out["weights"][np.array([r is None for r in rows])] = np.nan
+    for name, x in reduced.items():
+        out[name] = np.full((len(rows),) + x.shape[1:], -1 if name.startswith("key_") else np.nan, x.dtype)
+        out[name][traced] = x
     return out
+
+
+_NAC_DTYPES = {"key_step": np.int64, "key_age": np.int32}
 
 
 # Rank (after the step axis) of every NAC member, in schema order (NAC_FIELDS: their names).
@@ -699,5 +738,6 @@ _NAC_RANKS = {"q": 1, "k": 1, "v": 1, **{f"{g}_{r}": 2 for g in BACKBONE_GROUPS 
 
 NAC_FIELDS = tuple(_NAC_RANKS)
 
-__all__ = ["NAC_FIELDS", "RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "describe_nac", "ArchiveError", "TRACE_DIR",
+__all__ = ["NAC_FIELDS", "RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "reduce_nac_steps",
+           "check_nac_step", "describe_nac", "ArchiveError", "TRACE_DIR",
            "CHUNK_STEPS"]

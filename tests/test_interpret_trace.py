@@ -295,6 +295,7 @@ def test_a_new_chunk_leaves_the_earlier_ones_untouched(tmp_path):
 
 
 def test_the_recorder_holds_at_most_one_chunk_of_steps(tmp_path):
+    import gc
     import tracemalloc
 
     layer = _layer()
@@ -308,8 +309,10 @@ def test_the_recorder_holds_at_most_one_chunk_of_steps(tmp_path):
                 _, cache, trace = layer.step(torch.randn(1, 6), cache, return_trace=True)
                 rec.add(frame=frame, policy_action=[0.0], nac_trace=trace)
                 held.append(rec.pending)
-                if i in (59, 399):
+                if i in (59, 399):   # a chunk was just handed over: wait until it is written (save adds none)
                     del trace
+                    rec.save()
+                    gc.collect()     # (which also empties CPython's free lists of tuples, dicts, ...)
                     retained.append(tracemalloc.get_traced_memory()[0])
     finally:
         tracemalloc.stop()
