@@ -82,7 +82,8 @@ class PolicyDriver:
         self.live = live
         self.sinks = [s for s in (recorder, live) if s is not None]
         self.name = f"policy:{policy.config.core.core}"
-        self.policy.trace_enabled = bool(self.sinks) and policy.config.core.core == "nac"
+        self.traces = bool(self.sinks) and policy.config.core.core == "nac"   # the sinks want NAC traces
+        self.policy.trace_enabled = self.traces
         self.latencies_ms: list[float] = []
         self._env = None
         self._pending: dict[str, Any] = {}
@@ -94,6 +95,7 @@ class PolicyDriver:
         return self.policy.config.gas
 
     def reset(self) -> None:
+        self.policy.trace_enabled = self.traces   # per episode: another driver may share the policy
         self.policy.reset()
         if self.oracle is not None:
             self.oracle.reset()

@@ -121,6 +121,26 @@ def test_policy_spaces_are_the_envs_and_a_mismatch_is_named(continuous):
         run_episodes(PolicyDriver(policy), [3], env=other, max_steps=2)
 
 
+def test_drivers_sharing_a_policy_each_drive_it_traced_or_not(tmp_path):
+    """A traced driver records NAC traces even when a plain driver of the same policy was made
+    after it, and the plain one's drives stay untraced (each sets the policy up per episode)."""
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.interpret.trace import RunRecorder, load_trace
+    from nac_drive.simulators.carracing import run_episodes
+
+    policy = policy_for()
+    recorder = RunRecorder(tmp_path)
+    traced = PolicyDriver(policy, recorder=recorder)
+    plain = PolicyDriver(policy)                                 # made second: it used to switch traces off
+    run_episodes(traced, [3], max_steps=4, on_step=traced.on_step)
+    assert policy.last_trace is not None
+    policy.last_trace = None
+    run_episodes(plain, [3], max_steps=4)
+    assert policy.last_trace is None                             # the plain drive computed no trace
+    recorder.save()
+    assert load_trace(tmp_path).has_nac.tolist() == [True] * 4
+
+
 def test_a_policy_of_a_stronger_gas_names_its_env_and_refuses_another(tmp_path):
     """A policy learned in an env whose GAS presses 0.4 keeps that in config.json and its
     card, and refuses gymnasium's discrete env (same spaces, other meaning of GAS)."""
