@@ -183,9 +183,9 @@ def _stack_nac_steps(traces) -> dict[str, np.ndarray]:
             fill = -1 if name == "topk_idx" else (0.0 if name == "weights" else math.nan)
             steps = [a if a.shape[3] == k_max else F.pad(a, (0, 0) * (a.ndim - 4) + (0, k_max - a.shape[3]), value=fill)
                      for a in steps]
-        stacked = torch.cat(steps).numpy(force=True)
-        stacked = stacked[:, 0] if not per_key else stacked[:, :, 0]
-        out[name] = stacked.astype(np.int64 if name == "topk_idx" else np.float32, copy=False)
+        stacked = torch.cat(steps).to(torch.int64 if name == "topk_idx" else torch.float32)   # (bf16 has no numpy)
+        stacked = stacked.numpy(force=True)
+        out[name] = stacked[:, 0] if not per_key else stacked[:, :, 0]
     return out
 
 

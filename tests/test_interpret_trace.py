@@ -18,7 +18,7 @@ import torch
 
 from nac_drive import NAC
 from nac_drive.interpret.archive import ArchiveError, write_archive
-from nac_drive.interpret.trace import RunRecorder, load_trace
+from nac_drive.interpret.trace import RunRecorder, load_trace, reduce_nac_trace
 
 WINDOW, TOPK = 5, 3
 
@@ -133,6 +133,25 @@ def test_run_without_nac_traces(tmp_path):
     run = load_trace(rec.save())
     assert run.q.shape == (3, 0) and run.key_age.shape == (3, 0, 0) and not run.has_nac.any()
     assert run.policy_action[:, 0].tolist() == [0, 1, 2] and run.expert_action.shape == (3, 0)
+
+
+def test_a_bfloat16_layer_trace_is_recorded_as_float32(tmp_path):
+    """A policy moved to bfloat16 streams bfloat16 traces (numpy has no such dtype): the
+    recorder and the live view's reduction read them as float32."""
+    layer = _layer()
+    with torch.no_grad():
+        _, _, trace = layer.step(torch.randn(1, 6), layer.init_cache(1), return_trace=True)
+        _, _, half = layer.to(torch.bfloat16).step(torch.randn(1, 6).bfloat16(), layer.init_cache(1),
+                                                   return_trace=True)
+    assert half.q.dtype == torch.bfloat16
+    reduced = reduce_nac_trace(half, 0)
+    assert reduced["q"].dtype == np.float32 and np.allclose(reduced["q"], half.q.float().numpy()[0, 0])
+    with RunRecorder(tmp_path) as rec:
+        for t in (trace, half):
+            rec.new_episode()
+            rec.add(frame=np.zeros((8, 8, 3), np.uint8), policy_action=0, nac_trace=t)
+    run = load_trace(tmp_path)
+    assert run.q.dtype == np.float32 and np.array_equal(run.q[1], reduced["q"])
 
 
 def test_bad_inputs_name_the_argument(tmp_path):
