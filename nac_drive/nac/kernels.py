@@ -203,10 +203,9 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     times = _ZERO_TIMES if q_times is None else _array(q_times)
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
-    K = idx.shape[-1]
-    sizes = (layout.n_inter, weights.command.shape[-1], weights.motor.shape[-1])
-    stages = ({name: torch.empty(B, H, Tq, K, *((n,) if n else ()), dtype=torch.float32)
-               for name, n in zip(TRACED_STAGES, sizes + (0,) * 5)} if trace else None)
+    units = {"inter": layout.n_inter, "command": weights.command.shape[-1], "motor": weights.motor.shape[-1]}
+    stages = ({name: torch.empty(B, H, Tq, idx.shape[-1], *([units[name]] if name in units else []),
+                                 dtype=torch.float32) for name in TRACED_STAGES} if trace else None)
     nb.attend(_array(q_side.transpose(-1, -2)), _array(key_rows[..., :layout.stamp + 1].transpose(-1, -2)),
               _array(key_rows), _array(idx), times, time_kind, *weights.kernel_arrays[0], MODE_CODES[mode],
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau, trace,
