@@ -167,17 +167,11 @@ def _stack_nac_steps(traces) -> dict[str, np.ndarray]:
     for name in (*_GATES, *_PAIR_MEMBERS):
         steps = [getattr(trace, name) for trace in traces]
         per_key = name in _PAIR_MEMBERS
-
-        def shape(a):   # a step's member without its batch and T axes
-            return a.shape[2:] if not per_key else a.shape[1:2] + a.shape[3:]
-
-        def fixed(a):   # what every step must share: all but K
-            return shape(a) if not per_key else shape(a)[:1] + shape(a)[2:]
-
-        for i, a in enumerate(steps):
-            if fixed(a) != fixed(steps[0]):
-                raise ValueError(f"nac_trace.{name}: shape {list(shape(a))} at step {i} differs from "
-                                 f"{list(shape(steps[0]))}")
+        shapes = [a.shape[1:2] + a.shape[3:] if per_key else a.shape[2:] for a in steps]   # without B and T
+        fixed = [shape[:1] + shape[2:] if per_key else shape for shape in shapes]          # all but K must agree
+        for i, shape in enumerate(shapes):
+            if fixed[i] != fixed[0]:
+                raise ValueError(f"nac_trace.{name}: shape {list(shape)} at step {i} differs from {list(shapes[0])}")
         if per_key:
             k_max = max(a.shape[3] for a in steps)
             fill = -1 if name == "topk_idx" else (0.0 if name == "weights" else math.nan)

@@ -203,9 +203,7 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     times = _ZERO_TIMES if q_times is None else _array(q_times)
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
-    units = {"inter": layout.n_inter, "command": weights.command.shape[-1], "motor": weights.motor.shape[-1]}
-    stages = ({name: torch.empty(B, H, Tq, idx.shape[-1], *([units[name]] if name in units else []),
-                                 dtype=torch.float32) for name in TRACED_STAGES} if trace else None)
+    stages = _traced_stages(idx, layout, weights) if trace else None
     nb.attend(_array(q_side.transpose(-1, -2)), _array(key_rows[..., :layout.stamp + 1].transpose(-1, -2)),
               _array(key_rows), _array(idx), times, time_kind, *weights.kernel_arrays[0], MODE_CODES[mode],
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau, trace,
@@ -215,7 +213,18 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
 
 # The pair stages a trace holds, in the kernel's order (NACTrace's fields of the same names).
 TRACED_STAGES = ("inter", "command", "motor", "phi", "tau", "t_interp", "logits", "weights")
-_NO_TRACE = tuple(np.empty((0,) * (5 if i < 3 else 4), np.float32) for i in range(len(TRACED_STAGES)))
+
+
+def _traced_stages(idx: torch.Tensor, layout: KeyLayout, weights: PackedWeights) -> dict[str, torch.Tensor]:
+    """Empty float32 tensors the kernel writes a trace's stages into: inter, command, motor
+    ``[B,H,Tq,K,n]``, the others ``[B,H,Tq,K]`` (idx's shape)."""
+    units = {"inter": layout.n_inter, "command": weights.command.shape[-1], "motor": weights.motor.shape[-1]}
+    return {name: torch.empty(*idx.shape, *([units[name]] if name in units else []), dtype=torch.float32)
+            for name in TRACED_STAGES}
+
+
+_NO_TRACE = tuple(np.empty((0,) * (5 if name in ("inter", "command", "motor") else 4), np.float32)
+                  for name in TRACED_STAGES)   # stands for the trace arrays when none is asked for
 _ZERO_TIMES = np.zeros((1, 1), np.float32)  # stands for q_times when the kernel does not read them
 
 
