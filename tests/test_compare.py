@@ -10,6 +10,7 @@ import torch
 from nac_drive.cli.main import main
 from nac_drive.data_collection.carracing_dataset import write_dataset
 from nac_drive.pipeline.compare import VARIANTS, CompareArgs, RunResult, summarise, t_interval
+from nac_drive.torch_threads import available_cores
 from support.demos import synthetic_episodes
 
 torch.set_num_threads(1)
@@ -54,10 +55,19 @@ def test_a_variant_pools_every_episode_of_its_seeds_and_keeps_each_seeds_mean():
     ({"variants": ["gru", "gru"]}, "--variants: at least one, each once"),
     ({"seeds": [0, 0]}, "--seeds: at least one, each once"),
     ({"seeds": [-1]}, "--seeds: must be >= 0"),
+    ({"workers": available_cores() + 1}, f"--workers: {available_cores() + 1} is more than the"),
 ])
 def test_bad_variants_or_seeds_are_refused_before_any_training(change, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         CompareArgs(**{"data": str(tmp_path), **change})
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="--workers 2 needs two cores")
+def test_a_run_that_fails_in_a_worker_ends_the_comparison_with_its_error(tmp_path, capsys):
+    code = main(["compare", "--data", str(tmp_path), "--out", str(tmp_path / "cmp"), "--workers", "2",
+                 "--variants", "gru", "lstm", "--seeds", "0", "--no-progress"])
+    assert code == 2 and "no Minari dataset" in capsys.readouterr().err
+    assert not (tmp_path / "cmp" / "results").exists()
 
 
 def test_every_variant_sets_train_arguments_that_exist_and_differ():
@@ -91,6 +101,8 @@ def test_compare_trains_and_drives_every_variant_and_seed_into_one_table(dataset
             returns += drive["returns"]
             config = json.load(open(f"{run}/best/config.json"))["core"]
             assert config["core"] == VARIANTS[row["variant"]]["core"]
+            # one run after another: each trains on every core
+            assert json.load(open(f"{run}/train_args.json"))["torch_threads"] == available_cores()
             if row["variant"] == "nac-pw":
                 assert config["select"] == "all"
         assert row["val_accuracy_per_seed"] == pytest.approx(accuracies)
@@ -155,9 +167,10 @@ def test_compare_on_udacity_recordings_gives_steering_mse_and_cross_track_error(
         code, _ = run_cli(["collect", "udacity", "--driver", "scripted", "--out", str(rec), "--frames", "60",
                            "--track", track, "--no-progress"], capsys)
         assert code == 0
+    workers = min(2, available_cores())
     code, printed = run_cli(["compare", "--data", str(rec), "--out", str(tmp_path / "cmp"), "--variants", "cfc",
                              "nac-exact", "--seeds", "0", "1", "--episodes", "1", "--max-steps", "20", "--json",
-                             *TINY], capsys)
+                             "--workers", str(workers), *TINY], capsys)
     assert code == 0
     report = json.loads(printed.strip().splitlines()[-1])
     assert report["task"] == "udacity"
@@ -169,6 +182,8 @@ def test_compare_on_udacity_recordings_gives_steering_mse_and_cross_track_error(
                 losses.append(min(float(r["val_loss"]) for r in csv.DictReader(f)))
             drive = json.load(open(f"{run}/closed_loop.json"))
             assert drive["tracks"] == ["random-900000"] and drive["lengths"] == [20]
+            threads = json.load(open(f"{run}/train_args.json"))["torch_threads"]
+            assert threads == (1 if workers > 1 else available_cores())   # workers share the cores
         assert row["val_mse_per_seed"] == pytest.approx(losses)
         loop = row["closed_loop"]
         assert loop["episodes"] == 2 and loop["mean_abs_cte"] >= 0 and "off_road_tracks" in loop

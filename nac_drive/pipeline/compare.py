@@ -19,7 +19,8 @@ baselines. Per variant, over its seeds:
 Results go to ``OUT/compare.json`` and ``OUT/compare.md``; each (variant, seed) keeps its
 run folder under ``OUT/runs`` and its result in ``OUT/results``, so a killed comparison
 starts again where it stopped (with the same data and budget: a result of another is
-refused). TensorBoard's HParams table (``tensorboard --logdir OUT/runs``) shows the same
+refused). ``--workers N`` trains and drives N runs at once, one process each with one
+torch thread (on 2 cores, two workers finish about twice as fast as one process). TensorBoard's HParams table (``tensorboard --logdir OUT/runs``) shows the same
 runs with their validation and ``closed_loop/`` metrics.
 """
 # The CLI builds ``nac-drive compare``'s parser from this module: keep its imports light.
@@ -28,11 +29,13 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
+from nac_drive.torch_threads import check_workers
 
 # Each variant: the train arguments it sets (the rest are the comparison's, the same for all).
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -62,6 +65,8 @@ class CompareArgs:
                         min=0, max=MAX_EPISODES)
     max_steps: int | None = arg(None, "cap each closed-loop episode (frames; default: a whole episode)", min=1)
     progress: bool = arg(True, "show progress bars")
+    workers: int = arg(1, "runs trained and driven at once, one process each with one torch thread (at most the "
+                          "cores; 1: one run after another, training on every core)", min=1)
     window: int = arg(16, "frames per training window (and the policy's causal window)", min=1, group="budget")
     epochs: int = arg(10, "training epochs of every run", min=1, group="budget")
     windows_per_epoch: int = arg(4096, "windows sampled per epoch", min=0, group="budget")
@@ -73,6 +78,7 @@ class CompareArgs:
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"--{name}: at least one, each once; got {values}")
+        check_workers(self.workers)
 
     def ignored(self) -> dict[str, str]:
         """The fields this comparison would not use, each with why."""
@@ -106,7 +112,14 @@ def compare(args: CompareArgs) -> dict:
     """Train and drive every (variant, seed) not done yet; the comparison (also written to
     ``OUT/compare.json`` and ``OUT/compare.md``)."""
     out = Path(args.out)
-    results = [_result(args, variant, seed, out) for variant in args.variants for seed in args.seeds]
+    jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
+    finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
+    todo = [job for job in jobs if finished[job] is None]
+    if args.workers == 1:
+        finished.update({job: _result(args, *job, out) for job in todo})
+    else:
+        finished.update(_results_in_processes(args, todo, out))
+    results = [finished[job] for job in jobs]
     report = {"data": args.data, "seeds": args.seeds, "episodes": args.episodes, "max_steps": args.max_steps,
               "budget": {"window": args.window, "epochs": args.epochs, "windows_per_epoch": args.windows_per_epoch,
                          "d_model": args.d_model},
@@ -120,22 +133,59 @@ def compare(args: CompareArgs) -> dict:
     return report
 
 
-def _result(args: CompareArgs, variant: str, seed: int, out: Path) -> RunResult:
-    """A (variant, seed)'s result: read back if a previous invocation finished it, else trained and driven."""
+def _finished_result(args: CompareArgs, variant: str, seed: int, out: Path) -> RunResult | None:
+    """A (variant, seed)'s result if a previous invocation finished it (with this budget), else None."""
+    path = out / RESULTS / f"{variant}__s{seed}.json"
+    if not path.is_file():
+        return None
+    result = _read_result(path)
+    if result.budget != shared_budget(args):
+        raise ValueError(f"{path}: that run was trained and driven with {result.budget}, this comparison asks "
+                         f"for {shared_budget(args)}; give another --out")
+    return result
+
+
+def _results_in_processes(args: CompareArgs, jobs: list[tuple[str, int]], out: Path) -> dict:
+    """:func:`_result` for every job, ``args.workers`` at a time, each in a process with one
+    torch thread; one bar counts the finished runs. A failed run stops the comparison once the
+    runs under way end (what they finish is kept; none is started after it)."""
+    from dataclasses import replace
+
+    from nac_drive.pipeline.processes import process_pool
+
+    quiet, results, bar = replace(args, progress=False), {}, None
+    with process_pool(min(args.workers, len(jobs) or 1)) as pool:
+        futures = {pool.submit(_result, quiet, *job, out, threads=1): job for job in jobs}
+        if args.progress and jobs:   # after the workers exist: no progress-bar thread is forked
+            from tqdm import tqdm
+            bar = tqdm(total=len(jobs), desc="runs", unit="run")
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if bar:
+                    bar.update()
+                    bar.set_postfix_str("{}, seed {}".format(*futures[future]))
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            if bar:
+                bar.close()
+    return results
+
+
+def _result(args: CompareArgs, variant: str, seed: int, out: Path, threads: int | None = None) -> RunResult:
+    """A (variant, seed) trained (``threads``: :func:`~nac_drive.pipeline.train.train`'s) and
+    its best checkpoint driven; the result is written to ``OUT/results``."""
     from nac_drive.io.checkpoint import write_json
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import TrainArgs
 
     path = out / RESULTS / f"{variant}__s{seed}.json"
-    if path.is_file():
-        result = _read_result(path)
-        if result.budget != shared_budget(args):
-            raise ValueError(f"{path}: that run was trained and driven with {result.budget}, this comparison asks "
-                             f"for {shared_budget(args)}; give another --out")
-        return result
     run_dir = train(TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed,
                               window=args.window, epochs=args.epochs, windows_per_epoch=args.windows_per_epoch,
-                              d_model=args.d_model, eval_episodes=0, progress=args.progress, **VARIANTS[variant]))
+                              d_model=args.d_model, eval_episodes=0, progress=args.progress, **VARIANTS[variant]),
+                    threads=threads)
     best = _best_row(run_dir / "metrics.csv")
     task = json.loads((run_dir / "train_args.json").read_text())["data_info"]["task"]
     closed_loop = None

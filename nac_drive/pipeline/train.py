@@ -146,13 +146,16 @@ def _distributed() -> tuple[int, int, bool]:
     return (dist.get_rank(), world, started) if world > 1 else (0, 1, False)
 
 
-def train(args: TrainArgs) -> Path:
+def train(args: TrainArgs, threads: int | None = None) -> Path:
     """Train; returns the run folder. Works alone or under torchrun (gloo on CPU).
 
-    Alone, training uses every core (a batch of 512 frames is big enough to share);
-    under torchrun each process keeps one. The caller's thread count is back afterwards.
+    ``threads``: torch threads; by default every core alone (a batch of 512 frames is big
+    enough to share), one under torchrun, where the processes share the cores (as do the
+    workers of ``compare --workers``, which pass one). The caller's count is back afterwards.
     """
-    with torch_threads(available_cores() if _world_size() == 1 else 1), contextlib.ExitStack() as held:
+    if threads is None:
+        threads = available_cores() if _world_size() == 1 else 1
+    with torch_threads(threads), contextlib.ExitStack() as held:
         return _train(args, held)
 
 
@@ -218,7 +221,8 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
         print(f"run folder: {run_dir}", flush=True)
         if args.resume:   # rows of epochs after the checkpoint are about to be trained again
             _keep_csv_rows(csv_path, start_epoch)
-        write_json(run_dir / "train_args.json", {**asdict(args), "world_size": world, "data_info": data_info,
+        write_json(run_dir / "train_args.json", {**asdict(args), "world_size": world,
+                                                  "torch_threads": torch.get_num_threads(), "data_info": data_info,
                                                   "policy_config": asdict(config)})
         log = RunLog(run_dir, hyperparameters(args, config, world), first_step=start_epoch * steps_per_epoch)
 
