@@ -55,6 +55,7 @@ def test_a_variant_pools_every_episode_of_its_seeds_and_keeps_each_seeds_mean():
     ({"variants": ["gru", "gru"]}, "--variants: at least one, each once"),
     ({"seeds": [0, 0]}, "--seeds: at least one, each once"),
     ({"seeds": [-1]}, "--seeds: must be >= 0"),
+    ({"variants": ["nac-exact", "nac-pw"], "window": 8}, "--window 8: nac-pw .every key. equals nac-exact"),
     ({"workers": available_cores() + 1}, f"--workers: {available_cores() + 1} is more than the"),
 ])
 def test_bad_variants_or_seeds_are_refused_before_any_training(change, message, tmp_path):

@@ -8,7 +8,8 @@ seeds (``train``), then its best checkpoint drives the same held-out tracks
 (``train --eval-episodes``). The variants are the NAC's modes and the paper's ablations
 that apply to this layer (§4 of its appendix: Top-K 2 and all pairs, NAC-PW; wiring
 sparsity 0.2 and 0.9; the NAC-FC ablations replace the NCP gates and do not) beside the
-baselines. Per variant, over its seeds:
+baselines. NAC-PW differs from the exact mode only where a window holds more keys than Top-K
+(8): both together need ``--window`` above it. Per variant, over its seeds:
 
 * offline, the paper's metric: held-out action accuracy (CarRacing) or steering MSE
   (Udacity) of the best checkpoint, the mean and its 95% t-interval over seeds;
@@ -79,6 +80,12 @@ class CompareArgs:
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"--{name}: at least one, each once; got {values}")
         check_workers(self.workers)
+        from nac_drive.pipeline.train_args import TrainArgs
+
+        topk = TrainArgs.topk   # the dataclass default: what nac-exact keeps per query
+        if {"nac-exact", "nac-pw"} <= set(self.variants) and self.window <= topk:
+            raise ValueError(f"--window {self.window}: nac-pw (every key) equals nac-exact when a window holds at "
+                             f"most Top-K = {topk} keys; give --window > {topk}, or compare only one of them")
 
     def ignored(self) -> dict[str, str]:
         """The fields this comparison would not use, each with why."""
