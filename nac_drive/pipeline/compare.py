@@ -122,10 +122,10 @@ def compare(args: CompareArgs) -> dict:
     jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
     finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
     todo = [job for job in jobs if finished[job] is None]
-    if args.workers == 1:
-        finished.update({job: _result(args, *job, out) for job in todo})
-    else:
+    if args.workers > 1 and todo:
         finished.update(_results_in_processes(args, todo, out))
+    else:
+        finished.update({job: _result(args, *job, out) for job in todo})
     results = [finished[job] for job in jobs]
     report = {"data": args.data, "seeds": args.seeds, "episodes": args.episodes, "max_steps": args.max_steps,
               "budget": {"window": args.window, "epochs": args.epochs, "windows_per_epoch": args.windows_per_epoch,
@@ -161,9 +161,9 @@ def _results_in_processes(args: CompareArgs, jobs: list[tuple[str, int]], out: P
     from nac_drive.pipeline.processes import process_pool
 
     quiet, results, bar = replace(args, progress=False), {}, None
-    with process_pool(min(args.workers, len(jobs) or 1)) as pool:
+    with process_pool(min(args.workers, len(jobs))) as pool:
         futures = {pool.submit(_result, quiet, *job, out, threads=1): job for job in jobs}
-        if args.progress and jobs:   # after the workers exist: no progress-bar thread is forked
+        if args.progress:   # after the workers exist: no progress-bar thread is forked
             from tqdm import tqdm
             bar = tqdm(total=len(jobs), desc="runs", unit="run")
         try:
