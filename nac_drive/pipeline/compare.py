@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,7 +124,7 @@ def compare(args: CompareArgs) -> dict:
     if args.workers > 1 and todo:
         finished.update(_results_in_processes(args, todo, out))
     else:
-        finished.update({job: _result(args, *job, out) for job in todo})
+        finished.update({job: _result(args, out, job) for job in todo})
     results = [finished[job] for job in jobs]
     report = {"data": args.data, "seeds": args.seeds, "episodes": args.episodes, "max_steps": args.max_steps,
               "budget": {"window": args.window, "epochs": args.epochs, "windows_per_epoch": args.windows_per_epoch,
@@ -157,33 +156,21 @@ def _results_in_processes(args: CompareArgs, jobs: list[tuple[str, int]], out: P
     torch thread; one bar counts the finished runs. A failed run stops the comparison once the
     runs under way end (what they finish is kept; none is started after it)."""
     from dataclasses import replace
+    from functools import partial
 
-    from nac_drive.pipeline.processes import process_pool
+    from nac_drive.pipeline.processes import map_in_processes
 
-    quiet, results, bar = replace(args, progress=False), {}, None
-    with process_pool(min(args.workers, len(jobs))) as pool:
-        futures = {pool.submit(_result, quiet, *job, out, threads=1): job for job in jobs}
-        if args.progress:   # after the workers exist: no progress-bar thread is forked
-            from tqdm import tqdm
-            bar = tqdm(total=len(jobs), desc="runs", unit="run")
-        try:
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if bar:
-                    bar.update()
-                    bar.set_postfix_str("{}, seed {}".format(*futures[future]))
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            if bar:
-                bar.close()
-    return results
+    quiet = replace(args, progress=False)
+    results = map_in_processes(partial(_result, quiet, out, threads=1), jobs, args.workers,
+                               desc="runs" if args.progress else None, unit="run",
+                               name=lambda job: "{}, seed {}".format(*job))
+    return dict(zip(jobs, results))
 
 
-def _result(args: CompareArgs, variant: str, seed: int, out: Path, threads: int | None = None) -> RunResult:
+def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | None = None) -> RunResult:
     """A (variant, seed) trained (``threads``: :func:`~nac_drive.pipeline.train.train`'s) and
     its best checkpoint driven; the result is written to ``OUT/results``."""
+    variant, seed = job
     from nac_drive.io.checkpoint import write_json
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import TrainArgs

@@ -2,7 +2,8 @@
 
 Each worker keeps one torch thread: the processes share the cores. A stage that drives
 many tracks splits them into consecutive runs (:func:`split_runs`; a dataset's shard holds
-consecutive tracks) and drives each run in its own process (:func:`drive_in_processes`).
+consecutive tracks) and drives each run in its own process (:func:`drive_in_processes`);
+``compare --workers`` trains several runs at once the same way (:func:`map_in_processes`).
 
 A worker dies with the run that started it: killed (``kill -9``, ``kill -TERM``) or
 interrupted, the parent takes its workers down at once (Linux: the kernel sends them SIGKILL,
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import partial
 from typing import Any
 
 
@@ -68,27 +70,44 @@ def split_runs(seeds: list[int], parts: int) -> list[list[int]]:
     return [seeds[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+def map_in_processes(call: Callable[[Any], Any], jobs: list, workers: int, *, desc: str | None = None,
+                     unit: str = "job", size: Callable[[Any], int] = lambda job: 1,
+                     name: Callable[[Any], str] | None = None) -> list:
+    """``call(job)`` for every job, ``workers`` processes at a time (:func:`process_pool`);
+    the results in the order of ``jobs``. With ``desc``, one bar counts ``size(job)`` for each
+    finished job (and shows ``name(job)`` of the last). A failed job cancels the jobs not yet
+    started; its error is raised once the jobs under way end."""
+    bar, results = None, [None] * len(jobs)
+    with process_pool(min(workers, len(jobs))) as pool:
+        futures = {pool.submit(call, job): i for i, job in enumerate(jobs)}
+        if desc:   # after the workers exist: no progress-bar thread is forked
+            from tqdm import tqdm
+            bar = tqdm(total=sum(map(size, jobs)), desc=desc, unit=unit)
+        try:
+            for future in as_completed(futures):
+                job = jobs[futures[future]]
+                results[futures[future]] = future.result()
+                if bar:
+                    bar.update(size(job))
+                    if name:
+                        bar.set_postfix_str(name(job))
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            if bar:
+                bar.close()
+    return results
+
+
 def drive_in_processes(drive: Callable[..., Any], runs: list[list[int]], progress: bool, **kwargs) -> list:
     """``drive(seeds, progress=..., **kwargs)`` for every run of seeds, one process each (a
     single run: in this process, with its own progress bar); returns the results in the
     order of ``runs``. With ``progress``, one bar counts the episodes of all runs."""
     if len(runs) == 1:
         return [drive(runs[0], progress=progress, **kwargs)]
-    bar, results = None, [None] * len(runs)
-    try:
-        with process_pool(len(runs)) as pool:
-            futures = {pool.submit(drive, run, progress=False, **kwargs): i for i, run in enumerate(runs)}
-            if progress:   # after the workers exist: no progress-bar thread is forked
-                from tqdm import tqdm
-                bar = tqdm(total=sum(map(len, runs)), desc="episodes", unit="ep")
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if bar:
-                    bar.update(len(runs[futures[future]]))
-    finally:
-        if bar:
-            bar.close()
-    return results
+    return map_in_processes(partial(drive, progress=False, **kwargs), runs, len(runs),
+                            desc="episodes" if progress else None, unit="ep", size=len)
 
 
 def record_in_processes(record: Callable[..., Any], runs: list[list[int]], progress: bool, *, root: str,
