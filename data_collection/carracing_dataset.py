@@ -606,7 +606,9 @@ class WindowDataset(torch.utils.data.Dataset):
 
     Item: frames uint8 ``[W, 3, 96, 96]``, timestamps ``[W]`` (seconds, from the window's
     first frame), actions ``[W]`` or ``[W, 3]``. Episodes shorter than the window are
-    skipped, which keeps batches rectangular.
+    skipped, which keeps batches rectangular. ``index[i]`` is window ``i``'s (episode, first
+    frame); :meth:`frames_of` and :meth:`labels` give its parts (validation encodes each
+    frame once, however many windows hold it).
     """
 
     def __init__(self, episodes: list[Episode], window: int):
@@ -618,7 +620,15 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         e, s = self.index[i]
+        return (self.frames_of(e, slice(s, s + self.window)), *self.labels(i))
+
+    def frames_of(self, e: int, positions: np.ndarray | slice) -> torch.Tensor:
+        """Frames at ``positions`` of episode ``e``: uint8 ``[n, 3, 96, 96]``."""
+        return torch.from_numpy(self.episodes[e].frames[positions]).permute(0, 3, 1, 2)
+
+    def labels(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window ``i``'s timestamps ``[W]`` and actions, without its frames."""
+        e, s = self.index[i]
         ep, w = self.episodes[e], self.window
-        frames = torch.from_numpy(ep.frames[s:s + w]).permute(0, 3, 1, 2)
         stamps = torch.from_numpy(ep.timestamps[s:s + w] - ep.timestamps[s]).float()
-        return frames, stamps, torch.from_numpy(ep.actions[s:s + w])
+        return stamps, torch.from_numpy(ep.actions[s:s + w])

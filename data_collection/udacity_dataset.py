@@ -8,6 +8,9 @@ near-duplicate neighbour in the training set.
 
 ``UdacityWindowDataset[i]`` yields ``(frames [W, 3, 66, 200] float32 YUV in [0, 1],
 timestamps [W] float32 seconds from the window's first frame, steering [W] float32)``.
+Without augmentation, ``index[i]`` (segment, first row) with :meth:`~UdacityWindowDataset.frames_of`
+and :meth:`~UdacityWindowDataset.labels` give the same parts (validation encodes each frame
+once, however many windows hold it).
 """
 
 from __future__ import annotations
@@ -120,21 +123,33 @@ class UdacityWindowDataset:
         import torch
 
         k, start = self.index[i]
+        stamps, steering = self.labels(i)
+        if not self.augment:
+            return self.frames_of(k, range(start, start + self.window)), stamps, steering
         rows = self.segments[k].rows[start:start + self.window]
-        t = _times(rows)
-        aug = None
-        if self.augment:
-            rng = np.random.default_rng((self.seed, self.epoch, i))
-            has_sides = all(r.left is not None and r.right is not None for r in rows)
-            aug = WindowAugmentation.draw(rng, self.cfg, has_sides)
+        rng = np.random.default_rng((self.seed, self.epoch, i))
+        aug = WindowAugmentation.draw(rng, self.cfg, all(r.left is not None and r.right is not None for r in rows))
         frames, steering = [], []
         for r in rows:
-            if aug is None:
-                img, s = load_rgb(r.center), r.steering
-            else:
-                img, s = aug.apply(load_rgb(getattr(r, aug.camera)), r.steering)
+            img, s = aug.apply(load_rgb(getattr(r, aug.camera)), r.steering)
             frames.append(udacity_frame(img))
             steering.append(float(np.clip(s, -1.0, 1.0)))
-        return (torch.from_numpy(to_chw_float(np.stack(frames))),
-                torch.from_numpy((t - t[0]).astype(np.float32)),
-                torch.tensor(steering, dtype=torch.float32))
+        return torch.from_numpy(to_chw_float(np.stack(frames))), stamps, torch.tensor(steering, dtype=torch.float32)
+
+    def frames_of(self, k: int, positions):
+        """The centre camera's frames at ``positions`` (row numbers) of segment ``k``, as
+        recorded (no augmentation): float32 ``[n, 3, 66, 200]``."""
+        import torch
+
+        rows = self.segments[k].rows
+        return torch.from_numpy(to_chw_float(np.stack([udacity_frame(load_rgb(rows[p].center)) for p in positions])))
+
+    def labels(self, i: int):
+        """Window ``i``'s timestamps ``[W]`` and steering ``[W]`` as recorded, without its frames."""
+        import torch
+
+        k, start = self.index[i]
+        rows = self.segments[k].rows[start:start + self.window]
+        t = _times(rows)
+        return (torch.from_numpy((t - t[0]).astype(np.float32)),
+                torch.tensor([float(np.clip(r.steering, -1.0, 1.0)) for r in rows], dtype=torch.float32))

@@ -18,6 +18,7 @@ from nac_drive.data_collection.episode_recorder import RecordEpisodes
 from nac_drive.pipeline.train import EpochSampler, class_weights, train
 from nac_drive.pipeline.train_args import TrainArgs
 from support.demos import synthetic_episodes
+from support.window_by_window import window_by_window
 
 torch.set_num_threads(1)
 
@@ -244,3 +245,60 @@ def test_torchrun_two_processes_end_with_identical_weights(dataset, tmp_path):
     assert a == b
     saved = json.loads((run / "train_args.json").read_text())
     assert saved["world_size"] == 2
+
+
+def _sensitive(policy):
+    """An untrained policy's outputs barely depend on its frames (a few 1e-4 apart): scale its
+    head so that a window scored with another window's frames changes the loss."""
+    with torch.no_grad():
+        policy.head[-1].weight.mul_(1000.0)
+    return policy.eval()
+
+
+def _counting_encoder(policy):
+    """Counts the frames the policy's encoder sees."""
+    seen = []
+    policy.encoder.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape[0]))
+    return seen
+
+
+@pytest.mark.parametrize("limit", [0, 50])
+def test_validation_encodes_each_frame_once_and_scores_every_window_as_a_whole_run_does(dataset, limit):
+    """Windows of 8 overlap: 3 episodes of 40 frames hold 99 windows but 120 frames."""
+    from nac_drive.pipeline.train import evaluate
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    windows = WindowDataset(load_episodes(dataset)[:3], window=8)
+    policy = _sensitive(DrivingPolicy(PolicyConfig()))
+    weights = torch.tensor([1.0, 2.0, 0.5, 1.0, 3.0])
+    idx = np.arange(len(windows)) if not limit else np.random.default_rng(7).choice(len(windows), limit, replace=False)
+    loss, accuracy = window_by_window(policy, windows, idx, 16, weights)
+    seen = _counting_encoder(policy)
+    got = evaluate(policy, windows, weights, limit, batch_size=16, seed=7)
+    assert got["loss"] == pytest.approx(loss, rel=1e-5) and got["accuracy"] == pytest.approx(accuracy)
+    frames = {(windows.index[i][0], windows.index[i][1] + p) for i in idx for p in range(8)}
+    assert sum(seen) == len(frames) < 8 * len(idx)
+
+
+def test_udacity_validation_encodes_each_frame_once_and_scores_every_window_as_a_whole_run_does(tmp_path):
+    import datetime as dt
+
+    from nac_drive.data_collection.udacity_dataset import UdacityWindowDataset, segments_from_log
+    from nac_drive.data_collection.udacity_log import DrivingLogWriter
+    from nac_drive.pipeline.train import evaluate
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    rng, when = np.random.default_rng(0), dt.datetime(2026, 1, 1, 12)
+    with DrivingLogWriter(tmp_path) as log:
+        for k in range(30):   # a 5 s gap before frame 18: two segments
+            when += dt.timedelta(seconds=5 if k == 18 else 0.067)
+            log.write(rng.integers(0, 256, (160, 320, 3), dtype=np.uint8), rng.uniform(-1, 1), 0.3, 0.0, 9.0,
+                      when=when)
+    windows = UdacityWindowDataset(segments_from_log(tmp_path / "driving_log.csv"), window=6)
+    policy = _sensitive(DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous",
+                                                   num_outputs=1, frame_dt=1 / 15)))
+    loss, mae = window_by_window(policy, windows, np.arange(len(windows)), 4, None)
+    seen = _counting_encoder(policy)
+    got = evaluate(policy, windows, None, 0, batch_size=4, seed=0)
+    assert got["loss"] == pytest.approx(loss, rel=1e-5) and got["mae"] == pytest.approx(mae, rel=1e-5)
+    assert sum(seen) == 30 and len(windows) == 13 + 7

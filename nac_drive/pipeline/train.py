@@ -358,7 +358,12 @@ def _record_rank_agreement(policy: DrivingPolicy, run_dir: Path, rank: int, worl
 
 @torch.no_grad()
 def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: int, seed: int) -> dict:
-    """Loss, accuracy (discrete) and mean absolute error (continuous) on held-out windows."""
+    """Loss, accuracy (discrete) and mean absolute error (continuous) on held-out windows
+    (``limit`` of them at most, a seeded sample), in batches of ``batch_size`` windows.
+
+    Overlapping windows share frames, and the encoder sees one frame at a time: each frame is
+    encoded once (:func:`encode_held_out`), then every window runs the core and head on its
+    frames' features."""
     nan = float("nan")
     if len(dataset) == 0:
         return {"loss": nan, "accuracy": nan, "mae": nan}
@@ -366,10 +371,12 @@ def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: in
     idx = np.arange(len(dataset))
     if limit and len(idx) > limit:
         idx = np.random.default_rng(seed).choice(idx, limit, replace=False)
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, idx.tolist()), batch_size=batch_size)
+    features = encode_held_out(policy, dataset, idx, batch_size * dataset.window)
     total, loss_sum, correct, abs_err = 0, 0.0, 0, 0.0
-    for frames, stamps, target in loader:
-        outputs = policy(frames, stamps)
+    for first in range(0, len(idx), batch_size):
+        batch = idx[first:first + batch_size]
+        stamps, target = (torch.stack(parts) for parts in zip(*map(dataset.labels, batch)))
+        outputs = policy.outputs_from_features(torch.stack([features[i] for i in batch]), stamps)
         loss, hits = bc_loss(outputs, target, weights)
         n = target.shape[0] * target.shape[1]
         total, loss_sum = total + n, loss_sum + loss.item() * n
@@ -380,6 +387,30 @@ def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: in
     discrete = policy.config.action == "discrete"
     return {"loss": loss_sum / total, "accuracy": correct / total if discrete else nan,
             "mae": nan if discrete else abs_err / total}
+
+
+def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int) -> dict[int, torch.Tensor]:
+    """The encoder's features of the windows ``idx`` of ``dataset`` -> {window: ``[W, feature_dim]``},
+    each frame encoded once (``chunk`` frames at a time). The dataset gives ``index[i]``
+    (sequence, first frame), ``window`` and ``frames_of(sequence, positions)``."""
+    span = np.arange(dataset.window)
+    starts: dict[int, list[int]] = {}
+    for i in idx:
+        sequence, start = dataset.index[i]
+        starts.setdefault(sequence, []).append(start)
+    encoded = {}
+    for sequence, firsts in starts.items():
+        positions = np.unique((np.asarray(firsts)[:, None] + span).ravel())
+        encoded[sequence] = positions, torch.cat([
+            policy.encoder(dataset.frames_of(sequence, positions[a:a + chunk]))
+            for a in range(0, len(positions), chunk)])
+    features = {}
+    for i in idx:
+        sequence, start = dataset.index[i]
+        positions, rows = encoded[sequence]
+        first = int(np.searchsorted(positions, start))   # the window's frames are consecutive there
+        features[int(i)] = rows[first:first + dataset.window]
+    return features
 
 
 def _append_csv(path: Path, row: dict) -> None:

@@ -270,7 +270,12 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
             raise ValueError(f"frames: expected [B, T, {', '.join(map(str, self.frame_shape))}], "
                              f"got {list(frames.shape)}")
         B, T = frames.shape[:2]
-        features = self.encoder(frames.flatten(0, 1)).view(B, T, -1)
+        return self.outputs_from_features(self.encoder(frames.flatten(0, 1)).view(B, T, -1), t, return_trace)
+
+    def outputs_from_features(self, features: torch.Tensor, t: torch.Tensor | None = None,
+                              return_trace: bool = False):
+        """The core and head on encoded frames: features ``[B, T, feature_dim]`` (the encoder's,
+        frame by frame), t ``[B, T]`` -> outputs ``[B, T, num_outputs]``."""
         if return_trace:
             y, trace = self.core(features, t, return_trace=True)
             return self.head(y), trace
