@@ -213,17 +213,18 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
 
 # The pair stages a trace holds, in the kernel's order (NACTrace's fields of the same names).
 TRACED_STAGES = ("inter", "command", "motor", "phi", "tau", "t_interp", "logits", "weights")
+_PER_UNIT = TRACED_STAGES[:3]   # the stages with a neuron axis
 
 
 def _traced_stages(idx: torch.Tensor, layout: KeyLayout, weights: PackedWeights) -> dict[str, torch.Tensor]:
     """Empty float32 tensors the kernel writes a trace's stages into: inter, command, motor
     ``[B,H,Tq,K,n]``, the others ``[B,H,Tq,K]`` (idx's shape)."""
-    units = {"inter": layout.n_inter, "command": weights.command.shape[-1], "motor": weights.motor.shape[-1]}
+    units = dict(zip(_PER_UNIT, (layout.n_inter, weights.command.shape[-1], weights.motor.shape[-1])))
     return {name: torch.empty(*idx.shape, *([units[name]] if name in units else []), dtype=torch.float32)
             for name in TRACED_STAGES}
 
 
-_NO_TRACE = tuple(np.empty((0,) * (5 if name in ("inter", "command", "motor") else 4), np.float32)
+_NO_TRACE = tuple(np.empty((0,) * (5 if name in _PER_UNIT else 4), np.float32)
                   for name in TRACED_STAGES)   # stands for the trace arrays when none is asked for
 _ZERO_TIMES = np.zeros((1, 1), np.float32)  # stands for q_times when the kernel does not read them
 
