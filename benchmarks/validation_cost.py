@@ -2,7 +2,7 @@
 (``train.evaluate``) against each window run whole (every frame encoded again for each of
 the ``--window`` windows that hold it), on the same windows, side by side.
 
-    python benchmarks/validation_cost.py             # prints the markdown table of BENCHMARKS.md
+    python benchmarks/validation_cost.py             # a markdown table (its figures: BENCHMARKS.md §2)
 
 Both tasks at ``train``'s defaults (window 16, 1024 validation windows, batches of 32), one
 torch thread, the best of ``--rounds``:
@@ -12,8 +12,9 @@ torch thread, the best of ``--rounds``:
 * CarRacing: the CNN on ``--carracing-frames`` synthetic frames in episodes of 1000, in memory
   as loaded from Minari.
 
-The defaults are the held-out share (15%) of ``compare``'s data in BENCHMARKS §11: 7 Udacity
-recordings of 1000 frames, 20 CarRacing demonstrations of about 1000.
+The defaults are what ``compare`` holds out (15%) of the data of BENCHMARKS §11: of 20 CarRacing
+demonstrations of about 1000 frames, 3; of 7 Udacity recordings of 1000 frames, 2 (a recording
+is held out whole).
 
 The two must agree on the loss (printed); the table gives the seconds and the ratio.
 """
@@ -66,7 +67,7 @@ def best_seconds(run, rounds: int) -> tuple[float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--udacity-frames", type=int, default=1000, help="held-out Udacity frames")
+    parser.add_argument("--udacity-frames", type=int, default=2000, help="held-out Udacity frames")
     parser.add_argument("--carracing-frames", type=int, default=3000, help="held-out CarRacing frames")
     parser.add_argument("--rounds", type=int, default=3, help="timed passes of each way (the best is kept)")
     args = parser.parse_args()

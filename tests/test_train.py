@@ -280,7 +280,9 @@ def test_validation_encodes_each_frame_once_and_scores_every_window_as_a_whole_r
     assert sum(seen) == len(frames) < 8 * len(idx)
 
 
-def test_udacity_validation_encodes_each_frame_once_and_scores_every_window_as_a_whole_run_does(tmp_path):
+@pytest.mark.parametrize("stride, windows", [(1, 13 + 7), (3, 5 + 3)])
+def test_udacity_validation_encodes_each_frame_once_and_scores_every_window_as_a_whole_run_does(tmp_path, stride,
+                                                                                                windows):
     import datetime as dt
 
     from nac_drive.data_collection.udacity_dataset import UdacityWindowDataset, segments_from_log
@@ -294,11 +296,14 @@ def test_udacity_validation_encodes_each_frame_once_and_scores_every_window_as_a
             when += dt.timedelta(seconds=5 if k == 18 else 0.067)
             log.write(rng.integers(0, 256, (160, 320, 3), dtype=np.uint8), rng.uniform(-1, 1), 0.3, 0.0, 9.0,
                       when=when)
-    windows = UdacityWindowDataset(segments_from_log(tmp_path / "driving_log.csv"), window=6)
+    segments = segments_from_log(tmp_path / "driving_log.csv")
     policy = _sensitive(DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous",
                                                    num_outputs=1, frame_dt=1 / 15)))
-    loss, mae = window_by_window(policy, windows, np.arange(len(windows)), 4, None)
+    with pytest.raises(ValueError, match="must not be augmented"):   # it would score other frames than training's
+        evaluate(policy, UdacityWindowDataset(segments, window=6, augment=True), None, 0, batch_size=4, seed=0)
+    held_out = UdacityWindowDataset(segments, window=6, stride=stride)
+    loss, mae = window_by_window(policy, held_out, np.arange(len(held_out)), 4, None)
     seen = _counting_encoder(policy)
-    got = evaluate(policy, windows, None, 0, batch_size=4, seed=0)
+    got = evaluate(policy, held_out, None, 0, batch_size=4, seed=0)
     assert got["loss"] == pytest.approx(loss, rel=1e-5) and got["mae"] == pytest.approx(mae, rel=1e-5)
-    assert sum(seen) == 30 and len(windows) == 13 + 7
+    assert sum(seen) == 30 and len(held_out) == windows

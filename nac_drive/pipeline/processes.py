@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from functools import partial
+from itertools import islice
 from typing import Any
 
 
@@ -75,25 +76,28 @@ def map_in_processes(call: Callable[[Any], Any], jobs: list, workers: int, *, de
                      name: Callable[[Any], str] | None = None) -> list:
     """``call(job)`` for every job, ``workers`` processes at a time (:func:`process_pool`);
     the results in the order of ``jobs``. With ``desc``, one bar counts ``size(job)`` for each
-    finished job (and shows ``name(job)`` of the last). A failed job cancels the jobs not yet
-    started; its error is raised once the jobs under way end."""
-    bar, results = None, [None] * len(jobs)
+    finished job (and shows ``name(job)`` of the last). A job is handed to the pool only when a
+    worker is free, so after a failed job no other starts: its error is raised once the jobs
+    under way end."""
+    if not jobs:
+        return []
+    bar, results, waiting = None, [None] * len(jobs), iter(enumerate(jobs))
     with process_pool(min(workers, len(jobs))) as pool:
-        futures = {pool.submit(call, job): i for i, job in enumerate(jobs)}
+        running = {pool.submit(call, job): i for i, job in islice(waiting, workers)}
         if desc:   # after the workers exist: no progress-bar thread is forked
             from tqdm import tqdm
             bar = tqdm(total=sum(map(size, jobs)), desc=desc, unit=unit)
         try:
-            for future in as_completed(futures):
-                job = jobs[futures[future]]
-                results[futures[future]] = future.result()
-                if bar:
-                    bar.update(size(job))
-                    if name:
-                        bar.set_postfix_str(name(job))
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = running.pop(future)
+                    results[i] = future.result()
+                    if bar:
+                        bar.update(size(jobs[i]))
+                        if name:
+                            bar.set_postfix_str(name(jobs[i]))
+                    running.update({pool.submit(call, job): j for j, job in islice(waiting, 1)})
         finally:
             if bar:
                 bar.close()

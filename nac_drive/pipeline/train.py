@@ -389,10 +389,14 @@ def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: in
             "mae": nan if discrete else abs_err / total}
 
 
+@torch.no_grad()
 def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int) -> dict[int, torch.Tensor]:
     """The encoder's features of the windows ``idx`` of ``dataset`` -> {window: ``[W, feature_dim]``},
     each frame encoded once (``chunk`` frames at a time). The dataset gives ``index[i]``
-    (sequence, first frame), ``window`` and ``frames_of(sequence, positions)``."""
+    (sequence, first frame), ``window`` and ``frames_of(sequence, positions)``: the frames as
+    recorded, so an augmenting dataset is refused."""
+    if getattr(dataset, "augment", False):
+        raise ValueError("validation: the held-out windows must not be augmented (a dataset with augment=False)")
     span = np.arange(dataset.window)
     starts: dict[int, list[int]] = {}
     for i in idx:
