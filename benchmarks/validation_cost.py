@@ -32,7 +32,7 @@ import torch
 import support_path  # noqa: F401  (tests/support: the window-by-window reference)
 from nac_drive.data_collection.carracing_dataset import Episode, WindowDataset
 from nac_drive.data_collection.udacity_dataset import UdacityWindowDataset, segments_from_log
-from nac_drive.pipeline.train import evaluate
+from nac_drive.pipeline.train import evaluate, validation_windows
 from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from nac_drive.simulators.udacity_emulator import record_training
 from window_by_window import window_by_window
@@ -80,9 +80,7 @@ def main() -> None:
                 ("Udacity", args.udacity_frames, udacity(Path(tmp), args.udacity_frames)),
                 ("CarRacing", args.carracing_frames, carracing(args.carracing_frames))):
             policy.eval()
-            idx = np.arange(len(dataset))
-            if len(idx) > WINDOWS:
-                idx = np.random.default_rng(0).choice(idx, WINDOWS, replace=False)
+            idx = validation_windows(len(dataset), WINDOWS, 0)
             whole, (loss_whole, _) = best_seconds(lambda: window_by_window(policy, dataset, idx, BATCH, None),
                                                   args.rounds)
             once, scores = best_seconds(lambda: evaluate(policy, dataset, None, WINDOWS, BATCH, 0), args.rounds)

@@ -47,6 +47,14 @@ def _times(rows: list[DrivingLogRow]) -> np.ndarray:
     return np.arange(len(rows), dtype=np.float64) / DEFAULT_FPS
 
 
+def _window_times(rows: list[DrivingLogRow]):
+    """Seconds from a window's first frame: float32 tensor ``[W]``."""
+    import torch
+
+    t = _times(rows)
+    return torch.from_numpy((t - t[0]).astype(np.float32))
+
+
 def segments_from_log(path: str | os.PathLike, max_gap: float = 0.5) -> list[Segment]:
     """Split one driving_log.csv into segments at time gaps > max_gap s (or going back in time).
     Every image the log lists must exist, and belong to one row only (:func:`check_images`)."""
@@ -123,9 +131,8 @@ class UdacityWindowDataset:
         import torch
 
         k, start = self.index[i]
-        stamps, steering = self.labels(i)
         if not self.augment:
-            return self.frames_of(k, range(start, start + self.window)), stamps, steering
+            return (self.frames_of(k, range(start, start + self.window)), *self.labels(i))
         rows = self.segments[k].rows[start:start + self.window]
         rng = np.random.default_rng((self.seed, self.epoch, i))
         aug = WindowAugmentation.draw(rng, self.cfg, all(r.left is not None and r.right is not None for r in rows))
@@ -134,7 +141,8 @@ class UdacityWindowDataset:
             img, s = aug.apply(load_rgb(getattr(r, aug.camera)), r.steering)
             frames.append(udacity_frame(img))
             steering.append(float(np.clip(s, -1.0, 1.0)))
-        return torch.from_numpy(to_chw_float(np.stack(frames))), stamps, torch.tensor(steering, dtype=torch.float32)
+        return (torch.from_numpy(to_chw_float(np.stack(frames))), _window_times(rows),
+                torch.tensor(steering, dtype=torch.float32))
 
     def frames_of(self, k: int, positions):
         """The centre camera's frames at ``positions`` (row numbers) of segment ``k``, as
@@ -150,6 +158,5 @@ class UdacityWindowDataset:
 
         k, start = self.index[i]
         rows = self.segments[k].rows[start:start + self.window]
-        t = _times(rows)
-        return (torch.from_numpy((t - t[0]).astype(np.float32)),
-                torch.tensor([float(np.clip(r.steering, -1.0, 1.0)) for r in rows], dtype=torch.float32))
+        return _window_times(rows), torch.tensor([float(np.clip(r.steering, -1.0, 1.0)) for r in rows],
+                                                 dtype=torch.float32)

@@ -265,13 +265,14 @@ def _counting_encoder(policy):
 @pytest.mark.parametrize("limit", [0, 50])
 def test_validation_encodes_each_frame_once_and_scores_every_window_as_a_whole_run_does(dataset, limit):
     """Windows of 8 overlap: 3 episodes of 40 frames hold 99 windows but 120 frames."""
-    from nac_drive.pipeline.train import evaluate
+    from nac_drive.pipeline.train import evaluate, validation_windows
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
     windows = WindowDataset(load_episodes(dataset)[:3], window=8)
     policy = _sensitive(DrivingPolicy(PolicyConfig()))
     weights = torch.tensor([1.0, 2.0, 0.5, 1.0, 3.0])
-    idx = np.arange(len(windows)) if not limit else np.random.default_rng(7).choice(len(windows), limit, replace=False)
+    idx = validation_windows(len(windows), limit, seed=7)
+    assert len(idx) == (limit or len(windows))
     loss, accuracy = window_by_window(policy, windows, idx, 16, weights)
     seen = _counting_encoder(policy)
     got = evaluate(policy, windows, weights, limit, batch_size=16, seed=7)

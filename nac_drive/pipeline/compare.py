@@ -121,7 +121,7 @@ def compare(args: CompareArgs) -> dict:
     jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
     finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
     todo = [job for job in jobs if finished[job] is None]
-    if args.workers > 1 and todo:
+    if args.workers > 1:
         finished.update(_results_in_processes(args, todo, out))
     else:
         finished.update({job: _result(args, out, job) for job in todo})

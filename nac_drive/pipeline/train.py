@@ -368,9 +368,7 @@ def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: in
     if len(dataset) == 0:
         return {"loss": nan, "accuracy": nan, "mae": nan}
     policy.eval()
-    idx = np.arange(len(dataset))
-    if limit and len(idx) > limit:
-        idx = np.random.default_rng(seed).choice(idx, limit, replace=False)
+    idx = validation_windows(len(dataset), limit, seed)
     features = encode_held_out(policy, dataset, idx, batch_size * dataset.window)
     total, loss_sum, correct, abs_err = 0, 0.0, 0, 0.0
     for first in range(0, len(idx), batch_size):
@@ -389,6 +387,12 @@ def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: in
             "mae": nan if discrete else abs_err / total}
 
 
+def validation_windows(count: int, limit: int, seed: int) -> np.ndarray:
+    """Which of ``count`` held-out windows :func:`evaluate` scores: all, or a seeded sample of ``limit``."""
+    idx = np.arange(count)
+    return np.random.default_rng(seed).choice(idx, limit, replace=False) if limit and count > limit else idx
+
+
 @torch.no_grad()
 def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int) -> dict[int, torch.Tensor]:
     """The encoder's features of the windows ``idx`` of ``dataset`` -> {window: ``[W, feature_dim]``},
@@ -398,9 +402,9 @@ def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int)
     if getattr(dataset, "augment", False):
         raise ValueError("validation: the held-out windows must not be augmented (a dataset with augment=False)")
     span = np.arange(dataset.window)
+    located = [dataset.index[i] for i in idx]   # each window's (sequence, first frame)
     starts: dict[int, list[int]] = {}
-    for i in idx:
-        sequence, start = dataset.index[i]
+    for sequence, start in located:
         starts.setdefault(sequence, []).append(start)
     encoded = {}
     for sequence, firsts in starts.items():
@@ -409,8 +413,7 @@ def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int)
             policy.encoder(dataset.frames_of(sequence, positions[a:a + chunk]))
             for a in range(0, len(positions), chunk)])
     features = {}
-    for i in idx:
-        sequence, start = dataset.index[i]
+    for i, (sequence, start) in zip(idx, located):
         positions, rows = encoded[sequence]
         first = int(np.searchsorted(positions, start))   # the window's frames are consecutive there
         features[int(i)] = rows[first:first + dataset.window]
