@@ -144,12 +144,70 @@ def test_uniform_weights_make_every_selected_key_weigh_the_same():
     assert (y_uniform - y).abs().max() > 1e-4
 
 
+def test_recent_keys_replace_top_k_by_the_newest_visible_ones_in_forward_and_step():
+    layer = NAC(6, d_model=8, num_heads=2, topk=3, window=5, seed=0).eval()
+    x, t = torch.randn(1, 9, 6, generator=torch.Generator().manual_seed(6)), torch.arange(9.0)[None]
+    _, top = layer(x, t, return_trace=True)
+    with layer.clamped(Clamp(keys="recent")):
+        y, trace = layer(x, t, return_trace=True)
+        cache, streamed = layer.init_cache(1), []
+        for i in range(9):
+            y_i, cache = layer.step(x[:, i], cache, t[:, i])
+            streamed.append(y_i)
+    for i in range(9):   # query i sees keys max(0, i-4)..i; the 3 newest of them, newest first
+        expected = [j for j in range(i, max(0, i - 4) - 1, -1)][:3]
+        expected += [-1] * (3 - len(expected))
+        assert trace.topk_idx[0, :, i].tolist() == [expected, expected]
+    torch.testing.assert_close(torch.stack(streamed, 1), y, atol=2e-6, rtol=1e-5)
+    assert not torch.equal(top.topk_idx, trace.topk_idx)   # Top-K by q . k had chosen others
+
+
+def test_random_keys_are_visible_distinct_reproducible_and_not_top_k():
+    layer = NAC(6, d_model=8, num_heads=2, topk=3, window=8, seed=0).eval()
+    x = torch.randn(4, 20, 6, generator=torch.Generator().manual_seed(7))
+    _, top = layer(x, return_trace=True)
+    with layer.clamped(Clamp(keys="random", key_seed=3)):
+        _, first = layer(x, return_trace=True)
+    with layer.clamped(Clamp(keys="random", key_seed=3)):
+        _, again = layer(x, return_trace=True)
+    with layer.clamped(Clamp(keys="random", key_seed=4)):
+        _, other = layer(x, return_trace=True)
+    idx = first.topk_idx
+    assert torch.equal(idx, again.topk_idx) and not torch.equal(idx, other.topk_idx)
+    query = torch.arange(20)[None, None, :, None]
+    filled = idx >= 0
+    assert ((idx <= query) & (idx > query - 8))[filled].all()               # causal, in the window
+    assert filled[:, :, 2:].all() and not filled[:, :, :2].all()            # K = 3 once 3 keys are visible
+    assert all(len(set(row)) == len(row) for row in idx[filled.all(-1)].tolist())   # no key twice
+    assert (idx[:, :, 8:] != top.topk_idx[:, :, 8:]).float().mean() > 0.3   # not the Top-K keys
+
+
+def test_t_interp_held_per_head_reaches_the_logits_and_the_values():
+    layer = NAC(6, d_model=8, num_heads=2, topk=3, window=5, seed=0).eval()
+    x, t = torch.randn(1, 8, 6, generator=torch.Generator().manual_seed(8)), torch.arange(8.0)[None]
+    y, trace = layer(x, t, return_trace=True)
+    with layer.clamped(Clamp(t_interp={1: 0.25})):
+        y_held, held = layer(x, t, return_trace=True)
+    valid = held.topk_idx >= 0
+    assert (held.t_interp[:, 1][valid[:, 1]] == 0.25).all()
+    torch.testing.assert_close(held.t_interp[:, 0], trace.t_interp[:, 0], equal_nan=True)   # head 0 untouched
+    phi, tau = held.phi[:, 1][valid[:, 1]], held.tau[:, 1][valid[:, 1]]
+    torch.testing.assert_close(held.logits[:, 1][valid[:, 1]], phi / tau * -torch.expm1(-tau * 0.25))
+    assert (y_held - y).abs().max() > 1e-4
+
+
 def test_a_clamp_of_a_unit_the_layer_lacks_is_refused():
     layer = NAC(6, d_model=8, num_heads=2, topk=3, seed=0)
     for bad, field in ((Clamp(q={8: 0.0}), "clamp.q"), (Clamp(inter={(2, 0): 0.0}), "clamp.inter"),
-                       (Clamp(motor={(0, 99): 0.0}), "clamp.motor"), (Clamp(heads={0: [0.0]}), "clamp.heads")):
+                       (Clamp(motor={(0, 99): 0.0}), "clamp.motor"), (Clamp(heads={0: [0.0]}), "clamp.heads"),
+                       (Clamp(t_interp={2: 0.5}), "clamp.t_interp")):
         with pytest.raises(ValueError, match=field), layer.clamped(bad):
             pass
+    with pytest.raises(ValueError, match="select='all'"), NAC(6, d_model=8, num_heads=2, select="all").clamped(
+            Clamp(keys="recent")):
+        pass
+    with pytest.raises(ValueError, match="clamp.keys"):
+        Clamp(keys="oldest")
     assert layer.clamp is None
 
 

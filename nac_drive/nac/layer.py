@@ -58,7 +58,7 @@ from nac_drive.nac.clamp import INTACT, Clamp, check_clamp, set_head_units, set_
 from nac_drive.nac.kernels import Backend
 from nac_drive.nac.packing import KeyLayout, PackedWeights, split_heads
 from nac_drive.nac.renames import rename_in_place
-from nac_drive.nac.selection import NO_KEY, Visibility, select_all, select_block, select_exact
+from nac_drive.nac.selection import NO_KEY, Visibility, select_all, select_block, select_exact, select_instead
 from nac_drive.nac.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
 from nac_drive.nac.streaming import NACCache
 from nac_drive.nac.validation import check_hyperparameters, check_sequence_inputs
@@ -201,6 +201,8 @@ class NAC(nn.Module):
         inter, command, motor = self.backbone(pre[..., :n_inter], weights)                 # eq. 14
         phi, tau = self.phi_tau(motor, weights)                                            # eqs. 15, 16
         t_interp = self.time_vector(pre[..., n_inter:], q_times, key_times)                # t_ij
+        if self.clamp is not None:
+            t_interp = set_heads(t_interp, self.clamp.t_interp)
         logits = self.logits(phi, tau, t_interp, valid)                                    # eqs. 2, 3, 18
         attention = self.attention_weights(logits, valid)                                  # softmax
         out = self.aggregate(attention, t_interp, values)                                  # eq. 19
@@ -225,11 +227,15 @@ class NAC(nn.Module):
         """Top-K (§2.2, input curation): qh ``[B, H, Tq, depth]``, kh ``[B, H, Tk, depth]`` ->
         idx ``[B, H, Tq, K]``, the K keys of best ``q_i . k_j`` among those the query may see
         (``vis``), best first, ties to the newest; -1 in an empty slot. ``select``: "exact",
-        "block" (Alg. 2) or "all" (every visible key). Never differentiated."""
+        "block" (Alg. 2) or "all" (every visible key); under a clamp with ``keys``, K visible
+        keys chosen without q . k instead. Never differentiated."""
         B, H, T, _ = qh.shape
         with torch.no_grad():
             if self.select == "all":
                 return select_all(T, kh.shape[2], B, H, vis, qh.device)
+            if self.clamp is not None and self.clamp.keys is not None:
+                visible = select_all(T, kh.shape[2], B, H, vis, qh.device)
+                return select_instead(visible, self.topk, self.clamp.keys, self.clamp.key_stream)
             if on_kernels:   # the fast path: the same keys in the same order
                 return kernels.select(self.select, qh, kh, self.topk, vis)
             return (select_block if self.select == "block" else select_exact)(qh, kh, self.topk, vis)
@@ -356,7 +362,7 @@ class NAC(nn.Module):
         """Inside this block every call runs with ``clamp`` (:class:`~nac_drive.nac.clamp.Clamp`;
         None: intact). Units out of range are refused with a ``ValueError`` before anything runs."""
         if clamp is not None:
-            check_clamp(clamp, self.d_model, self.num_heads, self.depth, self.backbone_wiring.sizes)
+            check_clamp(clamp, self.d_model, self.num_heads, self.depth, self.backbone_wiring.sizes, self.select)
         before, self.clamp = self.clamp, clamp
         try:
             yield self

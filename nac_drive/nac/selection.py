@@ -12,6 +12,8 @@ a causal prefix, a padding mask). Which keys a query may see is decided by
   ``ceil(sqrt(Tk))`` blocks, queries scored against block centroids, exact scoring
   inside the best blocks only. Subquadratic time, linear memory.
 * :func:`select_all`: every visible key (NAC-PW); K = Tk, or the window's span.
+* :func:`select_instead`: K visible keys chosen without q . k, the most recent or at random
+  (interventions: what Top-K selection carries, :class:`~nac_drive.nac.clamp.Clamp`).
 
 Among equal scores the newest key ranks first (a car standing still sends identical
 frames; the newest of them is the one to read). This module is the torch reference and
@@ -173,6 +175,23 @@ def select_all(num_queries: int, num_keys: int, batch: int, heads: int, vis: Vis
                                k_pos.clamp(0, num_keys - 1).expand(batch, *k_pos.shape))[:, None]
     idx = torch.where(ok, k_pos, torch.full_like(k_pos, NO_KEY))
     return idx.expand(batch, heads, num_queries, k_pos.shape[-1])
+
+
+def select_instead(visible: torch.Tensor, topk: int, how: str, stream: torch.Generator | None = None) -> torch.Tensor:
+    """K of the visible keys chosen without looking at q . k: ``visible`` ``[B,H,Tq,Kv]`` (every
+    visible key, :func:`select_all`) -> idx ``[B,H,Tq,topk]``. ``how``: ``"recent"``, the K
+    newest (newest first); ``"random"``, K drawn uniformly without replacement from
+    ``stream``. A query with fewer than K visible keys keeps them all, -1 in the rest."""
+    if how == "recent":
+        rank = visible.to(torch.float32)
+    else:
+        rank = torch.rand(visible.shape, generator=stream).to(visible.device)
+    rank = rank.masked_fill(visible == NO_KEY, float("-inf"))
+    kept = min(topk, visible.shape[-1])
+    picked = visible.gather(-1, rank.topk(kept, dim=-1).indices)   # -inf ranks picked only past the visible keys
+    if kept < topk:
+        picked = torch.cat([picked, picked.new_full((*picked.shape[:-1], topk - kept), NO_KEY)], dim=-1)
+    return picked
 
 
 def select_block(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -> torch.Tensor:
