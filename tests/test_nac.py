@@ -559,3 +559,53 @@ def test_each_equation_maps_to_a_function_named_in_the_architecture_table():
             for n in re.findall(r"\d+", eq):
                 by_equation.setdefault(int(n), set()).update(methods)
     assert all(by_equation.get(n) for n in range(13, 20)), by_equation
+
+
+# ------------------------------------------------------- logit variants beyond the paper
+def test_the_variants_beyond_the_paper_change_only_the_logits_as_documented():
+    x, t = inputs(), torch.arange(9.0).expand(2, 9)
+    paper = make(window=6).eval()
+    _, base = paper(x, t, return_trace=True)
+    scaled = make(window=6, logit_variant="scaled").eval()
+    state = paper.state_dict()
+    with pytest.raises(RuntimeError, match="logit_log_scale"):   # its own parameter: a paper checkpoint lacks it
+        scaled.load_state_dict(state)
+    scaled.load_state_dict({**state, "logit_log_scale": torch.tensor([0.0, math.log(3.0)])})
+    _, traced = scaled(x, t, return_trace=True)
+    valid = base.topk_idx >= 0
+    torch.testing.assert_close(traced.logits[:, 0][valid[:, 0]], base.logits[:, 0][valid[:, 0]])   # exp(0) = 1
+    torch.testing.assert_close(traced.logits[:, 1][valid[:, 1]], 3 * base.logits[:, 1][valid[:, 1]])
+    qk = make(window=6, logit_variant="qk").eval()
+    qk.load_state_dict(state)
+    _, traced = qk(x, t, return_trace=True)
+    qh = traced.q.view(2, 9, 2, 8).transpose(1, 2)
+    kh = traced.k.view(2, 9, 2, 8).transpose(1, 2)
+    b, h, i, slot = 1, 1, 7, 2
+    j = int(base.topk_idx[b, h, i, slot])
+    expected = base.logits[b, h, i, slot] + qh[b, h, i] @ kh[b, h, j] / math.sqrt(8)
+    torch.testing.assert_close(traced.logits[b, h, i, slot], expected)
+    assert torch.equal(traced.topk_idx, base.topk_idx)   # the same keys, weighted otherwise
+    assert not torch.allclose(traced.weights, base.weights)
+
+
+@pytest.mark.parametrize("variant", ["scaled", "qk"])
+def test_a_variant_streams_like_its_forward_and_has_the_right_gradients(variant):
+    small = make(input_dim=3, d_model=4, num_heads=2, topk=3, backbone_units=8, logit_variant=variant).double()
+    x = torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True)
+    t = torch.rand(1, 4, dtype=torch.float64).cumsum(1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, t: small(x, t=t), (x, t), eps=1e-6, atol=1e-5)
+    layer = make(window=5, logit_variant=variant)
+    x, t = inputs(), torch.arange(9.0).expand(2, 9)
+    layer(x, t).square().sum().backward()
+    if variant == "scaled":
+        assert layer.logit_log_scale.grad.abs().min() > 0
+    layer.eval()
+    with torch.inference_mode():
+        y = layer(x, t)
+        cache, out = layer.init_cache(2), []
+        for i in range(9):
+            y_i, cache = layer.step(x[:, i], cache, t[:, i])
+            out.append(y_i)
+    torch.testing.assert_close(torch.stack(out, 1), y, atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="logit_variant"):
+        make(logit_variant="sharper")

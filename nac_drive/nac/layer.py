@@ -14,6 +14,7 @@ each line on the right):
     logit_ij  = phi/tau                      mode "steady", eq. 18       NAC.logits
               = phi/tau (1 - exp(-tau t_ij)) mode "exact",  eqs. 3, 17
               = N Euler steps of da/dt = -tau a + phi, "euler", eq. 2
+    (beyond the paper, ``logit_variant``: logit_ij * exp(s_h), or + q_i . k_j / sqrt(depth))
     w_ij      = softmax_j(logit_ij), invalid keys -inf      softmax      NAC.attention_weights
     out_i     = W_o concat_h(sum_j w_ij t_ij v_j)           eq. 19       NAC.aggregate, NAC.output
 
@@ -39,6 +40,12 @@ absolute clock times (~1.7e9 s) in float32 would keep a resolution of minutes.
 What the weights can say: phi is in (0, 1) and (1 - exp(-tau t)) / tau < t < 1, so in
 mode "exact" every logit lies in (0, 1) and the weights of one query's selected keys
 differ by less than a factor e. The selection (which keys) carries most of the information.
+Two variants beyond the paper let the weights attend (``logit_variant``; default
+``"paper"``): ``"scaled"`` multiplies each head's logits by a learned exp(s_h) (s_h = 0 at
+initialisation, the paper's logits), so their spread is no longer capped; ``"qk"`` adds the
+score Top-K selected by, q_i . k_j / sqrt(depth), as in dot-product attention, which also
+gives q and k a gradient through the score that chooses the keys. Both run the eager pair
+stage (the kernels compute the paper's logits only).
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ import nac_drive.nac.packing as packing
 import nac_drive.nac.streaming as streaming
 from nac_drive.nac.clamp import INTACT, Clamp, check_clamp, set_head_units, set_heads, set_units
 from nac_drive.nac.kernels import Backend
-from nac_drive.nac.packing import KeyLayout, PackedWeights, split_heads
+from nac_drive.nac.packing import KeyLayout, PackedWeights, pair_scores, split_heads
 from nac_drive.nac.renames import rename_in_place
 from nac_drive.nac.selection import NO_KEY, Visibility, select_all, select_block, select_exact, select_instead
 from nac_drive.nac.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
@@ -95,6 +102,9 @@ class NAC(nn.Module):
         time_input: ``"query"`` or ``"elapsed"`` (see the module docstring).
         time_weighted_values: use ``t_ij`` as the quadrature weight of eq. 19.
         tau_eps: lower bound added to tau.
+        logit_variant: ``"paper"``, or beyond the paper ``"scaled"`` (a learned scale per
+            head, parameter ``logit_log_scale [H]``) or ``"qk"`` (+ q . k / sqrt(depth));
+            see the module docstring.
 
     ``mode``, ``euler_steps``, ``select``, ``causal``, ``window`` and ``time_input``
     do not change the parameters: a state dict saved under one setting loads under
@@ -106,17 +116,18 @@ class NAC(nn.Module):
                  sparsity: float = 0.5, causal: bool = True, window: int | None = None,
                  dropout: float = 0.0, seed: int | None = None, backbone_units: int = 16,
                  time_input: str = "query", time_weighted_values: bool = True,
-                 tau_eps: float = 1e-6):
+                 tau_eps: float = 1e-6, logit_variant: str = "paper"):
         super().__init__()
         check_hyperparameters(input_dim=input_dim, d_model=d_model, num_heads=num_heads, topk=topk,
                               mode=mode, euler_steps=euler_steps, select=select, sparsity=sparsity,
                               window=window, dropout=dropout, backbone_units=backbone_units,
-                              time_input=time_input, tau_eps=tau_eps)
+                              time_input=time_input, tau_eps=tau_eps, logit_variant=logit_variant)
         self.input_dim, self.d_model, self.num_heads = input_dim, d_model, num_heads
         self.depth = d_model // num_heads
         self.topk, self.mode, self.euler_steps, self.select = topk, mode, euler_steps, select
         self.sparsity, self.causal, self.window = sparsity, causal, window
         self.time_input, self.time_weighted_values, self.tau_eps = time_input, time_weighted_values, tau_eps
+        self.logit_variant = logit_variant
         self.seed = seed
         wiring_seed = DEFAULT_WIRING_SEED if seed is None else seed
 
@@ -143,6 +154,8 @@ class NAC(nn.Module):
             self.time_weight = nn.Parameter(torch.empty(num_heads, 2 * self.depth, 2).uniform_(-bound, bound))
             self.time_bias = nn.Parameter(torch.zeros(num_heads, 2))
             self.out_proj = nn.Linear(d_model, d_model)
+        if logit_variant == "scaled":   # beyond the paper: exp(0) = 1 starts at the paper's logits
+            self.logit_log_scale = nn.Parameter(torch.zeros(num_heads))
         self.attn_dropout = nn.Dropout(dropout)
         self.layout = KeyLayout(n_inter=wiring.sizes[0], depth=self.depth)
         self._weights_cache: tuple | None = None   # packing.packed keeps the packed weights here
@@ -171,21 +184,23 @@ class NAC(nn.Module):
         backend = self.backend(qh, kh, q_side, rows, weights)
         idx = self.select_keys(qh, kh, Visibility(self.causal, self.window, mask),
                                backend.selection_on_kernels)                                 # Top-K
+        qk = pair_scores(qh, kh, idx) if self.logit_variant == "qk" else None
         out, stages = self.attend(q_side, times, rows, idx, weights, return_trace,
-                                  backend.pairs_on_kernels)                                  # eqs. 14-19
+                                  backend.pairs_on_kernels, qk)                              # eqs. 14-19
         y = self.output(out)
         if not return_trace:
             return y
         return y, self.trace(q, k, v, idx, stages)
 
     def attend(self, q_side: torch.Tensor, q_times: torch.Tensor | None, rows: torch.Tensor, idx: torch.Tensor,
-               weights: PackedWeights, want_trace: bool, on_kernels: bool):
+               weights: PackedWeights, want_trace: bool, on_kernels: bool, qk: torch.Tensor | None = None):
         """The pair stage, eqs. 14-19, for the selected pairs.
 
         q_side ``[B,H,Tq,n_inter+2]`` (:func:`~nac_drive.nac.packing.query_half`), q_times
         ``[B,Tq]`` or None, rows ``[B,H,Tk,>=layout.width]`` (packed key rows), idx
         ``[B,H,Tq,K]`` into them (-1: empty) -> out ``[B,H,Tq,depth]``, and the stages'
-        tensors if ``want_trace``. ``on_kernels``: the fused kernel computes ``out``.
+        tensors if ``want_trace``. ``on_kernels``: the fused kernel computes ``out``. ``qk``
+        ``[B,H,Tq,K]``: the pairs' q . k / sqrt(depth) (``logit_variant="qk"`` only).
         """
         if on_kernels:   # the fast path: the same equations, fused in one pass over the pairs
             out, worst_dt_tau, stages = kernels.attend(
@@ -204,6 +219,7 @@ class NAC(nn.Module):
         if self.clamp is not None:
             t_interp = set_heads(t_interp, self.clamp.t_interp)
         logits = self.logits(phi, tau, t_interp, valid)                                    # eqs. 2, 3, 18
+        logits = self.beyond_paper(logits, qk)
         attention = self.attention_weights(logits, valid)                                  # softmax
         out = self.aggregate(attention, t_interp, values)                                  # eq. 19
         if not want_trace:
@@ -291,6 +307,15 @@ class NAC(nn.Module):
             logit = torch.addcmul(drive, logit, decay)
         return logit
 
+    def beyond_paper(self, logits: torch.Tensor, qk: torch.Tensor | None) -> torch.Tensor:
+        """The logits ``[B,H,Tq,K]`` of ``logit_variant``: as they are ("paper"), times each
+        head's learned exp(s_h) ("scaled"), or plus the pairs' ``qk`` ("qk")."""
+        if self.logit_variant == "scaled":
+            return logits * self.logit_log_scale.exp()[:, None, None]
+        if self.logit_variant == "qk":
+            return logits + qk
+        return logits
+
     def attention_weights(self, logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """w_ij = softmax_j(logit_ij) over each query's selected keys ``[B,H,Tq,K]``: an empty
         slot gets -inf (never a multiplied logit), a query without any key weight 0; then
@@ -329,7 +354,8 @@ class NAC(nn.Module):
         """Whether the kernels serve this call's selection and pair stage (:func:`kernels.choose`):
         the pair stage only when no active dropout or clamp inside it is needed."""
         pairs_allowed = (not (self.training and self.attn_dropout.p > 0)
-                         and not (self.clamp is not None and self.clamp.in_pair_stage))
+                         and not (self.clamp is not None and self.clamp.in_pair_stage)
+                         and self.logit_variant == "paper")
         return kernels.choose(qh, kh, q_side, rows, weights, pairs_allowed)
 
     def init_cache(self, batch_size: int) -> NACCache:
@@ -377,7 +403,7 @@ class NAC(nn.Module):
         n_inter, n_cmd, n_motor = self.backbone_wiring.sizes
         return (f"input_dim={self.input_dim}, d_model={self.d_model}, num_heads={self.num_heads}, "
                 f"topk={self.topk}, mode={self.mode!r}, select={self.select!r}, causal={self.causal}, "
-                f"window={self.window}, backbone=(inter={n_inter}, command={n_cmd}, motor={n_motor})")
+                f"window={self.window}, logit_variant={self.logit_variant!r}, backbone=(inter={n_inter}, command={n_cmd}, motor={n_motor})")
 
 
 @dataclass

@@ -20,6 +20,7 @@ and reused until a source tensor changes (:func:`packed`).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -184,6 +185,15 @@ def gather_pairs(q_half: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, la
     gathered = rows.reshape(B * H * Tk, F_)[idx.clamp(min=0) + offset]                  # [B,H,Tq,K,F]
     pre = q_half[:, :, :, None] + gathered[..., layout.pair]
     return pre, gathered[..., layout.stamp], gathered[..., layout.value]
+
+
+def pair_scores(qh: torch.Tensor, kh: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The selected pairs' dot-product scores: qh ``[B,H,Tq,depth]``, kh ``[B,H,Tk,depth]``, idx
+    ``[B,H,Tq,K]`` -> q_i . k_j / sqrt(depth) ``[B,H,Tq,K]`` (an empty slot scores key 0; masked later)."""
+    B, H, Tq, K = idx.shape
+    depth = kh.shape[-1]
+    keys = kh.gather(2, idx.clamp(min=0).reshape(B, H, Tq * K, 1).expand(B, H, Tq * K, depth))
+    return (keys.view(B, H, Tq, K, depth) @ qh[..., None])[..., 0] / math.sqrt(depth)
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:

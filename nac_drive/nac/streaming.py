@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nac_drive.nac.packing import KeyLayout, key_rows, query_half, split_heads
+from nac_drive.nac.packing import KeyLayout, key_rows, pair_scores, query_half, split_heads
 from nac_drive.nac.selection import NO_KEY, Visibility
 from nac_drive.nac.validation import check_step_inputs
 
@@ -81,7 +81,8 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
     else:  # the forward's exact Top-K (and tie rule) over the slots, which are all in the past
         idx = layer.select_keys(qh, keys, Visibility(causal=False, key_valid=(~empty).expand(B, C)),
                                 backend.selection_on_kernels)
-    out, stages = layer.attend(q_side, q_times, rows, idx, weights, return_trace, backend.pairs_on_kernels)
+    qk = pair_scores(qh, keys, idx) if layer.logit_variant == "qk" else None
+    out, stages = layer.attend(q_side, q_times, rows, idx, weights, return_trace, backend.pairs_on_kernels, qk)
     y = layer.output(out)[:, 0]
     if not return_trace:
         return y, cache

@@ -8,10 +8,12 @@ import torch
 MODES = ("exact", "euler", "steady")
 SELECTIONS = ("exact", "block", "all")
 TIME_INPUTS = ("query", "elapsed")
+# "paper": the paper's logits; the others go beyond it (NAC.logit_variant)
+LOGIT_VARIANTS = ("paper", "scaled", "qk")
 
 
 def check_hyperparameters(*, input_dim, d_model, num_heads, topk, mode, euler_steps, select, sparsity,
-                          window, dropout, backbone_units, time_input, tau_eps) -> None:
+                          window, dropout, backbone_units, time_input, tau_eps, logit_variant="paper") -> None:
     def need(ok: bool, name: str, why: str) -> None:
         if not ok:
             raise ValueError(f"{name}: {why}")
@@ -23,6 +25,7 @@ def check_hyperparameters(*, input_dim, d_model, num_heads, topk, mode, euler_st
     need(mode in MODES, "mode", f"must be one of {MODES}, got {mode!r}")
     need(select in SELECTIONS, "select", f"must be one of {SELECTIONS}, got {select!r}")
     need(time_input in TIME_INPUTS, "time_input", f"must be one of {TIME_INPUTS}, got {time_input!r}")
+    need(logit_variant in LOGIT_VARIANTS, "logit_variant", f"must be one of {LOGIT_VARIANTS}, got {logit_variant!r}")
     need(isinstance(sparsity, (int, float)) and 0.1 <= sparsity <= 0.9, "sparsity",
          f"must be in [0.1, 0.9], got {sparsity!r}")
     need(window is None or (isinstance(window, int) and window >= 1), "window",

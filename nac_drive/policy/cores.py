@@ -49,6 +49,7 @@ class CoreConfig:
     sparsity: float = 0.5
     backbone_units: int = 16
     time_input: str = "elapsed"
+    logit_variant: str = "paper"   # beyond the paper: "scaled", "qk" (nac_drive.nac.layer)
     dropout: float = 0.0
     seed: int = 0
 
@@ -62,7 +63,7 @@ class NACCore(nn.Module):
         self.nac = NAC(input_dim, d_model=cfg.d_model, num_heads=cfg.num_heads, topk=cfg.topk, mode=cfg.mode,
                        euler_steps=cfg.euler_steps, select=cfg.select, sparsity=cfg.sparsity, causal=True,
                        window=cfg.window, dropout=cfg.dropout, seed=cfg.seed, backbone_units=cfg.backbone_units,
-                       time_input=cfg.time_input)
+                       time_input=cfg.time_input, logit_variant=cfg.logit_variant)
         self.out_dim = cfg.d_model
 
     def forward(self, x, t=None, return_trace=False):
