@@ -163,21 +163,33 @@ def _faithfulness_figure(saliency: dict, escape):
 
 
 def _closed_loop_figure(closed: dict, escape):
-    """Each chosen neuron clamped while the policy drives: the change of the mean return
-    (CarRacing) or of the mean |cross-track error| (Udacity), :data:`CLOSED_LOOP_METRICS`."""
+    """Each chosen neuron clamped, and each part of the attention replaced, while the policy
+    drives: the change of the mean return (CarRacing) or of the mean |cross-track error|
+    (Udacity), :data:`CLOSED_LOOP_METRICS`, with the paired 95% interval where there is one."""
     import plotly.graph_objects as go
 
-    rows = closed["neurons"]
-    if not rows:
+    rows, parts = closed["neurons"], closed.get("attention") or []
+    if not rows and not parts:
         return None
     change, figure, title, spec = CLOSED_LOOP_METRICS[closed.get("metric", "return")]
     intact = _number(closed["intact"][figure])
-    fig = go.Figure(go.Bar(x=[escape(r["name"]) for r in rows], y=[_number(r[change]) for r in rows],
-                           marker_color=["#d62728" if r.get("chosen") == "top" else "#999999" for r in rows],
-                           hovertemplate=f"%{{x}}: %{{y:+{spec}}}<extra></extra>"))
-    fig.update_layout(height=340, margin=dict(l=60, r=20, t=60, b=80),
+    fig = go.Figure()
+    for members, colours, label in ((rows, ["#d62728" if r.get("chosen") == "top" else "#999999" for r in rows],
+                                     "neurons"), (parts, "#1f77b4", "attention parts")):
+        if not members:
+            continue
+        ys = [_number(r[change]) for r in members]
+        intervals = [(r.get("paired") or {}).get("ci95") or [y, y] for r, y in zip(members, ys)]
+        fig.add_trace(go.Bar(x=[escape(r["name"]) for r in members], y=ys, marker_color=colours, name=label,
+                             error_y=dict(type="data", symmetric=False,
+                                          array=[(_number(hi) or 0) - (y or 0) for (lo, hi), y in zip(intervals, ys)],
+                                          arrayminus=[(y or 0) - (_number(lo) or 0) for (lo, hi), y in
+                                                      zip(intervals, ys)]),
+                             hovertemplate=f"%{{x}}: %{{y:+{spec}}}<extra></extra>"))
+    fig.update_layout(height=360, margin=dict(l=60, r=20, t=60, b=110), showlegend=False,
                       yaxis=dict(title=title),
-                      title=dict(text=f"Silenced while driving {escape(closed.get('tracks'))} held-out tracks "
+                      title=dict(text=f"Clamped while driving {escape(closed.get('tracks'))} held-out tracks "
                                       f"(intact: {'-' if intact is None else format(intact, spec)}; red: the "
-                                      f"costliest in the atlas, grey: random)", font=dict(size=13)))
+                                      f"costliest neurons in the atlas, grey: random ones, blue: attention parts "
+                                      f"replaced; bars: paired 95% intervals)", font=dict(size=13)))
     return fig

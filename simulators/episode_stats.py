@@ -78,6 +78,18 @@ def return_stats(returns: Sequence[float], success_at: float = SUCCESS_RETURN) -
     }
 
 
+def paired_change(reference: Sequence[float], treated: Sequence[float]) -> dict[str, Any]:
+    """How ``treated`` differs from ``reference``, measured on the same episodes (the same
+    tracks, in order): ``mean`` of the per-episode differences ``treated - reference`` and its
+    ``ci95`` ([lo, hi], :func:`mean_interval` of the differences: a paired interval, which
+    the spread between tracks does not widen; None for fewer than 2 episodes)."""
+    a, b = _checked(reference), _checked(treated)
+    if a.shape != b.shape:
+        raise ValueError(f"paired change: expected one value per episode in both, got {a.size} and {b.size}")
+    diff = b - a
+    return {"mean": float(diff.mean()) if diff.size else math.nan, "ci95": _rounded(mean_interval(diff), 4)}
+
+
 def format_return_stats(stats: dict[str, Any]) -> str:
     """:func:`return_stats` in one line, e.g. ``return 883.2 +- 48.2 (95% CI 861.0-903.4),
     worst 716.0, >= 900: 14/20 = 70% (Wilson 48-85%)``."""

@@ -161,3 +161,18 @@ def test_quickstart_of_one_track_prints_the_protocol_as_json(tmp_path):
     assert summary["successes"] == int(summary["returns"][0] >= 900)
     assert summary["success_ci95"] == pytest.approx(wilson(summary["successes"], 1), abs=1e-4)
     assert f"worst {summary['worst_return']:.1f}, >= 900: {summary['successes']}/1" in text
+
+
+def test_a_paired_change_is_the_mean_difference_with_an_interval_the_track_spread_does_not_widen():
+    from nac_drive.simulators.episode_stats import paired_change
+
+    rng = np.random.default_rng(0)
+    reference = rng.uniform(300, 930, 20)                  # tracks that differ by hundreds
+    treated = reference - 10 + rng.normal(0, 2, 20)        # each one 10 lower, give or take 2
+    change = paired_change(reference, treated)
+    assert change["mean"] == pytest.approx(np.mean(treated - reference))
+    lo, hi = change["ci95"]
+    assert -12 < lo < change["mean"] < hi < -8             # an unpaired interval would span ~+-150
+    assert paired_change([1.0], [3.0]) == {"mean": 2.0, "ci95": None}
+    with pytest.raises(ValueError, match="one value per episode"):
+        paired_change([1.0, 2.0], [1.0])

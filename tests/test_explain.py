@@ -79,6 +79,12 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     assert closed["seeds"] == [900000] and [n["chosen"] for n in closed["neurons"]] == ["top", "top", "random"]
     assert [n["name"] for n in closed["neurons"][:2]] == [row["name"] for row in atlas["neurons"][:2]]
     assert len(closed["intact"]["returns"]) == 1 and all(len(n["returns"]) == 1 for n in closed["neurons"])
+    parts = {row["name"]: row for row in closed["attention"]}
+    assert set(parts) == {"keys: random K", "keys: most recent K", "t_ij: its mean per head", "weights: uniform"}
+    for row in closed["neurons"] + closed["attention"]:   # one track: the paired change is the change, no interval
+        assert row["paired"]["mean"] == pytest.approx(row["returns"][0] - closed["intact"]["returns"][0])
+        assert row["paired"]["ci95"] is None and row["return_change"] == pytest.approx(row["paired"]["mean"])
+    assert "keys: most recent K" in out.stdout
     run = load_trace(tmp_path / "explain")
     assert run.num_steps == 150 and report["trace_sha256"] == run.sha256
 

@@ -191,19 +191,23 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
                         seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None, progress: bool = False,
                         speed: float = UDACITY_SPEED) -> dict:
     """The policy drives ``tracks`` held-out tracks intact, then with each chosen neuron of
-    ``atlas`` (:func:`atlas_section`) clamped to its mean: the ``top`` whose silencing costs
-    most agreement and ``random`` others drawn with ``seed``.
+    ``atlas`` (:func:`atlas_section`) clamped to its mean (the ``top`` whose silencing costs
+    most agreement and ``random`` others drawn with ``seed``), then with each part of its
+    attention replaced (:func:`attention_parts`).
 
-    Returns the seeds, ``metric`` and, intact and per neuron, the drive's figures and the
-    change of the metric from intact. CarRacing: ``metric`` "return", the ``returns``, their
-    ``mean_return`` and ``return_change``. Udacity (the emulator's ``random-<seed>`` tracks,
-    ``track_names``, at ``speed`` mph): ``metric`` "mean_abs_cte", the figures of
-    :func:`~nac_drive.pipeline.drive.udacity_summary` (per track mean |cte|, laps,
-    off-road, ...) and ``cte_change`` (of the mean |cte| over every frame driven, in metres:
-    positive = silencing drives further from the centre line)."""
+    Returns the seeds, ``metric`` and, intact, per neuron (``neurons``) and per attention part
+    (``attention``), the drive's figures, the change of the metric from intact and ``paired``:
+    the per-track changes' mean and 95% BCa interval (the same tracks driven both ways,
+    :func:`~nac_drive.simulators.episode_stats.paired_change`). CarRacing: ``metric``
+    "return", the ``returns``, their ``mean_return`` and ``return_change``. Udacity (the
+    emulator's ``random-<seed>`` tracks, ``track_names``, at ``speed`` mph): ``metric``
+    "mean_abs_cte", the figures of :func:`~nac_drive.pipeline.drive.udacity_summary` (per
+    track mean |cte|, laps, off-road, ...) and ``cte_change`` (of the mean |cte| over every
+    frame driven, in metres: positive = the clamp drives further from the centre line)."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.interpret.neuron_atlas import traced_neurons
     from nac_drive.simulators.carracing import eval_seeds
+    from nac_drive.simulators.episode_stats import paired_change
 
     udacity = policy.config.task == "udacity"
     metric, change = ("mean_abs_cte", "cte_change") if udacity else ("return", "return_change")
@@ -212,9 +216,10 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     rest = rows[top:]
     picks = np.random.default_rng(seed).choice(len(rest), size=min(random, len(rest)), replace=False)
     chosen += [(rest[i], "random") for i in sorted(picks)]
-    if not tracks or not chosen:
-        return {"tracks": 0, "seeds": [], "metric": metric, "intact": None, "neurons": []}
+    if not tracks:
+        return {"tracks": 0, "seeds": [], "metric": metric, "intact": None, "neurons": [], "attention": []}
     neurons = {n.name: n for n in traced_neurons(run)}
+    parts = attention_parts(run, policy.core.nac, seed)
     seeds = eval_seeds(tracks, base=seed_base)
     nac = policy.core.nac
     if udacity:
@@ -230,7 +235,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
         def close():
             for env in envs:
                 env.close()
-        value = "mean_abs_cte"
+        value, per_track = "mean_abs_cte", "mean_abs_cte_m"
     else:
         from nac_drive.simulators.carracing import make_carracing, run_episodes
 
@@ -239,11 +244,11 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
         def episodes() -> dict:
             returns = [float(r) for r in run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env).returns]
             return {"returns": returns, "mean_return": float(np.mean(returns))}
-        close, value = env.close, "mean_return"
+        close, value, per_track = env.close, "mean_return", "returns"
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(chosen) + 1, desc="closed loop", unit="run")
+        bar = tqdm(total=len(chosen) + len(parts) + 1, desc="closed loop", unit="run")
 
     def drive(clamp) -> dict:
         with nac.clamped(clamp):
@@ -252,20 +257,42 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
             bar.update(1)
         return figures
 
+    def against_intact(figures: dict) -> dict:
+        return {**figures, change: figures[value] - intact[value],
+                "paired": paired_change(intact[per_track], figures[per_track])}
+
     try:
         intact = drive(None)
         out = []
         for row, why in chosen:
             figures = drive(neurons[row["name"]].clamp(row["mean"]))
-            out.append({"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"], **figures,
-                        change: figures[value] - intact[value]})
+            out.append({"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
+                        **against_intact(figures)})
+        attention = [{"name": name, **against_intact(drive(clamp))} for name, clamp in parts.items()]
     finally:
         close()
         if bar:
             bar.close()
     where = {"track_names": names, "speed_mph": speed} if udacity else {}
     return jsonable({"tracks": tracks, "seeds": seeds, **where, "seed": seed, "metric": metric, "intact": intact,
-                     "neurons": out})
+                     "neurons": out, "attention": attention})
+
+
+def attention_parts(run, nac, seed: int = 0) -> dict:
+    """What each part of the NAC's attention carries, as interventions (name -> :class:`Clamp`):
+    Top-K by q . k replaced by K keys drawn at random (seeded by ``seed``) and by the K most
+    recent (both absent when the layer attends to every key), t_ij held at its mean per head
+    over ``run``'s trace, and the weights made uniform."""
+    from nac_drive.nac import Clamp
+
+    parts = {}
+    if nac.select != "all":
+        parts["keys: random K"] = Clamp(keys="random", key_seed=seed)
+        parts["keys: most recent K"] = Clamp(keys="recent")
+    t_mean = np.nanmean(run.t_interp, axis=(0, 2))   # [H]: each head's mean over its filled slots
+    parts["t_ij: its mean per head"] = Clamp(t_interp={h: float(v) for h, v in enumerate(t_mean)})
+    parts["weights: uniform"] = Clamp(uniform_weights=True)
+    return parts
 
 
 def jsonable(value):

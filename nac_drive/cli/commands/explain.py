@@ -32,8 +32,10 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   window, or one frame removed at a time), written to RUN_DIR/window_attribution.npz for
   the dashboard;
 * closed_loop: the neurons whose silencing costs most and some random ones, clamped while
-  the policy drives (1 + top + random runs of --closed-loop-tracks tracks each: at the
-  defaults 210 episodes, about half an hour on 2 cores; saliency ~3 minutes, window ~3
+  the policy drives, then each part of the attention replaced: Top-K by q . k by K random
+  keys and by the K most recent, t_ij by its mean per head, the weights by uniform ones;
+  each change from intact with a paired 95% interval over the same tracks (1 + top +
+  random + 4 runs of --closed-loop-tracks tracks each: at the defaults 250 episodes, about half an hour on 2 cores; saliency ~3 minutes, window ~3
   minutes a 1000-step episode with Integrated Gradients (20 s with ablation), the rest a
   minute or two). CarRacing scores the return; Udacity the mean |cross-track error| and
   laps / off-road. Udacity with --episodes 2 --closed-loop-tracks 3 --window-method
@@ -199,22 +201,32 @@ def format_window(window: dict) -> list[str]:
 
 
 def format_closed_loop(closed: dict) -> list[str]:
-    """The closed-loop check as text lines: the return (CarRacing), or the mean |cte| in
-    metres, the tracks left off the road and the laps (Udacity)."""
+    """The closed-loop check as text lines, a row per clamped neuron and per attention part
+    replaced, each with its change's paired 95% interval: the return (CarRacing), or the
+    mean |cte| in metres, the tracks left off the road and the laps (Udacity)."""
     intact = closed["intact"]
-    if closed.get("metric") != "mean_abs_cte":
+    udacity = closed.get("metric") == "mean_abs_cte"
+    rows = closed["neurons"] + [dict(row, chosen="part", silencing_cost=None) for row in closed.get("attention", [])]
+    width = max([16] + [len(row["name"]) + 1 for row in rows])
+
+    def paired(row) -> str:
+        ci = (row.get("paired") or {}).get("ci95")
+        return "" if ci is None else f"  [{ci[0]:+.3f}, {ci[1]:+.3f}]" if udacity else f"  [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+
+    if not udacity:
         lines = [f"Closed loop on {closed['tracks']} held-out tracks: intact mean return {intact['mean_return']:.1f}",
-                 f"{'neuron':<16}{'chosen':>8}{'cost':>8}{'return':>9}{'change':>9}"]
-        for row in closed["neurons"]:
-            lines.append(f"{row['name']:<16}{row['chosen']:>8}{_num(row['silencing_cost']):>8}"
-                         f"{row['mean_return']:>9.1f}{row['return_change']:>+9.1f}")
+                 f"{'clamped':<{width}}{'chosen':>8}{'cost':>8}{'return':>9}{'change':>9}  paired 95%"]
+        for row in rows:
+            lines.append(f"{row['name']:<{width}}{row['chosen']:>8}{_num(row['silencing_cost']):>8}"
+                         f"{row['mean_return']:>9.1f}{row['return_change']:>+9.1f}{paired(row)}")
         return lines
     lines = [f"Closed loop on {closed['tracks']} held-out emulator tracks ({', '.join(closed['track_names'])}): intact "
              f"mean |cte| {intact['mean_abs_cte']:.3f} m, off the road on {intact['off_road_tracks']}, laps "
              f"{intact['laps_finished']}",
-             f"{'neuron':<16}{'chosen':>8}{'cost':>8}{'|cte| m':>9}{'change':>9}{'off-road':>9}{'laps':>6}"]
-    for row in closed["neurons"]:
-        lines.append(f"{row['name']:<16}{row['chosen']:>8}{_num(row['silencing_cost']):>8}"
+             f"{'clamped':<{width}}{'chosen':>8}{'cost':>8}{'|cte| m':>9}{'change':>9}{'off-road':>9}{'laps':>6}"
+             f"  paired 95%"]
+    for row in rows:
+        lines.append(f"{row['name']:<{width}}{row['chosen']:>8}{_num(row['silencing_cost']):>8}"
                      f"{row['mean_abs_cte']:>9.3f}{row['cte_change']:>+9.3f}{row['off_road_tracks']:>9}"
-                     f"{row['laps_finished']:>6}")
+                     f"{row['laps_finished']:>6}{paired(row)}")
     return lines
