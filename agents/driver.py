@@ -1,7 +1,8 @@
 """The closed-loop driver: a trained :class:`DrivingPolicy` as an episode-runner actor.
 
 It streams frames through the policy (``NAC.step``: no recompute of the window),
-times every decision, and can hand each step to its sinks: a
+times every decision, drops the frames a ``frame-drop`` schedule says never arrive (the policy
+is not asked, its last action goes to the simulator again), and can hand each step to its sinks: a
 :class:`~nac_drive.interpret.trace.RunRecorder` (``trace/``, for the dashboard) and a
 live :class:`~nac_drive.interpret.live_view.RerunView`. A step is the frame, the policy's
 action, a privileged oracle's action and cross-track error for the same state, the reward,
@@ -75,19 +76,30 @@ class PolicyDriver:
         live: optional :class:`~nac_drive.interpret.live_view.RerunView`; with its
             ``saliency`` set, each step's Grad-CAM overlay is computed before the policy acts
             (outside the timed latency).
+        drops: optional :class:`~nac_drive.simulators.frame_drops.FrameDrops`, asked once per
+            frame: a dropped frame is not shown to the policy (nor timed, nor recorded), and
+            its last action is returned again. The schedule restarts at :meth:`reset` (the bridge:
+            the same fixed stream at every connection) and again from the env's reset seed at
+            :meth:`reset_env` (a gymnasium env reset with the track's seed, then ``reset``, then
+            ``reset_env``). A frame that arrives goes to the policy with its real time: a Udacity
+            observation's own ``timestamp``, or for a CarRacing frame, which carries none, its
+            index in the episode times the policy's ``frame_dt``, the time the policy counts
+            itself when no frame is dropped. ``dropped``: frames dropped per episode.
     """
 
-    def __init__(self, policy, recorder=None, oracle=None, live=None):
+    def __init__(self, policy, recorder=None, oracle=None, live=None, drops=None):
         self.policy, self.recorder, self.oracle = policy, recorder, oracle
-        self.live = live
+        self.live, self.drops = live, drops
         self.sinks = [s for s in (recorder, live) if s is not None]
         self.name = f"policy:{policy.config.core.core}"
         self.traces = bool(self.sinks) and policy.config.core.core == "nac"   # the sinks want NAC traces
         self.policy.trace_enabled = self.traces
         self.latencies_ms: list[float] = []
+        self.dropped: list[int] = []
         self._env = None
         self._pending: dict[str, Any] = {}
         self._saliency = None
+        self._frame, self._action = 0, None
 
     @property
     def gas(self) -> float:
@@ -97,6 +109,10 @@ class PolicyDriver:
     def reset(self) -> None:
         self.policy.trace_enabled = self.traces   # per episode: another driver may share the policy
         self.policy.reset()
+        self._frame, self._action = 0, None
+        if self.drops is not None:
+            self.drops.restart(None)
+            self.dropped.append(0)
         if self.oracle is not None:
             self.oracle.reset()
         for sink in self.sinks:
@@ -105,10 +121,20 @@ class PolicyDriver:
     def reset_env(self, env) -> None:
         self.policy.check_env(env)   # a clear error before a wrong-kind action reaches env.step
         self._env = env
+        if self.drops is not None:
+            self.drops.restart(env.unwrapped.np_random_seed)   # gymnasium's: the seed of the env's last seeded reset
         if self.oracle is not None:
             self.oracle.reset_env(env)
 
     def act(self, obs: np.ndarray):
+        index, self._frame = self._frame, self._frame + 1
+        seen = obs
+        if self.drops is not None:
+            if not self.drops.delivers():
+                self.dropped[-1] += 1
+                return self._action   # the simulator steps on with the last action
+            if not isinstance(obs, dict):
+                seen = {"image": obs, "timestamp": index * self.policy.config.frame_dt}
         frame = obs["image"] if isinstance(obs, dict) else obs
         saliency = None
         if self.live is not None and self.live.saliency:
@@ -116,7 +142,7 @@ class PolicyDriver:
 
             saliency = live_saliency(self.policy, frame)
         t0 = time.perf_counter()
-        action = self.policy.select_action(obs)
+        action = self._action = self.policy.select_action(seen)
         self.latencies_ms.append((time.perf_counter() - t0) * 1e3)
         if self.sinks:
             self._pending = {"frame": frame, "policy_action": action, "nac_trace": self.policy.last_trace,

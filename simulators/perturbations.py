@@ -1,5 +1,6 @@
 """Perturbed CarRacing: what the frames look like to an actor tested, without retraining, on
-a changed env (after AttentionAgent's CarRacing variants, Tang, Nguyen & Ha 2020).
+a changed env (after AttentionAgent's CarRacing variants, Tang, Nguyen & Ha 2020); and, on
+every drive of a trained policy, frames that never arrive.
 
 ``--perturb NAME[=LEVEL]`` of ``drive carracing`` and ``expert eval`` names one (the
 default level, the valid levels):
@@ -15,6 +16,11 @@ default level, the valid levels):
   placed once per episode above the indicator bar.
 - ``domain-randomize`` (no level): gymnasium's own ``domain_randomize=True``, the road,
   background and grass colours drawn anew at every reset.
+- ``frame-drop`` (0.25; 0..0.9, a share): irregular time, ``drive carracing`` and ``drive
+  udacity`` only (the drives of a trained policy): on that share of the frames, drawn per track,
+  the policy receives nothing and its last action is repeated; the frames that arrive carry
+  their real timestamps (:mod:`~nac_drive.simulators.frame_drops`). It changes no env: the
+  driver drops the frames (:func:`frame_drops` gives it the schedule).
 
 The colour shift changes the env's own colours (``bg_color``, ``grass_color``) before each
 reset draws its first frame, so only the grass is recoloured; the bars, the noise and the
@@ -31,47 +37,62 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from nac_drive.simulators.frame_drops import MAX_SHARE, FrameDrops
+
 FRAME = 96                 # CarRacing's frame: 96 x 96 pixels
 INDICATOR_ROWS = 12        # its bottom 12 rows: the black indicator bar (5/40 of the frame)
 BLOB_RGB = (204, 0, 0)     # CarRacingBlob-v0's blob: (0.8, 0, 0)
 
-# name -> (default level, lowest, highest); None: the perturbation takes no level
-PERTURBATIONS: dict[str, tuple[int, int, int] | None] = {
+# name -> (default level, lowest, highest), integers but frame-drop's share; None: the perturbation takes no level
+PERTURBATIONS: dict[str, tuple[int, int, int] | tuple[float, float, float] | None] = {
     "colour": (-51, -255, 255),
     "side-bars": (7, 1, FRAME // 2 - 1),
     "noise": (25, 1, 255),
     "occlusion": (16, 1, FRAME - INDICATOR_ROWS),
     "domain-randomize": None,
+    "frame-drop": (0.25, 0.0, MAX_SHARE),
 }
+ENV_PERTURBATIONS = ("colour", "side-bars", "noise", "occlusion", "domain-randomize")   # CarRacing's env, any actor
+HELP = {"colour": "colour (grass shifted by LEVEL, default -51)",
+        "side-bars": "side-bars (LEVEL pixels black at both sides, 7)",
+        "noise": "noise (Gaussian std LEVEL, 25)",
+        "occlusion": "occlusion (LEVEL-pixel red patch, 16)",
+        "domain-randomize": "domain-randomize (gymnasium's, no level)",
+        "frame-drop": "frame-drop (a share LEVEL of the frames, drawn per track, never reaches the policy, which "
+                      "repeats its last action; 0.25, at most 0.9)"}
 
 
-def perturb_arg():
-    """The ``--perturb`` field of a verb's arguments (check it with :func:`check_perturb_flag`)."""
+def perturb_arg(names: tuple[str, ...] = ENV_PERTURBATIONS):
+    """The ``--perturb`` field of a verb that takes the perturbations ``names`` (check it with
+    :func:`check_perturb_flag`)."""
     from nac_drive.fields import arg
 
-    return arg(None, "drive every actor under a perturbation: colour (grass shifted by LEVEL, default -51), "
-                     "side-bars (LEVEL pixels black at both sides, 7), noise (Gaussian std LEVEL, 25), occlusion "
-                     "(LEVEL-pixel red patch, 16) or domain-randomize (gymnasium's, no level)",
-               metavar="NAME[=LEVEL]")
+    listed = [HELP[name] for name in names]
+    either = f"{', '.join(listed[:-1])} or {listed[-1]}" if len(listed) > 1 else listed[0]
+    return arg(None, f"drive under a perturbation: {either}", metavar="NAME[=LEVEL]")
 
 
-def check_perturb_flag(text: str | None) -> None:
-    """Refuse a bad ``--perturb`` in one line that names the flag."""
+def check_perturb_flag(text: str | None, names: tuple[str, ...] = ENV_PERTURBATIONS) -> None:
+    """Refuse a bad ``--perturb``, or one the verb does not take (not in ``names``), in one line
+    that names the flag."""
     if text is not None:
         try:
-            parse_perturbation(text)
+            parse_perturbation(text, names)
         except ValueError as err:
             raise ValueError(f"--perturb: {err}") from None
 
 
-def parse_perturbation(text: str) -> tuple[str, int | None]:
+def parse_perturbation(text: str, names: tuple[str, ...] = tuple(PERTURBATIONS)) -> tuple[str, int | float | None]:
     """``"side-bars=12"`` -> ``("side-bars", 12)``; ``"noise"`` -> ``("noise", 25)`` (the
-    default level); ``"domain-randomize"`` -> ``("domain-randomize", None)``. A one-line
-    ValueError names the known perturbations or the valid levels."""
+    default level); ``"domain-randomize"`` -> ``("domain-randomize", None)``;
+    ``"frame-drop=0.5"`` -> ``("frame-drop", 0.5)``. A one-line ValueError names the known
+    perturbations (of ``names``, those the caller takes) or the valid levels."""
     name, sep, level_text = str(text).partition("=")
     name = name.strip()
-    if name not in PERTURBATIONS:
-        raise ValueError(f"unknown perturbation {name!r}; known: {', '.join(PERTURBATIONS)}")
+    if name not in names:
+        if name in PERTURBATIONS:
+            raise ValueError(f"{name} does not apply here; this takes {', '.join(names)}")
+        raise ValueError(f"unknown perturbation {name!r}; known: {', '.join(names)}")
     levels = PERTURBATIONS[name]
     if levels is None:
         if sep:
@@ -80,13 +101,23 @@ def parse_perturbation(text: str) -> tuple[str, int | None]:
     default, low, high = levels
     if not sep:
         return name, default
+    number, kind = (float, "a number") if isinstance(default, float) else (int, "an integer")
     try:
-        level = int(level_text)
+        level = number(level_text)
     except ValueError:
-        raise ValueError(f"{name}: the level must be an integer in {low}..{high}, got {level_text!r}") from None
-    if not low <= level <= high:
-        raise ValueError(f"{name}: the level must be an integer in {low}..{high}, got {level}")
+        raise ValueError(f"{name}: the level must be {kind} in {low}..{high}, got {level_text!r}") from None
+    if not low <= level <= high:   # NaN fails too
+        raise ValueError(f"{name}: the level must be {kind} in {low}..{high}, got {level}")
     return name, level
+
+
+def frame_drops(text: str | None) -> FrameDrops | None:
+    """The drop schedule of a ``frame-drop`` perturbation ``text`` (for the driver); None for
+    none or another perturbation."""
+    if text is None:
+        return None
+    name, level = parse_perturbation(text)
+    return FrameDrops(level) if name == "frame-drop" else None
 
 
 def perturbation_record(text: str | None) -> dict | None:
@@ -214,6 +245,9 @@ def apply_perturbation(env: gym.Env, text: str | None) -> gym.Env:
     if text is None:
         return env
     name, level = parse_perturbation(text)
+    if name == "frame-drop":
+        raise ValueError("frame-drop changes no env: the driver drops the frames (PolicyDriver(policy, "
+                         "drops=frame_drops(text)))")
     if name == "domain-randomize":
         if not getattr(env.unwrapped, "domain_randomize", False):
             raise ValueError("domain-randomize: make the env with gymnasium's domain_randomize=True")

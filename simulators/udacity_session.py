@@ -24,7 +24,8 @@ def require_udacity_extra():
     return serve
 
 
-def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exit_on_disconnect: bool) -> int:
+def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exit_on_disconnect: bool,
+         report=None) -> int:
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
@@ -41,7 +42,7 @@ def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exi
         serve(bridge, host, port, exit_on_disconnect, ready=ready)
     finally:
         bridge.close()
-        summary = bridge.stats.summary()
+        summary = {**bridge.stats.summary(), **(report() if report is not None else {})}
         if json_out:
             print(json.dumps(summary), flush=True)
         else:
@@ -52,11 +53,12 @@ def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exi
 
 
 def drive_udacity(policy, host: str = "127.0.0.1", port: int = 4567, speed: float = 9.0,
-                  record_dir=None, json_out: bool = False, exit_on_disconnect: bool = False) -> int:
+                  record_dir=None, json_out: bool = False, exit_on_disconnect: bool = False, report=None) -> int:
     """Drive the simulator with ``policy`` (an actor: ``reset()`` + ``act(obs)``) until
-    Ctrl-C; print the summary (one JSON line with ``json_out``). Returns an exit code."""
+    Ctrl-C; print the summary (one JSON line with ``json_out``), with what ``report()``, if
+    given, adds at the end (the driver's frames dropped). Returns an exit code."""
     serve = require_udacity_extra()
-    return _run(UdacityBridge(policy, speed, record_dir), serve, host, port, json_out, exit_on_disconnect)
+    return _run(UdacityBridge(policy, speed, record_dir), serve, host, port, json_out, exit_on_disconnect, report)
 
 
 def record_udacity(out_dir, host: str = "127.0.0.1", port: int = 4567, json_out: bool = False,

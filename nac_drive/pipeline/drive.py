@@ -3,7 +3,10 @@ the headless Udacity emulator (in-process, no sockets), or serving the Udacity s
 through the bridge, optionally recording its NAC traces for the dashboard.
 
 The policy streams through ``NAC.step()`` (:class:`~nac_drive.agents.driver.PolicyDriver`);
-the latency it reports is the policy's own time per frame.
+the latency it reports is the policy's own time per frame. Under ``frame-drop`` (every drive
+here) the driver drops the frames its schedule says never arrive
+(:mod:`~nac_drive.simulators.frame_drops`) and the summary counts them (``frames_dropped``, per
+track).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import numpy as np
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
-from nac_drive.simulators.perturbations import check_perturb_flag, perturb_arg, perturbation_record
+from nac_drive.simulators.perturbations import (PERTURBATIONS, check_perturb_flag, frame_drops, perturb_arg,
+                                                perturbation_record)
 
 UDACITY_FRAMES = 1000   # frames per emulator track: ~67 s at its 15 Hz, ~270 m at 9 mph (under a lap)
 UDACITY_SPEED = 9.0     # mph: the set speed of `nac-drive drive udacity`
+CARRACING_PERTURBATIONS = tuple(PERTURBATIONS)   # the env's, and frame-drop
+UDACITY_PERTURBATIONS = ("frame-drop",)           # the others are CarRacing's pixels
 
 
 @dataclass
@@ -37,11 +43,14 @@ class DriveArgs:
                             metavar="WEBM")
     trace: str | None = arg(None, "record frames, actions, teacher actions and NAC traces to RUN_DIR/trace/ "
                                   "(RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
-    perturb: str | None = perturb_arg()
+    perturb: str | None = perturb_arg(CARRACING_PERTURBATIONS)
 
     def __post_init__(self):
         check_fields(self)
-        check_perturb_flag(self.perturb)
+        check_perturb_flag(self.perturb, CARRACING_PERTURBATIONS)
+        if self.video is not None and self.trace is not None and frame_drops(self.perturb) is not None:
+            raise ValueError("--video: under frame-drop the video shows every frame and the trace only those the "
+                             "policy saw, which the dashboard cannot pair; give --trace or --video")
 
 
 def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: bool = True,
@@ -73,8 +82,8 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
         trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
         recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
     with live_view(live, policy) as view:
-        summary = _drive_and_score(policy, PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view),
-                                   args, progress, recorded)
+        driver = PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view, drops=frame_drops(args.perturb))
+        summary = _drive_and_score(policy, driver, args, progress, recorded)
     if recorder is not None:
         recorder.metadata["laps"] = summary["laps"][:len(summary["laps"]) if recorded is None else recorded]
         recorder.save()   # the laps of the traced episodes: the dashboard's episode table shows them
@@ -96,27 +105,38 @@ def _drive_and_score(policy, driver, args: DriveArgs, progress: bool, recorded: 
     first = len(seeds) if recorded is None else recorded
     shown, scored_only = seeds[:first], seeds[first:]
     drive = partial(run_episodes, continuous=policy.config.action == "continuous", max_steps=args.max_steps,
-                    render_mode=args.render, perturb=args.perturb)
+                    render_mode=args.render, perturb=None if driver.drops is not None else args.perturb)
     results = drive(driver, shown, on_step=driver.on_step, video_path=args.video,
                     progress=progress and ("recorded episodes" if scored_only else "episodes"))
     if scored_only:
-        plain = PolicyDriver(policy)   # records nothing
+        plain = PolicyDriver(policy, drops=driver.drops)   # records nothing
         results.extend(drive(plain, scored_only, progress=progress and "other episodes"))
         driver.latencies_ms += plain.latencies_ms
+        driver.dropped += plain.dropped
     results.latencies_ms = driver.latencies_ms   # the policy's own time, without the oracle's
-    return dict(results.summary(), text=results.format())
+    summary = dict(results.summary(), text=results.format())
+    if driver.drops is not None:
+        summary["frames_dropped"] = driver.dropped
+        summary["text"] += f", {dropped_text(driver.dropped, results.lengths)}"
+    return summary
+
+
+def dropped_text(dropped: list[int], lengths: list[int]) -> str:
+    """``"1234 of 5000 frames dropped (24.7%)"``: a frame-drop drive's count, for its summary line."""
+    return f"{sum(dropped)} of {sum(lengths)} frames dropped ({100 * sum(dropped) / max(sum(lengths), 1):.1f}%)"
 
 
 def drive_checkpoint(policy_path, task: str, episodes: int, max_steps: int | None = None,
-                     progress: bool = True) -> dict:
+                     progress: bool = True, perturb: str | None = None) -> dict:
     """A checkpoint of ``task`` drives the first ``episodes`` held-out tracks (CarRacing
     900000, ...; the Udacity emulator's ``random-900000``, ...), each capped at ``max_steps``
-    frames (default: a whole CarRacing episode, :data:`UDACITY_FRAMES`); the summary of
-    :func:`drive_carracing` or :func:`drive_udacity_emulator`."""
+    frames (default: a whole CarRacing episode, :data:`UDACITY_FRAMES`), under ``perturb``
+    (``NAME[=LEVEL]``; Udacity: ``frame-drop`` only); the summary of :func:`drive_carracing` or
+    :func:`drive_udacity_emulator`."""
     if task == "udacity":
         return drive_udacity_emulator(policy_path, udacity_eval_tracks(episodes), frames=max_steps or UDACITY_FRAMES,
-                                      progress=progress)
-    return drive_carracing(DriveArgs(policy=str(policy_path), episodes=episodes, max_steps=max_steps),
+                                      progress=progress, perturb=perturb)
+    return drive_carracing(DriveArgs(policy=str(policy_path), episodes=episodes, max_steps=max_steps, perturb=perturb),
                            progress=progress)
 
 
@@ -145,7 +165,9 @@ def udacity_emulator_episodes(driver, envs: list, frames: int = UDACITY_FRAMES, 
     """``driver`` (a :class:`~nac_drive.agents.driver.PolicyDriver`) drives each env of
     :func:`udacity_emulator_env` from the start of its track for ``frames`` frames, or until
     the car leaves the road (the env terminates). It is fed what the bridge feeds it: ``{"image",
-    "timestamp" (simulated seconds), "speed" (mph), "cte" (m)}``.
+    "timestamp" (simulated seconds), "speed" (mph), "cte" (m)}``. Each env is reset with its
+    track's seed (the start is fixed; the seed is what a driver's frame-drop schedule is drawn
+    from), then the driver (``reset``, ``reset_env``).
 
     Returns per env ``track``, ``frames`` (driven), ``laps``, ``distance_m``,
     ``mean_abs_cte_m`` / ``max_abs_cte_m`` (the cross-track error of the states the car
@@ -157,10 +179,11 @@ def udacity_emulator_episodes(driver, envs: list, frames: int = UDACITY_FRAMES, 
         raise ValueError(f"frames: must be >= 1, got {frames}")
     results = []
     for env in envs:
-        track = env.unwrapped.track.spec.name
-        driver.reset_env(env)
+        spec = env.unwrapped.track.spec
+        obs, info = env.reset(seed=spec.seed)
         driver.reset()
-        obs, info = env.reset()
+        driver.reset_env(env)
+        track = spec.name
         dt, ctes, total, off_road = env.unwrapped.dt, [], 0.0, False
         for i in tqdm(range(frames), desc=track, unit="frame", disable=not progress, leave=False):
             steering = driver.act({"image": obs, "timestamp": i * dt, "speed": info["speed_mph"],
@@ -190,21 +213,25 @@ def udacity_summary(results: list[dict]) -> dict:
 
 
 def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, frames: int = UDACITY_FRAMES,
-                           trace_dir=None, speed: float = UDACITY_SPEED, progress: bool = True) -> dict:
+                           trace_dir=None, speed: float = UDACITY_SPEED, progress: bool = True,
+                           perturb: str | None = None) -> dict:
     """A Udacity policy (default: the shipped one) drives ``tracks`` (default: the first 3
     held-out ones, :func:`udacity_eval_tracks`) of the headless emulator in-process, through
     :class:`~nac_drive.agents.driver.PolicyDriver` as the bridge feeds it, the throttle from
-    the bridge's speed controller at ``speed`` mph (:func:`udacity_emulator_episodes`).
+    the bridge's speed controller at ``speed`` mph (:func:`udacity_emulator_episodes`);
+    ``perturb``: ``frame-drop[=P]`` or None.
 
     ``trace_dir``: record the run for the dashboard (``trace_dir`` or, if that exists,
     ``trace_dir-2``, ...). Returns the summary: ``tracks``, ``seeds`` (each track's), the
     figures of :func:`udacity_summary` (per track: frames driven, laps, mean |cte|,
-    off-road, ...), the policy's latency and ``trace`` (the run folder)."""
+    off-road, ...), the policy's latency, ``trace`` (the run folder) and under frame-drop
+    ``perturbation`` and ``frames_dropped`` (per track)."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.io.atomic import fresh_dir
     from nac_drive.simulators.udacity_env import ENV_ID
     from nac_drive.simulators.udacity_track import track_spec
 
+    check_perturb_flag(perturb, UDACITY_PERTURBATIONS)
     tracks = udacity_eval_tracks(3) if tracks is None else list(tracks)
     if not tracks or frames < 1:
         raise ValueError(f"tracks and frames: expected at least one track and frames >= 1, got {tracks} and {frames}")
@@ -214,7 +241,7 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     if trace_dir is not None:
         recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, ENV_ID, ["steering"])
         recorder.metadata.update(tracks=tracks, speed_mph=speed)
-    driver = PolicyDriver(policy, recorder=recorder)
+    driver = PolicyDriver(policy, recorder=recorder, drops=frame_drops(perturb))
     envs = [udacity_emulator_env(t, speed) for t in tracks]
     try:
         results = udacity_emulator_episodes(driver, envs, frames, progress)
@@ -231,6 +258,9 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     summary["text"] = (f"{len(tracks)} tracks, {sum(summary['lengths'])} frames: mean |cte| "
                        f"{summary['mean_abs_cte']:.3f} m, off the road on {sum(summary['off_road'])}, laps "
                        f"{summary['laps_finished']}, actor latency p50 {summary['latency_ms_p50']:.3f} ms")
+    if driver.drops is not None:
+        summary.update(perturbation=perturbation_record(perturb), frames_dropped=driver.dropped)
+        summary["text"] += f", {dropped_text(driver.dropped, summary['lengths'])}"
     if recorder is not None:
         summary["trace"] = str(recorder.run_dir)
     return summary
@@ -347,15 +377,19 @@ class DriveUdacityArgs:
     trace: str | None = arg(None, "record frames, steering and NAC traces to RUN_DIR/trace/ (for the dashboard; "
                                   "RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
     json: bool = arg(False, "end the summary with one line of JSON")
+    perturb: str | None = perturb_arg(UDACITY_PERTURBATIONS)
 
     def __post_init__(self):
         check_fields(self)
+        check_perturb_flag(self.perturb, UDACITY_PERTURBATIONS)
 
 
 def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None) -> int:
     """Serve the Udacity simulator with a Udacity policy (default: the shipped one) until
     Ctrl-C; ``args.trace``: also record the run for the dashboard; ``live``: show it in
-    Rerun. Returns an exit code."""
+    Rerun; under frame-drop a dropped telemetry frame is not shown to the policy and its last
+    steering is sent again (the summary adds ``perturbation`` and ``frames_dropped``, per
+    connection). Returns an exit code."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.io.atomic import fresh_dir
     from nac_drive.simulators.udacity_session import drive_udacity, require_udacity_extra
@@ -369,9 +403,11 @@ def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None
         print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
     try:
         with live_view(live, policy) as view:
-            driver = PolicyDriver(policy, recorder=recorder, live=view)
+            driver = PolicyDriver(policy, recorder=recorder, live=view, drops=frame_drops(args.perturb))
+            report = None if driver.drops is None else lambda: {"perturbation": perturbation_record(args.perturb),
+                                                                "frames_dropped": driver.dropped}
             return drive_udacity(driver, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
-                                 json_out=args.json)
+                                 json_out=args.json, report=report)
     finally:
         if recorder is not None and len(recorder):
             recorder.save()

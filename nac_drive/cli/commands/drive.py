@@ -1,7 +1,7 @@
 """``nac-drive drive``: run a trained policy closed-loop.
 
     nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--perturb NAME[=LEVEL]] [--json]
-    nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--json]
+    nac-drive drive udacity [--policy RUN/best] [--host 127.0.0.1] [--port 4567] [--speed 9] [--record DIR] [--perturb frame-drop[=P]] [--json]
 
 Either can be watched live in Rerun: ``--rerun`` starts a Rerun viewer, ``--rerun run.rrd``
 saves the recording instead (``rerun run.rrd`` opens it later), ``--rerun-serve`` serves it
@@ -14,7 +14,9 @@ traced NAC state, on a ``step`` timeline.
 CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default, in the env
 the policy learned (its ``config.json`` gas: gymnasium's discrete env, or DiscreteActions). Without
 ``--policy`` the shipped policy drives (CNN+NAC for CarRacing, PilotNet+NAC for Udacity). The policy streams through
-``NAC.step()``; the printed latency is the policy's own time per frame.
+``NAC.step()``; the printed latency is the policy's own time per frame. ``--perturb
+frame-drop=P`` (either simulator) drops a share P of the frames, drawn per track: the policy
+never sees them, the simulator steps on with its last action, and the summary counts them.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def run_carracing(namespace: argparse.Namespace) -> int:
 
     args, output = from_namespace(DriveArgs, namespace), from_namespace(JsonOutput, namespace)
     summary = drive_carracing(args, from_namespace(LiveOptions, namespace), progress=not output.json)
-    for seed, ret, n in zip(summary["seeds"], summary["returns"], summary["lengths"]):
-        print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}")
+    dropped = summary.get("frames_dropped")   # under frame-drop
+    for i, (seed, ret, n) in enumerate(zip(summary["seeds"], summary["returns"], summary["lengths"])):
+        print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}" + (f"  dropped {dropped[i]:4d}" if dropped else ""))
     print(summary.pop("text"))
     if args.trace:
         trace = summary["trace"]
