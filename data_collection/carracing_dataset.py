@@ -49,6 +49,7 @@ import torch
 
 from nac_drive.io.atomic import fsync_dir
 from nac_drive.policy.tasks import DISCRETE_GAS
+from nac_drive.simulators.frame_drops import window_frames
 
 FRAME_SHAPE = (96, 96, 3)
 PARTIAL = ".partial"   # suffix of the hidden folder a dataset is written in before it is renamed into place
@@ -605,22 +606,38 @@ class WindowDataset(torch.utils.data.Dataset):
     """Every run of ``window`` consecutive frames of every episode.
 
     Item: frames uint8 ``[W, 3, 96, 96]``, timestamps ``[W]`` (seconds, from the window's
-    first frame), actions ``[W]`` or ``[W, 3]``. Episodes shorter than the window are
-    skipped, which keeps batches rectangular. ``index[i]`` is window ``i``'s (episode, first
-    frame); :meth:`frames_of` and :meth:`labels` give its parts (validation encodes each
-    frame once, however many windows hold it).
+    first frame: the recorded ones, frame index / 50 s), actions ``[W]`` or ``[W, 3]``.
+    Episodes shorter than the window are skipped, which keeps batches rectangular.
+    ``index[i]`` is window ``i``'s (episode, first frame); :meth:`frames_of` and :meth:`labels`
+    give its parts (validation encodes each frame once, however many windows hold it).
+
+    ``frame_drop`` P > 0 (training on irregular time): each epoch (:meth:`set_epoch`) a share P
+    of every episode's frames is dropped, by the closed loop's schedule seeded with ``(seed,
+    epoch, episode)``, and window ``i`` is cut from the frames left
+    (:func:`~nac_drive.simulators.frame_drops.window_frames`): ``W`` frames that span more
+    time, with their recorded timestamps, as a policy's window does in a drive under
+    ``--perturb frame-drop=P``.
     """
 
-    def __init__(self, episodes: list[Episode], window: int):
-        self.episodes, self.window = episodes, window
+    def __init__(self, episodes: list[Episode], window: int, frame_drop: float = 0.0, seed: int = 0):
+        self.episodes, self.window, self.frame_drop, self.seed = episodes, window, frame_drop, seed
+        self.epoch = 0
         self.index = [(e, s) for e, ep in enumerate(episodes) for s in range(len(ep) - window + 1)]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Redraw the dropped frames (call once per training epoch)."""
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.index)
 
     def __getitem__(self, i: int):
+        return (self.frames_of(self.index[i][0], self.positions(i)), *self.labels(i))
+
+    def positions(self, i: int) -> np.ndarray:
+        """Window ``i``'s frames in its episode ``[W]``: consecutive, or under ``frame_drop`` those left."""
         e, s = self.index[i]
-        return (self.frames_of(e, slice(s, s + self.window)), *self.labels(i))
+        return window_frames(self.frame_drop, (self.seed, self.epoch, e), len(self.episodes[e]), s, self.window)
 
     def frames_of(self, e: int, positions: np.ndarray | slice) -> torch.Tensor:
         """Frames at ``positions`` of episode ``e``: uint8 ``[n, 3, 96, 96]``."""
@@ -628,7 +645,6 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def labels(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Window ``i``'s timestamps ``[W]`` and actions, without its frames."""
-        e, s = self.index[i]
-        ep, w = self.episodes[e], self.window
-        stamps = torch.from_numpy(ep.timestamps[s:s + w] - ep.timestamps[s]).float()
-        return stamps, torch.from_numpy(ep.actions[s:s + w])
+        ep, at = self.episodes[self.index[i][0]], self.positions(i)
+        stamps = torch.from_numpy(ep.timestamps[at] - ep.timestamps[at[0]]).float()
+        return stamps, torch.from_numpy(ep.actions[at])

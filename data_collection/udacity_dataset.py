@@ -10,7 +10,9 @@ near-duplicate neighbour in the training set.
 timestamps [W] float32 seconds from the window's first frame, steering [W] float32)``.
 Without augmentation, ``index[i]`` (segment, first row) with :meth:`~UdacityWindowDataset.frames_of`
 and :meth:`~UdacityWindowDataset.labels` give the same parts (validation encodes each frame
-once, however many windows hold it).
+once, however many windows hold it). With ``frame_drop`` the windows are cut from the frames a
+drive under ``--perturb frame-drop`` would have shown the policy, as in
+:class:`~nac_drive.data_collection.carracing_dataset.WindowDataset`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from nac_drive.data_collection.udacity_augment import AugmentConfig, WindowAugmentation, to_chw_float
 from nac_drive.policy.tasks import udacity_frame
 from nac_drive.data_collection.udacity_log import DrivingLogRow, check_images, load_rgb, read_driving_log
+from nac_drive.simulators.frame_drops import window_frames
 
 DEFAULT_FPS = 15.0  # the simulator records at about 15 Hz; used when names carry no time
 
@@ -104,14 +107,17 @@ class UdacityWindowDataset:
         augment: apply one ``WindowAugmentation`` per item (training); off for validation.
         augment_config: probabilities/ranges of the augmentations.
         seed: base seed; item i uses ``default_rng((seed, epoch, i))`` so runs are reproducible.
+        frame_drop: the share of each segment's frames dropped each epoch (the drop schedule
+            of ``(seed, epoch, segment)``); the windows are cut from the frames left.
     """
 
     def __init__(self, segments: list[Segment], window: int = 16, stride: int = 1, augment: bool = False,
-                 augment_config: AugmentConfig | None = None, seed: int = 0):
+                 augment_config: AugmentConfig | None = None, seed: int = 0, frame_drop: float = 0.0):
         if window < 1 or stride < 1:
             raise ValueError(f"window and stride must be >= 1, got window={window}, stride={stride}")
         self.segments = segments
         self.window = window
+        self.frame_drop = frame_drop
         self.augment = augment
         self.cfg = augment_config or AugmentConfig()
         self.seed = seed
@@ -121,19 +127,25 @@ class UdacityWindowDataset:
             self.index.extend((k, start) for start in range(0, len(seg.rows) - window + 1, stride))
 
     def set_epoch(self, epoch: int) -> None:
-        """Change the augmentation draws (call once per training epoch)."""
+        """Change the augmentation draws and the dropped frames (call once per training epoch)."""
         self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.index)
 
+    def positions(self, i: int) -> np.ndarray:
+        """Window ``i``'s rows in its segment ``[W]``: consecutive, or under ``frame_drop`` those left."""
+        k, start = self.index[i]
+        return window_frames(self.frame_drop, (self.seed, self.epoch, k), len(self.segments[k].rows), start,
+                             self.window)
+
     def __getitem__(self, i: int):
         import torch
 
-        k, start = self.index[i]
+        k = self.index[i][0]
         if not self.augment:
-            return (self.frames_of(k, range(start, start + self.window)), *self.labels(i))
-        rows = self.segments[k].rows[start:start + self.window]
+            return (self.frames_of(k, self.positions(i)), *self.labels(i))
+        rows = [self.segments[k].rows[p] for p in self.positions(i)]
         rng = np.random.default_rng((self.seed, self.epoch, i))
         aug = WindowAugmentation.draw(rng, self.cfg, all(r.left is not None and r.right is not None for r in rows))
         frames, steering = [], []
@@ -156,7 +168,7 @@ class UdacityWindowDataset:
         """Window ``i``'s timestamps ``[W]`` and steering ``[W]`` as recorded, without its frames."""
         import torch
 
-        k, start = self.index[i]
-        rows = self.segments[k].rows[start:start + self.window]
+        k = self.index[i][0]
+        rows = [self.segments[k].rows[p] for p in self.positions(i)]
         return _window_times(rows), torch.tensor([float(np.clip(r.steering, -1.0, 1.0)) for r in rows],
                                                  dtype=torch.float32)

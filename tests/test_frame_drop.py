@@ -2,7 +2,8 @@
 track from the documented stream, never reaches the policy; the simulator steps every frame
 with the last action; the frames that arrive carry their real timestamps; P = 0 is the plain
 drive, bit for bit; the CarRacing drive, the Udacity emulator drive and the bridge all do it;
-bad values are refused in one line."""
+training windows under ``frame_drop`` are cut from the frames left, with gaps of the right
+share; bad values are refused in one line."""
 
 import json
 import os
@@ -15,10 +16,11 @@ import pytest
 import torch
 
 from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+from nac_drive.data_collection.carracing_dataset import Episode, WindowDataset
 from nac_drive.pipeline.drive import udacity_emulator_env, udacity_emulator_episodes
 from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from nac_drive.simulators.carracing import run_episodes
-from nac_drive.simulators.frame_drops import SALT, FrameDrops
+from nac_drive.simulators.frame_drops import SALT, FrameDrops, window_frames
 from nac_drive.simulators.perturbations import (ENV_PERTURBATIONS, apply_perturbation, check_perturb_flag,
                                                 frame_drops, parse_perturbation)
 from nac_drive.simulators.udacity_bridge import UdacityBridge
@@ -186,6 +188,66 @@ def test_the_bridge_sends_the_last_steering_again_for_a_dropped_telemetry_frame(
     assert driver.dropped == [(~arrived).sum()] and bridge.stats.answered == 30
 
 
+def episodes(lengths=(300, 200), fps=50.0):
+    rng = np.random.default_rng(0)
+    return [Episode(frames=rng.integers(0, 255, (n, 96, 96, 3), dtype=np.uint8), actions=np.arange(n) % 5,
+                    rewards=np.zeros(n), timestamps=np.arange(n) / fps, seed=e, expert="test", source="test")
+            for e, n in enumerate(lengths)]
+
+
+def test_training_windows_under_drop_are_cut_from_the_frames_left_with_their_real_timestamps():
+    eps, window, share = episodes(), 8, 0.25
+    dropped = WindowDataset(eps, window, frame_drop=share, seed=5)
+    regular = WindowDataset(eps, window)
+    assert len(dropped) == len(regular)   # the same windows to sample, each cut from the frames left
+    gaps, spans, firsts = 0, 0, {}
+    for i in range(len(dropped)):
+        e, start = dropped.index[i]
+        arrived = np.flatnonzero(expected_arrivals(share, (5, 0, e), len(eps[e])))
+        at = dropped.positions(i)
+        frames, stamps, actions = dropped[i]
+        k = int(np.searchsorted(arrived, at[0]))
+        assert np.array_equal(at, arrived[k:k + window])   # consecutive frames that arrived
+        assert torch.equal(frames, torch.from_numpy(eps[e].frames[at]).permute(0, 3, 1, 2))
+        assert torch.equal(actions, torch.from_numpy(eps[e].actions[at]))
+        assert torch.allclose(stamps, torch.from_numpy((at - at[0]) / 50).float())   # real time: gaps show
+        gaps, spans = gaps + (at[-1] - at[0] - (window - 1)), spans + at[-1] - at[0]
+        firsts.setdefault(e, set()).add(k)
+    schedules = [expected_arrivals(share, (5, 0, e), len(ep)) for e, ep in enumerate(eps)]
+    realised = np.mean(~np.concatenate(schedules))   # 0.274 here (the stream's share is P over long runs)
+    assert abs(gaps / spans - realised) < 0.01   # the windows' gaps: the share of their frames that were dropped
+    for e, ks in firsts.items():   # every window of frames that arrived is drawn
+        assert ks == set(range(len(np.flatnonzero(expected_arrivals(share, (5, 0, e), len(eps[e])))) - window + 1))
+    before = [dropped.positions(i) for i in range(0, len(dropped), 7)]
+    dropped.set_epoch(1)   # redrawn each epoch
+    assert not all(np.array_equal(a, dropped.positions(i)) for a, i in zip(before, range(0, len(dropped), 7)))
+    none = WindowDataset(eps, window, frame_drop=0.0, seed=5)
+    assert all(torch.equal(a, b) for i in range(0, len(regular), 13) for a, b in zip(none[i], regular[i]))
+
+
+def test_training_feeds_the_dropped_windows_and_validation_stays_regular(tmp_path, monkeypatch):
+    from nac_drive.data_collection.carracing_dataset import write_dataset
+    from nac_drive.pipeline import train as train_module
+    from nac_drive.pipeline.train_args import TrainArgs
+    from support.demos import synthetic_episodes
+
+    write_dataset(tmp_path / "demos", "synthetic", synthetic_episodes(length=120), "CarRacing-v3", expert="bands",
+                  description="test")
+    fed = {True: [], False: []}   # the timestamps the core was given, training (True) and validation
+    outputs_from_features = DrivingPolicy.outputs_from_features
+    monkeypatch.setattr(DrivingPolicy, "outputs_from_features", lambda self, x, t, *rest: (
+        fed[self.training].append(t.clone()), outputs_from_features(self, x, t, *rest))[1])
+    args = TrainArgs(data=str(tmp_path / "demos"), out=str(tmp_path / "runs"), window=6, d_model=16, num_heads=2,
+                     topk=3, epochs=2, windows_per_epoch=96, batch_size=16, progress=False, val_fraction=0.25,
+                     frame_drop=0.5)
+    run = train_module.train(args)
+    assert run.name == "carracing__nac-exact__w6__s0__drop0.5"
+    assert json.loads((run / "train_args.json").read_text())["frame_drop"] == 0.5
+    steps = torch.cat([t.diff(dim=1) for t in fed[True]]).flatten() / 0.02   # frame periods between frames
+    assert abs(1 - 1 / steps.mean().item() - 0.5) < 0.06   # a share 0.5 of the spanned frames was dropped
+    assert fed[False] and torch.allclose(torch.cat([t.diff(dim=1) for t in fed[False]]), torch.tensor(0.02))
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nac_drive.cli", *args], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, PYTHONSAFEPATH="1"))
@@ -206,7 +268,11 @@ def test_the_drive_reports_its_dropped_frames_and_the_cli_refuses_what_cannot_ap
              "domain-randomize"),
             (["drive", "carracing", "--perturb", "frame-drop", "--trace", "/nonexistent/run", "--video", "v.webm"],
              "--video: under frame-drop the video shows every frame and the trace only those the policy saw, which "
-             "the dashboard cannot pair; give --trace or --video")):
+             "the dashboard cannot pair; give --trace or --video"),
+            (["train", "--window", "1", "--frame-drop", "0.5"], "--frame-drop: a window of one frame (--window 1) "
+                                                                 "has no time between frames for dropped frames to "
+                                                                 "stretch"),
+            (["train", "--frame-drop", "0.95"], "--frame-drop: must be <= 0.9, got 0.95")):
         refused = cli(*args)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, (args, refused.stderr[-2000:])
         assert refused.stderr.strip().splitlines()[-1].endswith(error), (args, refused.stderr[-500:])

@@ -4,7 +4,9 @@
     torchrun --nproc-per-node 2 --no-python nac-drive train --data runs/demos   # DistributedDataParallel
 
 The loss covers every position of every window (position p sees p+1 frames, like the
-first frames of an episode in closed loop). Validation uses held-out *episodes*. The
+first frames of an episode in closed loop). With ``--frame-drop P`` the training windows are
+cut from the frames left after a share P of each episode's is dropped, redrawn each epoch
+(the datasets' ``frame_drop``). Validation uses held-out *episodes*, with every frame. The
 run folder (``<out>/<run name>``, or ``<run name>-2``, ``-3``, ... when that is taken; only
 ``--resume`` writes into an existing one) holds ``best/`` (lowest validation loss;
 ``config.json`` + ``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
@@ -41,7 +43,8 @@ from nac_drive.torch_threads import available_cores, torch_threads
 
 def run_name(args: TrainArgs, task: str) -> str:
     core = f"nac-{args.mode}" if args.core == "nac" else args.core
-    return args.run_name or f"{task}__{core}__w{args.window}__s{args.seed}"
+    drop = f"__drop{args.frame_drop:g}" if args.frame_drop else ""
+    return args.run_name or f"{task}__{core}__w{args.window}__s{args.seed}{drop}"
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -110,7 +113,8 @@ def _load_carracing(args: TrainArgs, seed: int):
     frame_dt = round(float(np.median(np.diff(episodes[0].timestamps))), 6) if len(episodes[0]) > 1 else 0.02
     config = PolicyConfig(task="carracing", encoder="carracing_cnn", action="discrete" if discrete else "continuous",
                           num_outputs=5 if discrete else 3, frame_dt=frame_dt, gas=gases[0])
-    train_set, val_set = WindowDataset(train_eps, args.window), WindowDataset(val_eps, args.window)
+    train_set = WindowDataset(train_eps, args.window, frame_drop=args.frame_drop, seed=seed)
+    val_set = WindowDataset(val_eps, args.window)
     actions = np.concatenate([e.actions for e in train_eps]) if discrete else None
     return config, train_set, val_set, actions, {
         "task": "carracing", "episodes": len(episodes), "train_episodes": len(train_eps),
@@ -125,7 +129,7 @@ def _load_udacity(args: TrainArgs, seed: int):
     train_segs, val_segs = split_segments(segments, args.val_fraction, seed)
     config = PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
                           head_dropout=0.5, frame_dt=1.0 / DEFAULT_FPS)
-    train_set = UdacityWindowDataset(train_segs, args.window, augment=True, seed=seed)
+    train_set = UdacityWindowDataset(train_segs, args.window, augment=True, seed=seed, frame_drop=args.frame_drop)
     val_set = UdacityWindowDataset(val_segs, args.window, augment=False, seed=seed)
     return config, train_set, val_set, None, {
         "task": "udacity", "segments": len(segments), "train_segments": len(train_segs),
@@ -295,7 +299,7 @@ def hyperparameters(args: TrainArgs, config: PolicyConfig, world: int) -> dict:
     return {"task": config.task, "action": config.action, **architecture, "epochs": args.epochs,
             "windows_per_epoch": args.windows_per_epoch, "batch_size": args.batch_size * world, "lr": args.lr,
             "weight_decay": args.weight_decay, "class_weighting": args.class_weighting, "seed": args.seed,
-            "init_from": args.init_from or "-"}
+            "frame_drop": args.frame_drop, "init_from": args.init_from or "-"}
 
 
 CLOSED_LOOP_FILE = "closed_loop.json"   # in a run folder: how its best checkpoint drove
@@ -398,9 +402,10 @@ def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int)
     """The encoder's features of the windows ``idx`` of ``dataset`` -> {window: ``[W, feature_dim]``},
     each frame encoded once (``chunk`` frames at a time). The dataset gives ``index[i]``
     (sequence, first frame), ``window`` and ``frames_of(sequence, positions)``: the frames as
-    recorded, so an augmenting dataset is refused."""
-    if getattr(dataset, "augment", False):
-        raise ValueError("validation: the held-out windows must not be augmented (a dataset with augment=False)")
+    recorded, so an augmenting or frame-dropping dataset is refused."""
+    if getattr(dataset, "augment", False) or getattr(dataset, "frame_drop", 0):
+        raise ValueError("validation: the held-out windows must not be augmented nor frame-dropped (a dataset "
+                         "with augment=False and frame_drop=0)")
     span = np.arange(dataset.window)
     located = [dataset.index[i] for i in idx]   # each window's (sequence, first frame)
     starts: dict[int, list[int]] = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
+from nac_drive.simulators.frame_drops import MAX_SHARE
 
 CLASS_WEIGHTINGS = ("none", "balanced")
 # The architecture flags each temporal core of nac_drive.policy.cores reads besides --window and
@@ -29,11 +30,16 @@ class TrainArgs:
     data: str = arg("runs/demos", 'demonstrations: a Minari dataset folder (CarRacing) or a folder above several.')
     out: str = arg("runs/train", 'where run folders go.')
     run_name: str | None = arg(None, 'run folder name; default says what ran: '
-                                     '<task>__<core>[-<mode>]__w<window>__s<seed>.')
+                                     '<task>__<core>[-<mode>]__w<window>__s<seed>[__drop<P>].')
     core: str = arg("nac", 'temporal core: nac, lstm, gru, cfc, ltc or mha.', choices=tuple(CORE_FIELDS))
     window: int = arg(16, "frames per training window (and the policy's causal window when driving).", min=1)
     epochs: int = arg(10, 'passes over --windows-per-epoch sampled windows.', min=1)
     seed: int = arg(0, 'seeds the split, sampling, dropout and initialisation.', min=0, max=MAX_SEED)
+    frame_drop: float = arg(0.0, "train on irregular time: each epoch a share P of every training episode's "
+                                 "frames is dropped (seeded, redrawn per epoch) and the windows are cut from the "
+                                 "frames left, with their real timestamps, as a drive under --perturb "
+                                 "frame-drop=P feeds the policy; validation stays regular.", min=0, max=MAX_SHARE,
+                            metavar="P")
     init_from: str = arg("", 'start from this checkpoint folder\'s weights and architecture (fine-tuning).')
     resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
     progress: bool = arg(True, 'show a progress bar.')
@@ -71,16 +77,20 @@ class TrainArgs:
 
     def ignored(self) -> dict[str, str]:
         """The fields this run would not use, each with why: with ``init_from`` the
-        architecture (the checkpoint's is used), else what the chosen core does not read."""
+        architecture (the checkpoint's is used), else what the chosen core does not read;
+        ``frame_drop`` with one-frame windows, which have no time between frames to stretch."""
+        unused = {"frame_drop": "a window of one frame (--window 1) has no time between frames for dropped "
+                                "frames to stretch"} if self.window == 1 else {}
         if self.init_from:
-            return {name: "--init-from fine-tunes the checkpoint's own architecture (its config.json); "
-                          "leave this flag out" for name in ARCHITECTURE}
+            return {**unused, **{name: "--init-from fine-tunes the checkpoint's own architecture (its "
+                                       "config.json); leave this flag out" for name in ARCHITECTURE}}
         used = ("core", "d_model", *core_fields(self.core, self.mode))
         users = {name: " and ".join(core for core, fields in CORE_FIELDS.items() if name in fields)
                  for name in ARCHITECTURE}
-        return {name: (f"only --mode euler takes Euler steps (this run's mode: {self.mode})"
-                       if self.core == "nac" else f"the {self.core} core does not use it (only {users[name]})")
-                for name in ARCHITECTURE if name not in used}
+        return {**unused, **{name: (f"only --mode euler takes Euler steps (this run's mode: {self.mode})"
+                                    if self.core == "nac" else
+                                    f"the {self.core} core does not use it (only {users[name]})")
+                             for name in ARCHITECTURE if name not in used}}
 
 
 def core_fields(core: str, mode: str) -> tuple[str, ...]:
