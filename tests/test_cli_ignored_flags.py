@@ -150,13 +150,19 @@ def test_only_flags_given_are_refused_and_python_callers_are_not():
     with pytest.raises(ValueError, match="^--topk: the lstm core does not use it"):
         from_namespace(TrainArgs, parser.parse_args(["train", "--core", "lstm", "--topk", "8"]))
     assert "topk" in TrainArgs(core="lstm", topk=3).ignored()   # Python: said, not refused
+    for core in ("lstm", "gru", "cfc", "ltc", "mha"):   # the variants beyond the paper are the NAC's alone
+        with pytest.raises(ValueError, match=f"^--logit-variant: the {core} core does not use it"):
+            from_namespace(TrainArgs, parser.parse_args(["train", "--core", core, "--logit-variant", "scaled"]))
     assert TrainArgs(init_from="ckpt").ignored().keys() == set(ARCHITECTURE)
 
 
 def test_the_core_table_is_the_cores_and_their_config():
     from nac_drive.policy.cores import CORES, CoreConfig
 
-    assert tuple(CORE_FIELDS) == CORES
+    from nac_drive.nac.validation import LOGIT_VARIANTS
+    from nac_drive.pipeline.train_args import LOGIT_VARIANTS as FLAG_CHOICES
+
+    assert tuple(CORE_FIELDS) == CORES and FLAG_CHOICES == LOGIT_VARIANTS
     names = {f.name for f in dataclasses.fields(CoreConfig)}
     assert set(ARCHITECTURE) <= names and set(ARCHITECTURE) <= {f.name for f in dataclasses.fields(TrainArgs)}
 

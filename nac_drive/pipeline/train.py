@@ -43,6 +43,8 @@ from nac_drive.torch_threads import available_cores, torch_threads
 
 def run_name(args: TrainArgs, task: str) -> str:
     core = f"nac-{args.mode}" if args.core == "nac" else args.core
+    if args.core == "nac" and args.logit_variant != "paper":
+        core += f"-{args.logit_variant}"   # beyond the paper: the name says so
     drop = f"__drop{args.frame_drop:g}" if args.frame_drop else ""
     return args.run_name or f"{task}__{core}__w{args.window}__s{args.seed}{drop}"
 
@@ -174,7 +176,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
         raise ValueError(f"data: no episode or segment of {args.data} has {args.window} frames (--window)")
     core_cfg = CoreConfig(core=args.core, window=args.window, d_model=args.d_model, num_heads=args.num_heads,
                           topk=args.topk, mode=args.mode, select=args.select, euler_steps=args.euler_steps,
-                          sparsity=args.sparsity, seed=args.seed)
+                          sparsity=args.sparsity, logit_variant=args.logit_variant, seed=args.seed)
     config.core = core_cfg
     run_dir = Path(args.out) / run_name(args, config.task)
     if args.init_from:   # fine-tune (e.g. a DAgger round): the checkpoint's own architecture

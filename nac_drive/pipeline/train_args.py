@@ -16,9 +16,12 @@ from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.frame_drops import MAX_SHARE
 
 CLASS_WEIGHTINGS = ("none", "balanced")
+# nac_drive.nac.validation.LOGIT_VARIANTS, spelt out to keep torch out of the parser (tests/test_cli_ignored_flags.py)
+LOGIT_VARIANTS = ("paper", "scaled", "qk")
 # The architecture flags each temporal core of nac_drive.policy.cores reads besides --window and
 # --d-model (tests/test_cli_ignored_flags.py checks the cores are CORES); another core would ignore them.
-CORE_FIELDS = {"nac": ("mode", "num_heads", "topk", "select", "sparsity", "euler_steps"), "lstm": (), "gru": (), "cfc": (),
+CORE_FIELDS = {"nac": ("mode", "num_heads", "topk", "select", "sparsity", "euler_steps", "logit_variant"),
+               "lstm": (), "gru": (), "cfc": (),
                "ltc": (), "mha": ("num_heads",)}
 # What --init-from takes from its checkpoint instead (its config.json)
 ARCHITECTURE = ("core", "d_model") + CORE_FIELDS["nac"]
@@ -55,6 +58,10 @@ class TrainArgs:
                                "NAC-02s / NAC-09s ablations: 0.2 / 0.9).", min=0.1, max=0.9,
                           group=ARCHITECTURE_GROUP)
     euler_steps: int = arg(6, 'NAC Euler steps (--mode euler).', min=1, group=ARCHITECTURE_GROUP)
+    logit_variant: str = arg("paper", "NAC logits: the paper's, or beyond the paper 'scaled' (each head's logits "
+                                      "times a learned scale) or 'qk' (plus the q.k score Top-K selects by), which "
+                                      "let the attention weights differ by more than the paper's factor e.",
+                             choices=LOGIT_VARIANTS, group=ARCHITECTURE_GROUP)
     windows_per_epoch: int = arg(4096, 'windows sampled per epoch (0: all windows).', min=0, group="optimisation")
     batch_size: int = arg(32, 'windows per optimiser step (per process under torchrun).', min=1, group="optimisation")
     lr: float = arg(1e-3, 'peak learning rate (AdamW), reached after a 5% warm-up, then cosine decay.', above=0,
