@@ -189,3 +189,52 @@ def test_compare_on_udacity_recordings_gives_steering_mse_and_cross_track_error(
         loop = row["closed_loop"]
         assert loop["episodes"] == 2 and loop["mean_abs_cte"] >= 0 and "off_road_tracks" in loop
     assert "steering MSE" in (tmp_path / "cmp" / "compare.md").read_text()
+
+
+@pytest.mark.slow
+def test_compare_in_the_shipped_regime_runs_dagger_rounds_on_its_own_data_and_draws_the_curve(dataset, tmp_path,
+                                                                                              capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    before = sorted(p.relative_to(dataset) for p in dataset.rglob("*"))
+    out = tmp_path / "cmp"
+    code, printed = run_cli(["compare", "--data", str(dataset), "--out", str(out), "--variants", "gru", "--seeds", "0",
+                             "--episodes", "1", "--max-steps", "25", "--dagger-rounds", "2", "--dagger-episodes", "1",
+                             "--dagger-epochs", "1", "--dagger-windows-per-epoch", "32", "--curve-episodes", "1",
+                             "--frame-drops", "0", "0.5", "--json", *TINY], capsys)
+    assert code == 0
+    report = json.loads(printed.strip().splitlines()[-1])
+    assert sorted(p.relative_to(dataset) for p in dataset.rglob("*")) == before   # the shared demos untouched
+    data = out / "runs" / "gru__s0-data"
+    linked = next(p for p in dataset.rglob("*.hdf5"))
+    assert (data / linked.relative_to(dataset)).stat().st_ino == linked.stat().st_ino   # hard-linked, not copied
+    assert {p.parents[2].name for p in data.rglob("main_data.hdf5")} >= {"dagger-r0-s0", "dagger-r1-s0"}
+    result = json.loads((out / "results" / "gru__s0.json").read_text())
+    assert result["run_dir"].endswith("gru__s0-dagger-r1")   # the last round's checkpoint drove
+    assert json.loads((out / "runs" / "gru__s0-dagger-r1" / "closed_loop.json").read_text())["seeds"] == [900000]
+    curve = result["curve"]
+    assert [p["stage"] for p in curve] == ["behaviour cloning", "dagger round 0", "dagger round 1"]
+    from nac_drive.data_collection.carracing_dataset import load_episodes
+
+    demo_frames = sum(len(ep) for ep in load_episodes(dataset))
+    assert [p["frames"] for p in curve] == [demo_frames, demo_frames + 25, demo_frames + 50]   # one 25-frame episode a round
+    events = EventAccumulator(str(out / "runs" / "gru__s0-curve" / "tensorboard"))
+    events.Reload()
+    assert [(s.step, s.value) for s in events.Scalars("closed_loop/mean_return")] == [
+        (p["frames"], pytest.approx(p["mean_return"])) for p in curve]
+    assert report["variants"][0]["curve"][2]["frames"] == demo_frames + 50
+    dropped = result["frame_drops"]["0.5"]   # the same track again, half its frames never reaching the policy
+    assert dropped["seeds"] == [900000] and dropped["lengths"] == [25] and 5 < sum(dropped["frames_dropped"]) < 20
+    assert report["variants"][0]["frame_drops"]["0.5"]["episodes"] == 1 and "frame-drop 0.5" in printed
+    assert "learning curve" in printed and "2 DAgger rounds" in printed
+
+
+def test_the_dagger_regime_is_refused_on_udacity_and_its_flags_without_rounds(tmp_path, capsys):
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "driving_log.csv").write_text("")
+    with pytest.raises(ValueError, match="--dagger-rounds: DAgger needs an oracle"):
+        from nac_drive.pipeline.compare import compare
+        compare(CompareArgs(data=str(tmp_path / "rec"), dagger_rounds=1))
+    assert "oracle" in CompareArgs(data="x").ignored() and "oracle" not in CompareArgs(data="x", dagger_rounds=1).ignored()
+    assert main(["compare", "--data", "x", "--curve-episodes", "3"]) == 2
+    assert "--curve-episodes: only with --dagger-rounds > 0" in capsys.readouterr().err

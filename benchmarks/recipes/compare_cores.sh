@@ -26,8 +26,9 @@ CAR="$OUT/carracing-demos"
 UDA="$OUT/udacity-data"
 
 nac-drive collect carracing --expert teacher-discrete --episodes 20 --out "$CAR"
+V="nac-exact nac-euler nac-steady nac-pw nac-2k nac-02s nac-09s lstm gru cfc ltc mha"   # the variants §11 reports
 nac-drive compare --data "$CAR" --out "$OUT/compare-carracing" --epochs 5 --windows-per-epoch 4096 \
-  --episodes 20 --workers 2 --json
+  --episodes 20 --workers 2 --variants $V --json
 
 for track in gentle lakeside canyon; do
   nac-drive collect udacity --driver scripted --out "$UDA/$track" --track "$track" --frames 1000 --seed 1
@@ -37,4 +38,4 @@ for track in random-11 random-12 random-13 random-14; do
     --noise 0.5
 done
 nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --epochs 4 --windows-per-epoch 2048 \
-  --episodes 5 --max-steps 2700 --workers 2 --json
+  --episodes 5 --max-steps 2700 --workers 2 --variants $V --json

@@ -20,8 +20,8 @@ import sys
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
 # Verb modules under nac_drive.cli.commands, in the order --help lists them.
-COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "compare", "drive", "export", "saliency", "explain",
-                       "dashboard", "expert", "sim"]
+COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "tune", "compare", "drive", "export", "saliency",
+                       "explain", "dashboard", "expert", "sim"]
 
 
 def build_parser() -> argparse.ArgumentParser:

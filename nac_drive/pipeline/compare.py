@@ -7,15 +7,23 @@ Every variant trains on the same demonstrations with the same budget, encoder, h
 seeds (``train``), then its best checkpoint drives the same held-out tracks
 (``train --eval-episodes``). The variants are the NAC's modes and the paper's ablations
 that apply to this layer (§4 of its appendix: Top-K 2 and all pairs, NAC-PW; wiring
-sparsity 0.2 and 0.9; the NAC-FC ablations replace the NCP gates and do not) beside the
-baselines. NAC-PW differs from the exact mode only where a window holds more keys than Top-K
+sparsity 0.2 and 0.9; the NAC-FC ablations replace the NCP gates and do not), two variants
+beyond the paper that let its weights attend (``nac-scaled``, ``nac-qk``: ``train
+--logit-variant``) and the baselines. ``--tuned`` trains each variant with the
+hyper-parameters ``nac-drive tune`` chose for it. NAC-PW differs from the exact mode only where a window holds more keys than Top-K
 (8): both together need ``--window`` above it. Per variant, over its seeds:
 
 * offline, the paper's metric: held-out action accuracy (CarRacing) or steering MSE
   (Udacity) of the best checkpoint, the mean and its 95% t-interval over seeds;
 * closed loop, every episode of every seed pooled: the mean return with its 95%
   bootstrap interval, the worst episode and the success rate (CarRacing), or the mean
-  |cross-track error| and the laps finished (Udacity emulator), and each seed's mean.
+  |cross-track error| and the laps finished (Udacity emulator), and each seed's mean;
+  ``--frame-drops 0 0.25 0.5`` drives the same tracks again with those shares of the frames
+  never reaching the policy (irregular time, ``--perturb frame-drop=P``).
+
+``--dagger-rounds R`` trains in the regime the shipped policy was made in: behaviour
+cloning, then R DAgger rounds (the same oracle and random-action bursts for every variant),
+with ``--curve-episodes`` a learning curve (held-out return against demonstration frames).
 
 Results go to ``OUT/compare.json`` and ``OUT/compare.md``; each (variant, seed) keeps its
 run folder under ``OUT/runs`` and its result in ``OUT/results``, so a killed comparison
@@ -35,21 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
+from nac_drive.pipeline.variants import VARIANTS, read_tuned
 from nac_drive.torch_threads import check_workers
 
-# Each variant: the train arguments it sets (the rest are the comparison's, the same for all).
-VARIANTS: dict[str, dict[str, Any]] = {
-    "nac-exact": {"core": "nac", "mode": "exact"},
-    "nac-euler": {"core": "nac", "mode": "euler"},
-    "nac-steady": {"core": "nac", "mode": "steady"},
-    "nac-pw": {"core": "nac", "select": "all"},          # every key of the window, no Top-K
-    "nac-2k": {"core": "nac", "topk": 2},
-    "nac-02s": {"core": "nac", "sparsity": 0.2},
-    "nac-09s": {"core": "nac", "sparsity": 0.9},
-    "lstm": {"core": "lstm"}, "gru": {"core": "gru"}, "cfc": {"core": "cfc"}, "ltc": {"core": "ltc"},
-    "mha": {"core": "mha"},
-}
 RESULTS, RUNS = "results", "runs"           # folders inside OUT
+DAGGER = "the shipped regime: DAgger rounds after behaviour cloning"   # --help group
+DAGGER_FIELDS = ("dagger_episodes", "oracle", "disturb_rate", "disturb_frames", "dagger_epochs",
+                 "dagger_windows_per_epoch", "dagger_lr", "curve_episodes")
 REPORT_JSON, REPORT_MD = "compare.json", "compare.md"
 
 
@@ -64,6 +64,9 @@ class CompareArgs:
     episodes: int = arg(20, "held-out tracks each trained policy drives (0: offline metrics only)",
                         min=0, max=MAX_EPISODES)
     max_steps: int | None = arg(None, "cap each closed-loop episode (frames; default: a whole episode)", min=1)
+    frame_drops: list[float] = arg([0.0], "irregular time: the closed loop is driven once per share P of frames "
+                                          "dropped (--perturb frame-drop=P; e.g. 0 0.25 0.5), on the same tracks",
+                                   min=0, max=0.9, metavar="P")
     progress: bool = arg(True, "show progress bars")
     workers: int = arg(1, "runs trained and driven at once, one process each with one torch thread (at most the "
                           "cores; 1: one run after another, training on every core)", min=1)
@@ -71,14 +74,36 @@ class CompareArgs:
     epochs: int = arg(10, "training epochs of every run", min=1, group="budget")
     windows_per_epoch: int = arg(4096, "windows sampled per epoch", min=0, group="budget")
     d_model: int = arg(64, "core width of every variant", min=1, group="budget")
+    dagger_rounds: int = arg(0, "DAgger rounds after behaviour cloning, as the shipped policy was made (0: behaviour "
+                                "cloning alone); CarRacing only", min=0, group=DAGGER)
+    dagger_episodes: int = arg(4, "student episodes per DAgger round", min=1, max=MAX_EPISODES, group=DAGGER)
+    oracle: str = arg("teacher", "who labels the DAgger rounds: 'teacher', 'ppo' or a PPO expert zip (dagger "
+                                 "--oracle)", group=DAGGER)
+    disturb_rate: float = arg(0.02, "random-action bursts in the DAgger rounds (dagger --disturb-rate)", min=0, max=1,
+                              group=DAGGER)
+    disturb_frames: int = arg(8, "frames per burst (dagger --disturb-frames)", min=1, group=DAGGER)
+    dagger_epochs: int = arg(3, "fine-tuning epochs after each round", min=1, group=DAGGER)
+    dagger_windows_per_epoch: int = arg(3072, "fine-tuning windows per epoch", min=0, group=DAGGER)
+    dagger_lr: float = arg(2e-4, "fine-tuning peak learning rate", above=0, group=DAGGER)
+    curve_episodes: int = arg(0, "held-out tracks the policy after behaviour cloning and after each round drives, for "
+                                 "the learning curve (return against demonstration frames; 0: none)", min=0,
+                              max=MAX_EPISODES, group=DAGGER)
+    tuned: str | None = arg(None, "nac-drive tune's folder: each variant trains with TUNED/<variant>/best.json's "
+                                  "values (a tuned d_model replaces --d-model); every variant must have one",
+                            metavar="TUNED")
 
     def __post_init__(self):
         check_fields(self)
-        for name in ("variants", "seeds"):
+        for name in ("variants", "seeds", "frame_drops"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"--{name}: at least one, each once; got {values}")
         check_workers(self.workers)
+        if self.tuned is not None:
+            missing = [v for v in self.variants if not (Path(self.tuned) / v / "best.json").is_file()]
+            if missing:
+                raise ValueError(f"--tuned {self.tuned}: no best.json for {', '.join(missing)} (run nac-drive tune "
+                                 f"--variant V --out {self.tuned} for each)")
         from nac_drive.pipeline.train_args import TrainArgs
 
         topk = TrainArgs.topk   # the dataclass default: what nac-exact keeps per query
@@ -88,7 +113,12 @@ class CompareArgs:
 
     def ignored(self) -> dict[str, str]:
         """The fields this comparison would not use, each with why."""
-        return {"max_steps": "only with --episodes > 0 (closed-loop episodes to cap)"} if self.episodes == 0 else {}
+        unused = {"max_steps": "only with --episodes > 0 (closed-loop episodes to cap)"} if self.episodes == 0 else {}
+        if self.dagger_rounds == 0:
+            unused.update({name: "only with --dagger-rounds > 0" for name in DAGGER_FIELDS})
+        elif self.disturb_rate == 0:
+            unused["disturb_frames"] = "only with --disturb-rate > 0 (no bursts without it)"
+        return unused
 
 
 @dataclass
@@ -104,6 +134,8 @@ class RunResult:
     val_mse: float | None                 # Udacity steering (the loss)
     closed_loop: dict | None = field(default=None)
     budget: dict | None = field(default=None)   # what every run of the comparison shares (:func:`shared_budget`)
+    curve: list | None = field(default=None)    # [{"frames", "stage", and the drive's figures}] (--curve-episodes)
+    frame_drops: dict | None = field(default=None)   # {"0.25": the drive under frame-drop=0.25, ...} (P > 0)
 
 
 def shared_budget(args: CompareArgs) -> dict:
@@ -111,13 +143,27 @@ def shared_budget(args: CompareArgs) -> dict:
     budget of training and driving."""
     return {"data": str(Path(args.data).resolve()), "window": args.window, "epochs": args.epochs,
             "windows_per_epoch": args.windows_per_epoch, "d_model": args.d_model, "episodes": args.episodes,
-            "max_steps": args.max_steps}
+            "max_steps": args.max_steps, **({"tuned": str(Path(args.tuned).resolve())} if args.tuned else {}),
+            **({"frame_drops": args.frame_drops} if args.frame_drops != [0.0] else {}),
+            **({"dagger_rounds": args.dagger_rounds, **{name: getattr(args, name) for name in DAGGER_FIELDS}}
+               if args.dagger_rounds else {})}
+
+
+def variant_settings(args: CompareArgs, variant: str) -> dict[str, Any]:
+    """The training arguments that make ``variant``: its own (:data:`VARIANTS`), or with
+    ``args.tuned`` its tuned ones (:func:`~nac_drive.pipeline.tune.read_tuned`)."""
+    if args.tuned is None:
+        return {"d_model": args.d_model, **VARIANTS[variant]}
+    return {"d_model": args.d_model, **read_tuned(Path(args.tuned) / variant / "best.json", variant)}
 
 
 def compare(args: CompareArgs) -> dict:
     """Train and drive every (variant, seed) not done yet; the comparison (also written to
     ``OUT/compare.json`` and ``OUT/compare.md``)."""
     out = Path(args.out)
+    if args.dagger_rounds and Path(args.data).is_dir() and any(Path(args.data).rglob("driving_log.csv")):
+        raise ValueError("--dagger-rounds: DAgger needs an oracle that labels the states a student reaches, which "
+                         "CarRacing has (the teacher, the PPO expert) and Udacity recordings do not")
     jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
     finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
     todo = [job for job in jobs if finished[job] is None]
@@ -127,6 +173,9 @@ def compare(args: CompareArgs) -> dict:
         finished.update({job: _result(args, out, job) for job in todo})
     results = [finished[job] for job in jobs]
     report = {"data": args.data, "seeds": args.seeds, "episodes": args.episodes, "max_steps": args.max_steps,
+              "tuned": args.tuned, "dagger": ({"dagger_rounds": args.dagger_rounds,
+                                                **{name: getattr(args, name) for name in DAGGER_FIELDS}}
+                                               if args.dagger_rounds else None),
               "budget": {"window": args.window, "epochs": args.epochs, "windows_per_epoch": args.windows_per_epoch,
                          "d_model": args.d_model},
               "task": results[0].task,
@@ -178,23 +227,93 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
     path = out / RESULTS / f"{variant}__s{seed}.json"
     run_dir = train(TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed,
                               window=args.window, epochs=args.epochs, windows_per_epoch=args.windows_per_epoch,
-                              d_model=args.d_model, eval_episodes=0, progress=args.progress, **VARIANTS[variant]),
+                              eval_episodes=0, progress=args.progress, **variant_settings(args, variant)),
                     threads=threads)
     best = _best_row(run_dir / "metrics.csv")
     task = json.loads((run_dir / "train_args.json").read_text())["data_info"]["task"]
-    closed_loop = None
+    final, curve = run_dir / "best", None
+    if args.dagger_rounds:
+        final, curve = _dagger_rounds(args, out, variant, seed, run_dir, threads)
+    closed_loop, dropped = None, {}
     if args.episodes:
         from nac_drive.pipeline.drive import drive_checkpoint
         from nac_drive.pipeline.train import record_closed_loop
 
-        closed_loop = record_closed_loop(run_dir, drive_checkpoint(run_dir / "best", task, args.episodes,
-                                                                   args.max_steps, args.progress))
+        for share in args.frame_drops:
+            drive = drive_checkpoint(final, task, args.episodes, args.max_steps, args.progress,
+                                     perturb=f"frame-drop={share:g}" if share else None)
+            if share:
+                dropped[f"{share:g}"] = {k: v for k, v in drive.items() if k != "text"}
+            else:
+                closed_loop = record_closed_loop(final.parent, drive)
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = RunResult(variant, seed, str(run_dir), task, best["val_loss"],
+    result = RunResult(variant, seed, str(final.parent), task, best["val_loss"],
                        best["val_accuracy"] if task == "carracing" else None,
-                       best["val_loss"] if task == "udacity" else None, closed_loop, shared_budget(args))
+                       best["val_loss"] if task == "udacity" else None, closed_loop, shared_budget(args), curve,
+                       dropped or None)
     write_json(path, vars(result))
     return result
+
+
+def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run: Path,
+                   threads: int | None) -> tuple[Path, list | None]:
+    """``args.dagger_rounds`` of DAgger from the behaviour-cloned ``bc_run``, on a data folder of
+    the run's own (the demonstrations hard-linked, the rounds' datasets added); the final
+    checkpoint, and with ``curve_episodes`` the learning curve: after behaviour cloning and
+    after each round, the demonstration frames so far and that checkpoint's held-out drive
+    (also TensorBoard ``closed_loop/`` scalars stepped by frames, ``OUT/runs/<run>-curve``)."""
+    import shutil
+
+    from nac_drive.data_collection.carracing_dataset import load_episodes
+    from nac_drive.io.run_log import log_closed_loop
+    from nac_drive.pipeline.dagger import DaggerArgs, dagger
+    from nac_drive.pipeline.drive import drive_checkpoint
+    from nac_drive.pipeline.train_args import TrainArgs
+
+    name = f"{variant}__s{seed}"
+    data = out / RUNS / f"{name}-data"
+    shutil.rmtree(data, ignore_errors=True)   # a killed attempt's rounds: this one starts them again
+    link_tree(Path(args.data), data)
+    frames = sum(len(episode) for episode in load_episodes(args.data))
+    curve = []
+
+    def point(stage: str, checkpoint: Path) -> None:
+        if args.curve_episodes:
+            drive = drive_checkpoint(checkpoint, "carracing", args.curve_episodes, args.max_steps, progress=False)
+            curve.append({"stage": stage, "frames": frames, "checkpoint": str(checkpoint),
+                          **{k: drive[k] for k in ("mean_return", "returns", "laps_finished")}})
+            log_closed_loop(out / RUNS / f"{name}-curve", drive, step=frames)
+
+    def on_round(r: int, checkpoint: Path, results) -> None:
+        nonlocal frames
+        frames += sum(results.lengths)
+        point(f"dagger round {r}", checkpoint)
+
+    point("behaviour cloning", bc_run / "best")
+    final = dagger(DaggerArgs(policy=str(bc_run / "best"), rounds=args.dagger_rounds, episodes=args.dagger_episodes,
+                              max_steps=args.max_steps, disturb_rate=args.disturb_rate,
+                              disturb_frames=args.disturb_frames, workers=1, oracle=args.oracle),
+                   TrainArgs(data=str(data), out=str(out / RUNS), run_name=f"{name}-dagger", seed=seed,
+                             window=args.window, epochs=args.dagger_epochs,
+                             windows_per_epoch=args.dagger_windows_per_epoch, lr=args.dagger_lr,
+                             progress=args.progress), threads=threads, on_round=on_round)
+    return final, curve if args.curve_episodes else None
+
+
+def link_tree(source: Path, target: Path) -> None:
+    """Every file under ``source`` at the same place under ``target``, hard-linked (no copy;
+    datasets are never rewritten in place), or copied where a link cannot be made."""
+    import os
+    import shutil
+
+    for path in source.rglob("*"):
+        if path.is_file():
+            to = target / path.relative_to(source)
+            to.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, to)
+            except OSError:   # another file system, or one without hard links
+                shutil.copy2(path, to)
 
 
 def _read_result(path: Path) -> RunResult:
@@ -229,9 +348,8 @@ def t_interval(values: list[float]) -> list[float] | None:
 
 
 def summarise(variant: str, runs: list[RunResult]) -> dict:
-    """One variant's row: the offline metric over seeds, the closed loop over every episode."""
-    from nac_drive.simulators.episode_stats import mean_interval, return_stats
-
+    """One variant's row: the offline metric over seeds, the closed loop over every episode
+    (and under each frame-drop share, ``frame_drops``), the learning curve's mean over seeds."""
     task = runs[0].task
     metric = "val_accuracy" if task == "carracing" else "val_mse"
     offline = [getattr(r, metric) for r in runs]
@@ -239,17 +357,48 @@ def summarise(variant: str, runs: list[RunResult]) -> dict:
                            "runs": [r.run_dir for r in runs], "metric": metric,
                            metric: float(sum(offline) / len(offline)), f"{metric}_ci95": t_interval(offline),
                            f"{metric}_per_seed": offline}
+    curves = [r.curve for r in runs if r.curve]
+    if curves and all(len(c) == len(curves[0]) for c in curves):   # a stage's mean over seeds
+        row["curve"] = [{"stage": points[0]["stage"], "frames": sum(p["frames"] for p in points) / len(points),
+                         "mean_return": sum(p["mean_return"] for p in points) / len(points)}
+                        for points in zip(*curves)]
+    for share in sorted({share for r in runs for share in (r.frame_drops or {})}, key=float):
+        drops = [r.frame_drops[share] for r in runs if share in (r.frame_drops or {})]
+        row.setdefault("frame_drops", {})[share] = _pooled(drops, task)
     drives = [r.closed_loop for r in runs if r.closed_loop]
     if drives:
-        returns = [x for d in drives for x in d["returns"]]
-        row["closed_loop"] = {**return_stats(returns), "laps_finished": sum(d["laps_finished"] for d in drives),
-                              "mean_return_per_seed": [round(d["mean_return"], 2) for d in drives]}
-        if task == "udacity":
-            cte = [x for d in drives for x in d["mean_abs_cte_m"]]
-            row["closed_loop"].update(mean_abs_cte=float(sum(cte) / len(cte)),
-                                      mean_abs_cte_ci95=list(mean_interval(cte)) if len(cte) > 1 else None,
-                                      off_road_tracks=sum(d["off_road_tracks"] for d in drives))
+        row["closed_loop"] = _pooled(drives, task)
     return row
+
+
+def _pooled(drives: list[dict], task: str) -> dict:
+    """Every episode of several seeds' drives pooled: the return statistics, the laps, each
+    seed's mean return, and on Udacity the mean |cte| with its interval and the tracks left."""
+    from nac_drive.simulators.episode_stats import mean_interval, return_stats
+
+    returns = [x for d in drives for x in d["returns"]]
+    pooled = {**return_stats(returns), "laps_finished": sum(d["laps_finished"] for d in drives),
+              "mean_return_per_seed": [round(d["mean_return"], 2) for d in drives]}
+    if task == "udacity":
+        cte = [x for d in drives for x in d["mean_abs_cte_m"]]
+        pooled.update(mean_abs_cte=float(sum(cte) / len(cte)),
+                      mean_abs_cte_ci95=list(mean_interval(cte)) if len(cte) > 1 else None,
+                      off_road_tracks=sum(d["off_road_tracks"] for d in drives))
+    return pooled
+
+
+def _loop_cell(loop: dict | None, udacity: bool) -> str:
+    """A pooled closed loop (:func:`_pooled`) in one table cell."""
+    if loop is None:
+        return "-"
+    episodes = loop["episodes"]
+    if udacity:
+        ci = loop["mean_abs_cte_ci95"]
+        return (f"{loop['mean_abs_cte']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+                + f" / {loop['off_road_tracks']}/{episodes} / {loop['laps_finished']}/{episodes}")
+    ci = loop["mean_ci95"]
+    return (f"{loop['mean_return']:.1f}" + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+            + f" / {loop['worst_return']:.1f} / {loop['successes']}/{episodes}")
 
 
 def markdown_table(report: dict) -> str:
@@ -257,30 +406,38 @@ def markdown_table(report: dict) -> str:
     udacity = report["task"] == "udacity"
     offline = "steering MSE (held out)" if udacity else "action accuracy (held out)"
     drive = "mean abs CTE m [95% CI] / off-road / laps" if udacity else "return [95% CI] / worst / success"
-    lines = [f"| variant | {offline} [95% CI over seeds] | closed loop: {drive} | per-seed mean return |",
-             "|---|---|---|---|"]
+    shares = sorted({share for row in report["variants"] for share in row.get("frame_drops", {})}, key=float)
+    lines = [f"| variant | {offline} [95% CI over seeds] | closed loop: {drive} | "
+             + "".join(f"frame-drop {share}: the same | " for share in shares) + "per-seed mean return |",
+             "|---" * (4 + len(shares)) + "|"]
     for row in report["variants"]:
         metric = row["metric"]
         ci = row[f"{metric}_ci95"]
         cells = [row["variant"], f"{row[metric]:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")]
         loop = row.get("closed_loop")
-        if loop is None:
-            cells += ["-", "-"]
-        else:
-            episodes = loop["episodes"]
-            if udacity:
-                ci = loop["mean_abs_cte_ci95"]
-                cells.append(f"{loop['mean_abs_cte']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-                             + f" / {loop['off_road_tracks']}/{episodes} / {loop['laps_finished']}/{episodes}")
-            else:
-                ci = loop["mean_ci95"]
-                cells.append(f"{loop['mean_return']:.1f}" + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
-                             + f" / {loop['worst_return']:.1f} / {loop['successes']}/{episodes}")
-            cells.append(", ".join(f"{x:.1f}" for x in loop["mean_return_per_seed"]))
+        cells.append(_loop_cell(loop, udacity))
+        cells += [_loop_cell(row.get("frame_drops", {}).get(share), udacity) for share in shares]
+        cells.append("-" if loop is None else ", ".join(f"{x:.1f}" for x in loop["mean_return_per_seed"]))
         lines.append("| " + " | ".join(cells) + " |")
     budget = report["budget"]
+    if report.get("dagger"):
+        dagger = report["dagger"]
+        lines.append(f"\nEach seed: behaviour cloning, then {dagger['dagger_rounds']} DAgger rounds of "
+                     f"{dagger['dagger_episodes']} episodes ({dagger['oracle']} labels; bursts {dagger['disturb_rate']}"
+                     f" x {dagger['disturb_frames']} frames), each fine-tuned {dagger['dagger_epochs']} x "
+                     f"{dagger['dagger_windows_per_epoch']} windows at lr {dagger['dagger_lr']:g}; the closed loop "
+                     f"drives the last round's best checkpoint, the offline metric is behaviour cloning's.")
+    curved = [row for row in report["variants"] if row.get("curve")]
+    if curved:
+        stages = curved[0]["curve"]
+        lines += ["", "| learning curve: mean return (demonstration frames) | "
+                  + " | ".join(point["stage"] for point in stages) + " |", "|---" * (len(stages) + 1) + "|"]
+        lines += ["| " + row["variant"] + " | " + " | ".join(f"{p['mean_return']:.1f} ({p['frames']:.0f})"
+                                                            for p in row["curve"]) + " |" for row in curved]
     lines.append(f"\n{len(report['seeds'])} seeds ({', '.join(map(str, report['seeds']))}) per variant; "
                  f"{budget['epochs']} epochs x {budget['windows_per_epoch']} windows of {budget['window']} frames, "
                  f"d_model {budget['d_model']}; closed loop: {report['episodes']} held-out tracks per seed"
-                 + (f", {report['max_steps']} frames each" if report["max_steps"] else "") + ".")
+                 + (f", {report['max_steps']} frames each" if report["max_steps"] else "") + "."
+                 + (f" Hyper-parameters of each variant from nac-drive tune ({report['tuned']}; a tuned d_model "
+                    f"replaces the budget's)." if report.get("tuned") else ""))
     return "\n".join(lines)

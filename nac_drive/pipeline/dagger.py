@@ -60,7 +60,7 @@ class DaggerArgs:
         return {} if self.disturb_rate else {"disturb_frames": "only with --disturb-rate > 0 (no bursts without it)"}
 
 
-def dagger(args: DaggerArgs, fine_tune: TrainArgs) -> Path:
+def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, on_round=None) -> Path:
     """Run ``args.rounds`` of DAgger from ``args.policy``; returns the final checkpoint folder.
 
     Each round's dataset goes into ``fine_tune.data`` (its tracks picked by ``fine_tune.seed``),
@@ -69,7 +69,10 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs) -> Path:
     env in :class:`ActionBursts` (the chance per undisturbed frame that a
     ``disturb_frames``-frame burst of one random action starts). ``oracle``: who labels, see
     :func:`make_oracle`. Each round's tracks are driven in ``workers`` processes (default:
-    one per core), one shard of the round's dataset each.
+    one per core), one shard of the round's dataset each. ``threads``: the fine-tuning's torch
+    threads (:func:`~nac_drive.pipeline.train.train`'s). ``on_round(r, checkpoint, results)``,
+    if given, is called after each round with its fine-tuned checkpoint and the student's
+    EpisodeResults of that round's drive (the frames it added).
     """
     from nac_drive.agents.driver import load_driving_policy
     from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
@@ -98,9 +101,11 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs) -> Path:
                               description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled{bursts}")
         print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
         run_dir = train(dataclasses.replace(fine_tune, init_from=str(policy_path),
-                                            run_name=f"{fine_tune.run_name or 'dagger'}-r{r}"))
+                                            run_name=f"{fine_tune.run_name or 'dagger'}-r{r}"), threads=threads)
         log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
         policy_path = run_dir / "best"
+        if on_round is not None:
+            on_round(r, policy_path, results)
     return policy_path
 
 

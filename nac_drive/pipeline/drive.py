@@ -127,17 +127,17 @@ def dropped_text(dropped: list[int], lengths: list[int]) -> str:
 
 
 def drive_checkpoint(policy_path, task: str, episodes: int, max_steps: int | None = None,
-                     progress: bool = True, perturb: str | None = None) -> dict:
-    """A checkpoint of ``task`` drives the first ``episodes`` held-out tracks (CarRacing
-    900000, ...; the Udacity emulator's ``random-900000``, ...), each capped at ``max_steps``
-    frames (default: a whole CarRacing episode, :data:`UDACITY_FRAMES`), under ``perturb``
-    (``NAME[=LEVEL]``; Udacity: ``frame-drop`` only); the summary of :func:`drive_carracing` or
-    :func:`drive_udacity_emulator`."""
+                     progress: bool = True, perturb: str | None = None, seed_base: int = EVAL_SEED_BASE) -> dict:
+    """A checkpoint of ``task`` drives the first ``episodes`` tracks from ``seed_base`` (by
+    default the held-out ones: CarRacing 900000, ...; the Udacity emulator's ``random-900000``,
+    ...), each capped at ``max_steps`` frames (default: a whole CarRacing episode,
+    :data:`UDACITY_FRAMES`), under ``perturb`` (``NAME[=LEVEL]``; Udacity: ``frame-drop``
+    only); the summary of :func:`drive_carracing` or :func:`drive_udacity_emulator`."""
     if task == "udacity":
-        return drive_udacity_emulator(policy_path, udacity_eval_tracks(episodes), frames=max_steps or UDACITY_FRAMES,
-                                      progress=progress, perturb=perturb)
-    return drive_carracing(DriveArgs(policy=str(policy_path), episodes=episodes, max_steps=max_steps, perturb=perturb),
-                           progress=progress)
+        return drive_udacity_emulator(policy_path, udacity_eval_tracks(episodes, seed_base),
+                                      frames=max_steps or UDACITY_FRAMES, progress=progress, perturb=perturb)
+    return drive_carracing(DriveArgs(policy=str(policy_path), episodes=episodes, max_steps=max_steps, perturb=perturb,
+                                     seed_base=seed_base), progress=progress)
 
 
 def udacity_eval_tracks(n: int, base: int = EVAL_SEED_BASE) -> list[str]:

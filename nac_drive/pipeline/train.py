@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import math
 import os
 import time
@@ -155,10 +156,15 @@ def _distributed() -> tuple[int, int, bool]:
 def train(args: TrainArgs, threads: int | None = None) -> Path:
     """Train; returns the run folder. Works alone or under torchrun (gloo on CPU).
 
-    ``threads``: torch threads; by default every core alone (a batch of 512 frames is big
+    ``args.tuned``: a ``best.json`` of :func:`~nac_drive.pipeline.tune.tune` whose values replace
+    those fields. ``threads``: torch threads; by default every core alone (a batch of 512 frames is big
     enough to share), one under torchrun, where the processes share the cores (as do the
     workers of ``compare --workers``, which pass one). The caller's count is back afterwards.
     """
+    if args.tuned:   # nac-drive tune's choice replaces those fields
+        from nac_drive.pipeline.variants import read_tuned
+
+        args = dataclasses.replace(args, **read_tuned(args.tuned))
     if threads is None:
         threads = available_cores() if _world_size() == 1 else 1
     with torch_threads(threads), contextlib.ExitStack() as held:

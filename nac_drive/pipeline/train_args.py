@@ -44,6 +44,8 @@ class TrainArgs:
                                  "frame-drop=P feeds the policy; validation stays regular.", min=0, max=MAX_SHARE,
                             metavar="P")
     init_from: str = arg("", 'start from this checkpoint folder\'s weights and architecture (fine-tuning).')
+    tuned: str = arg("", "a best.json of nac-drive tune: its core, architecture and optimisation values replace "
+                         "those flags (the budget stays this command's).", metavar="BEST_JSON")
     resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
     progress: bool = arg(True, 'show a progress bar.')
     mode: str = arg("exact", 'NAC logit mode: exact, euler or steady.', choices=("exact", "euler", "steady"),
@@ -90,7 +92,7 @@ class TrainArgs:
                                 "frames to stretch"} if self.window == 1 else {}
         if self.init_from:
             return {**unused, **{name: "--init-from fine-tunes the checkpoint's own architecture (its "
-                                       "config.json); leave this flag out" for name in ARCHITECTURE}}
+                                       "config.json); leave this flag out" for name in (*ARCHITECTURE, "tuned")}}
         used = ("core", "d_model", *core_fields(self.core, self.mode))
         users = {name: " and ".join(core for core, fields in CORE_FIELDS.items() if name in fields)
                  for name in ARCHITECTURE}

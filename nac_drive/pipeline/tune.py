@@ -1,0 +1,152 @@
+"""Each core's hyper-parameters chosen by an equal-budget search (Optuna's TPE), scored on
+validation tracks only.
+
+    nac-drive tune --data runs/demos --variant nac-exact --trials 20 --out runs/tune
+    nac-drive train --data runs/demos --tuned runs/tune/nac-exact/best.json
+    nac-drive compare --data runs/demos --tuned runs/tune     # each variant's runs/tune/<variant>/best.json
+
+A trial trains one run with sampled hyper-parameters (:data:`SEARCH_SPACE`; the epochs and
+windows of ``--epochs`` / ``--windows-per-epoch`` are the same for every variant), then its
+best checkpoint drives ``--episodes`` **validation** tracks: CarRacing 800000, 800001, ...;
+the Udacity emulator's random-800000, ... The held-out tracks from 900000, which score the
+comparison, are never driven here. CarRacing maximises the mean return, Udacity minimises
+the mean |cross-track error|.
+
+The study lives in ``OUT/<variant>/study.db`` (SQLite, Optuna's own storage): run the same
+command again and it resumes; ``--trials`` is the total of finished trials, and a trial cut
+off by a kill runs again with its parameters. ``OUT/<variant>/best.json`` holds the best
+trial's training arguments (the variant's own settings and the searched values, not the
+budget), which ``train --tuned`` and ``compare --tuned`` take
+(:func:`~nac_drive.pipeline.variants.read_tuned`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
+from nac_drive.pipeline.variants import VARIANTS
+
+VALIDATION_SEED_BASE = 800_000   # tracks 800000-: validation; 900000-: held out (never driven by tune)
+BEST, STUDY = "best.json", "study.db"
+
+# What a trial samples, per training argument: ("log", low, high), ("float", low, high) or
+# ("choice", values). Every variant searches the shared rows and those of its core; a setting
+# its variant fixes (VARIANTS) is not searched.
+SEARCH_SPACE: dict[str, dict[str, tuple]] = {
+    "all": {"lr": ("log", 1e-4, 3e-3), "weight_decay": ("log", 1e-6, 1e-2), "d_model": ("choice", (32, 64, 128))},
+    "nac": {"topk": ("choice", (2, 4, 8, 12)), "sparsity": ("float", 0.2, 0.8)},
+    "mha": {"num_heads": ("choice", (2, 4, 8))},
+}
+
+
+@dataclass
+class TuneArgs:
+    """Arguments of ``nac-drive tune``."""
+
+    data: str = arg(REQUIRED, "demonstrations: CarRacing (Minari) or Udacity recordings")
+    variant: str = arg("nac-exact", "what to tune: " + ", ".join(VARIANTS), choices=tuple(VARIANTS))
+    out: str = arg("runs/tune", "studies go to OUT/<variant>: study.db, best.json and the trials' run folders")
+    trials: int = arg(20, "finished trials in all (a resumed search runs only those missing)", min=1)
+    episodes: int = arg(10, "validation tracks each trial's policy drives (CarRacing 800000-; Udacity "
+                            "random-800000-)", min=1, max=MAX_EPISODES)
+    max_steps: int | None = arg(None, "cap each validation episode (frames; default a whole CarRacing episode, "
+                                      "1000 Udacity frames)", min=1)
+    seed: int = arg(0, "seeds the sampler and every trial's training", min=0, max=MAX_SEED)
+    progress: bool = arg(True, "show progress bars")
+    window: int = arg(16, "frames per training window (the same for every trial)", min=1, group="budget")
+    epochs: int = arg(4, "training epochs of every trial", min=1, group="budget")
+    windows_per_epoch: int = arg(2048, "windows sampled per epoch", min=0, group="budget")
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def searched(variant: str) -> dict[str, tuple]:
+    """The rows of :data:`SEARCH_SPACE` that ``variant`` searches."""
+    settings = VARIANTS[variant]
+    space = {**SEARCH_SPACE["all"], **SEARCH_SPACE.get(settings["core"], {})}
+    return {name: row for name, row in space.items() if name not in settings}
+
+
+def sample(trial, space: dict[str, tuple]) -> dict[str, Any]:
+    """One value per row of ``space``, drawn through the Optuna ``trial``."""
+    values = {}
+    for name, (kind, *bounds) in space.items():
+        if kind == "log":
+            values[name] = trial.suggest_float(name, *bounds, log=True)
+        elif kind == "float":
+            values[name] = trial.suggest_float(name, *bounds)
+        else:
+            values[name] = trial.suggest_categorical(name, list(bounds[0]))
+    return values
+
+
+def tune(args: TuneArgs) -> dict:
+    """Run the trials ``args.trials`` still lacks; the best trial, also written to ``OUT/<variant>/best.json``."""
+    import optuna
+
+    from nac_drive.io.checkpoint import write_json
+
+    folder = Path(args.out) / args.variant
+    folder.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=args.variant, storage=f"sqlite:///{folder / STUDY}",
+                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=args.seed),
+                                direction="maximize")   # set when the study is made; Udacity's objective negates
+    budget = _budget(args)
+    for trial in study.trials:
+        if trial.user_attrs.get("budget", budget) != budget:
+            raise ValueError(f"{folder / STUDY}: its trials ran with {trial.user_attrs['budget']}, this search asks "
+                             f"for {budget}; give another --out")
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)   # cut off by a kill: run it again
+        study.enqueue_trial(trial.params)
+    def finished() -> int:
+        return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+    space = searched(args.variant)
+    if finished() < args.trials:
+        study.optimize(lambda trial: _objective(trial, args, space, folder, budget), n_trials=args.trials - finished(),
+                       show_progress_bar=args.progress)
+    best = study.best_trial
+    result = {"variant": args.variant, "trial": best.number, "metric": best.user_attrs["metric"],
+              "value": best.user_attrs["value"], "trials": finished(),
+              "validation_seed_base": VALIDATION_SEED_BASE, "budget": budget,
+              "train_args": {**VARIANTS[args.variant], **best.params}}
+    write_json(folder / BEST, result)
+    return result
+
+
+def _budget(args: TuneArgs) -> dict:
+    """What every trial of a study shares: the data, the training budget and the validation drive."""
+    return {"data": str(Path(args.data).resolve()), "window": args.window, "epochs": args.epochs,
+            "windows_per_epoch": args.windows_per_epoch, "episodes": args.episodes, "max_steps": args.max_steps,
+            "seed": args.seed}
+
+
+def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, budget: dict) -> float:
+    """Train with the trial's values, drive the best checkpoint on validation tracks; the
+    value Optuna maximises (CarRacing: the mean return; Udacity: minus the mean |cte|)."""
+    from nac_drive.pipeline.drive import drive_checkpoint
+    from nac_drive.pipeline.train import train
+    from nac_drive.pipeline.train_args import TrainArgs
+
+    values = sample(trial, space)
+    trial.set_user_attr("budget", budget)
+    run_dir = train(TrainArgs(data=args.data, out=str(folder / "runs"), run_name=f"trial-{trial.number}",
+                              seed=args.seed, window=args.window, epochs=args.epochs,
+                              windows_per_epoch=args.windows_per_epoch, progress=False,
+                              **VARIANTS[args.variant], **values))
+    task = json.loads((run_dir / "train_args.json").read_text())["data_info"]["task"]
+    drive = drive_checkpoint(run_dir / "best", task, args.episodes, args.max_steps, progress=False,
+                             seed_base=VALIDATION_SEED_BASE)
+    metric = "mean_abs_cte" if task == "udacity" else "mean_return"
+    trial.set_user_attr("metric", metric)
+    trial.set_user_attr("value", drive[metric])
+    trial.set_user_attr("seeds", drive["seeds"])
+    trial.set_user_attr("run_dir", str(run_dir))
+    return -drive[metric] if task == "udacity" else drive[metric]

@@ -1,0 +1,102 @@
+"""nac-drive tune: a resumable Optuna search per variant that drives validation tracks only,
+and its best.json taken by train --tuned and compare --tuned."""
+
+import json
+
+import optuna
+import pytest
+import torch
+
+import nac_drive.pipeline.drive as drive_module
+from nac_drive.cli.main import main
+from nac_drive.data_collection.carracing_dataset import write_dataset
+from nac_drive.pipeline.compare import CompareArgs, variant_settings
+from nac_drive.pipeline.train import train
+from nac_drive.pipeline.train_args import TrainArgs
+from nac_drive.pipeline.tune import SEARCH_SPACE, VALIDATION_SEED_BASE, TuneArgs, searched, tune
+from nac_drive.pipeline.variants import read_tuned
+from nac_drive.simulators.carracing import EVAL_SEED_BASE
+from support.demos import synthetic_episodes
+
+torch.set_num_threads(1)
+TINY = dict(window=4, epochs=1, windows_per_epoch=32, episodes=2, max_steps=15, progress=False)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos")
+    write_dataset(root, "synthetic", synthetic_episodes(), "CarRacing-v3", expert="bands", description="test")
+    return root
+
+
+@pytest.fixture
+def driven(monkeypatch):
+    """Every track seed a trial drives, as drive_carracing is asked for it."""
+    seeds, real = [], drive_module.drive_carracing
+
+    def recording(args, progress=True):
+        seeds.extend(range(args.seed_base, args.seed_base + args.episodes))
+        return real(args, progress=progress)
+    monkeypatch.setattr(drive_module, "drive_carracing", recording)
+    return seeds
+
+
+def completed(folder):
+    study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
+    return study, [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def test_the_search_space_leaves_what_a_variant_fixes_and_adds_its_cores_rows():
+    assert set(searched("gru")) == set(SEARCH_SPACE["all"])
+    assert set(searched("nac-exact")) == set(SEARCH_SPACE["all"]) | {"topk", "sparsity"}
+    assert "topk" not in searched("nac-2k") and "sparsity" not in searched("nac-09s")
+    assert set(searched("mha")) == set(SEARCH_SPACE["all"]) | {"num_heads"}
+
+
+@pytest.mark.slow
+def test_tune_drives_validation_tracks_only_resumes_and_reruns_a_trial_cut_off(dataset, tmp_path, driven):
+    args = TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=2, **TINY)
+    best = tune(args)
+    folder = tmp_path / "gru"
+    study, done = completed(folder)
+    assert len(done) == 2 and best["trials"] == 2
+    assert driven and all(VALIDATION_SEED_BASE <= s < EVAL_SEED_BASE for s in driven)   # never a held-out track
+    assert sorted(set(driven)) == [VALIDATION_SEED_BASE, VALIDATION_SEED_BASE + 1]
+    values = [t.user_attrs["value"] for t in done]
+    assert best["value"] == max(values) and best["metric"] == "mean_return"
+    assert best["train_args"] == {"core": "gru", **done[values.index(max(values))].params}
+    assert json.loads((folder / "best.json").read_text()) == best
+
+    # a process killed mid-trial leaves it RUNNING: the next run fails it and runs its parameters again
+    cut = study.ask()
+    lr = cut.suggest_float("lr", 1e-4, 3e-3, log=True)
+    best = tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=3, **TINY))
+    study, done = completed(folder)
+    assert len(done) == 3 and best["trials"] == 3
+    assert study.trials[cut.number].state == optuna.trial.TrialState.FAIL
+    assert done[-1].params["lr"] == lr   # the trial cut off, run again with its lr
+    assert len(list((folder / "runs").iterdir())) == 3   # two finished trials were not run again
+
+    with pytest.raises(ValueError, match="give another --out"):   # another budget would mix its trials in
+        tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=4, **{**TINY, "epochs": 2}))
+
+
+def test_train_and_compare_take_a_best_json_and_refuse_a_wrong_one(dataset, tmp_path):
+    folder = tmp_path / "tuned" / "gru"
+    folder.mkdir(parents=True)
+    best = {"variant": "gru", "train_args": {"core": "gru", "lr": 5e-4, "weight_decay": 1e-3, "d_model": 8}}
+    (folder / "best.json").write_text(json.dumps(best))
+    run_dir = train(TrainArgs(data=str(dataset), out=str(tmp_path / "runs"), tuned=str(folder / "best.json"), window=4,
+                              epochs=1, windows_per_epoch=32, progress=False))
+    recorded = json.loads((run_dir / "train_args.json").read_text())
+    assert recorded["core"] == "gru" and recorded["lr"] == 5e-4 and recorded["d_model"] == 8
+    assert variant_settings(CompareArgs(data=str(dataset), tuned=str(tmp_path / "tuned"), variants=["gru"]),
+                            "gru")["d_model"] == 8
+    with pytest.raises(ValueError, match="no best.json for mha"):
+        CompareArgs(data=str(dataset), tuned=str(tmp_path / "tuned"), variants=["gru", "mha"])
+    with pytest.raises(ValueError, match="tuned for gru, not lstm"):
+        read_tuned(folder / "best.json", "lstm")
+    (folder / "best.json").write_text(json.dumps({"variant": "gru", "train_args": {"core": "gru", "lr_max": 1}}))
+    with pytest.raises(ValueError, match="lr_max"):
+        read_tuned(folder / "best.json")
+    assert main(["train", "--data", str(dataset), "--tuned", str(folder / "best.json"), "--init-from", "x"]) == 2
