@@ -140,7 +140,8 @@ class PolicyDriver:
         if self.live is not None and self.live.saliency:
             from nac_drive.interpret.policy_saliency import live_saliency
 
-            saliency = live_saliency(self.policy, frame)
+            timestamp = seen.get("timestamp") if isinstance(seen, dict) else None
+            saliency = live_saliency(self.policy, frame, timestamp=timestamp)
         t0 = time.perf_counter()
         action = self._action = self.policy.select_action(seen)
         self.latencies_ms.append((time.perf_counter() - t0) * 1e3)

@@ -1,7 +1,9 @@
-"""How far from uniform the shipped policies' NAC attention is, while they drive.
+"""How far from uniform the shipped policies' NAC attention is, while they drive, and the
+range of its logits in each mode.
 
     python benchmarks/attention_entropy.py                  # CarRacing (1 track) and Udacity (emulator)
     python benchmarks/attention_entropy.py --frames 300 --json
+    python benchmarks/attention_entropy.py --policy RUN/best  # also a trained CarRacing checkpoint (e.g. mode steady)
 
 In mode exact every logit lies in (0, 1), so the weights a query gives its selected
 keys differ by less than a factor e; this measures what that leaves. Each shipped
@@ -10,6 +12,11 @@ headless emulator on the lakeside track through the bridge), and for every trace
 step and head the entropy of the weights is divided by its maximum, log(selected
 keys): 1 is uniform. Printed beside it, as the reference: the same ratio for weights
 whose logits are spread over the widest interval exact mode allows, (0, 1) evenly.
+
+Then the traced frames are replayed through each policy with its layer in each mode
+(exact, euler, steady: the modes share the parameters), and per mode the logits' 1st-99th
+percentile and each query's spread (its largest logit minus its smallest: the weights'
+largest ratio is e to that power) are printed: median, 95th percentile, largest.
 """
 
 from __future__ import annotations
@@ -60,6 +67,37 @@ def summarise(run: Path) -> dict:
             "entropy_min": float(np.nanmin(entropy)), "max_weight_ratio": float(np.nanmax(ratio))}
 
 
+def mode_ranges(policy, run: Path) -> dict:
+    """Per mode: the logits' 1st/99th percentile and each query's spread (median, p95, max),
+    over the traced frames of ``run`` replayed through ``policy`` (queries with >= 2 keys)."""
+    import torch
+    from nac_drive.interpret.neuron_atlas import PolicyReplay
+    from nac_drive.interpret.trace import load_trace
+
+    replay = PolicyReplay(policy, load_trace(run))
+    nac, before = policy.core.nac, policy.core.nac.mode
+    out = {}
+    try:
+        for mode in ("exact", "euler", "steady"):
+            nac.mode = mode
+            try:
+                with torch.inference_mode():
+                    _, trace = nac(replay.features, replay.times, return_trace=True)
+            except ValueError as e:   # euler past its stability limit says so
+                out[mode] = {"error": str(e)}
+                continue
+            valid = (trace.topk_idx >= 0) & replay.valid[:, None, :, None]
+            logits = trace.logits.masked_fill(~valid, float("nan")).numpy()
+            spread = np.nanmax(logits, -1) - np.nanmin(logits, -1)
+            spread = spread[valid.sum(-1).numpy() >= 2]
+            out[mode] = {"logit_p1": float(np.nanpercentile(logits, 1)), "logit_p99": float(np.nanpercentile(logits, 99)),
+                         "spread_median": float(np.median(spread)), "spread_p95": float(np.percentile(spread, 95)),
+                         "spread_max": float(spread.max())}
+    finally:
+        nac.mode = before
+    return out
+
+
 def widest_reference(keys: int) -> float:
     """Entropy / log K of weights whose logits are spread evenly over (0, 1)."""
     w = np.exp(np.linspace(0, 1, keys))
@@ -71,18 +109,28 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frames", type=int, default=400, help="frames each policy drives")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    p.add_argument("--policy", action="append", default=[], help="also this CarRacing checkpoint (repeatable)")
     args = p.parse_args()
 
     import torch
+    from nac_drive.agents.driver import load_driving_policy
 
     torch.set_num_threads(1)
+    results, ranges = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        results = {"carracing": summarise(carracing_trace(Path(tmp), args.frames)),
-                   "udacity": summarise(udacity_trace(Path(tmp), args.frames))}
+        runs = {"carracing": carracing_trace(Path(tmp), args.frames), "udacity": udacity_trace(Path(tmp), args.frames)}
+        policies = {"carracing": load_driving_policy(None), "udacity": load_driving_policy(None, task="udacity")}
+        for path in args.policy:
+            policies[path] = load_driving_policy(path)
+            runs[path] = runs["carracing"]   # the same frames
+        for name, run in runs.items():
+            if name in ("carracing", "udacity"):
+                results[name] = summarise(run)
+            ranges[name] = mode_ranges(policies[name], run)
     for r in results.values():
         r["widest_spread_reference"] = widest_reference(r["keys"])
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps({**results, "logit_ranges": ranges}))
         return 0
     print("| shipped policy | traced steps | keys | mode | entropy / log K: median | 5th pct | min "
           "| largest weight ratio | reference: logits spread evenly over (0, 1) |")
@@ -91,6 +139,15 @@ def main() -> int:
         print(f"| {name} | {r['steps']} | {r['keys']} | {r['mode']} | {r['entropy_median']:.4f} | "
               f"{r['entropy_p5']:.4f} | {r['entropy_min']:.4f} | {r['max_weight_ratio']:.3f} | "
               f"{r['widest_spread_reference']:.4f} |")
+    print("\n| policy | mode | logits p1 - p99 | a query's spread: median | p95 | max | largest weight ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for name, modes in ranges.items():
+        for mode, r in modes.items():
+            if "error" in r:
+                print(f"| {name} | {mode} | {r['error']} | | | | |")
+                continue
+            print(f"| {name} | {mode} | {r['logit_p1']:.3f} - {r['logit_p99']:.3f} | {r['spread_median']:.3f} | "
+                  f"{r['spread_p95']:.3f} | {r['spread_max']:.3f} | {np.exp(r['spread_max']):.3g} |")
     return 0
 
 

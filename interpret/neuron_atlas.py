@@ -183,11 +183,14 @@ class PolicyReplay:
                     x[c - a:c - a + len(frames)] = policy.encoder(torch.stack(frames))
                 features.append(x)
         self.features = torch.stack(features)                                            # [S, T, F]
-        # as the streaming policy stamps frames without timestamps: frames seen x frame_dt
-        self.times = (torch.arange(longest) * policy.config.frame_dt).expand(len(self.segments), longest)
+        # each frame at its recorded time from its episode's first, as the policy saw it (frames
+        # seen x frame_dt on CarRacing, the simulator's clock on Udacity, gaps where frames dropped)
+        self.times = torch.zeros(len(self.segments), longest, dtype=torch.float64)
         self.valid = torch.zeros(len(self.segments), longest, dtype=torch.bool)         # [S, T] real steps
         for s, (a, b) in enumerate(self.segments):
             self.valid[s, :b - a] = True
+            self.times[s, :b - a] = torch.from_numpy(run.timestamp[a:b] - run.timestamp[a])
+        self.times = self.times.float()
 
     @torch.inference_mode()
     def outputs(self, clamp: Clamp | None = None) -> np.ndarray:

@@ -42,18 +42,21 @@ def policy_saliency(policy, run_dir: str | os.PathLike, method: str = "gradcam",
                                 progress=progress, input_region=region)
 
 
-def live_saliency(policy, frame: np.ndarray, method: str = "gradcam", alpha: float = 0.45) -> np.ndarray:
+def live_saliency(policy, frame: np.ndarray, method: str = "gradcam", alpha: float = 0.45,
+                  timestamp: float | None = None) -> np.ndarray:
     """The saliency overlay (uint8 RGB, the frame's size) of the decision the policy is about
-    to make on ``frame``: call it before the policy steps on the frame (the window so far is
-    held fixed, as in :func:`policy_saliency`)."""
-    model = policy.frame_model()
+    to make on ``frame`` (seen at ``timestamp``, if the observation carries one): call it
+    before the policy steps on the frame (the window so far is held fixed, as in
+    :func:`policy_saliency`)."""
+    model = policy.frame_model(timestamp)
     saliency = saliency_maps(model, model_input(policy, frame)[None], saliency_target(policy), method,
                              policy.encoder.last_conv)[0]
     return overlay_region(frame, saliency, alpha, policy.task.visible_rows)
 
 
 class Replay:
-    """Feeds the recorded frames to the policy so that step i sees the frames before it.
+    """Feeds the recorded frames to the policy, each with its recorded time (what the policy
+    saw, also where frames were dropped), so that step i sees the frames before it.
 
     ``frame_model_for_step(i)`` (steps in increasing order are cheapest: going back or
     into a new episode restarts that episode) -> the image model of frame i;
@@ -68,13 +71,16 @@ class Replay:
         if i < self.next_step or (i > 0 and self.run.episode[i] != self.run.episode[i - 1]):
             self._restart(i)
         while self.next_step < i:
-            self.policy.step_output(self.run.frame(self.next_step))
+            self.policy.step_output(self._observation(self.next_step))
             self.next_step += 1
-        model = self.policy.frame_model()
+        model = self.policy.frame_model(float(self.run.timestamp[i]))
         # the next call asks for step i + 1, whose context includes frame i
-        self.policy.step_output(self.run.frame(i))
+        self.policy.step_output(self._observation(i))
         self.next_step = i + 1
         return model
+
+    def _observation(self, i: int) -> dict:
+        return {"image": self.run.frame(i), "timestamp": float(self.run.timestamp[i])}
 
     def _restart(self, i: int) -> None:
         episode = self.run.episode[i]

@@ -59,6 +59,7 @@ IGNORED = [
     (["dashboard", MISSING, "--rrd", "run.rrd", "--image-budget-mb", "5"], "--image-budget-mb: only for the HTML"),
     # compare without closed-loop episodes
     (["compare", "--data", MISSING, "--episodes", "0", "--max-steps", "50"], "--max-steps: only with --episodes > 0"),
+    (["compare", "--data", MISSING, "--episodes", "0", "--frame-drops", "0.5"], "--frame-drops: only with --episodes > 0"),
     # a NAC ablation's sparsity with another core
     (["train", "--core", "gru", "--sparsity", "0.9"], "--sparsity: the gru core does not use it (only nac)"),
     # explain without a closed-loop check
@@ -73,7 +74,7 @@ IGNORED = [
     (["expert", "eval", "--expert", "random", "--gas", "0.4"], "--gas: random drives the continuous env"),
 ]
 # verbs with no flag that another flag can make idle
-NOTHING_TO_IGNORE = {"nac-drive saliency", "nac-drive export", "nac-drive sim udacity-emulator",
+NOTHING_TO_IGNORE = {"nac-drive saliency", "nac-drive export", "nac-drive sim udacity-emulator", "nac-drive tune",
                      "nac-drive expert resume", "nac-drive expert compare", "nac-drive expert ship"}
 
 
@@ -153,7 +154,7 @@ def test_only_flags_given_are_refused_and_python_callers_are_not():
     for core in ("lstm", "gru", "cfc", "ltc", "mha"):   # the variants beyond the paper are the NAC's alone
         with pytest.raises(ValueError, match=f"^--logit-variant: the {core} core does not use it"):
             from_namespace(TrainArgs, parser.parse_args(["train", "--core", core, "--logit-variant", "scaled"]))
-    assert TrainArgs(init_from="ckpt").ignored().keys() == set(ARCHITECTURE)
+    assert TrainArgs(init_from="ckpt").ignored().keys() == set(ARCHITECTURE) | {"tuned"}
 
 
 def test_the_core_table_is_the_cores_and_their_config():

@@ -196,7 +196,12 @@ def test_compare_in_the_shipped_regime_runs_dagger_rounds_on_its_own_data_and_dr
                                                                                               capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    before = sorted(p.relative_to(dataset) for p in dataset.rglob("*"))
+    import hashlib
+
+    def contents(root):
+        return {p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+
+    before = contents(dataset)
     out = tmp_path / "cmp"
     code, printed = run_cli(["compare", "--data", str(dataset), "--out", str(out), "--variants", "gru", "--seeds", "0",
                              "--episodes", "1", "--max-steps", "25", "--dagger-rounds", "2", "--dagger-episodes", "1",
@@ -204,7 +209,7 @@ def test_compare_in_the_shipped_regime_runs_dagger_rounds_on_its_own_data_and_dr
                              "--frame-drops", "0", "0.5", "--json", *TINY], capsys)
     assert code == 0
     report = json.loads(printed.strip().splitlines()[-1])
-    assert sorted(p.relative_to(dataset) for p in dataset.rglob("*")) == before   # the shared demos untouched
+    assert contents(dataset) == before   # the shared demos untouched, file by file
     data = out / "runs" / "gru__s0-data"
     linked = next(p for p in dataset.rglob("*.hdf5"))
     assert (data / linked.relative_to(dataset)).stat().st_ino == linked.stat().st_ino   # hard-linked, not copied
@@ -238,3 +243,7 @@ def test_the_dagger_regime_is_refused_on_udacity_and_its_flags_without_rounds(tm
     assert "oracle" in CompareArgs(data="x").ignored() and "oracle" not in CompareArgs(data="x", dagger_rounds=1).ignored()
     assert main(["compare", "--data", "x", "--curve-episodes", "3"]) == 2
     assert "--curve-episodes: only with --dagger-rounds > 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--oracle tacher: not one of teacher, planner, ppo"):   # before any training
+        CompareArgs(data="x", dagger_rounds=1, oracle="tacher")
+    assert "max_steps" not in CompareArgs(data="x", episodes=0, dagger_rounds=1).ignored()   # it caps the rounds
+    assert "frame_drops" in CompareArgs(data="x", episodes=0, frame_drops=[0.5]).ignored()

@@ -299,3 +299,25 @@ def test_saliency_refuses_a_read_only_run_folder_before_computing(tmp_path, monk
         assert f"{mount}: cannot write there (Read-only file system)" in line
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_the_replay_feeds_a_frame_drop_runs_frames_at_their_recorded_times(tmp_path):
+    """Under --perturb frame-drop the trace holds only the frames that arrived, irregularly
+    apart: Grad-CAM's frame model of step i must be the policy that saw those frames at
+    those times, not at one frame period each."""
+    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.interpret.policy_saliency import Replay, model_input
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing
+
+    drive = drive_carracing(DriveArgs(episodes=1, max_steps=40, perturb="frame-drop=0.5", trace=str(tmp_path / "run")),
+                            progress=False)
+    run = load_trace(drive["trace"])
+    gaps = np.diff(run.timestamp)
+    assert run.num_steps < 40 and gaps.max() > gaps.min()   # frames dropped: irregular time
+    policy, reference = load_driving_policy(None), load_driving_policy(None)
+    replay = Replay(policy, run)
+    for i in range(run.num_steps):
+        with torch.no_grad():
+            out = replay.frame_model_for_step(i)(model_input(policy, run.frame(i))[None])[0]
+        expected = reference.step_output({"image": run.frame(i), "timestamp": float(run.timestamp[i])})
+        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)

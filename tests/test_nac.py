@@ -596,9 +596,19 @@ def test_a_variant_streams_like_its_forward_and_has_the_right_gradients(variant)
     assert torch.autograd.gradcheck(lambda x, t: small(x, t=t), (x, t), eps=1e-6, atol=1e-5)
     layer = make(window=5, logit_variant=variant)
     x, t = inputs(), torch.arange(9.0).expand(2, 9)
-    layer(x, t).square().sum().backward()
-    if variant == "scaled":
-        assert layer.logit_log_scale.grad.abs().min() > 0
+    if variant == "scaled":   # the scale's own gradient, against a central difference
+        with torch.no_grad():
+            layer.logit_log_scale.copy_(torch.tensor([1.5, -0.7]))
+        double = make(window=5, logit_variant=variant).double()
+        double.load_state_dict(layer.state_dict())
+        loss = lambda: double(x.double(), t.double()).square().sum()   # noqa: E731
+        loss().backward()
+        with torch.no_grad():
+            double.logit_log_scale[0] += 1e-6
+            up = loss()
+            double.logit_log_scale[0] -= 2e-6
+            down = loss()
+        torch.testing.assert_close(double.logit_log_scale.grad[0], (up - down) / 2e-6, rtol=1e-4, atol=1e-7)
     layer.eval()
     with torch.inference_mode():
         y = layer(x, t)

@@ -273,6 +273,22 @@ def test_frame_model_answers_like_the_next_step():
     torch.testing.assert_close(twice[1], expected, atol=1e-5, rtol=1e-4)
 
 
+def test_frame_model_at_an_irregular_time_answers_like_the_next_step_at_that_time():
+    """Frames dropped (or a simulator's own clock): the frame model must be asked at the next
+    frame's real time, which the observation carries, not one frame period later."""
+    policy = policy_for()
+    x = frames(4)
+    times = [100.0, 100.02, 100.08, 104.0]   # absolute, irregular: the last after a long gap
+    for i in range(3):
+        policy.step_output({"image": x[0, i].permute(1, 2, 0).numpy(), "timestamp": times[i]})
+    with torch.no_grad():
+        at_time = policy.frame_model(times[3])(x[:, 3].float() / 255)[0].clone()
+        one_period_on = policy.frame_model()(x[:, 3].float() / 255)[0].clone()   # 100.06: regular frames
+    expected = policy.step_output({"image": x[0, 3].permute(1, 2, 0).numpy(), "timestamp": times[3]})
+    torch.testing.assert_close(at_time, expected, atol=1e-5, rtol=1e-4)
+    assert (one_period_on - expected).abs().max() > 1e-4   # the time reaches the output
+
+
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
 def test_encoders_convolve_channels_last_whatever_the_input_layout(encoder):
     """NCHW and HWC-permuted frames give the same features, both through channels-last convs

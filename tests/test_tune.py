@@ -14,7 +14,7 @@ from nac_drive.pipeline.compare import CompareArgs, variant_settings
 from nac_drive.pipeline.train import train
 from nac_drive.pipeline.train_args import TrainArgs
 from nac_drive.pipeline.tune import SEARCH_SPACE, VALIDATION_SEED_BASE, TuneArgs, searched, tune
-from nac_drive.pipeline.variants import read_tuned
+from nac_drive.pipeline.train_args import read_tuned
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 from support.demos import synthetic_episodes
 
@@ -50,6 +50,7 @@ def test_the_search_space_leaves_what_a_variant_fixes_and_adds_its_cores_rows():
     assert set(searched("gru")) == set(SEARCH_SPACE["all"])
     assert set(searched("nac-exact")) == set(SEARCH_SPACE["all"]) | {"topk", "sparsity"}
     assert "topk" not in searched("nac-2k") and "sparsity" not in searched("nac-09s")
+    assert "topk" not in searched("nac-pw")   # every key of the window: no K to search
     assert set(searched("mha")) == set(SEARCH_SPACE["all"]) | {"num_heads"}
 
 
@@ -77,6 +78,10 @@ def test_tune_drives_validation_tracks_only_resumes_and_reruns_a_trial_cut_off(d
     assert done[-1].params["lr"] == lr   # the trial cut off, run again with its lr
     assert len(list((folder / "runs").iterdir())) == 3   # two finished trials were not run again
 
+    tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=4, **TINY))
+    _, done = completed(folder)
+    assert len({t.params["lr"] for t in done}) == 4   # a resumed search draws new values, not its first ones again
+
     with pytest.raises(ValueError, match="give another --out"):   # another budget would mix its trials in
         tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=4, **{**TINY, "epochs": 2}))
 
@@ -100,3 +105,19 @@ def test_train_and_compare_take_a_best_json_and_refuse_a_wrong_one(dataset, tmp_
     with pytest.raises(ValueError, match="lr_max"):
         read_tuned(folder / "best.json")
     assert main(["train", "--data", str(dataset), "--tuned", str(folder / "best.json"), "--init-from", "x"]) == 2
+    with pytest.raises(ValueError, match="which a run's own command decides"):   # a budget is not a search's
+        (folder / "best.json").write_text(json.dumps({"variant": "gru", "train_args": {"core": "gru", "window": 8}}))
+        read_tuned(folder / "best.json")
+
+
+def test_flags_a_best_json_sets_or_its_core_ignores_are_refused(tmp_path, capsys):
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"variant": "gru", "train_args": {"core": "gru", "lr": 5e-4, "d_model": 8}}))
+    assert main(["train", "--data", "x", "--tuned", str(best), "--lr", "0.01"]) == 2
+    assert f"--lr: --tuned {best} sets it" in capsys.readouterr().err
+    assert main(["train", "--data", "x", "--tuned", str(best), "--mode", "euler"]) == 2   # the tuned core is a gru
+    assert "--mode: the gru core does not use it" in capsys.readouterr().err
+    (tmp_path / "t" / "gru").mkdir(parents=True)
+    (tmp_path / "t" / "gru" / "best.json").write_text(best.read_text())
+    assert main(["compare", "--data", "x", "--tuned", str(tmp_path / "t"), "--variants", "gru", "--d-model", "32"]) == 2
+    assert "--d-model: --tuned sets each variant's own" in capsys.readouterr().err

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
-from nac_drive.pipeline.variants import VARIANTS, read_tuned
+from nac_drive.pipeline.train_args import read_tuned
+from nac_drive.pipeline.variants import VARIANTS
 from nac_drive.torch_threads import check_workers
 
 RESULTS, RUNS = "results", "runs"           # folders inside OUT
@@ -104,6 +105,12 @@ class CompareArgs:
             if missing:
                 raise ValueError(f"--tuned {self.tuned}: no best.json for {', '.join(missing)} (run nac-drive tune "
                                  f"--variant V --out {self.tuned} for each)")
+            for variant in self.variants:   # each read and checked now, not after hours of training
+                read_tuned(Path(self.tuned) / variant / "best.json", variant)
+        if self.dagger_rounds:
+            from nac_drive.pipeline.dagger import check_oracle
+
+            check_oracle(self.oracle)
         from nac_drive.pipeline.train_args import TrainArgs
 
         topk = TrainArgs.topk   # the dataclass default: what nac-exact keeps per query
@@ -113,7 +120,13 @@ class CompareArgs:
 
     def ignored(self) -> dict[str, str]:
         """The fields this comparison would not use, each with why."""
-        unused = {"max_steps": "only with --episodes > 0 (closed-loop episodes to cap)"} if self.episodes == 0 else {}
+        unused = {}
+        if self.episodes == 0:
+            unused["frame_drops"] = "only with --episodes > 0 (closed-loop episodes to drive under them)"
+            if self.dagger_rounds == 0:
+                unused["max_steps"] = "only with --episodes > 0 or --dagger-rounds > 0 (episodes to cap)"
+        if self.tuned is not None:
+            unused["d_model"] = "--tuned sets each variant's own (its best.json)"
         if self.dagger_rounds == 0:
             unused.update({name: "only with --dagger-rounds > 0" for name in DAGGER_FIELDS})
         elif self.disturb_rate == 0:
@@ -151,7 +164,7 @@ def shared_budget(args: CompareArgs) -> dict:
 
 def variant_settings(args: CompareArgs, variant: str) -> dict[str, Any]:
     """The training arguments that make ``variant``: its own (:data:`VARIANTS`), or with
-    ``args.tuned`` its tuned ones (:func:`~nac_drive.pipeline.tune.read_tuned`)."""
+    ``args.tuned`` its tuned ones (:func:`~nac_drive.pipeline.train_args.read_tuned`)."""
     if args.tuned is None:
         return {"d_model": args.d_model, **VARIANTS[variant]}
     return {"d_model": args.d_model, **read_tuned(Path(args.tuned) / variant / "best.json", variant)}
@@ -272,7 +285,8 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
 
     name = f"{variant}__s{seed}"
     data = out / RUNS / f"{name}-data"
-    shutil.rmtree(data, ignore_errors=True)   # a killed attempt's rounds: this one starts them again
+    for left in (data, out / RUNS / f"{name}-curve"):   # a killed attempt's rounds: this one starts them again
+        shutil.rmtree(left, ignore_errors=True)
     link_tree(Path(args.data), data)
     frames = sum(len(episode) for episode in load_episodes(args.data))
     curve = []

@@ -46,12 +46,14 @@ class DaggerArgs:
     disturb_frames: int = arg(10, "frames per disturbance burst", min=1)
     workers: int | None = arg(None, "processes that drive a round's tracks, one shard each (default: one per core; "
                                     "at most the cores)", min=1)
-    oracle: str = arg("teacher", "who labels: 'teacher' (privileged pure pursuit), 'ppo' (the shipped PPO "
-                                 "expert, from the frames the student sees) or the path of a PPO expert zip; a PPO "
-                                 "oracle must drive the student's env (the same gas)")
+    oracle: str = arg("teacher", "who labels: 'teacher' (privileged pure pursuit), 'planner' (the privileged "
+                                 "minimum-time planner), 'ppo' (the shipped PPO expert, from the frames the student "
+                                 "sees) or the path of a PPO expert zip; a PPO oracle must drive the student's env "
+                                 "(the same gas)")
 
     def __post_init__(self):
         check_fields(self)
+        check_oracle(self.oracle)
         if self.workers is not None:
             check_workers(self.workers)
 
@@ -167,16 +169,27 @@ def dataset_name(round_index: int, seed: int) -> str:
     return f"dagger-r{round_index}-s{seed}"
 
 
+ORACLES = ("teacher", "planner", "ppo")   # by name; or the path of a PPO expert zip
+
+
+def check_oracle(spec: str) -> None:
+    """Refuse an ``--oracle`` that is neither a known name nor an existing file, before any driving."""
+    if spec not in ORACLES and not Path(spec).is_file():
+        raise ValueError(f"--oracle {spec}: not one of {', '.join(ORACLES)} nor a PPO expert zip that exists")
+
+
 def make_oracle(spec: str, continuous: bool, *, gas: float = DISCRETE_GAS):
     """The DAgger oracle: ``"teacher"`` (privileged pure pursuit, reads the env's state),
-    ``"ppo"`` (the shipped PPO expert) or the path of a PPO expert zip. A PPO oracle sees the
-    frames the student sees (it preprocesses them itself) and, between its decisions, labels
-    the action it is holding, as it would drive. It must drive the student's env: the same
-    actions (``continuous``) with the same ``gas``."""
-    if spec == "teacher":
-        from nac_drive.agents.teacher import PurePursuitTeacher
+    ``"planner"`` (the privileged minimum-time planner), ``"ppo"`` (the shipped PPO expert)
+    or the path of a PPO expert zip. A privileged oracle labels in the student's action space
+    (its discrete twin for a discrete student, set for the student's ``gas``). A PPO oracle
+    sees the frames the student sees (it preprocesses them itself) and, between its
+    decisions, labels the action it is holding, as it would drive. It must drive the
+    student's env: the same actions (``continuous``) with the same ``gas``."""
+    if spec in ("teacher", "planner"):
+        from nac_drive.agents.experts import load_expert
 
-        return PurePursuitTeacher(continuous=continuous)
+        return load_expert(spec if continuous else f"{spec}-discrete", gas=None if continuous else gas)[0]
     from nac_drive.agents.ppo_expert import PPOExpert
 
     expert = PPOExpert(None if spec == "ppo" else spec)

@@ -64,9 +64,9 @@ class ExplainArgs:
                                     "(default 9)", above=0)
     frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons (default all)",
                              min=1, group=MEASURES)
-    closed_loop_tracks: int = arg(10, "held-out tracks the intact policy and each chosen neuron clamped drive (0: "
-                                      "no closed-loop check); the verb's longest part: about 9 s a track on a 2-core "
-                                      "CPU", min=0, group=MEASURES)
+    closed_loop_tracks: int = arg(10, "held-out tracks the intact policy, each chosen neuron clamped and each part "
+                                      "of the attention replaced drive (0: no closed-loop check); the verb's longest "
+                                      "part: about 9 s a track on a 2-core CPU", min=0, group=MEASURES)
     closed_loop_top: int = arg(10, "neurons whose silencing costs most agreement, driven clamped", min=0,
                                group=MEASURES)
     closed_loop_random: int = arg(10, "other neurons drawn at random (seeded by --seed), driven clamped", min=0,
@@ -76,7 +76,8 @@ class ExplainArgs:
     window_method: str = arg("integrated_gradients", "how each window frame's share of a decision is computed "
                                                      "('none': skip it)",
                              choices=("integrated_gradients", "ablation", "none"), group=MEASURES)
-    seed: int = arg(0, "seed of the random neurons and of the random maps", min=0, group=MEASURES, max=MAX_SEED)
+    seed: int = arg(0, "seed of the random neurons, the random maps and the random keys", min=0, group=MEASURES,
+                    max=MAX_SEED)
 
     def __post_init__(self):
         check_fields(self)
@@ -202,8 +203,9 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     "return", the ``returns``, their ``mean_return`` and ``return_change``. Udacity (the
     emulator's ``random-<seed>`` tracks, ``track_names``, at ``speed`` mph): ``metric``
     "mean_abs_cte", the figures of :func:`~nac_drive.pipeline.drive.udacity_summary` (per
-    track mean |cte|, laps, off-road, ...) and ``cte_change`` (of the mean |cte| over every
-    frame driven, in metres: positive = the clamp drives further from the centre line)."""
+    track mean |cte|, laps, off-road, ...) and ``cte_change`` (the mean over tracks of each
+    track's change of its mean |cte|, in metres: positive = the clamp drives further from the
+    centre line; a track left early weighs as much as one driven whole)."""
     from nac_drive.agents.driver import PolicyDriver
     from nac_drive.interpret.neuron_atlas import traced_neurons
     from nac_drive.simulators.carracing import eval_seeds
@@ -235,7 +237,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
         def close():
             for env in envs:
                 env.close()
-        value, per_track = "mean_abs_cte", "mean_abs_cte_m"
+        per_track = "mean_abs_cte_m"
     else:
         from nac_drive.simulators.carracing import make_carracing, run_episodes
 
@@ -244,7 +246,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
         def episodes() -> dict:
             returns = [float(r) for r in run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env).returns]
             return {"returns": returns, "mean_return": float(np.mean(returns))}
-        close, value, per_track = env.close, "mean_return", "returns"
+        close, per_track = env.close, "returns"
     bar = None
     if progress:
         from tqdm import tqdm
@@ -257,9 +259,9 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
             bar.update(1)
         return figures
 
-    def against_intact(figures: dict) -> dict:
-        return {**figures, change: figures[value] - intact[value],
-                "paired": paired_change(intact[per_track], figures[per_track])}
+    def against_intact(figures: dict) -> dict:   # the change is the paired one's mean, so it sits in its interval
+        paired = paired_change(intact[per_track], figures[per_track])
+        return {**figures, change: paired["mean"], "paired": paired}
 
     try:
         intact = drive(None)

@@ -38,7 +38,7 @@ from nac_drive.io.atomic import atomic_write, atomic_write_dir, fresh_dir, one_w
 from nac_drive.io.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
 from nac_drive.policy.cores import CORES, CoreConfig
 from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig, read_policy_weights
-from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs, core_fields
+from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs, core_fields, read_tuned
 from nac_drive.torch_threads import available_cores, torch_threads
 
 
@@ -162,8 +162,6 @@ def train(args: TrainArgs, threads: int | None = None) -> Path:
     workers of ``compare --workers``, which pass one). The caller's count is back afterwards.
     """
     if args.tuned:   # nac-drive tune's choice replaces those fields
-        from nac_drive.pipeline.variants import read_tuned
-
         args = dataclasses.replace(args, **read_tuned(args.tuned))
     if threads is None:
         threads = available_cores() if _world_size() == 1 else 1

@@ -10,9 +10,13 @@ Each run folder holds ``best/`` and ``last/`` checkpoints (``config.json`` +
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
+from nac_drive.pipeline.variants import VARIANTS
 from nac_drive.simulators.frame_drops import MAX_SHARE
 
 CLASS_WEIGHTINGS = ("none", "balanced")
@@ -86,22 +90,54 @@ class TrainArgs:
 
     def ignored(self) -> dict[str, str]:
         """The fields this run would not use, each with why: with ``init_from`` the
-        architecture (the checkpoint's is used), else what the chosen core does not read;
-        ``frame_drop`` with one-frame windows, which have no time between frames to stretch."""
+        architecture (the checkpoint's is used); with ``tuned`` what its best.json sets; then
+        what the core (the tuned one, if any) does not read; ``frame_drop`` with one-frame
+        windows, which have no time between frames to stretch."""
         unused = {"frame_drop": "a window of one frame (--window 1) has no time between frames for dropped "
                                 "frames to stretch"} if self.window == 1 else {}
         if self.init_from:
             return {**unused, **{name: "--init-from fine-tunes the checkpoint's own architecture (its "
                                        "config.json); leave this flag out" for name in (*ARCHITECTURE, "tuned")}}
-        used = ("core", "d_model", *core_fields(self.core, self.mode))
+        core, mode = self.core, self.mode
+        if self.tuned:
+            tuned = read_tuned(self.tuned)
+            unused.update({name: f"--tuned {self.tuned} sets it" for name in tuned})
+            core, mode = tuned.get("core", core), tuned.get("mode", mode)
+        used = ("core", "d_model", *core_fields(core, mode))
         users = {name: " and ".join(core for core, fields in CORE_FIELDS.items() if name in fields)
                  for name in ARCHITECTURE}
-        return {**unused, **{name: (f"only --mode euler takes Euler steps (this run's mode: {self.mode})"
-                                    if self.core == "nac" else
-                                    f"the {self.core} core does not use it (only {users[name]})")
-                             for name in ARCHITECTURE if name not in used}}
+        return {**{name: (f"only --mode euler takes Euler steps (this run's mode: {mode})" if core == "nac" else
+                          f"the {core} core does not use it (only {users[name]})")
+                   for name in ARCHITECTURE if name not in used}, **unused}
 
 
 def core_fields(core: str, mode: str) -> tuple[str, ...]:
     """The architecture fields a core (in ``mode``, for the NAC) reads besides window and d_model."""
     return tuple(name for name in CORE_FIELDS[core] if name != "euler_steps" or mode == "euler")
+
+
+# TrainArgs fields a best.json may not set: what each run's own command decides
+NOT_TUNED = frozenset({"data", "out", "run_name", "window", "epochs", "seed", "init_from", "resume", "progress",
+                       "tuned", "windows_per_epoch", "val_fraction", "val_windows", "eval_episodes", "frame_drop"})
+
+
+def read_tuned(path: str | Path, variant: str | None = None) -> dict[str, Any]:
+    """The training arguments of a ``best.json`` of :func:`~nac_drive.pipeline.tune.tune`
+    (checked: a JSON object naming its variant, and only fields of :class:`TrainArgs` that a
+    search may choose); ``variant``, if given, must be the one it was tuned for."""
+    from nac_drive.io.checkpoint import read_json
+
+    best = read_json(Path(path))
+    if not isinstance(best, dict) or not isinstance(best.get("train_args"), dict) or best.get("variant") not in VARIANTS:
+        raise ValueError(f"{path}: not a best.json of nac-drive tune (no variant and train_args)")
+    if variant is not None and best["variant"] != variant:
+        raise ValueError(f"{path}: tuned for {best['variant']}, not {variant}")
+    known = {f.name for f in dataclasses.fields(TrainArgs)}
+    unknown = set(best["train_args"]) - known
+    if unknown:
+        raise ValueError(f"{path}: train_args names fields train does not have: {sorted(unknown)}")
+    budget = set(best["train_args"]) & NOT_TUNED
+    if budget:
+        raise ValueError(f"{path}: train_args sets {sorted(budget)}, which a run's own command decides (the data, "
+                         f"the budget, the seed, where it goes), not a search")
+    return best["train_args"]

@@ -17,7 +17,7 @@ command again and it resumes; ``--trials`` is the total of finished trials, and 
 off by a kill runs again with its parameters. ``OUT/<variant>/best.json`` holds the best
 trial's training arguments (the variant's own settings and the searched values, not the
 budget), which ``train --tuned`` and ``compare --tuned`` take
-(:func:`~nac_drive.pipeline.variants.read_tuned`).
+(:func:`~nac_drive.pipeline.train_args.read_tuned`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def searched(variant: str) -> dict[str, tuple]:
     """The rows of :data:`SEARCH_SPACE` that ``variant`` searches."""
     settings = VARIANTS[variant]
     space = {**SEARCH_SPACE["all"], **SEARCH_SPACE.get(settings["core"], {})}
-    return {name: row for name, row in space.items() if name not in settings}
+    fixed = {*settings, *(("topk",) if settings.get("select") == "all" else ())}   # every key: no Top-K to size
+    return {name: row for name, row in space.items() if name not in fixed}
 
 
 def sample(trial, space: dict[str, tuple]) -> dict[str, Any]:
@@ -94,9 +95,12 @@ def tune(args: TuneArgs) -> dict:
     folder = Path(args.out) / args.variant
     folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=args.variant, storage=f"sqlite:///{folder / STUDY}",
-                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=args.seed),
-                                direction="maximize")   # set when the study is made; Udacity's objective negates
+    storage = f"sqlite:///{folder / STUDY}"
+    # Udacity's objective negates its |cte|, so every study maximises. The sampler's seed moves
+    # on with the trials already in the study: a resumed search must not draw its first ones again.
+    earlier = optuna.create_study(study_name=args.variant, storage=storage, load_if_exists=True, direction="maximize")
+    study = optuna.load_study(study_name=args.variant, storage=storage,
+                              sampler=optuna.samplers.TPESampler(seed=args.seed + len(earlier.trials)))
     budget = _budget(args)
     for trial in study.trials:
         if trial.user_attrs.get("budget", budget) != budget:

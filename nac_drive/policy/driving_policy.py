@@ -298,10 +298,14 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
         self.last_output = self.head(y)[0]
         return self.last_output
 
-    def frame_model(self) -> nn.Module:
+    def frame_model(self, timestamp: float | None = None) -> nn.Module:
         """An image model ``[B, C, H, W] -> [B, num_outputs]`` for the NEXT frame, with the
-        temporal context (the window so far) held fixed: what Grad-CAM needs."""
-        return _FrameModel(self, self._state, self._frames_seen * self.config.frame_dt)
+        temporal context (the window so far) held fixed: what Grad-CAM needs. ``timestamp``:
+        that frame's time in seconds, as its observation carries it (under dropped frames the
+        only right one); default one frame period after the last."""
+        if timestamp is None:
+            timestamp = (self._t0 or 0.0) + self._frames_seen * self.config.frame_dt
+        return _FrameModel(self, self._state, _finite_seconds(timestamp))
 
     # ---------------------------------------------------------------- checkpoints
     def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
