@@ -5,30 +5,46 @@ from __future__ import annotations
 from typing import Any
 
 
+def _teacher(**kwargs):
+    from nac_drive.agents.teacher import PurePursuitTeacher
+
+    return PurePursuitTeacher(**kwargs)
+
+
+def _planner(**kwargs):
+    from nac_drive.agents.planner import MinimumTimePlanner
+
+    return MinimumTimePlanner(**kwargs)
+
+
+# The privileged experts (they read the env's track), by name: each drives the continuous env,
+# and its "-discrete" twin the 5 discrete actions.
+PRIVILEGED = {"teacher": _teacher, "teacher-discrete": _teacher, "planner": _planner, "planner-discrete": _planner}
+
+
 def load_expert(spec: str | None = None, seed: int = 0, gas: float | None = None) -> tuple[Any, bool]:
     """Return ``(actor, continuous)`` for ``spec``.
 
     ``spec``: ``None`` or ``"ppo"`` (the shipped PPO expert), a path to an SB3 zip,
     ``"teacher"`` (privileged pure pursuit, continuous actions), ``"teacher-discrete"``
-    (the same, mapped to the 5 discrete actions), ``"random"`` or ``"random-discrete"``
+    (the same, mapped to the 5 discrete actions), ``"planner"`` or ``"planner-discrete"``
+    (privileged minimum-time speed profile), ``"random"`` or ``"random-discrete"``
     (uniform actions: the reference scores' random policy, each track's stream seeded by
     ``seed`` and the track). For a PPO zip, ``continuous`` comes from the zip, and so does
     the gas of the env it drives (``PPOExpert.gas``, see
-    :func:`~nac_drive.simulators.carracing.actor_gas`). ``gas``: what the discrete teacher's
-    or random actions' GAS presses (default: gymnasium's); a zip's own cannot be changed here
+    :func:`~nac_drive.simulators.carracing.actor_gas`). ``gas``: what the discrete teacher's,
+    planner's or random actions' GAS presses (default: gymnasium's); a zip's own cannot be changed here
     (``expert ship --gas`` writes a copy with another).
     """
     from nac_drive.simulators.carracing import DISCRETE_GAS
 
-    if spec in ("teacher", "teacher-discrete", "random", "random-discrete"):
-        cont = spec in ("teacher", "random")
+    if spec in PRIVILEGED or spec in ("random", "random-discrete"):
+        cont = not spec.endswith("-discrete")
         if cont and gas not in (None, DISCRETE_GAS):
             raise ValueError(f"--gas: {spec} drives the continuous env, whose gas is the action's")
         gas = DISCRETE_GAS if gas is None else gas
-        if spec.startswith("teacher"):
-            from nac_drive.agents.teacher import PurePursuitTeacher
-
-            return PurePursuitTeacher(continuous=cont, gas=gas), cont
+        if spec in PRIVILEGED:
+            return PRIVILEGED[spec](continuous=cont, gas=gas), cont
         from nac_drive.agents.random_actor import RandomActor
 
         return RandomActor(continuous=cont, seed=seed, gas=gas), cont

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -22,6 +23,17 @@ from nac_drive.simulators.carracing import BRAKE, DISCRETE_GAS, GAS, LEFT, NOOP,
 
 WHEEL_LOCK = 0.4  # radians: the front wheel joints' limit in CarRacing's car model
 _BACK, _WINDOW = 10, 50   # the nearest-point search: 50 points, from 10 behind the last nearest one
+
+
+class CarPose(NamedTuple):
+    """The car's hull as the teacher reads it: position, unit forward and right vectors
+    (``float64 [2]`` each) and speed (track units/s)."""
+
+    x: float
+    y: float
+    forward: np.ndarray
+    right: np.ndarray
+    speed: float
 
 
 @dataclass
@@ -75,7 +87,9 @@ class PurePursuitTeacher:
 
     ``continuous=False`` gives discrete actions for the discrete env, whose GAS presses
     ``gas`` (read by :func:`~nac_drive.simulators.carracing.actor_gas`; the teacher's choice
-    of action does not depend on it).
+    of action does not depend on it). The minimum-time planner (``planner.py``) is this
+    teacher with another :meth:`control`: it shares the track geometry, the car's pose on
+    the line and the discrete mapping.
     """
 
     def __init__(self, continuous: bool = True, config: TeacherConfig | None = None, gas: float = DISCRETE_GAS):
@@ -137,23 +151,9 @@ class PurePursuitTeacher:
 
     def control(self, env: gym.Env) -> tuple[float, float, float]:
         """Continuous (steer, gas, brake) for the current state of ``env``."""
-        base = env.unwrapped
-        if getattr(base, "car", None) is None or not getattr(base, "track", None):
-            raise RuntimeError("PurePursuitTeacher: env has no car/track yet; reset it first")
-        self._load_track(base.track)
-        hull = base.car.hull
-        x, y = hull.position.x, hull.position.y
-        # The dot products stay numpy's (BLAS, which may fuse multiply-adds): the actions
-        # must not change by an ulp.
-        forward, right, vel = (np.array((v.x, v.y)) for v in (hull.GetWorldVector((0.0, 1.0)),
-                                                               hull.GetWorldVector((1.0, 0.0)), hull.linearVelocity))
-        speed = math.sqrt(float(vel.dot(vel)))   # np.linalg.norm(vel)
-
-        self._idx = self._nearest(x, y)
+        pose = self._pose(env)
         cfg = self.cfg
-        tx, ty = self._point_ahead(self._idx, cfg.lookahead + cfg.lookahead_per_speed * speed)
-        d = np.array((tx - x, ty - y))
-        heading_error = math.atan2(float(d.dot(right)), float(d.dot(forward)))  # + = target on the right
+        heading_error = self._heading_error(pose, cfg.lookahead + cfg.lookahead_per_speed * pose.speed)
         steer = _clip(cfg.steer_gain * heading_error, -1.0, 1.0)
 
         bend = self._bend_ahead(self._idx, cfg.curve_horizon)
@@ -161,10 +161,10 @@ class PurePursuitTeacher:
         target_speed = cfg.max_speed - frac * (cfg.max_speed - cfg.min_speed)
         # Full gas spins the rear wheels and full gas while steering hard skids: gas is
         # proportional to the missing speed, capped, and reduced in proportion to steering.
-        gas = _clip(cfg.gas_gain * (target_speed - speed), 0.0, cfg.max_gas)
+        gas = _clip(cfg.gas_gain * (target_speed - pose.speed), 0.0, cfg.max_gas)
         gas *= 1.0 - cfg.gas_steer_cut * abs(steer)
         brake = 0.0
-        if speed > target_speed + cfg.brake_margin:
+        if pose.speed > target_speed + cfg.brake_margin:
             gas, brake = 0.0, cfg.brake
         return steer, gas, brake
 
@@ -189,6 +189,30 @@ class PurePursuitTeacher:
         if gas > 0:
             return GAS
         return NOOP
+
+    # -- the car on the line -----------------------------------------------------------
+    def _pose(self, env: gym.Env) -> CarPose:
+        """The car's pose in ``env``; also moves ``self._idx`` to its nearest centre-line point."""
+        base = env.unwrapped
+        if getattr(base, "car", None) is None or not getattr(base, "track", None):
+            raise RuntimeError(f"{type(self).__name__}: env has no car/track yet; reset it first")
+        self._load_track(base.track)
+        hull = base.car.hull
+        x, y = hull.position.x, hull.position.y
+        # The dot products stay numpy's (BLAS, which may fuse multiply-adds): the actions
+        # must not change by an ulp.
+        forward, right, vel = (np.array((v.x, v.y)) for v in (hull.GetWorldVector((0.0, 1.0)),
+                                                               hull.GetWorldVector((1.0, 0.0)), hull.linearVelocity))
+        speed = math.sqrt(float(vel.dot(vel)))   # np.linalg.norm(vel)
+        self._idx = self._nearest(x, y)
+        return CarPose(x, y, forward, right, speed)
+
+    def _heading_error(self, pose: CarPose, distance: float) -> float:
+        """Angle (radians, + = right) from the car's forward axis to the centre-line point
+        ``distance`` ahead of its nearest point: pure pursuit's alpha."""
+        tx, ty = self._point_ahead(self._idx, distance)
+        d = np.array((tx - pose.x, ty - pose.y))
+        return math.atan2(float(d.dot(pose.right)), float(d.dot(pose.forward)))
 
     # -- track geometry ----------------------------------------------------------------
     def _load_track(self, track) -> None:

@@ -19,11 +19,12 @@ from nac_drive.torch_threads import check_workers
 class CollectArgs:
     """Arguments of ``nac-drive collect carracing``."""
 
-    expert: str = arg("ppo", "'ppo' (the shipped PPO expert), a PPO zip path, 'teacher' or 'teacher-discrete'")
+    expert: str = arg("ppo", "'ppo' (the shipped PPO expert), a PPO zip path, 'teacher', 'teacher-discrete', "
+                             "'planner' or 'planner-discrete'")
     episodes: int = arg(20, "episodes (one track each)", min=1, max=MAX_EPISODES)
     seed: int = arg(0, "first track is 100000 + SEED", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
-    gas: float | None = arg(None, "teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
+    gas: float | None = arg(None, "teacher-, planner- and random-discrete: what the GAS action presses (default 0.2, "
                                   "gymnasium's discrete env); a PPO zip records its own", above=0, max=1)
     out: str = arg("runs/demos", "dataset root folder (Minari's MINARI_DATASETS_PATH)")
     name: str | None = arg(None, "dataset name (default: carracing-<expert>)")

@@ -1,5 +1,5 @@
 """Evaluation of CarRacing experts: the shipped PPO expert, any PPO zip, the privileged
-teacher or a random actor, scored on a run of consecutive track seeds (by default the
+teacher or planner, or a random actor, scored on a run of consecutive track seeds (by default the
 held-out tracks 900000, 900001, ...)."""
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ class ExpertEvalArgs:
     """Arguments of ``nac-drive expert eval``."""
 
     expert: str | None = arg(None, "SB3 zip of a PPO expert, 'teacher' (privileged, continuous), "
-                                   "'teacher-discrete', 'random' or 'random-discrete'; default: the shipped PPO expert")
+                                   "'teacher-discrete', 'planner' (privileged minimum-time speed profile), "
+                                   "'planner-discrete', 'random' or 'random-discrete'; default: the shipped PPO expert")
     episodes: int = arg(20, "number of tracks", min=1, max=MAX_EPISODES)
     seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (held-out tracks start at 900000)", min=0,
                          max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode at this many env frames (default: the env's 1000)", min=1)
-    gas: float | None = arg(None, "teacher-discrete and random-discrete: what the GAS action presses (default 0.2, "
+    gas: float | None = arg(None, "teacher-, planner- and random-discrete: what the GAS action presses (default 0.2, "
                                   "gymnasium's discrete env); a PPO zip drives with the gas its zip records "
                                   "('compare --gas' drives it with another)", above=0, max=1)
     video: str | None = arg(None, "write the episodes to a WebM (VP8) video", metavar="WEBM")

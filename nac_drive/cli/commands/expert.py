@@ -3,7 +3,7 @@
     nac-drive expert train [--continuous] [--total-frames N] [--seed S] [--out DIR] ...
     nac-drive expert kickstart [--rounds 8] [--episodes 4] [--action-repeat 1] ...
     nac-drive expert resume RUN_DIR [--total-frames N]
-    nac-drive expert eval [--expert PATH|teacher|teacher-discrete] [--episodes 20] [--gas G] [--perturb NAME[=LEVEL]] [--json]
+    nac-drive expert eval [--expert PATH|teacher[-discrete]|planner[-discrete]] [--episodes 20] [--gas G] [--perturb NAME[=LEVEL]] [--json]
     nac-drive expert compare ZIP [ZIP ...] [--episodes 20] [--seed-base 70000] [--gas G] [--json]
     nac-drive expert ship ZIP [ZIP ...] OUT [--gas G]
 
