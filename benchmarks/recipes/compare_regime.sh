@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The comparison where policies are made (issue 53 item 2): each core tuned alike, then trained in
+# the shipped regime (behaviour cloning, then DAgger rounds with the same oracle and random-action
+# bursts), driven on the held-out tracks at frame-drop 0, 0.25 and 0.5. Cores: the paper's NAC
+# (nac-exact), the two variants beyond the paper (nac-scaled, nac-qk), cfc, gru, lstm, mha.
+#
+#   bash benchmarks/recipes/compare_regime.sh [OUT]    # OUT: a new folder (default runs/recipe-regime)
+#
+# Budget, the same for every core:
+# - tune: 12 trials each; a trial trains 4 epochs x 2048 windows of 16 frames on the 30 planner
+#   demonstrations and drives 10 validation tracks (800000-800009; the held-out tracks never).
+# - compare: seeds 0 1 2; behaviour cloning 10 epochs x 4096 windows with the tuned values, then 5
+#   DAgger rounds of 4 episodes (the planner labels; bursts 0.02 x 8 frames), each fine-tuned 3 x
+#   3072 windows at lr 2e-4; the last round's checkpoint drives the 20 held-out tracks 900000-900019
+#   at each frame-drop share; the learning curve drives 5 held-out tracks after each stage.
+#
+# Time on the 2-core CPU machine, estimated from its parts (a tune trial ~4 min alone; a BC run
+# ~8 min; a DAgger round ~3 min; 20 tracks ~3 min a share): tuning ~5.5 hours, the comparison ~6
+# hours with --workers 2, so about four 3-hour sessions. Everything resumes: run the same line again
+# (a tune study lives in OUT/tune/<variant>/study.db, a comparison's finished runs in OUT/compare/results).
+#
+# What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
+# table goes there once it has.
+set -euo pipefail
+
+OUT=${1:-runs/recipe-regime}
+if [ -e "$OUT" ] && [ ! -f "$OUT/.recipe" ]; then echo "$OUT exists and is not this recipe's: give a new folder" >&2; exit 1; fi
+mkdir -p "$OUT" && touch "$OUT/.recipe"
+V="nac-exact nac-scaled nac-qk cfc gru lstm mha"
+
+[ -d "$OUT/demos" ] || nac-drive collect carracing --expert planner-discrete --gas 1.0 --episodes 30 --out "$OUT/demos" \
+  --name planner --workers 2
+for v in $V; do
+  nac-drive tune --data "$OUT/demos" --variant "$v" --trials 12 --episodes 10 --epochs 4 --windows-per-epoch 2048 \
+    --out "$OUT/tune" --json
+done
+nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds 0 1 2 --tuned "$OUT/tune" \
+  --epochs 10 --windows-per-epoch 4096 --dagger-rounds 5 --dagger-episodes 4 --oracle planner --disturb-rate 0.02 \
+  --disturb-frames 8 --dagger-epochs 3 --dagger-windows-per-epoch 3072 --dagger-lr 2e-4 --curve-episodes 5 \
+  --episodes 20 --frame-drops 0 0.25 0.5 --workers 2 --json
