@@ -51,6 +51,8 @@ def test_explain_refuses_a_policy_it_cannot_explain_before_driving(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
     out = cli("explain", "--closed-loop-tracks", "-1")
     assert out.returncode == 2 and "--closed-loop-tracks" in out.stderr
+    out = cli("explain", "--closed-loop-tracks", "1000000000000")   # bounded before any drive (issue 58)
+    assert out.returncode == 2 and "--closed-loop-tracks: must be <= 100000" in out.stderr
 
 
 @pytest.mark.slow

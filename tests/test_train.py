@@ -308,3 +308,42 @@ def test_udacity_validation_encodes_each_frame_once_and_scores_every_window_as_a
     got = evaluate(policy, held_out, None, 0, batch_size=4, seed=0)
     assert got["loss"] == pytest.approx(loss, rel=1e-5) and got["mae"] == pytest.approx(mae, rel=1e-5)
     assert sum(seen) == 30 and len(held_out) == windows
+
+
+def test_a_budget_that_would_run_no_optimiser_step_is_refused_before_training(dataset, tmp_path):
+    """The loader drops a partial batch: fewer windows an epoch than one batch trained nothing
+    and still wrote best/ (issue 58)."""
+    from nac_drive.pipeline.compare import CompareArgs
+
+    with pytest.raises(ValueError, match="--windows-per-epoch 16: fewer windows than one batch .--batch-size 32"):
+        TrainArgs(windows_per_epoch=16)
+    TrainArgs(windows_per_epoch=16, batch_size=16)   # one batch: fine
+    with pytest.raises(ValueError, match="--windows-per-epoch 8: fewer windows than one batch"):
+        CompareArgs(data="x", windows_per_epoch=8)
+    with pytest.raises(ValueError, match="--dagger-windows-per-epoch 8"):
+        CompareArgs(data="x", dagger_rounds=1, dagger_windows_per_epoch=8)
+    with pytest.raises(ValueError, match="windows an epoch, fewer than one batch .--batch-size 512"):   # all: too few
+        train(TrainArgs(data=str(dataset), out=str(tmp_path), window=4, windows_per_epoch=0, batch_size=512,
+                        progress=False))
+    assert list(tmp_path.iterdir()) == []   # refused before the run folder was made
+
+
+def test_dagger_from_a_run_folder_starts_from_its_best_checkpoint(dataset, tmp_path, monkeypatch):
+    """A run folder as --policy means its best/ from the start: round 0 once drove the folder,
+    then its fine-tuning failed on a missing config.json, its dataset already committed (issue 58)."""
+    import nac_drive.pipeline.dagger as dagger_module
+    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.pipeline.dagger import DaggerArgs, dagger
+    from nac_drive.policy import DrivingPolicy
+
+    DrivingPolicy.from_pretrained(shipped_policy_path()).save_pretrained(tmp_path / "run" / "best")
+    driven = []
+
+    def stop(runs, *, policy_path, **kwargs):
+        driven.append(Path(policy_path))
+        raise KeyboardInterrupt   # enough: what round 0 would drive is known
+    monkeypatch.setattr(dagger_module, "drive_round", stop)
+    with pytest.raises(KeyboardInterrupt):
+        dagger(DaggerArgs(policy=str(tmp_path / "run"), rounds=1, episodes=1, workers=1),
+               TrainArgs(data=str(dataset), out=str(tmp_path / "out"), progress=False))
+    assert driven == [tmp_path / "run" / "best"]

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
-from nac_drive.pipeline.train_args import read_tuned
+from nac_drive.pipeline.train_args import TrainArgs, read_tuned
 from nac_drive.pipeline.variants import VARIANTS
 from nac_drive.torch_threads import check_workers
 
@@ -111,8 +111,11 @@ class CompareArgs:
             from nac_drive.pipeline.dagger import check_oracle
 
             check_oracle(self.oracle)
-        from nac_drive.pipeline.train_args import TrainArgs
-
+        for name in ("windows_per_epoch", "dagger_windows_per_epoch"):   # a budget that would train nothing
+            windows = getattr(self, name)
+            if 0 < windows < TrainArgs.batch_size and (name == "windows_per_epoch" or self.dagger_rounds):
+                raise ValueError(f"--{name.replace('_', '-')} {windows}: fewer windows than one batch "
+                                 f"({TrainArgs.batch_size}): no optimiser step would run")
         topk = TrainArgs.topk   # the dataclass default: what nac-exact keeps per query
         if {"nac-exact", "nac-pw"} <= set(self.variants) and self.window <= topk:
             raise ValueError(f"--window {self.window}: nac-pw (every key) equals nac-exact when a window holds at "
@@ -235,7 +238,6 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
     variant, seed = job
     from nac_drive.io.checkpoint import write_json
     from nac_drive.pipeline.train import train
-    from nac_drive.pipeline.train_args import TrainArgs
 
     path = out / RESULTS / f"{variant}__s{seed}.json"
     run_dir = train(TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed,
@@ -281,7 +283,6 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
     from nac_drive.io.run_log import log_closed_loop
     from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.drive import drive_checkpoint
-    from nac_drive.pipeline.train_args import TrainArgs
 
     name = f"{variant}__s{seed}"
     data = out / RUNS / f"{name}-data"

@@ -76,7 +76,7 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     if given, is called after each round with its fine-tuned checkpoint and the student's
     EpisodeResults of that round's drive (the frames it added).
     """
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.agents.driver import checkpoint_folder, load_driving_policy
     from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
     from nac_drive.pipeline.processes import split_runs
     from nac_drive.pipeline.train import train
@@ -89,7 +89,7 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     for r in range(args.rounds):   # before driving: the rounds' datasets must be new
         for run in runs[r]:
             refuse_existing(data, dataset_name(r, seed), run)
-    policy_path = Path(args.policy)
+    policy_path = Path(checkpoint_folder(args.policy))   # a run folder: its best/, before anything is driven
     config = load_driving_policy(policy_path).config
     teacher = make_oracle(args.oracle, config.action == "continuous", gas=config.gas)   # fails before any driving
     refuse_other_gas(data, config.gas, "--data")

@@ -66,7 +66,8 @@ class ExplainArgs:
                              min=1, group=MEASURES)
     closed_loop_tracks: int = arg(10, "held-out tracks the intact policy, each chosen neuron clamped and each part "
                                       "of the attention replaced drive (0: no closed-loop check); the verb's longest "
-                                      "part: about 9 s a track on a 2-core CPU", min=0, group=MEASURES)
+                                      "part: about 9 s a track on a 2-core CPU", min=0, max=MAX_EPISODES,
+                                  group=MEASURES)
     closed_loop_top: int = arg(10, "neurons whose silencing costs most agreement, driven clamped", min=0,
                                group=MEASURES)
     closed_loop_random: int = arg(10, "other neurons drawn at random (seeded by --seed), driven clamped", min=0,

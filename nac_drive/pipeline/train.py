@@ -197,6 +197,10 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
     model = torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy
 
     sampler = EpochSampler(len(train_set), args.windows_per_epoch, args.seed, rank, world)
+    if len(sampler) < args.batch_size:   # the loader drops a partial batch: not one step would run
+        per = f"{len(sampler)} a process ({world} processes)" if world > 1 else str(len(sampler))
+        raise ValueError(f"--windows-per-epoch: {per} windows an epoch, fewer than one batch (--batch-size "
+                         f"{args.batch_size}): no optimiser step would run; sample more windows or smaller batches")
     loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     steps_per_epoch = max(1, len(loader))
     total_steps = steps_per_epoch * args.epochs

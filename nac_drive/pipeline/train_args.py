@@ -87,6 +87,9 @@ class TrainArgs:
 
     def __post_init__(self):
         check_fields(self)
+        if 0 < self.windows_per_epoch < self.batch_size:   # the loader drops a partial batch
+            raise ValueError(f"--windows-per-epoch {self.windows_per_epoch}: fewer windows than one batch "
+                             f"(--batch-size {self.batch_size}): no optimiser step would run")
 
     def ignored(self) -> dict[str, str]:
         """The fields this run would not use, each with why: with ``init_from`` the
