@@ -11,6 +11,8 @@ One thread, forward only, no grad, median of --repeats runs after one warm-up. M
 is the forward's peak-RSS increase over the process's RSS once model and input exist;
 every measurement runs in its own process so peaks do not mix. Rows marked "eager"
 run the layer with its numba kernels off (``NAC_DRIVE_KERNELS=0``): the torch code alone.
+Section ``train`` times forward + backward instead, in one process, alternating (see
+:func:`_training_step`).
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ def main() -> None:
                         help="which tables to measure (default: all but 'against')")
     parser.add_argument("--against", help="section 'against': a folder holding another nac-drive build "
                                           "(pip install --no-deps --target FOLDER CHECKOUT)")
-    parser.add_argument("--rounds", type=int, default=5, help="section 'against': rounds, the two builds alternating")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="sections 'against' and 'train': rounds, the implementations alternating")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -158,13 +161,15 @@ def main() -> None:
         _long_sequences(args.long)
     if "step" in args.sections:
         _streaming_step()
+    if "train" in args.sections:
+        _training_step(args.rounds)
     if "against" in args.sections:
         if not args.against:
             parser.error("--sections against needs --against FOLDER")
         _against(args.against, args.rounds)
 
 
-SECTIONS = ("paper", "driving", "long", "step", "against")
+SECTIONS = ("paper", "driving", "long", "step", "train", "against")
 HEADER = ("| implementation | ms / forward | forward peak RSS (MB) | speed-up vs torch-nac | memory vs torch-nac |"
           "\n|---|---|---|---|---|")
 
@@ -221,6 +226,52 @@ def _streaming_step() -> None:
              for grad in ("no_grad", "inference_mode")}
         e = measure(True, impl="nac", T=1, mode=mode, window=16, step=True, grad_mode="inference_mode")
         print(f"| {mode} | {r['no_grad']['ms']:.3f} | {r['inference_mode']['ms']:.3f} | {e['ms']:.3f} |")
+
+
+def _training_step(rounds: int, calls: int = 20) -> None:
+    """ms per forward + backward (of y.sum()) at the driving size, training mode: the NAC's eager
+    code, the NAC with its kernels (the fused pair stage and its backward), causal MHA. One process,
+    one thread, the three alternating within each round, so a machine whose load drifts slows all
+    alike; each round's figure is the fastest of ``calls`` calls, the table the min and median."""
+    import statistics
+
+    import torch
+    from nac_drive import NAC
+    from nac_drive.nac import kernels
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    B, T, d, H, K = 32, 16, 64, 4, 8
+    nac = NAC(d, d_model=d, num_heads=H, topk=K, window=16, seed=0).train()
+    mha = torch.nn.MultiheadAttention(d, H, batch_first=True).train()
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(T)
+    x = torch.randn(B, T, d, requires_grad=True)
+
+    def eager():
+        with kernels.disabled():
+            nac(x).sum().backward()
+
+    runs = {"NAC, eager torch code": eager,
+            "NAC, kernels (fused pair stage, forward and backward)": lambda: nac(x).sum().backward(),
+            "causal nn.MultiheadAttention": lambda: mha(x, x, x, attn_mask=mask, need_weights=False,
+                                                        is_causal=True)[0].sum().backward()}
+    ms = {name: [] for name in runs}
+    for run in runs.values():
+        run()                                                   # compile and warm up
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t0)
+            ms[name].append(1e3 * min(times))
+    mha_ms = min(ms["causal nn.MultiheadAttention"])
+    print(f"\n### Training step (forward + backward): T=16, B=32, d=64, H=4, K=8, window 16 "
+          f"({rounds} rounds, 1 thread)\n")
+    print("| implementation | ms / forward+backward (min / median of rounds) | / MHA (min) |\n|---|---|---|")
+    for name, v in ms.items():
+        print(f"| {name} | {min(v):.2f} / {statistics.median(v):.2f} | {min(v) / mha_ms:.2f}x |")
 
 
 # the layer's configurations of the tables above, each run by both builds

@@ -2,7 +2,8 @@
 
 The eager code is the reference (autograd differentiates it, GPUs run it); on CPU the
 layer takes the kernels for key selection always, and for the pair stage whenever
-no gradient or dropout is needed, a trace's stages included.
+no dropout is needed: without a gradient a trace's stages included, with one the fused
+backward (its gradients equal the eager code's, and pass gradcheck in float64).
 """
 
 import itertools
@@ -103,9 +104,75 @@ def test_the_pair_stage_takes_the_eager_path_when_it_must(kernel_calls):
         layer.float().train()
         assert not torch.equal(layer(x), layer(x))         # active dropout: two calls differ
         assert len(kernel_calls) == 2
-    layer.eval()(x)                                        # autograd needs the eager code
-    layer(x, return_trace=True)
-    assert len(kernel_calls) == 2
+    layer.eval()(x)                                        # autograd: the kernel and its fused backward
+    assert len(kernel_calls) == 3
+    layer(x, return_trace=True)                            # a trace whose stages carry gradients: eager
+    assert len(kernel_calls) == 3
+
+
+def _through_fused_backward(y: torch.Tensor) -> bool:
+    """Whether ``y``'s autograd graph holds the fused pair stage's backward."""
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "PairStageBackward":
+            return True
+        todo += [next_node for next_node, _ in node.next_functions]
+    return False
+
+
+def _output_and_grads(layer, x, t):
+    """y and the gradients of a fixed random projection of it w.r.t. x, t and every parameter."""
+    y = layer(x, t)
+    probe = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype)
+    return y, torch.autograd.grad((y * probe).sum(), [x, t, *layer.parameters()], allow_unused=True)
+
+
+TRAINING = list(itertools.product(["exact", "euler", "steady"], ["exact", "all"], [None, 5], ["query", "elapsed"],
+                                  ["paper", "scaled", "qk"]))
+
+
+@pytest.mark.parametrize("mode,select,window,time_input,variant", TRAINING)
+def test_training_through_the_kernels_gives_the_eager_outputs_and_gradients(mode, select, window, time_input,
+                                                                              variant):
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, select=select, window=window, euler_steps=8,
+                time_input=time_input, time_weighted_values=time_input == "query", logit_variant=variant,
+                seed=0).train()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 11, 6, generator=g, requires_grad=True)
+    t = torch.rand(3, 11, generator=g).cumsum(1).requires_grad_()
+    fast_y, fast = _output_and_grads(layer, x, t)
+    assert _through_fused_backward(fast_y) == (variant == "paper")   # the kernels compute the paper's logits
+    eager_y, eager = _eager(lambda: _output_and_grads(layer, x, t))
+    assert not _through_fused_backward(eager_y)
+    torch.testing.assert_close(fast_y, eager_y, atol=2e-6, rtol=1e-5)
+    for a, b in zip(fast, eager, strict=True):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode,select,window,time_input", [s[:4] for s in TRAINING if s[4] == "paper"])
+def test_the_fused_backward_passes_gradcheck_in_float64(mode, select, window, time_input):
+    layer = NAC(4, d_model=8, num_heads=2, topk=3, mode=mode, select=select, window=window, euler_steps=8,
+                time_input=time_input, seed=0).double()
+    params = dict(layer.named_parameters())
+    names = ["inter.weight", "command.weight", "command.bias", "motor.weight", "phi_tau_weight", "phi_tau_bias",
+             "time_weight", "v_gate.weight"]
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.rand(2, 6, generator=g, dtype=torch.float64).cumsum(1).requires_grad_()
+
+    def call(x, t, *weights):
+        return torch.func.functional_call(layer, {**params, **dict(zip(names, weights))}, (x, t))
+
+    assert _through_fused_backward(call(x, t, *(params[n] for n in names)))
+    inputs = (x, t, *(params[n].detach().clone().requires_grad_() for n in names))
+    assert torch.autograd.gradcheck(call, inputs, eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
 def _assert_same_trace(fast, eager):

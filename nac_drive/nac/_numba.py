@@ -453,3 +453,118 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                                     coef *= t_interp[p]
                                 for d in range(U(depth)):
                                     ob[i, d] += coef * kf[j, U(P + 1) + d]
+
+
+@njit(**_JIT)
+def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, motor, phi, tau, t_interp, weights,
+                    cmd_w, mot_w, phi_tau_w, mode, euler_steps, tau_eps, time_weighted, d_q_side, d_rows,
+                    d_cmd_w, d_cmd_b, d_mot_w, d_mot_b, d_phi_tau_w, d_phi_tau_b, d_q_times):
+    """The gradient of :func:`attend` (eqs. 14-19, paper logits) from its traced stages.
+
+    dout ``[B*H, Tq, depth]``; idx ``[B*H, Tq, K]``; q_side ``[B*H, Tq, P]``; rows ``[B*H, Tk, >= P + 1 +
+    depth]`` (key side, timestamp, value); q_times ``[B, Tq]``; the stages inter, cmd, motor ``[B*H, Tq, K,
+    n]`` and phi, tau, t_interp, weights ``[B*H, Tq, K]`` as the forward traced them; the pair-stage
+    weights as in :func:`attend`. Adds into the ``d_*`` arrays (zeroed by the caller), shaped as their
+    inputs. float32 or float64 alike: the only transcendentals are recomputed in the arrays' dtype."""
+    BH, Tq, K = idx.shape
+    H, n_inter, n_cmd = cmd_w.shape
+    n_motor = mot_w.shape[2]
+    depth = dout.shape[2]
+    P = n_inter + 2
+    one = 1.0   # scalars in float64: free here, and the sums lose nothing
+    d_weight = np.empty(K, dout.dtype)   # dL/dw_ij
+    d_time = np.empty(K, dout.dtype)     # dL/dt_ij through eq. 19
+    d_motor = np.empty(n_motor, dout.dtype)
+    d_cmd = np.empty(n_cmd, dout.dtype)
+    for bh in range(BH):
+        h, b = bh % H, bh // H
+        for i in range(Tq):
+            # eq. 19: out_i = sum_j w_ij t_ij v_j
+            through = 0.0
+            for kk in range(K):
+                j = idx[bh, i, kk]
+                if j == NO_KEY:
+                    continue
+                w, t = weights[bh, i, kk], t_interp[bh, i, kk]
+                coef = w * t if time_weighted else w
+                d_coef = 0.0
+                for d in range(depth):
+                    d_coef += dout[bh, i, d] * rows[bh, j, P + 1 + d]
+                    d_rows[bh, j, P + 1 + d] += coef * dout[bh, i, d]
+                d_weight[kk] = d_coef * t if time_weighted else d_coef
+                d_time[kk] = d_coef * w if time_weighted else 0.0
+                through += w * d_weight[kk]
+            for kk in range(K):
+                j = idx[bh, i, kk]
+                if j == NO_KEY:
+                    continue
+                # softmax, then the logit's solver (eqs. 18, 3, 2)
+                d_logit = weights[bh, i, kk] * (d_weight[kk] - through)
+                p, ta, t = phi[bh, i, kk], tau[bh, i, kk], t_interp[bh, i, kk]
+                d_t = d_time[kk]
+                if mode == MODE_STEADY:
+                    d_phi, d_tau = d_logit / ta, -d_logit * p / (ta * ta)
+                elif mode == MODE_EXACT:
+                    decayed = math.exp(-ta * t)
+                    grown = -math.expm1(-ta * t)
+                    d_phi = d_logit * grown / ta
+                    d_tau = d_logit * p * (t * decayed / ta - grown / (ta * ta))
+                    d_t += d_logit * p * decayed
+                else:   # a <- drive + a decay, N - 1 times from a = drive; d a / d(drive, decay) alongside
+                    step = t / euler_steps
+                    decay, drive = one - step * ta, step * p
+                    a, a_drive, a_decay = drive, one, 0.0
+                    for _ in range(euler_steps - 1):
+                        a_decay = a + a_decay * decay
+                        a_drive = one + a_drive * decay
+                        a = drive + a * decay
+                    d_drive, d_decay = d_logit * a_drive, d_logit * a_decay
+                    d_phi, d_tau = d_drive * step, -d_decay * step
+                    d_t += (d_drive * p - d_decay * ta) / euler_steps
+                # eqs. 15, 16: phi = sigmoid(r0), tau = softplus(r1) + eps, softplus' = 1 - exp(-softplus)
+                d_r0 = d_phi * p * (one - p)
+                d_r1 = d_tau * -math.expm1(-(ta - tau_eps))
+                d_phi_tau_b[h, 0] += d_r0
+                d_phi_tau_b[h, 1] += d_r1
+                # the time vector t = sigmoid(a t_in + b), (a, b) the pair's last two pre-activations
+                d_z = d_t * t * (one - t)
+                if time_kind == TIME_ELAPSED:
+                    t_in = q_times[b, i] - rows[bh, j, P]
+                elif time_kind == TIME_QUERY:
+                    t_in = q_times[b, i]
+                else:
+                    t_in = one
+                slope = q_side[bh, i, n_inter] + rows[bh, j, n_inter]
+                d_q_side[bh, i, n_inter] += d_z * t_in
+                d_rows[bh, j, n_inter] += d_z * t_in
+                d_q_side[bh, i, n_inter + 1] += d_z
+                d_rows[bh, j, n_inter + 1] += d_z
+                if time_kind == TIME_ELAPSED:
+                    d_q_times[b, i] += d_z * slope
+                    d_rows[bh, j, P] -= d_z * slope
+                elif time_kind == TIME_QUERY:
+                    d_q_times[b, i] += d_z * slope
+                # eq. 14 backwards: motor, command, inter (tanh' = 1 - tanh^2)
+                for m in range(n_motor):
+                    mo = motor[bh, i, kk, m]
+                    d_phi_tau_w[h, m, 0] += mo * d_r0
+                    d_phi_tau_w[h, m, 1] += mo * d_r1
+                    d_motor[m] = (phi_tau_w[h, m, 0] * d_r0 + phi_tau_w[h, m, 1] * d_r1) * (one - mo * mo)
+                    d_mot_b[h, m] += d_motor[m]
+                for c in range(n_cmd):
+                    cm = cmd[bh, i, kk, c]
+                    acc = 0.0
+                    for m in range(n_motor):
+                        acc += mot_w[h, c, m] * d_motor[m]
+                        d_mot_w[h, c, m] += cm * d_motor[m]
+                    d_cmd[c] = acc * (one - cm * cm)
+                    d_cmd_b[h, c] += d_cmd[c]
+                for u in range(n_inter):
+                    it = inter[bh, i, kk, u]
+                    acc = 0.0
+                    for c in range(n_cmd):
+                        acc += cmd_w[h, u, c] * d_cmd[c]
+                        d_cmd_w[h, u, c] += it * d_cmd[c]
+                    d_pre = acc * (one - it * it)
+                    d_q_side[bh, i, u] += d_pre
+                    d_rows[bh, j, u] += d_pre

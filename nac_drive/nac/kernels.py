@@ -1,4 +1,4 @@
-"""Fused CPU kernels of the NAC layer, for inference, and the choice of when they serve.
+"""Fused CPU kernels of the NAC layer, and the choice of when they serve.
 
 The eager torch code (:mod:`.layer`, :mod:`.selection`) defines the layer: autograd
 differentiates it and GPUs run it. On CPU the layer's two hot spots run through numba
@@ -8,8 +8,9 @@ kernels (:mod:`._numba`) instead, where they give the same result:
   K best keys in an insertion buffer while its scores stream past, instead of
   materialising every score and calling ``torch.topk``;
 * the pair stage (backbone, phi/tau heads, time vector, logits, softmax, weighted
-  values), when nothing needs a gradient: one pass over tiles of pairs instead of ~40
-  small tensor operations (that also writes out every stage when a trace is asked for).
+  values): one pass over tiles of pairs instead of ~40 small tensor operations (that also
+  writes out every stage when a trace is asked for). Under autograd (training) it writes
+  them for :class:`PairStage`, whose backward is one more pass over the pairs.
 
 :func:`choose` decides once per call which path serves it. The kernels read the layer's
 packed weights and key rows (:mod:`.packing`), never the layer itself. Tests hold both
@@ -81,16 +82,25 @@ def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
             and available() and not _scripting() and _finite(q.detach().numpy(), k.detach().numpy()))
 
 
-def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
-    """Whether :func:`attend` can serve a pair stage on these inputs and pair-stage weights:
-    CPU, float32, finite inputs, and no gradient needed. (Dropout is the caller's to rule
-    out, and whether the weights are finite too: ``PackedWeights.kernel_arrays``.)"""
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records an operation on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[torch.Tensor, ...],
+                  want_trace: bool = False) -> bool:
+    """Whether the kernels can serve a pair stage on these inputs and pair-stage weights: CPU,
+    finite inputs, and float32 (:func:`attend`), or with a gradient needed float32 or float64
+    (:func:`attend_for_training`) and no trace (its stages would carry no gradient). (Dropout is
+    the caller's to rule out, and whether the weights are finite too: ``PackedWeights.kernel_arrays``.)"""
     if not available() or _scripting():
         return False
     tensors = (q_side, key_rows, *weights)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    training = needs_grad(*tensors)
+    if training and want_trace:
         return False
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    dtypes = (torch.float32, torch.float64) if training else (torch.float32,)
+    return (all(t.device.type == "cpu" and t.dtype in dtypes for t in tensors)
             and _finite(q_side.detach().numpy(), key_rows.detach().numpy()))
 
 
@@ -102,13 +112,14 @@ class Backend(NamedTuple):
 
 
 def choose(q: torch.Tensor, k: torch.Tensor, q_side: torch.Tensor, key_rows: torch.Tensor,
-           weights: PackedWeights, pairs_allowed: bool) -> Backend:
+           weights: PackedWeights, pairs_allowed: bool, want_trace: bool = False) -> Backend:
     """The code that serves one call, chosen once. Key selection is never differentiated,
     so it runs on the kernels whenever they take q, k ``[B,H,T,depth]``; the pair stage
     (q_side, key_rows, ``weights``) only if ``pairs_allowed`` (the caller needs no
-    dropout or clamp inside it), no gradient is needed and every input is finite."""
+    dropout or clamp inside it) and :func:`handles_pairs` takes it (with a gradient needed, by
+    :func:`attend_for_training`)."""
     selection = handles_selection(q, k)
-    pairs = (selection and pairs_allowed and handles_pairs(q_side, key_rows, weights.pair_stage())
+    pairs = (selection and pairs_allowed and handles_pairs(q_side, key_rows, weights.pair_stage(), want_trace)
              and weights.kernel_arrays[1])   # last: the weights become arrays only for a kernel call
     return Backend(selection, pairs)
 
@@ -236,3 +247,71 @@ def _array(t: torch.Tensor) -> np.ndarray:
 def _window(vis: Visibility) -> int:
     return -1 if vis.window is None else vis.window
 
+
+
+class PairStage(torch.autograd.Function):
+    """The pair stage with a fused backward (training on CPU): the forward is :func:`attend`
+    with its trace (float32) or, in float64, the eager reference ``stages_of`` gives; the backward
+    is one numba pass over the selected pairs (:func:`_numba.attend_backward`) from those stages,
+    instead of autograd through ~40 small tensor operations and their gathers.
+
+    ``apply(q_side, q_times, key_rows, command, command_bias, motor, motor_bias, phi_tau,
+    phi_tau_bias, idx, settings, stages_of)``: the tensors as :func:`attend` reads them (the
+    weights those of ``PackedWeights.pair_stage``), ``settings`` = (mode code, euler_steps, tau_eps,
+    time kind, time_weighted_values), ``stages_of()`` -> (out, the stages
+    :data:`TRACED_STAGES` names) -> out ``[B,H,Tq,depth]``."""
+
+    @staticmethod
+    def forward(ctx, q_side, q_times, key_rows, command, command_bias, motor, motor_bias, phi_tau, phi_tau_bias,
+                idx, settings, stages_of):
+        out, stages = stages_of()
+        ctx.settings = settings
+        ctx.save_for_backward(q_side, q_times, key_rows, command, motor, phi_tau, idx,
+                              *(stages[name] for name in ("inter", "command", "motor", "phi", "tau", "t_interp",
+                                                          "weights")))
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q_side, q_times, rows, command, motor, phi_tau, idx, *stages = ctx.saved_tensors
+        mode, euler_steps, tau_eps, time_kind, time_weighted = ctx.settings
+        B, H, Tq, P = q_side.shape
+        dtype = q_side.dtype
+        grads = [torch.zeros(shape, dtype=dtype) for shape in (
+            (B * H, Tq, P), (B * H, *rows.shape[2:]), command.shape, command.shape[::2], motor.shape,
+            motor.shape[::2], phi_tau.shape, phi_tau.shape[::2], (B, Tq))]
+        times = _array(q_times) if q_times is not None else np.zeros((1, 1), grads[0].numpy().dtype)
+        _kernels().attend_backward(
+            _array(d_out.flatten(0, 1)), _array(idx.flatten(0, 1)), _array(q_side.flatten(0, 1)),
+            _array(rows.flatten(0, 1)), times, time_kind, *(_array(s.flatten(0, 1)) for s in stages),
+            _array(command), _array(motor), _array(phi_tau), mode, euler_steps, grads[0].numpy().dtype.type(tau_eps),
+            time_weighted, *(g.numpy() for g in grads))
+        d_q_side, d_rows, *d_weights, d_q_times = grads
+        return (d_q_side.view(q_side.shape), d_q_times if q_times is not None else None, d_rows.view(rows.shape),
+                *d_weights, None, None, None)
+
+
+def attend_for_training(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor, idx: torch.Tensor,
+                        weights: PackedWeights, layout: KeyLayout, reference, *, mode: str, euler_steps: int,
+                        tau_eps: float, time_input: str, time_weighted_values: bool) -> tuple[torch.Tensor, float]:
+    """The pair stage as :func:`attend` computes it, differentiable (:class:`PairStage`): same
+    arguments -> (out ``[B,H,Tq,depth]``, the largest dt * tau in mode euler, for the caller's
+    stability check). ``reference()`` -> (out, stages): the eager pair stage with its trace, which
+    is the forward in float64 (the kernel's forward is float32, and checks its own stability)."""
+    time_kind = {"elapsed": 2, "query": 1}[time_input] if q_times is not None else 0
+    if time_input == "elapsed" and q_times is None:
+        raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
+
+    worst = [0.0]
+
+    def stages_of():
+        if q_side.dtype != torch.float32:
+            return reference()
+        out, worst[0], stages = attend(q_side, q_times, key_rows, idx, weights, layout, mode=mode,
+                                           euler_steps=euler_steps, tau_eps=tau_eps, time_input=time_input,
+                                           time_weighted_values=time_weighted_values, trace=True)
+        return out, stages
+
+    out = PairStage.apply(q_side, q_times, key_rows, *weights.pair_stage(), idx,
+                          (MODE_CODES[mode], euler_steps, tau_eps, time_kind, time_weighted_values), stages_of)
+    return out, worst[0]

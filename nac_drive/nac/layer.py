@@ -20,8 +20,9 @@ each line on the right):
 
 :meth:`NAC.forward` runs them in that order; :meth:`NAC.attend` is the pair stage (eqs.
 14-19). Beside each readable step sits its fast path, as nanoGPT keeps flash attention
-beside its five-line attention: on CPU inference the numba kernels of :mod:`.kernels` run
-the selection and the whole pair stage instead (same results, tested). The weights are
+beside its five-line attention: on CPU the numba kernels of :mod:`.kernels` run the
+selection and the whole pair stage instead, in training with a fused backward (same
+results and gradients, tested). The weights are
 used packed (:mod:`.packing`: the three gates in one product, the backbone's first layer
 split into a query half and a key half, so the ``[B,H,T,K,2*depth]`` pair tensor is never
 built). Streaming one frame at a time is :mod:`.streaming`; interventions :mod:`.clamp`.
@@ -181,7 +182,7 @@ class NAC(nn.Module):
         # eq. 14's first layer and the time affine, split: W_q q_i once per query, W_k k_j
         # once per key (packed with its timestamp and value), added after the selection
         q_side, rows = packing.query_half(q, weights, H), packing.key_rows(k, vh, times, weights, H)
-        backend = self.backend(qh, kh, q_side, rows, weights)
+        backend = self.backend(qh, kh, q_side, rows, weights, return_trace)
         idx = self.select_keys(qh, kh, Visibility(self.causal, self.window, mask),
                                backend.selection_on_kernels)                                 # Top-K
         qk = pair_scores(qh, kh, idx) if self.logit_variant == "qk" else None
@@ -203,10 +204,16 @@ class NAC(nn.Module):
         ``[B,H,Tq,K]``: the pairs' q . k / sqrt(depth) (``logit_variant="qk"`` only).
         """
         if on_kernels:   # the fast path: the same equations, fused in one pass over the pairs
-            out, worst_dt_tau, stages = kernels.attend(
-                q_side, q_times, rows, idx, weights, self.layout, mode=self.mode,
-                euler_steps=self.euler_steps, tau_eps=self.tau_eps, time_input=self.time_input,
-                time_weighted_values=self.time_weighted_values, trace=want_trace)
+            settings = dict(mode=self.mode, euler_steps=self.euler_steps, tau_eps=self.tau_eps,
+                            time_input=self.time_input, time_weighted_values=self.time_weighted_values)
+            if kernels.needs_grad(q_side, rows, *weights.pair_stage()):   # training: and one pass back
+                stages = None
+                out, worst_dt_tau = kernels.attend_for_training(
+                    q_side, q_times, rows, idx, weights, self.layout,
+                    lambda: self.attend(q_side, q_times, rows, idx, weights, True, False), **settings)
+            else:
+                out, worst_dt_tau, stages = kernels.attend(q_side, q_times, rows, idx, weights, self.layout,
+                                                           trace=want_trace, **settings)
             if self.mode == "euler":
                 check_euler_stability(torch.tensor(worst_dt_tau), self.euler_steps)
             return out, stages
@@ -350,13 +357,14 @@ class NAC(nn.Module):
         return weights
 
     def backend(self, qh: torch.Tensor, kh: torch.Tensor, q_side: torch.Tensor, rows: torch.Tensor,
-                weights: PackedWeights) -> Backend:
+                weights: PackedWeights, want_trace: bool = False) -> Backend:
         """Whether the kernels serve this call's selection and pair stage (:func:`kernels.choose`):
-        the pair stage only when no active dropout or clamp inside it is needed."""
+        the pair stage only when no active dropout or clamp inside it is needed (and, under
+        autograd, no trace)."""
         pairs_allowed = (not (self.training and self.attn_dropout.p > 0)
                          and not (self.clamp is not None and self.clamp.in_pair_stage)
                          and self.logit_variant == "paper")
-        return kernels.choose(qh, kh, q_side, rows, weights, pairs_allowed)
+        return kernels.choose(qh, kh, q_side, rows, weights, pairs_allowed, want_trace)
 
     def init_cache(self, batch_size: int) -> NACCache:
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""

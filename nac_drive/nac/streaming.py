@@ -75,7 +75,7 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
     q_times = now[:, None] if (t is not None or layer.time_input == "elapsed") else None
     q_side, rows = query_half(q, weights, H), cache.feats
     keys = rows[..., layer.layout.key]                                                # [B,H,C,depth]
-    backend = layer.backend(qh, keys, q_side, rows, weights)
+    backend = layer.backend(qh, keys, q_side, rows, weights, return_trace)
     if layer.select == "all":
         idx = slots.masked_fill(empty, NO_KEY).expand(B, H, 1, C)
     else:  # the forward's exact Top-K (and tie rule) over the slots, which are all in the past
