@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import textwrap
 import types
 import typing
 from typing import Any, Callable
@@ -57,6 +58,10 @@ class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefault
         if action.default is None or unset_switch:
             return action.help
         return super()._get_help_string(action)
+
+    def _split_lines(self, text, width):
+        # never at a hyphen: a wrapped "nac-exact" or "--windows-per-epoch" reads as two words
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
 class Parser(argparse.ArgumentParser):
