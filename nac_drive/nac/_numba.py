@@ -455,6 +455,18 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                                     ob[i, d] += coef * kf[j, U(P + 1) + d]
 
 
+@njit(inline="always", **_JIT)
+def _grown_and_decayed(y, grown, decayed, n, bits, bits_as_float, precise):
+    """grown[:n] = 1 - exp(-y), decayed[:n] = exp(-y) for y >= 0: from the polynomials above
+    in float32, from libm where ``precise`` (float64: gradcheck's precision)."""
+    if precise:
+        for p in range(n):
+            decayed[p] = math.exp(-y[p])
+            grown[p] = -math.expm1(-y[p])
+    else:
+        _one_minus_exp_neg_into(y, grown, n, decayed, bits, bits_as_float)   # leaves exp(-y) in decayed
+
+
 @njit(**_JIT)
 def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, motor, phi, tau, t_interp, weights,
                     cmd_w, mot_w, phi_tau_w, mode, euler_steps, tau_eps, time_weighted, d_q_side, d_rows,
@@ -465,106 +477,191 @@ def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, mot
     depth]`` (key side, timestamp, value); q_times ``[B, Tq]``; the stages inter, cmd, motor ``[B*H, Tq, K,
     n]`` and phi, tau, t_interp, weights ``[B*H, Tq, K]`` as the forward traced them; the pair-stage
     weights as in :func:`attend`. Adds into the ``d_*`` arrays (zeroed by the caller), shaped as their
-    inputs. float32 or float64 alike: the only transcendentals are recomputed in the arrays' dtype."""
+    inputs. float32 or float64 alike (the transcendentals of float64 come from libm).
+
+    As the forward, it works on tiles of pairs laid out feature-major, so that each step
+    is one loop over a tile's pairs; an empty slot enters a tile with harmless stage values
+    (the trace holds NaN there) and no gradient."""
     BH, Tq, K = idx.shape
     H, n_inter, n_cmd = cmd_w.shape
     n_motor = mot_w.shape[2]
     depth = dout.shape[2]
     P = n_inter + 2
-    one = 1.0   # scalars in float64: free here, and the sums lose nothing
-    d_weight = np.empty(K, dout.dtype)   # dL/dw_ij
-    d_time = np.empty(K, dout.dtype)     # dL/dt_ij through eq. 19
-    d_motor = np.empty(n_motor, dout.dtype)
-    d_cmd = np.empty(n_cmd, dout.dtype)
+    precise = dout.itemsize == 8
+    one = dout.dtype.type(1.0)
+    queries_per_tile = max(1, TILE_PAIRS // K)
+    tile = queries_per_tile * K
+    keys = np.empty(tile, np.int64)
+    query = np.empty(tile, np.int64)
+    per_pair = np.empty((16, tile), dout.dtype)
+    w, t, ph, ta = per_pair[0], per_pair[1], per_pair[2], per_pair[3]       # the tile's stages
+    d_weight, d_t, d_logit, d_phi, d_tau, d_r0, d_r1, d_z = (per_pair[4], per_pair[5], per_pair[6], per_pair[7],
+                                                            per_pair[8], per_pair[9], per_pair[10], per_pair[11])
+    t_in, grown, decayed, acc = per_pair[12], per_pair[13], per_pair[14], per_pair[15]
+    it, cm, mo = np.empty((n_inter, tile), dout.dtype), np.empty((n_cmd, tile), dout.dtype), \
+        np.empty((n_motor, tile), dout.dtype)
+    d_it, d_cm, d_mo = np.empty((n_inter, tile), dout.dtype), np.empty((n_cmd, tile), dout.dtype), \
+        np.empty((n_motor, tile), dout.dtype)
+    # the pairs of one batch-head row, in order: a tile is a contiguous run of them
+    pair_keys, pair_weights, pair_t = idx.reshape(BH, Tq * K), weights.reshape(BH, Tq * K), t_interp.reshape(BH, Tq * K)
+    pair_phi, pair_tau = phi.reshape(BH, Tq * K), tau.reshape(BH, Tq * K)
+    pair_inter, pair_cmd, pair_motor = (inter.reshape(BH, Tq * K, n_inter), cmd.reshape(BH, Tq * K, n_cmd),
+                                        motor.reshape(BH, Tq * K, n_motor))
+    bits = np.empty(tile, np.int32)
+    bits_as_float = bits.view(np.float32)
     for bh in range(BH):
         h, b = bh % H, bh // H
-        for i in range(Tq):
-            # eq. 19: out_i = sum_j w_ij t_ij v_j
-            through = 0.0
-            for kk in range(K):
-                j = idx[bh, i, kk]
-                if j == NO_KEY:
-                    continue
-                w, t = weights[bh, i, kk], t_interp[bh, i, kk]
-                coef = w * t if time_weighted else w
-                d_coef = 0.0
-                for d in range(depth):
-                    d_coef += dout[bh, i, d] * rows[bh, j, P + 1 + d]
-                    d_rows[bh, j, P + 1 + d] += coef * dout[bh, i, d]
-                d_weight[kk] = d_coef * t if time_weighted else d_coef
-                d_time[kk] = d_coef * w if time_weighted else 0.0
-                through += w * d_weight[kk]
-            for kk in range(K):
-                j = idx[bh, i, kk]
-                if j == NO_KEY:
-                    continue
-                # softmax, then the logit's solver (eqs. 18, 3, 2)
-                d_logit = weights[bh, i, kk] * (d_weight[kk] - through)
-                p, ta, t = phi[bh, i, kk], tau[bh, i, kk], t_interp[bh, i, kk]
-                d_t = d_time[kk]
-                if mode == MODE_STEADY:
-                    d_phi, d_tau = d_logit / ta, -d_logit * p / (ta * ta)
-                elif mode == MODE_EXACT:
-                    decayed = math.exp(-ta * t)
-                    grown = -math.expm1(-ta * t)
-                    d_phi = d_logit * grown / ta
-                    d_tau = d_logit * p * (t * decayed / ta - grown / (ta * ta))
-                    d_t += d_logit * p * decayed
-                else:   # a <- drive + a decay, N - 1 times from a = drive; d a / d(drive, decay) alongside
-                    step = t / euler_steps
-                    decay, drive = one - step * ta, step * p
-                    a, a_drive, a_decay = drive, one, 0.0
+        for i0 in range(0, Tq, queries_per_tile):
+            nq = min(queries_per_tile, Tq - i0)
+            n = nq * K
+            # gather the tile's stages, feature-major; then make its empty slots harmless
+            first = i0 * K
+            for qi in range(nq):
+                query[qi * K:(qi + 1) * K] = i0 + qi
+            for p in range(n):
+                keys[p] = pair_keys[bh, first + p]
+                w[p], t[p] = pair_weights[bh, first + p], pair_t[bh, first + p]
+                ph[p], ta[p] = pair_phi[bh, first + p], pair_tau[bh, first + p]
+            for u in range(n_inter):
+                for p in range(n):
+                    it[u, p] = pair_inter[bh, first + p, u]
+            for c in range(n_cmd):
+                for p in range(n):
+                    cm[c, p] = pair_cmd[bh, first + p, c]
+            for m in range(n_motor):
+                for p in range(n):
+                    mo[m, p] = pair_motor[bh, first + p, m]
+            for p in range(n):
+                if keys[p] == NO_KEY:
+                    w[p], t[p], ph[p], ta[p] = 0.0, 0.5, 0.5, one
+                    for u in range(n_inter):
+                        it[u, p] = 0.0
+                    for c in range(n_cmd):
+                        cm[c, p] = 0.0
+                    for m in range(n_motor):
+                        mo[m, p] = 0.0
+            # eq. 19: out_i = sum_j w_ij t_ij v_j, then the softmax
+            for qi in range(nq):
+                i = i0 + qi
+                through = 0.0
+                for kk in range(K):
+                    p = qi * K + kk
+                    j = keys[p]
+                    if j == NO_KEY:
+                        d_weight[p] = d_t[p] = 0.0
+                        continue
+                    coef = w[p] * t[p] if time_weighted else w[p]
+                    d_coef = 0.0
+                    for d in range(U(depth)):
+                        d_coef += dout[bh, i, d] * rows[bh, j, U(P + 1) + d]
+                        d_rows[bh, j, U(P + 1) + d] += coef * dout[bh, i, d]
+                    d_weight[p] = d_coef * t[p] if time_weighted else d_coef
+                    d_t[p] = d_coef * w[p] if time_weighted else 0.0
+                    through += w[p] * d_weight[p]
+                for kk in range(K):
+                    p = qi * K + kk
+                    d_logit[p] = w[p] * (d_weight[p] - through)       # 0 in an empty slot (w = 0)
+            # the logit's solver (eqs. 18, 3, 2)
+            if mode == MODE_STEADY:
+                for p in range(n):
+                    d_phi[p] = d_logit[p] / ta[p]
+                    d_tau[p] = -d_logit[p] * ph[p] / (ta[p] * ta[p])
+            elif mode == MODE_EXACT:
+                for p in range(n):
+                    acc[p] = ta[p] * t[p]
+                _grown_and_decayed(acc, grown, decayed, n, bits, bits_as_float, precise)
+                for p in range(n):
+                    d_phi[p] = d_logit[p] * grown[p] / ta[p]
+                    d_tau[p] = d_logit[p] * ph[p] * (t[p] * decayed[p] / ta[p] - grown[p] / (ta[p] * ta[p]))
+                    d_t[p] += d_logit[p] * ph[p] * decayed[p]
+            else:   # a <- drive + a decay, N - 1 times from a = drive; d a / d(drive, decay) alongside
+                for p in range(n):
+                    step = t[p] / euler_steps
+                    decay, drive = one - step * ta[p], step * ph[p]
+                    a, a_drive, a_decay = drive, one, 0.0 * one
                     for _ in range(euler_steps - 1):
                         a_decay = a + a_decay * decay
                         a_drive = one + a_drive * decay
                         a = drive + a * decay
-                    d_drive, d_decay = d_logit * a_drive, d_logit * a_decay
-                    d_phi, d_tau = d_drive * step, -d_decay * step
-                    d_t += (d_drive * p - d_decay * ta) / euler_steps
-                # eqs. 15, 16: phi = sigmoid(r0), tau = softplus(r1) + eps, softplus' = 1 - exp(-softplus)
-                d_r0 = d_phi * p * (one - p)
-                d_r1 = d_tau * -math.expm1(-(ta - tau_eps))
-                d_phi_tau_b[h, 0] += d_r0
-                d_phi_tau_b[h, 1] += d_r1
-                # the time vector t = sigmoid(a t_in + b), (a, b) the pair's last two pre-activations
-                d_z = d_t * t * (one - t)
+                    d_drive, d_decay = d_logit[p] * a_drive, d_logit[p] * a_decay
+                    d_phi[p], d_tau[p] = d_drive * step, -d_decay * step
+                    d_t[p] += (d_drive * ph[p] - d_decay * ta[p]) / euler_steps
+            # eqs. 15, 16: phi = sigmoid(r0), tau = softplus(r1) + eps, softplus' = 1 - exp(-softplus)
+            for p in range(n):
+                acc[p] = ta[p] - tau_eps
+            _grown_and_decayed(acc, grown, decayed, n, bits, bits_as_float, precise)
+            s0 = s1 = 0.0
+            for p in range(n):
+                d_r0[p] = d_phi[p] * ph[p] * (one - ph[p])
+                d_r1[p] = d_tau[p] * grown[p]
+                s0 += d_r0[p]
+                s1 += d_r1[p]
+            d_phi_tau_b[h, 0] += s0
+            d_phi_tau_b[h, 1] += s1
+            # the time vector t = sigmoid(a t_in + b), (a, b) the pair's last two pre-activations
+            for p in range(n):
+                j = max(keys[p], 0)
                 if time_kind == TIME_ELAPSED:
-                    t_in = q_times[b, i] - rows[bh, j, P]
+                    t_in[p] = q_times[b, query[p]] - rows[bh, j, P]
                 elif time_kind == TIME_QUERY:
-                    t_in = q_times[b, i]
+                    t_in[p] = q_times[b, query[p]]
                 else:
-                    t_in = one
+                    t_in[p] = one
+                d_z[p] = d_t[p] * t[p] * (one - t[p])
+            for p in range(n):
+                i, j = query[p], keys[p]
+                if j == NO_KEY:
+                    continue
                 slope = q_side[bh, i, n_inter] + rows[bh, j, n_inter]
-                d_q_side[bh, i, n_inter] += d_z * t_in
-                d_rows[bh, j, n_inter] += d_z * t_in
-                d_q_side[bh, i, n_inter + 1] += d_z
-                d_rows[bh, j, n_inter + 1] += d_z
+                d_q_side[bh, i, n_inter] += d_z[p] * t_in[p]
+                d_rows[bh, j, n_inter] += d_z[p] * t_in[p]
+                d_q_side[bh, i, n_inter + 1] += d_z[p]
+                d_rows[bh, j, n_inter + 1] += d_z[p]
                 if time_kind == TIME_ELAPSED:
-                    d_q_times[b, i] += d_z * slope
-                    d_rows[bh, j, P] -= d_z * slope
+                    d_q_times[b, i] += d_z[p] * slope
+                    d_rows[bh, j, P] -= d_z[p] * slope
                 elif time_kind == TIME_QUERY:
-                    d_q_times[b, i] += d_z * slope
-                # eq. 14 backwards: motor, command, inter (tanh' = 1 - tanh^2)
+                    d_q_times[b, i] += d_z[p] * slope
+            # eq. 14 backwards: motor, command, inter (tanh' = 1 - tanh^2); each weight's
+            # gradient a sum over the tile's pairs
+            for m in range(n_motor):
+                s0 = s1 = 0.0
+                w0, w1 = phi_tau_w[h, m, 0], phi_tau_w[h, m, 1]
+                for p in range(n):
+                    s0 += mo[m, p] * d_r0[p]
+                    s1 += mo[m, p] * d_r1[p]
+                    d_mo[m, p] = (w0 * d_r0[p] + w1 * d_r1[p]) * (one - mo[m, p] * mo[m, p])
+                d_phi_tau_w[h, m, 0] += s0
+                d_phi_tau_w[h, m, 1] += s1
+                d_mot_b[h, m] += d_mo[m, :n].sum()
+            for c in range(n_cmd):
+                acc[:n] = 0.0
                 for m in range(n_motor):
-                    mo = motor[bh, i, kk, m]
-                    d_phi_tau_w[h, m, 0] += mo * d_r0
-                    d_phi_tau_w[h, m, 1] += mo * d_r1
-                    d_motor[m] = (phi_tau_w[h, m, 0] * d_r0 + phi_tau_w[h, m, 1] * d_r1) * (one - mo * mo)
-                    d_mot_b[h, m] += d_motor[m]
+                    wcm = mot_w[h, c, m]
+                    s0 = 0.0
+                    for p in range(n):
+                        acc[p] += wcm * d_mo[m, p]
+                        s0 += cm[c, p] * d_mo[m, p]
+                    d_mot_w[h, c, m] += s0
+                for p in range(n):
+                    d_cm[c, p] = acc[p] * (one - cm[c, p] * cm[c, p])
+                d_cmd_b[h, c] += d_cm[c, :n].sum()
+            for u in range(n_inter):
+                acc[:n] = 0.0
                 for c in range(n_cmd):
-                    cm = cmd[bh, i, kk, c]
-                    acc = 0.0
-                    for m in range(n_motor):
-                        acc += mot_w[h, c, m] * d_motor[m]
-                        d_mot_w[h, c, m] += cm * d_motor[m]
-                    d_cmd[c] = acc * (one - cm * cm)
-                    d_cmd_b[h, c] += d_cmd[c]
+                    wuc = cmd_w[h, u, c]
+                    s0 = 0.0
+                    for p in range(n):
+                        acc[p] += wuc * d_cm[c, p]
+                        s0 += it[u, p] * d_cm[c, p]
+                    d_cmd_w[h, u, c] += s0
+                for p in range(n):
+                    d_it[u, p] = acc[p] * (one - it[u, p] * it[u, p])
+            # eq. 14's first layer reads W [q_i; k_j] + b: its gradient goes to both halves
+            for p in range(n):
+                i, j = query[p], keys[p]
+                if j == NO_KEY:
+                    continue
                 for u in range(n_inter):
-                    it = inter[bh, i, kk, u]
-                    acc = 0.0
-                    for c in range(n_cmd):
-                        acc += cmd_w[h, u, c] * d_cmd[c]
-                        d_cmd_w[h, u, c] += it * d_cmd[c]
-                    d_pre = acc * (one - it * it)
-                    d_q_side[bh, i, u] += d_pre
-                    d_rows[bh, j, u] += d_pre
+                    d_q_side[bh, i, u] += d_it[u, p]
+                    d_rows[bh, j, u] += d_it[u, p]
