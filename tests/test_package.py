@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tomllib
 import venv
 import zipfile
@@ -78,6 +79,21 @@ def test_wheel_holds_every_module_and_asset_and_the_sdist_rebuilds_it(tmp_path):
     rebuilt = build(sdist, tmp_path / "from_sdist", "--wheel")
     assert [p.name for p in rebuilt] == [wheel.name]
     assert wheel_contents(rebuilt[0]) == wheel_contents(wheel)
+
+
+def test_the_licence_and_changelog_match_the_metadata(tmp_path):
+    # pyproject says MIT and a version; the files a user reads must say the same, and ship
+    assert PYPROJECT["project"]["license"] == "MIT"
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+    version = PYPROJECT["project"]["version"]
+    headings = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert headings and headings[0] == version, f"CHANGELOG.md's newest entry is {headings[:1]}, pyproject says {version}"
+    built = build(ROOT, tmp_path / "dist", "--sdist", "--wheel")
+    sdist, wheel = (next(p for p in built if p.name.endswith(ext)) for ext in (".tar.gz", ".whl"))
+    with tarfile.open(sdist) as tf:
+        assert {"LICENSE", "CHANGELOG.md"} <= {Path(n).name for n in tf.getnames()}
+    with zipfile.ZipFile(wheel) as zf:
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in zf.namelist())
 
 
 def wheel_contents(wheel: Path) -> dict[str, bytes]:
