@@ -24,11 +24,24 @@ class Constant:
 def test_shipped_policy_is_small_and_complete():
     path = shipped_policy_path()
     files = {p.name: p.stat().st_size for p in path.iterdir()}
-    assert set(files) == {"config.json", "model.safetensors"}
+    assert set(files) == {"config.json", "model.safetensors", "README.md"}
     assert files["model.safetensors"] < 5_000_000
     policy = load_driving_policy()
     assert policy.config.task == "carracing" and policy.config.core.core == "nac"
     assert not policy.training
+
+
+@pytest.mark.parametrize("task", ["carracing", "udacity"])
+def test_each_shipped_policy_has_a_model_card_that_matches_it(task):
+    # The card (README.md beside the weights) states the architecture and size; a retrained or
+    # reconfigured policy whose card was not rewritten fails here.
+    policy = load_driving_policy(task=task)
+    card = (shipped_policy_path(task) / "README.md").read_text()
+    core = policy.config.core
+    for fact in (f"last {core.window} frames", f"{core.num_heads} heads", f"Top-{core.topk} keys",
+                 f"`mode {core.mode}`", f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters",
+                 "**Held-out figures**", "**Limits.**", "**Data and recipe.**"):
+        assert fact in card, fact
 
 
 def test_shipped_udacity_policy_loads_and_steers():
