@@ -40,6 +40,7 @@ IGNORED = [
     (["train", "--core", "cfc", "--select", "all"], "--select: the cfc core does not use it"),
     (["train", "--core", "ltc", "--euler-steps", "3"], "--euler-steps: the ltc core does not use it"),
     (["train", "--euler-steps", "3"], "--euler-steps: only --mode euler takes Euler steps"),
+    (["train", "--select", "all", "--topk", "4"], "--topk: --select all reads every key of the window"),
     # quickstart: --full's flags, and DAgger's when it runs no round
     (["quickstart", "--core", "lstm"], "--core: only with --full"),
     (["quickstart", "--full", "--dagger-rounds", "0", "--disturb-rate", "0.1"], "--disturb-rate: only with DAgger"),

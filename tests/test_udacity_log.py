@@ -162,6 +162,21 @@ def test_missing_images_are_found_when_the_log_is_loaded(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_class_weighting_on_continuous_steering_is_refused_before_a_run_folder(tmp_path, capsys):
+    from nac_drive.cli import main
+
+    with DrivingLogWriter(tmp_path / "rec") as w:
+        for k in range(20):
+            w.write(np.full((160, 320, 3), 10 * k, np.uint8), 0.01 * k, 0.5, 0.0, 9.0,
+                    when=dt.datetime(2026, 3, 4, 5, 6, 7) + dt.timedelta(seconds=k / 15))
+    args = ["train", "--data", str(tmp_path), "--out", str(tmp_path / "runs"), "--window", "4", "--epochs", "1",
+            "--windows-per-epoch", "32", "--batch-size", "4", "--no-progress"]
+    assert main([*args, "--class-weighting", "balanced"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--class-weighting balanced" in err[0] and "continuous actions" in err[0]
+    assert not (tmp_path / "runs").exists()
+
+
 def test_two_rows_naming_one_image_are_refused_naming_the_row(tmp_path):
     """A log whose rows share an image (a later recording overwrote it: one frame, two
     labels) is refused when loaded, in one line naming the row and the row it repeats."""

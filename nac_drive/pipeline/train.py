@@ -178,6 +178,9 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
     config, train_set, val_set, actions, data_info = _load_data(args, args.seed)
     if len(train_set) == 0:
         raise ValueError(f"data: no episode or segment of {args.data} has {args.window} frames (--window)")
+    if actions is None and args.class_weighting != "none":
+        raise ValueError(f"--class-weighting {args.class_weighting}: {args.data} holds continuous actions, and class "
+                         f"weights apply to discrete ones only")
     core_cfg = CoreConfig(core=args.core, window=args.window, d_model=args.d_model, num_heads=args.num_heads,
                           topk=args.topk, mode=args.mode, select=args.select, euler_steps=args.euler_steps,
                           sparsity=args.sparsity, logit_variant=args.logit_variant, seed=args.seed)

@@ -95,18 +95,20 @@ class TrainArgs:
         """The fields this run would not use, each with why: with ``init_from`` the
         architecture (the checkpoint's is used); with ``tuned`` what its best.json sets; then
         what the core (the tuned one, if any) does not read; ``frame_drop`` with one-frame
-        windows, which have no time between frames to stretch."""
+        windows, which have no time between frames to stretch; ``topk`` under ``select="all"``."""
         unused = {"frame_drop": "a window of one frame (--window 1) has no time between frames for dropped "
                                 "frames to stretch"} if self.window == 1 else {}
         if self.init_from:
             return {**unused, **{name: "--init-from fine-tunes the checkpoint's own architecture (its "
                                        "config.json); leave this flag out" for name in (*ARCHITECTURE, "tuned")}}
-        core, mode = self.core, self.mode
+        core, mode, select = self.core, self.mode, self.select
         if self.tuned:
             tuned = read_tuned(self.tuned)
             unused.update({name: f"--tuned {self.tuned} sets it" for name in tuned})
-            core, mode = tuned.get("core", core), tuned.get("mode", mode)
+            core, mode, select = tuned.get("core", core), tuned.get("mode", mode), tuned.get("select", select)
         used = ("core", "d_model", *core_fields(core, mode))
+        if core == "nac" and select == "all":
+            unused.setdefault("topk", "--select all reads every key of the window: no K is chosen")
         users = {name: " and ".join(core for core, fields in CORE_FIELDS.items() if name in fields)
                  for name in ARCHITECTURE}
         return {**{name: (f"only --mode euler takes Euler steps (this run's mode: {mode})" if core == "nac" else
