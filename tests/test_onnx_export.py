@@ -177,3 +177,26 @@ def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_l
     assert "--trace and --rerun need its checkpoint folder" in one_line_error(
         capsys, "drive", "carracing", "--policy", step, "--episodes", "1", "--trace", tmp_path / "run")
     assert "only drives" in one_line_error(capsys, "saliency", "--policy", step, "--run", tmp_path)
+
+
+def with_weight(source, path, name, value):
+    """A copy of the exported file at ``source`` with the first entry of initializer ``name`` set to ``value``."""
+    from onnx import numpy_helper
+
+    model = onnx.load(str(source))
+    tensor = next(t for t in model.graph.initializer if t.name == name)
+    array = numpy_helper.to_array(tensor).copy()
+    array.flat[0] = value
+    tensor.CopyFrom(numpy_helper.from_array(array, name))
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_an_onnx_file_with_a_non_finite_weight_is_refused_in_one_line(tmp_path, capsys, exported, value):
+    """Such a file once drove every frame as noop (NaN logits); the same weights in safetensors are refused."""
+    for graph in ("step", "window"):
+        bad = with_weight(exported[graph], tmp_path / f"{graph}.onnx", "policy.head.1.bias", value)
+        line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
+        assert "policy.head.1.bias contains NaN or inf" in line, line
+    OnnxPolicy(exported["step"])   # the exporter's own -inf and float32-lowest fills are scalars, not refused

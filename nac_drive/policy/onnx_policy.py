@@ -13,7 +13,7 @@ timestamps the torch policy gets (:meth:`ClosedLoop.episode_time`).
 Loading never executes code: the model is read into memory (a regular file, capped at
 :data:`MAX_BYTES`) and handed to onnxruntime as bytes, so it cannot name external data files;
 no custom-operator library is registered. A file that is not such a policy (not ONNX,
-truncated, another model's inputs, no nac-drive metadata) is refused in one line.
+truncated, another model's inputs, no nac-drive metadata, NaN or inf weights) is refused in one line.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from nac_drive.io.capped_read import read_capped
-from nac_drive.io.checkpoint import CheckpointError
+from nac_drive.io.checkpoint import CheckpointError, check_values
 from nac_drive.policy.driving_policy import ClosedLoop, PolicyConfig
 from nac_drive.policy.encoders import ENCODERS
 
@@ -53,10 +53,46 @@ def session(path: str | Path, threads: int = 1):
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3   # errors only: the refusal below says what went wrong
     try:
-        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        loaded = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except Exception as e:   # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
         why = " ".join(str(e).split())[:200]
         raise CheckpointError(f"{path}: not an ONNX model onnxruntime can load ({why})") from None
+    check_weights(data, path)   # after onnxruntime's load, which refuses external data
+    return loaded
+
+
+def check_weights(data: bytes, path: str | Path) -> None:
+    """The model's constants (initializers and Constant nodes, subgraphs included) as
+    :func:`~nac_drive.io.checkpoint.check_values` checks a checkpoint's weights: NaN or inf
+    weights load, then drive with every output NaN. A scalar may be infinite: the exporter's
+    own fills (``-inf`` for a masked logit, float32's lowest for a clamp) are scalars."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError:
+        raise ValueError(f"an ONNX policy's weights are checked by onnx (the 'onnx' extra): {EXTRA_HINT}") from None
+    weights, scalars = {}, {}
+    for name, tensor in _constants(onnx.load_model_from_string(data).graph, onnx):
+        array = numpy_helper.to_array(tensor)
+        if array.dtype.kind == "f":
+            (weights if array.ndim else scalars)[name] = torch.from_numpy(np.array(array, np.float32))
+    check_values(weights, path)
+    for name, value in scalars.items():
+        if value.isnan():
+            raise CheckpointError(f"{path}: {name} contains NaN or inf")
+
+
+def _constants(graph, onnx):
+    """(name, TensorProto) of every constant of ``graph`` and of its subgraphs."""
+    yield from ((t.name, t) for t in graph.initializer)
+    yield from ((t.values.name, t.values) for t in graph.sparse_initializer)
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield f"{node.name or node.op_type}.{attribute.name}", attribute.t
+            yield from ((f"{node.name or node.op_type}.{attribute.name}", t) for t in attribute.tensors)
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                yield from _constants(sub, onnx)
 
 
 class OnnxPolicy(ClosedLoop):
