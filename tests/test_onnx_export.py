@@ -200,3 +200,23 @@ def test_an_onnx_file_with_a_non_finite_weight_is_refused_in_one_line(tmp_path, 
         line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
         assert "policy.head.1.bias contains NaN or inf" in line, line
     OnnxPolicy(exported["step"])   # the exporter's own -inf and float32-lowest fills are scalars, not refused
+
+
+def with_config(source, path, **changes):
+    """A copy of the exported file at ``source`` whose embedded config has ``changes``."""
+    model = onnx.load(str(source))
+    entry = next(e for e in model.metadata_props if e.key == META_CONFIG)
+    entry.value = json.dumps({**json.loads(entry.value), **changes})
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("changes", [{"action": "continuous", "num_outputs": 3}, {"num_outputs": 7}])
+def test_an_onnx_file_whose_config_disagrees_with_its_heads_width_is_refused_in_one_line(
+        tmp_path, capsys, exported, changes):
+    """Config continuous/3 on the 5-logit graph once drove returning 5 values against Box(3,); a
+    config of 7 failed mid-drive "a bug"."""
+    for graph in ("step", "window"):
+        bad = with_config(exported[graph], tmp_path / f"{graph}.onnx", **changes)
+        line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
+        assert f"are not those of a {graph} graph of this policy's config ({changes['num_outputs']} outputs)" in line

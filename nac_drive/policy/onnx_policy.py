@@ -13,7 +13,8 @@ timestamps the torch policy gets (:meth:`ClosedLoop.episode_time`).
 Loading never executes code: the model is read into memory (a regular file, capped at
 :data:`MAX_BYTES`) and handed to onnxruntime as bytes, so it cannot name external data files;
 no custom-operator library is registered. A file that is not such a policy (not ONNX,
-truncated, another model's inputs, no nac-drive metadata, NaN or inf weights) is refused in one line.
+truncated, another model's inputs, a head of another width than its config's, no nac-drive
+metadata, NaN or inf weights) is refused in one line.
 """
 
 from __future__ import annotations
@@ -106,29 +107,35 @@ class OnnxPolicy(ClosedLoop):
         self.session = session(path, threads)
         self.graph, self.config = _read_metadata(self.session.get_modelmeta().custom_metadata_map, self.path)
         self.frame_shape: tuple[int, int, int] = ENCODERS[self.config.encoder].frame_shape
-        self._check_inputs()
+        self._check_signature()
         self.reset()
 
-    def _check_inputs(self) -> None:
-        """The graph's inputs are the ones :mod:`.onnx_export` writes for this config."""
-        window, core = self.config.core.window, self.config.core
+    def _check_signature(self) -> None:
+        """The graph's inputs and outputs are the ones :mod:`.onnx_export` writes for this
+        config: a head of another width than the config's would return actions outside its
+        action space, or fail mid-drive."""
+        window, core, width = self.config.core.window, self.config.core, self.config.num_outputs
         if self.graph == "step":
             cache = [1, core.num_heads, window, None]   # cache_width: the layer's own
-            expected = {"frame": ([1, *self.frame_shape], "uint8"), "t": ([1], "float"),
-                        "cache": (cache, "float"), "steps": ([], "int64")}
+            inputs = {"frame": ([1, *self.frame_shape], "uint8"), "t": ([1], "float"),
+                      "cache": (cache, "float"), "steps": ([], "int64")}
+            outputs = {"output": ([1, width], "float"), "cache_out": (cache, "float"), "steps_out": ([], "int64")}
         else:
-            expected = {"frames": ([1, None, *self.frame_shape], "uint8"), "t": ([1, None], "float")}
-        found = {i.name: (i.shape, i.type) for i in self.session.get_inputs()}
-        ok = list(found) == list(INPUTS[self.graph]) and all(
-            found[name][1] == f"tensor({kind})" and len(found[name][0]) == len(shape)
-            and all(want is None or got == want for got, want in zip(found[name][0], shape))
-            for name, (shape, kind) in expected.items())
-        if not ok:
-            seen = ", ".join(f"{n} {s} {k}" for n, (s, k) in found.items())
-            raise CheckpointError(f"{self.path}: its inputs ({seen}) are not those of a {self.graph} graph of this "
-                                  f"policy's config; export it again with nac-drive export")
-        if self.graph == "step":
-            self._cache_shape = tuple(found["cache"][0])
+            inputs = {"frames": ([1, None, *self.frame_shape], "uint8"), "t": ([1, None], "float")}
+            outputs = {"outputs": ([1, None, width], "float")}
+        for side, expected, names, nodes in (("inputs", inputs, INPUTS, self.session.get_inputs()),
+                                              ("outputs", outputs, OUTPUTS, self.session.get_outputs())):
+            found = {i.name: (i.shape, i.type) for i in nodes}
+            ok = list(found) == list(names[self.graph]) and all(
+                found[name][1] == f"tensor({kind})" and len(found[name][0]) == len(shape)
+                and all(want is None or got == want for got, want in zip(found[name][0], shape))
+                for name, (shape, kind) in expected.items())
+            if not ok:
+                seen = ", ".join(f"{n} {s} {k}" for n, (s, k) in found.items())
+                raise CheckpointError(f"{self.path}: its {side} ({seen}) are not those of a {self.graph} graph of "
+                                      f"this policy's config ({width} outputs); export it again with nac-drive export")
+            if side == "inputs" and self.graph == "step":
+                self._cache_shape = tuple(found["cache"][0])
 
     def step_output(self, obs) -> torch.Tensor:
         """Consume one observation; returns the head's raw output ``[num_outputs]``."""
