@@ -168,11 +168,11 @@ def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_l
     from nac_drive.policy.cores import CoreConfig
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
-    lstm = tmp_path / "lstm"
-    DrivingPolicy(PolicyConfig(core=CoreConfig(core="lstm", window=4))).save_pretrained(lstm)
-    assert "export --graph window" in one_line_error(capsys, "export", "--policy", lstm, tmp_path / "l.onnx")
+    mha = tmp_path / "mha"
+    DrivingPolicy(PolicyConfig(core=CoreConfig(core="mha", window=4))).save_pretrained(mha)
+    assert "export --graph window" in one_line_error(capsys, "export", "--policy", mha, tmp_path / "m.onnx")
     assert "ending in .onnx" in one_line_error(capsys, "export", tmp_path / "policy.pt")
-    assert not (tmp_path / "l.onnx").exists()
+    assert not (tmp_path / "m.onnx").exists()
     step = exported["step"]
     assert "--trace and --rerun need its checkpoint folder" in one_line_error(
         capsys, "drive", "carracing", "--policy", step, "--episodes", "1", "--trace", tmp_path / "run")
@@ -220,3 +220,43 @@ def test_an_onnx_file_whose_config_disagrees_with_its_heads_width_is_refused_in_
         bad = with_config(exported[graph], tmp_path / f"{graph}.onnx", **changes)
         line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
         assert f"are not those of a {graph} graph of this policy's config ({changes['num_outputs']} outputs)" in line
+
+
+def test_a_core_that_loops_over_its_frames_is_refused_before_any_export_work(tmp_path, capsys, monkeypatch):
+    """An lstm, gru, cfc or ltc window graph was unrolled at one length: export failed after its
+    work, "unexpected Fail: Reshape", and left a .onnx that failed on its first frame."""
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("the exporter ran")
+
+    monkeypatch.setattr(torch.onnx, "export", no_export)
+    for core in ("lstm", "gru", "cfc", "ltc"):
+        folder = tmp_path / core
+        DrivingPolicy(PolicyConfig(core=CoreConfig(core=core, window=4))).save_pretrained(folder)
+        for graph in ("window", "step"):
+            line = one_line_error(capsys, "export", "--policy", folder, "--graph", graph, tmp_path / "out.onnx")
+            assert f"core: a {core!r} core steps its frames in a Python loop" in line and "only nac and mha" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfc", "gru", "lstm", "ltc"]
+
+
+def test_an_export_that_fails_its_check_leaves_no_file(tmp_path, capsys, monkeypatch):
+    """The file takes its name only after OnnxPolicy loads it and onnxruntime runs it; a failure
+    removes it, and the one line names the output, never the hidden temporary file."""
+    from nac_drive.policy import onnx_export
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    folder = tmp_path / "mha"
+    DrivingPolicy(PolicyConfig(core=CoreConfig(core="mha", window=4))).save_pretrained(folder)
+
+    def fails(policy, path, graph):
+        raise RuntimeError(f"[ONNXRuntimeError] Reshape failed in {path}")
+
+    monkeypatch.setattr(onnx_export, "max_abs_diff", fails)
+    out = tmp_path / "out.onnx"
+    line = one_line_error(capsys, "export", "--policy", folder, "--graph", "window", out)
+    assert f"{out}: the exported window graph does not run on onnxruntime (" in line and ".tmp" not in line
+    assert "Reshape failed in the file" in line and "nothing was written" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mha"]
