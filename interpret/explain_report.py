@@ -10,10 +10,10 @@ own tags (the caller's ``escape``), so a crafted report cannot inject markup.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
+from nac_drive.io import bounded_json
 from nac_drive.io.capped_read import read_capped
 
 EXPLAIN_FILE = "explain.json"
@@ -36,7 +36,7 @@ def load_explain(folder: Path, trace_sha256: str) -> tuple[dict[str, Any] | None
     if not path.exists():
         return None, None
     try:
-        report = json.loads(read_capped(path, MAX_REPORT_BYTES).decode("utf-8"))
+        report = bounded_json.loads(read_capped(path, MAX_REPORT_BYTES))
         if not isinstance(report, dict):
             raise ValueError("not a JSON object")
         recorded = report.get("trace_sha256")

@@ -46,7 +46,6 @@ are NaN here and -1 there.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -57,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from nac_drive.interpret.trace import BACKBONE_GROUPS, NAC_FIELDS, PER_KEY, RunTrace, reduce_nac_trace
+from nac_drive.io import bounded_json
 
 APPLICATION_ID = "nac-drive"
 GRPC_PORT = 9876      # Rerun's own default proxy port
@@ -110,7 +110,7 @@ def viewer_config_home() -> Path:
 
 def _analytics_disabled(settings: Path) -> bool:
     try:
-        return json.loads(settings.read_text()).get("analytics_enabled") is False
+        return bounded_json.loads(settings.read_text()).get("analytics_enabled") is False
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -260,3 +260,12 @@ def test_an_export_that_fails_its_check_leaves_no_file(tmp_path, capsys, monkeyp
     assert f"{out}: the exported window graph does not run on onnxruntime (" in line and ".tmp" not in line
     assert "Reshape failed in the file" in line and "nothing was written" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mha"]
+
+
+def test_onnx_metadata_nested_100k_deep_is_refused_in_one_line(tmp_path, capsys, exported):
+    """The config in the file's metadata, 100,000 levels deep: once RecursionError, "a bug"."""
+    model = onnx.load(str(exported["step"]))
+    next(e for e in model.metadata_props if e.key == META_CONFIG).value = "[" * 100_000 + "]" * 100_000
+    onnx.save(model, str(tmp_path / "deep.onnx"))
+    line = one_line_error(capsys, "drive", "carracing", "--policy", tmp_path / "deep.onnx", "--episodes", "1")
+    assert f"metadata {META_CONFIG}: JSON nested deeper than 64 levels" in line

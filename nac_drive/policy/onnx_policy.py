@@ -19,12 +19,12 @@ metadata, NaN or inf weights) is refused in one line.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from nac_drive.io import bounded_json
 from nac_drive.io.capped_read import read_capped
 from nac_drive.io.checkpoint import CheckpointError, check_values
 from nac_drive.policy.driving_policy import ClosedLoop, PolicyConfig
@@ -167,7 +167,7 @@ def _read_metadata(meta: dict[str, str], path: Path) -> tuple[str, PolicyConfig]
     if graph not in GRAPHS:
         raise CheckpointError(f"{path}: metadata {META_GRAPH} must be one of {GRAPHS}, got {graph!r}")
     try:
-        config = PolicyConfig.from_dict(json.loads(meta.get(META_CONFIG, "")))
+        config = PolicyConfig.from_dict(bounded_json.loads(meta.get(META_CONFIG, "")))
     except (TypeError, ValueError) as e:   # json.JSONDecodeError is a ValueError
         raise CheckpointError(f"{path}: metadata {META_CONFIG}: {' '.join(str(e).split())}") from None
     return graph, config
