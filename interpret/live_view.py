@@ -13,7 +13,8 @@ SSH tunnel), which keeps the recording for viewers that connect late. Viewer and
 as a child process of the Rerun CLI bound to 127.0.0.1 (the SDK's own ``serve_grpc`` listens
 on every interface), with Rerun's usage analytics turned off through a configuration folder
 of nac-drive's own (``rerun analytics disable`` run against it), so the user's own Rerun
-settings are left as they are. Rerun's web viewer is not offered: its page loads fonts from
+settings are left as they are. The server dies with the drive however the drive ends, ``kill -9``
+included (:func:`nac_drive.child_processes.program_dies_with_us`); a native window outlives it. Rerun's web viewer is not offered: its page loads fonts from
 Google and its viewer sends usage analytics from the browser, which nac-drive cannot turn off.
 
 Recording layout. Timelines: ``step`` (the run's step: row ``i`` of the trace),
@@ -55,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nac_drive.child_processes import program_dies_with_us
 from nac_drive.interpret.trace import BACKBONE_GROUPS, NAC_FIELDS, PER_KEY, RunTrace, reduce_nac_trace
 from nac_drive.io import bounded_json
 
@@ -137,7 +139,9 @@ def start_viewer(serve_port: int | None = None, host: str = "127.0.0.1") -> tupl
     proc = subprocess.Popen([rerun_executable(), "--bind", host, "--port", str(port), *mode],
                             env={**os.environ, "XDG_CONFIG_HOME": str(viewer_config_home())},
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=serve_port is None)   # a native window outlives the drive
+                            # a native window outlives the drive; a server dies with it, however it ends
+                            start_new_session=serve_port is None,
+                            preexec_fn=None if serve_port is None else program_dies_with_us())
     deadline = time.monotonic() + VIEWER_START_TIMEOUT_S
     while not _listening(host, port):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -218,3 +218,44 @@ def test_an_rrd_that_cannot_be_written_is_refused_before_the_drive(tmp_path):
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "--rerun: expected a file name ending in .rrd" in out.stderr
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie no one reaps counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+SERVING = """
+import time
+from nac_drive.interpret.live_view import start_viewer
+server, url = start_viewer(serve_port={port})
+print(server.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's PR_SET_PDEATHSIG: Linux only")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_served_drive_killed_takes_its_grpc_server_and_port_with_it(tmp_path, how):
+    """The `rerun --serve-grpc` child was re-parented to PID 1 and kept the port, so the next
+    --rerun-serve was refused "port in use"; SIGINT alone cleaned up."""
+    import signal
+
+    port = free_port()
+    drive = subprocess.Popen([sys.executable, "-c", SERVING.format(port=port)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    server = int(drive.stdout.readline())
+    try:
+        assert not gone(server) and listening_addresses(port) == {"127.0.0.1"}
+        drive.send_signal(getattr(signal, how))
+        drive.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not (gone(server) and not listening_addresses(port)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gone(server) and listening_addresses(port) == set()
+    finally:
+        if not gone(server):
+            os.kill(server, signal.SIGKILL)
