@@ -12,8 +12,8 @@ to (``rerun --connect rerun+http://127.0.0.1:PORT/proxy``; from another machine 
 SSH tunnel), which keeps the recording for viewers that connect late. Viewer and server run
 as a child process of the Rerun CLI bound to 127.0.0.1 (the SDK's own ``serve_grpc`` listens
 on every interface), with Rerun's usage analytics turned off through a configuration folder
-of nac-drive's own (``rerun analytics disable`` run against it), so the user's own Rerun
-settings are left as they are. The server dies with the drive however the drive ends, ``kill -9``
+of nac-drive's own (:func:`viewer_config_home`), so the user's own Rerun settings and data
+folders are left as they are. The server dies with the drive however the drive ends, ``kill -9``
 included (:func:`nac_drive.child_processes.program_dies_with_us`); a native window outlives it. Rerun's web viewer is not offered: its page loads fonts from
 Google and its viewer sends usage analytics from the browser, which nac-drive cannot turn off.
 
@@ -52,13 +52,14 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
 
 from nac_drive.child_processes import program_dies_with_us
 from nac_drive.interpret.trace import BACKBONE_GROUPS, NAC_FIELDS, PER_KEY, RunTrace, reduce_nac_trace
-from nac_drive.io import bounded_json
+from nac_drive.io.checkpoint import read_json, write_json
 
 APPLICATION_ID = "nac-drive"
 GRPC_PORT = 9876      # Rerun's own default proxy port
@@ -96,24 +97,24 @@ def rerun_executable() -> str:
 def viewer_config_home() -> Path:
     """nac-drive's own XDG_CONFIG_HOME for the viewers it starts, with Rerun's analytics off.
 
-    ``rerun analytics disable`` writes ``rerun/analytics.json`` under it; the viewer reads its
-    analytics setting from there and nothing else (its data and caches stay where they are)."""
+    Rerun reads its analytics setting from ``rerun/analytics.json`` under it and nothing else
+    (its data and caches stay where they are). The file is written here, in the format
+    ``rerun analytics disable`` writes (re_analytics' ``Config``), rather than by running that
+    command, which queues an analytics event of its own in the user's data folder; the folder
+    it names for pending events is one of nac-drive's own."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     home = base / "nac-drive" / "rerun-config"
     settings = home / "rerun" / "analytics.json"
     if not _analytics_disabled(settings):
-        home.mkdir(parents=True, exist_ok=True)
-        subprocess.run([rerun_executable(), "analytics", "disable"], env={**os.environ, "XDG_CONFIG_HOME": str(home)},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False)
-        if not _analytics_disabled(settings):
-            raise ValueError(f"could not turn Rerun's analytics off in {settings}; no viewer was started")
+        write_json(settings, {"analytics_enabled": False, "analytics_id": uuid.uuid4().hex, "metadata": {},
+                              "config_file_path": str(settings), "data_dir_path": str(home / "rerun-analytics")})
     return home
 
 
 def _analytics_disabled(settings: Path) -> bool:
     try:
-        return bounded_json.loads(settings.read_text()).get("analytics_enabled") is False
-    except (OSError, ValueError, AttributeError):
+        return read_json(settings).get("analytics_enabled") is False
+    except (OSError, ValueError):   # missing or unreadable: written again
         return False
 
 

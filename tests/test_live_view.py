@@ -259,3 +259,26 @@ def test_a_served_drive_killed_takes_its_grpc_server_and_port_with_it(tmp_path, 
     finally:
         if not gone(server):
             os.kill(server, signal.SIGKILL)
+
+
+def test_the_served_drive_writes_nothing_into_the_users_rerun_folders(tmp_path, monkeypatch):
+    """`rerun analytics disable`, once run to turn analytics off, queued a `cli_command_invoked`
+    event of its own in ~/.local/share/rerun/analytics/; now nac-drive writes the setting itself."""
+    from nac_drive.interpret.live_view import open_view
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    view = open_view(serve_port=free_port(), saliency=False)
+    try:
+        for i in range(5):
+            view.add(frame=np.zeros((8, 8, 3), np.uint8), policy_action=[i % 5], reward=0.5)
+        view.flush()
+    finally:
+        view.close()
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+    assert written == [".cache/nac-drive/rerun-config/rerun/analytics.json"]
+    settings = json.loads((home / written[0]).read_text())
+    assert settings["analytics_enabled"] is False
+    assert settings["data_dir_path"] == str(home / ".cache/nac-drive/rerun-config/rerun-analytics")
