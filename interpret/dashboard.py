@@ -126,7 +126,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     notes = [(key, text) for key, text in (("attribution-note", attribution_note), ("explain-note", explain_note))
              if text]
     if report is not None:
-        explained, malformed = explain_figures(report, _plotly_text)
+        explained, malformed = explain_figures(report, _plotly_text, trace_heads=run.tau.shape[1])
         figures.update(explained)
         notes += [("explain-note", text) for text in malformed]
     if has_nac:
