@@ -282,3 +282,27 @@ def test_the_served_drive_writes_nothing_into_the_users_rerun_folders(tmp_path, 
     settings = json.loads((home / written[0]).read_text())
     assert settings["analytics_enabled"] is False
     assert settings["data_dir_path"] == str(home / ".cache/nac-drive/rerun-config/rerun-analytics")
+
+
+def test_a_recording_that_cannot_be_written_ends_in_one_line_after_the_drives_summary(tmp_path):
+    """A full disk while a .rrd was written ended in exit 1 "unexpected RuntimeError: File-writer
+    thread shut down prematurely (a bug...)" plus Rust log lines, the summary lost. Here the
+    file-size limit (RLIMIT_FSIZE) makes Rerun's file writer fail as a full disk does."""
+    import resource
+    import signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG) instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    rrd = tmp_path / "drive.rrd"
+    out = subprocess.run([NAC_DRIVE, "drive", "carracing", "--episodes", "1", "--max-steps", "150",
+                          "--no-live-saliency", "--rerun", str(rrd)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, preexec_fn=small_files)
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"nac-drive drive: error: --rerun: the recording to {rrd} failed (") and \
+        last.endswith("; the partial file was removed"), out.stderr
+    assert "\x1b[" not in out.stderr and "ERROR" not in out.stderr   # no Rust log lines
+    assert "seed 900000: return" in out.stdout and "frames  150" in out.stdout   # the summary, printed first
+    assert not rrd.exists()
