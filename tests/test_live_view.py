@@ -306,3 +306,24 @@ def test_a_recording_that_cannot_be_written_ends_in_one_line_after_the_drives_su
     assert "\x1b[" not in out.stderr and "ERROR" not in out.stderr   # no Rust log lines
     assert "seed 900000: return" in out.stdout and "frames  150" in out.stdout   # the summary, printed first
     assert not rrd.exists()
+
+
+def test_dashboard_rrd_whose_writer_fails_ends_in_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    """dashboard --rrd on a full disk: exit 1 "unexpected RuntimeError ... (a bug)" before; here
+    Rerun's flush raises the error its dead file writer gives."""
+    import rerun as rr
+    from nac_drive.cli.main import main
+    from support.synthetic_runs import make_synthetic_run
+
+    make_synthetic_run(tmp_path / "run", steps=30, with_saliency=False)
+
+    def dead_writer(self, **kwargs):
+        raise RuntimeError("File-writer thread shut down prematurely")
+
+    monkeypatch.setattr(rr.RecordingStream, "flush", dead_writer)
+    out = tmp_path / "run.rrd"
+    assert main(["dashboard", str(tmp_path / "run"), "--rrd", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"nac-drive dashboard: error: --rrd: the recording to {out} failed (File-writer thread shut "
+                       "down prematurely); the partial file was removed"), err
+    assert not out.exists()
