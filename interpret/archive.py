@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from nac_drive.io import bounded_json
 from nac_drive.io.atomic import atomic_write
 from nac_drive.io.jpeg import jpeg_size
 from nac_drive.io.untrusted_zip import ZipMemberError, open_zip, read_member
@@ -104,8 +105,8 @@ class ArchiveReader:
         if not isinstance(raw, bytes):
             raise ArchiveError(self.path, METADATA_MEMBER, "expected a JSON text member, found an array")
         try:
-            meta = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            meta = bounded_json.loads(raw)
+        except ValueError as e:   # json.JSONDecodeError and UnicodeDecodeError among them
             raise ArchiveError(self.path, METADATA_MEMBER, f"invalid JSON ({e})") from e
         if not isinstance(meta, dict):
             raise ArchiveError(self.path, METADATA_MEMBER, "expected a JSON object")

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from nac_drive.io import bounded_json
 from nac_drive.io.atomic import atomic_write
 from nac_drive.interpret.archive import ArchiveError, decode_jpeg, encode_jpeg
 from nac_drive.interpret.explain_report import explain_figures, load_explain
@@ -125,7 +126,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     notes = [(key, text) for key, text in (("attribution-note", attribution_note), ("explain-note", explain_note))
              if text]
     if report is not None:
-        explained, malformed = explain_figures(report, _plotly_text)
+        explained, malformed = explain_figures(report, _plotly_text, trace_heads=run.tau.shape[1])
         figures.update(explained)
         notes += [("explain-note", text) for text in malformed]
     if has_nac:
@@ -143,7 +144,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         "video": video_data,
         "readout": _readout(run, spans),
         "has_nac": has_nac,
-        "figures": {name: json.loads(fig.to_json()) for name, fig in figures.items()},
+        "figures": {name: bounded_json.loads(fig.to_json()) for name, fig in figures.items()},
         "time_figures": [n for n in TIME_FIGURES if n in figures],
         "attribution": None if attribution is None else {
             "shares": _packed(attribution.shares), "window": attribution.shares.shape[1],

@@ -10,10 +10,11 @@ own tags (the caller's ``escape``), so a crafted report cannot inject markup.
 
 from __future__ import annotations
 
-import json
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from nac_drive.io import bounded_json
 from nac_drive.io.capped_read import read_capped
 
 EXPLAIN_FILE = "explain.json"
@@ -36,7 +37,7 @@ def load_explain(folder: Path, trace_sha256: str) -> tuple[dict[str, Any] | None
     if not path.exists():
         return None, None
     try:
-        report = json.loads(read_capped(path, MAX_REPORT_BYTES).decode("utf-8"))
+        report = bounded_json.loads(read_capped(path, MAX_REPORT_BYTES))
         if not isinstance(report, dict):
             raise ValueError("not a JSON object")
         recorded = report.get("trace_sha256")
@@ -48,17 +49,27 @@ def load_explain(folder: Path, trace_sha256: str) -> tuple[dict[str, Any] | None
     return report, None
 
 
-def explain_figures(report: dict[str, Any], escape: Callable[[Any], str]) -> tuple[dict[str, Any], list[str]]:
+class PastTheTrace(ValueError):
+    """A report section claims more than the trace it was computed from holds."""
+
+
+def explain_figures(report: dict[str, Any], escape: Callable[[Any], str],
+                    trace_heads: int) -> tuple[dict[str, Any], list[str]]:
     """Plotly figures of the report's sections (a section missing or malformed is skipped and
-    named in the returned notes)."""
+    named in the returned notes). ``trace_heads``: the NAC heads the run's trace holds; a
+    section drawn per head draws no more (its work grows faster than its heads: 150 took minutes)."""
     figures, notes = {}, []
-    for name, section, draw in (("fig4", "fig4", _fig4_figure), ("atlas", "atlas", _atlas_figure),
+    for name, section, draw in (("fig4", "fig4", partial(_fig4_figure, trace_heads=trace_heads)),
+                                ("atlas", "atlas", _atlas_figure),
                                 ("faithfulness", "saliency", _faithfulness_figure),
                                 ("closed_loop", "closed_loop", _closed_loop_figure)):
         if not report.get(section):
             continue
         try:
             figure = draw(report[section], escape)
+        except PastTheTrace as e:
+            notes.append(f"{EXPLAIN_FILE}: its '{section}' section {e}; not shown")
+            continue
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             notes.append(f"{EXPLAIN_FILE}: its '{section}' section is malformed ({type(e).__name__}); not shown")
             continue
@@ -71,12 +82,14 @@ def _number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def _fig4_figure(fig4: dict, escape):
+def _fig4_figure(fig4: dict, escape, trace_heads: int):
     """Per head: tau and the logits by scene (median, p5-p95 bars) beside the paper's thresholds."""
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
     heads = fig4["heads"]
+    if len(heads) > trace_heads:
+        raise PastTheTrace(f"claims {len(heads)} heads, the trace holds {trace_heads}")
     verdicts = "; ".join(f"{escape(k)}: {escape(v['verdict'])}" for k, v in fig4["claims"].items())
     fig = make_subplots(rows=2, cols=len(heads), shared_yaxes="rows", vertical_spacing=0.22,
                         subplot_titles=[f"head {escape(h['head'])}: tau" for h in heads]

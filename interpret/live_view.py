@@ -12,8 +12,9 @@ to (``rerun --connect rerun+http://127.0.0.1:PORT/proxy``; from another machine 
 SSH tunnel), which keeps the recording for viewers that connect late. Viewer and server run
 as a child process of the Rerun CLI bound to 127.0.0.1 (the SDK's own ``serve_grpc`` listens
 on every interface), with Rerun's usage analytics turned off through a configuration folder
-of nac-drive's own (``rerun analytics disable`` run against it), so the user's own Rerun
-settings are left as they are. Rerun's web viewer is not offered: its page loads fonts from
+of nac-drive's own (:func:`viewer_config_home`), so the user's own Rerun settings and data
+folders are left as they are. The server dies with the drive however the drive ends, ``kill -9``
+included (:func:`nac_drive.child_processes.program_dies_with_us`); a native window outlives it. Rerun's web viewer is not offered: its page loads fonts from
 Google and its viewer sends usage analytics from the browser, which nac-drive cannot turn off.
 
 Recording layout. Timelines: ``step`` (the run's step: row ``i`` of the trace),
@@ -46,26 +47,34 @@ are NaN here and -1 there.
 
 from __future__ import annotations
 
-import json
+import atexit
 import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
 
+from nac_drive.child_processes import program_dies_with_us
 from nac_drive.interpret.trace import BACKBONE_GROUPS, NAC_FIELDS, PER_KEY, RunTrace, reduce_nac_trace
+from nac_drive.io.atomic import FULL_DISK_BYTES
+from nac_drive.io.checkpoint import read_json, write_json
 
 APPLICATION_ID = "nac-drive"
 GRPC_PORT = 9876      # Rerun's own default proxy port
 VIEWER_START_TIMEOUT_S = 20.0
 JPEG_QUALITY = 90
+FLUSH_TIMEOUT_S = 10.0   # a flush waits for its sinks; far longer means they stopped (:func:`_within`)
 
 
 def require_rerun():
     """``import rerun``, or a one-line error naming the extra that brings it."""
+    # the SDK's Rust log lines (ANSI-coloured) would follow nac-drive's one-line errors; RUST_LOG shows them
+    os.environ.setdefault("RUST_LOG", "off")
     try:
         import rerun
     except ImportError:
@@ -94,24 +103,24 @@ def rerun_executable() -> str:
 def viewer_config_home() -> Path:
     """nac-drive's own XDG_CONFIG_HOME for the viewers it starts, with Rerun's analytics off.
 
-    ``rerun analytics disable`` writes ``rerun/analytics.json`` under it; the viewer reads its
-    analytics setting from there and nothing else (its data and caches stay where they are)."""
+    Rerun reads its analytics setting from ``rerun/analytics.json`` under it and nothing else
+    (its data and caches stay where they are). The file is written here, in the format
+    ``rerun analytics disable`` writes (re_analytics' ``Config``), rather than by running that
+    command, which queues an analytics event of its own in the user's data folder; the folder
+    it names for pending events is one of nac-drive's own."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     home = base / "nac-drive" / "rerun-config"
     settings = home / "rerun" / "analytics.json"
     if not _analytics_disabled(settings):
-        home.mkdir(parents=True, exist_ok=True)
-        subprocess.run([rerun_executable(), "analytics", "disable"], env={**os.environ, "XDG_CONFIG_HOME": str(home)},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False)
-        if not _analytics_disabled(settings):
-            raise ValueError(f"could not turn Rerun's analytics off in {settings}; no viewer was started")
+        write_json(settings, {"analytics_enabled": False, "analytics_id": uuid.uuid4().hex, "metadata": {},
+                              "config_file_path": str(settings), "data_dir_path": str(home / "rerun-analytics")})
     return home
 
 
 def _analytics_disabled(settings: Path) -> bool:
     try:
-        return json.loads(settings.read_text()).get("analytics_enabled") is False
-    except (OSError, ValueError, AttributeError):
+        return read_json(settings).get("analytics_enabled") is False
+    except (OSError, ValueError):   # missing or unreadable: written again
         return False
 
 
@@ -137,7 +146,9 @@ def start_viewer(serve_port: int | None = None, host: str = "127.0.0.1") -> tupl
     proc = subprocess.Popen([rerun_executable(), "--bind", host, "--port", str(port), *mode],
                             env={**os.environ, "XDG_CONFIG_HOME": str(viewer_config_home())},
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=serve_port is None)   # a native window outlives the drive
+                            # a native window outlives the drive; a server dies with it, however it ends
+                            start_new_session=serve_port is None,
+                            preexec_fn=None if serve_port is None else program_dies_with_us())
     deadline = time.monotonic() + VIEWER_START_TIMEOUT_S
     while not _listening(host, port):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -175,6 +186,33 @@ def default_blueprint(num_heads: int):
     return rrb.Blueprint(rrb.Horizontal(drive, neurons, column_shares=[2, 3]), collapse_panels=True)
 
 
+class Stalled(RuntimeError):
+    """A call into the Rerun SDK that did not return in time."""
+
+
+def _within(seconds: float, call) -> None:
+    """``call()``, raising :class:`Stalled` if it has not returned after ``seconds``: once its file
+    writer has died (a full disk), Rerun's flush can wait for good, its own timeout notwithstanding."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except RuntimeError as e:
+            outcome.append(e)
+
+    worker = threading.Thread(target=run, name="rerun-flush", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():   # the SDK's shutdown at exit would wait on it for good too: the process never ended
+        import rerun
+
+        atexit.unregister(rerun.rerun_shutdown)
+        raise Stalled(f"Rerun's writer did not answer in {seconds:g} s")
+    if outcome:
+        raise outcome[0]
+
+
 # ------------------------------------------------------------------ the step sink
 class RerunView:
     """Logs one drive to a Rerun recording, a step at a time (module docstring: the layout).
@@ -190,11 +228,18 @@ class RerunView:
             (:meth:`add`'s ``saliency``); the view itself only logs what it is given.
         viewer: the server process to stop on :meth:`close` (``--rerun-serve``), if any.
         where: where the recording goes, in words.
+        file: the ``.rrd`` file it writes, if any: removed if the recording fails.
+
+    A recording that fails (a full disk: Rerun's file writer ends) does not end the drive: the
+    view stops logging, removes its partial file and says why in :attr:`failure`, which the
+    drive reports after its summary.
     """
 
     def __init__(self, recording, saliency: bool = True, viewer: subprocess.Popen | None = None,
-                 where: str = "", flush_every: int = 10):
+                 where: str = "", flush_every: int = 10, file: str | os.PathLike | None = None):
         self.rec, self.saliency, self.viewer, self.where = recording, saliency, viewer, where
+        self.file = None if file is None else Path(file)
+        self.failure: str | None = None   # why the recording stopped, once it has
         self.flush_every = flush_every
         self.steps = 0             # the run's next step index (trace row)
         self._episode = -1
@@ -216,6 +261,8 @@ class RerunView:
         overlay image uint8 RGB ``[H, W, 3]`` (or None)."""
         import rerun as rr
 
+        if self.failure is not None:
+            return
         if self._episode < 0:
             self.new_episode()
         nac = None
@@ -232,21 +279,44 @@ class RerunView:
         """Send the buffered scalar series."""
         import rerun as rr
 
-        for entity, rows in self._series.items():
-            if not rows:
-                continue
-            steps, episodes, episode_steps, values = zip(*rows)
-            indexes = [rr.TimeColumn("step", sequence=steps), rr.TimeColumn("episode", sequence=episodes),
-                       rr.TimeColumn("episode_step", sequence=episode_steps)]
-            column = rr.Scalars.columns(scalars=np.concatenate(values)).partition([len(v) for v in values])
-            self.rec.send_columns(entity, indexes=indexes, columns=column)
-            rows.clear()
-        self.rec.flush()
+        if self.failure is not None:
+            return
+        try:
+            for entity, rows in self._series.items():
+                if not rows:
+                    continue
+                steps, episodes, episode_steps, values = zip(*rows)
+                indexes = [rr.TimeColumn("step", sequence=steps), rr.TimeColumn("episode", sequence=episodes),
+                           rr.TimeColumn("episode_step", sequence=episode_steps)]
+                column = rr.Scalars.columns(scalars=np.concatenate(values)).partition([len(v) for v in values])
+                self.rec.send_columns(entity, indexes=indexes, columns=column)
+                rows.clear()
+            _within(FLUSH_TIMEOUT_S, self.rec.flush)
+        except RuntimeError as e:   # the SDK's error for a sink that failed ("File-writer thread shut down ...")
+            self._fail(e)
+
+    def _fail(self, error: RuntimeError) -> None:
+        """Stop logging, remove the partial file and say why in :attr:`failure`."""
+        full = self.file is not None and shutil.disk_usage(self.file.parent).free < FULL_DISK_BYTES
+        why = "the disk is full" if full else " ".join(str(error).split())[:200]
+        self.failure = f"the recording to {self.where} failed ({why})"
+        if not isinstance(error, Stalled):   # a stalled writer would stall this too
+            try:
+                _within(FLUSH_TIMEOUT_S, self.rec.disconnect)
+            except RuntimeError:
+                pass   # the failure above is the one to report
+        if self.file is not None:
+            self.file.unlink(missing_ok=True)
+            self.failure += "; the partial file was removed"
 
     def close(self) -> None:
         """Flush and end the recording; stop a gRPC server this view started."""
         self.flush()
-        self.rec.disconnect()     # a file gets its footer
+        if self.failure is None:
+            try:
+                _within(FLUSH_TIMEOUT_S, self.rec.disconnect)     # a file gets its footer
+            except RuntimeError as e:
+                self._fail(e)
         if self.viewer is not None and self.viewer.poll() is None:
             self.viewer.terminate()
             try:
@@ -332,7 +402,7 @@ def open_view(file: str | os.PathLike | None = None, *, viewer: bool = False, se
     rec.set_sinks(*sinks, default_blueprint=default_blueprint(num_heads))
     # A native viewer is the user's window, left open; a server serves while the drive lasts.
     return RerunView(rec, saliency=saliency, viewer=process if serve_port is not None else None,
-                     where=" and ".join(where))
+                     where=" and ".join(where), file=file)
 
 
 def check_rrd_path(path: str | os.PathLike, flag: str = "--rerun") -> Path:
@@ -360,6 +430,8 @@ def trace_to_rrd(run: RunTrace, out: str | os.PathLike, saliency=None, progress:
     starts = np.r_[True, run.episode[1:] != run.episode[:-1]]
     has_expert = run.expert_action.shape[1] > 0
     for i in tqdm(range(run.num_steps), desc="rrd", unit="step", disable=not progress):
+        if view.failure is not None:
+            break
         if starts[i]:
             view.new_episode()
         view._time()
@@ -371,6 +443,8 @@ def trace_to_rrd(run: RunTrace, out: str | os.PathLike, saliency=None, progress:
                      float(run.reward[i]) if np.isfinite(run.reward[i]) else None,
                      float(run.cross_track_error[i]), nac)
     view.close()
+    if view.failure is not None:
+        raise OSError(f"--rrd: {view.failure}")
     return Path(out)
 
 

@@ -86,6 +86,7 @@ import numpy as np
 from nac_drive.interpret.archive import (ARCHIVE_LIMIT, METADATA_MEMBER, ArchiveError, ArchiveReader, check_jpeg_pack,
                                          decode_jpeg, encode_jpeg, pack_jpegs, write_archive)
 from nac_drive.interpret.chunks import CHUNK, chunk_indices, chunk_path, chunk_paths, chunks_sha256
+from nac_drive.io import bounded_json
 
 TRACE_DIR = "trace"             # RUN_DIR/trace/chunk-000000.npz, ...
 LEGACY_TRACE_FILE = "trace.npz"  # version 1: one archive, rewritten whole on every save
@@ -639,7 +640,7 @@ class RunRecorder:
         self._wait_for_writer()   # at most one chunk being written
         meta = {"format": FORMAT, "version": VERSION, "chunk": self._chunks, "first_step": self._written,
                 "num_steps": len(self._rows), "frame_shape": list(self._frame_shape) if self._frame_shape else None,
-                "run": json.loads(run)}   # a copy: the caller may add to metadata meanwhile
+                "run": bounded_json.loads(run)}   # a copy: the caller may add to metadata meanwhile
         if not self._chunks:   # what is fixed for the run, written once
             meta.update(jpeg_quality=self.jpeg_quality, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         action_names=self.action_names, expert_action_names=self.expert_action_names, nac=self.nac_info)

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from nac_drive.io import bounded_json
 from nac_drive.simulators.udacity_env import DEFAULT_JPEG_QUALITY, UdacityEmulatorEnv, encode_jpeg
 from nac_drive.simulators.udacity_track import MAX_STEER_DEG, Car, Progress, Track, pure_pursuit
 
@@ -358,7 +359,7 @@ class UdacityEmulator:
     def _parse_event(self, payload: str):
         """(steering, throttle) for steer, None for manual, False for anything else."""
         try:
-            name, *rest = json.loads(payload)
+            name, *rest = bounded_json.loads(payload)
         except (ValueError, TypeError):
             return False
         data = rest[0] if rest else {}

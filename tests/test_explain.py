@@ -137,3 +137,29 @@ def test_the_dashboard_shows_an_explain_report_of_its_own_trace_only_and_escapes
     page = build_dashboard(tmp_path / "run").read_text()
     assert "explain_closed_loop" not in run_data(page)["figures"]
     assert "explain.json is not shown: computed from another trace " in page
+
+
+def test_the_dashboard_draws_no_more_fig4_heads_than_the_trace_holds(tmp_path):
+    """A report (with the right sha) claiming many heads made the dashboard draw a subplot
+    pair per head, in time growing faster than the heads: 50 took 71 s, 150 over 600 s."""
+    from nac_drive.interpret.dashboard import build_dashboard
+    from support.dashboard_pages import run_data
+
+    run = load_trace(make_synthetic_run(tmp_path / "run", steps=40, with_saliency=False))
+    trace_heads = run.tau.shape[1]
+    stats = {"median": 1.2, "p5": 1.0, "p95": 1.4, "count": 7}
+
+    def fig4(heads):
+        return {"mode": "exact", "claims": {}, "heads": [
+            {"head": h, "tau": {"by_scene": {"straight": stats}}, "logits": {"by_scene": {"left": stats}}}
+            for h in range(heads)]}
+
+    write_report(tmp_path / "run" / EXPLAIN_FILE, {"trace_sha256": run.sha256, "fig4": fig4(trace_heads)})
+    drawn = run_data(build_dashboard(tmp_path / "run").read_text())["figures"]["explain_fig4"]
+    assert len(drawn["data"]) == 2 * trace_heads   # a tau and a logit bar per head: the trace's heads are drawn
+
+    write_report(tmp_path / "run" / EXPLAIN_FILE, {"trace_sha256": run.sha256, "fig4": fig4(trace_heads + 20)})
+    page = build_dashboard(tmp_path / "run").read_text()
+    assert "explain_fig4" not in run_data(page)["figures"]
+    assert (f"its &#x27;fig4&#x27; section claims {trace_heads + 20} heads, the trace holds {trace_heads}; "
+            "not shown") in page

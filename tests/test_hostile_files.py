@@ -526,3 +526,25 @@ def test_a_dataset_declaring_more_than_memory_is_refused(tmp_path):
     assert (path / "data" / "main_data.hdf5").stat().st_size < 10_000_000
     with pytest.raises(DatasetError, match=r"main_data.hdf5: its arrays would take \d+ bytes, more than this"):
         load_episodes(tmp_path)
+
+
+# ------------------------------------------------------------------ nesting
+DEEP = "[" * 100_000 + "]" * 100_000   # 200 kB, far under every size cap; json recurses per level
+
+
+def test_json_nested_100k_deep_is_refused_in_one_line_wherever_it_is_read(tmp_path, capsys, trained_run, recorded_run):
+    """explain.json, a checkpoint's config and a run archive's metadata, each 100,000 levels deep:
+    a one-line refusal naming the depth (explain.json: the page is built, the report named as not shown),
+    never RecursionError "a bug"."""
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run)
+    (run / "explain.json").write_text('{"trace_sha256": ' + DEEP + "}")
+    page = tmp_path / "page.html"
+    assert main(["dashboard", str(run), "-o", str(page)]) == 0
+    assert "explain.json is not shown: JSON nested deeper than 64 levels" in page.read_text()
+
+    policy = tmp_path / "policy"
+    shutil.copytree(trained_run / "best", policy)
+    (policy / "config.json").write_text(DEEP)
+    with pytest.raises(CheckpointError, match=r"config.json: not valid JSON \(ValueError: JSON nested deeper than 64"):
+        DrivingPolicy.from_pretrained(policy)

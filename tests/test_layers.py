@@ -213,3 +213,17 @@ def test_the_nac_room_imports_its_modules_not_its_front_door():
     """Inside the room every import names a module of it, never ``nac_drive.nac`` itself (its
     ``__init__`` imports the layer): so the kernels cannot reach the layer by the back door."""
     assert [(a, b) for a, b in package_imports() if _in_room(a) and a != NAC_ROOM and b == NAC_ROOM] == []
+
+
+def test_every_json_reader_parses_through_the_depth_bounded_helper():
+    """``json.load(s)`` recurses once per level (a 100,000-deep file: RecursionError, "a bug");
+    only :mod:`nac_drive.io.bounded_json` calls it, after counting the depth."""
+    helper = "nac_drive.io.bounded_json"
+    callers = sorted(
+        module for module, path in package_modules().items() if module != helper
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if (isinstance(node, ast.Attribute) and node.attr in ("load", "loads", "JSONDecoder")
+            and isinstance(node.value, ast.Name) and node.value.id == "json")
+        or (isinstance(node, ast.ImportFrom) and node.module == "json"))
+    assert callers == []
+    assert helper in package_modules()

@@ -218,3 +218,112 @@ def test_an_rrd_that_cannot_be_written_is_refused_before_the_drive(tmp_path):
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "--rerun: expected a file name ending in .rrd" in out.stderr
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie no one reaps counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+SERVING = """
+import time
+from nac_drive.interpret.live_view import start_viewer
+server, url = start_viewer(serve_port={port})
+print(server.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's PR_SET_PDEATHSIG: Linux only")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_served_drive_killed_takes_its_grpc_server_and_port_with_it(tmp_path, how):
+    """The `rerun --serve-grpc` child was re-parented to PID 1 and kept the port, so the next
+    --rerun-serve was refused "port in use"; SIGINT alone cleaned up."""
+    import signal
+
+    port = free_port()
+    drive = subprocess.Popen([sys.executable, "-c", SERVING.format(port=port)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    server = int(drive.stdout.readline())
+    try:
+        assert not gone(server) and listening_addresses(port) == {"127.0.0.1"}
+        drive.send_signal(getattr(signal, how))
+        drive.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not (gone(server) and not listening_addresses(port)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gone(server) and listening_addresses(port) == set()
+    finally:
+        if not gone(server):
+            os.kill(server, signal.SIGKILL)
+
+
+def test_the_served_drive_writes_nothing_into_the_users_rerun_folders(tmp_path, monkeypatch):
+    """`rerun analytics disable`, once run to turn analytics off, queued a `cli_command_invoked`
+    event of its own in ~/.local/share/rerun/analytics/; now nac-drive writes the setting itself."""
+    from nac_drive.interpret.live_view import open_view
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    view = open_view(serve_port=free_port(), saliency=False)
+    try:
+        for i in range(5):
+            view.add(frame=np.zeros((8, 8, 3), np.uint8), policy_action=[i % 5], reward=0.5)
+        view.flush()
+    finally:
+        view.close()
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+    assert written == [".cache/nac-drive/rerun-config/rerun/analytics.json"]
+    settings = json.loads((home / written[0]).read_text())
+    assert settings["analytics_enabled"] is False
+    assert settings["data_dir_path"] == str(home / ".cache/nac-drive/rerun-config/rerun-analytics")
+
+
+def test_a_recording_that_cannot_be_written_ends_in_one_line_after_the_drives_summary(tmp_path):
+    """A full disk while a .rrd was written ended in exit 1 "unexpected RuntimeError: File-writer
+    thread shut down prematurely (a bug...)" plus Rust log lines, the summary lost. Here the
+    file-size limit (RLIMIT_FSIZE) makes Rerun's file writer fail as a full disk does."""
+    import resource
+    import signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG) instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    rrd = tmp_path / "drive.rrd"
+    out = subprocess.run([NAC_DRIVE, "drive", "carracing", "--episodes", "1", "--max-steps", "150",
+                          "--no-live-saliency", "--rerun", str(rrd)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, preexec_fn=small_files)
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"nac-drive drive: error: --rerun: the recording to {rrd} failed (") and \
+        last.endswith("; the partial file was removed"), out.stderr
+    assert "\x1b[" not in out.stderr and "ERROR" not in out.stderr   # no Rust log lines
+    assert "seed 900000: return" in out.stdout and "frames  150" in out.stdout   # the summary, printed first
+    assert not rrd.exists()
+
+
+def test_dashboard_rrd_whose_writer_fails_ends_in_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    """dashboard --rrd on a full disk: exit 1 "unexpected RuntimeError ... (a bug)" before; here
+    Rerun's flush raises the error its dead file writer gives."""
+    import rerun as rr
+    from nac_drive.cli.main import main
+    from support.synthetic_runs import make_synthetic_run
+
+    make_synthetic_run(tmp_path / "run", steps=30, with_saliency=False)
+
+    def dead_writer(self, **kwargs):
+        raise RuntimeError("File-writer thread shut down prematurely")
+
+    monkeypatch.setattr(rr.RecordingStream, "flush", dead_writer)
+    out = tmp_path / "run.rrd"
+    assert main(["dashboard", str(tmp_path / "run"), "--rrd", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"nac-drive dashboard: error: --rrd: the recording to {out} failed (File-writer thread shut "
+                       "down prematurely); the partial file was removed"), err
+    assert not out.exists()

@@ -168,12 +168,104 @@ def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_l
     from nac_drive.policy.cores import CoreConfig
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
-    lstm = tmp_path / "lstm"
-    DrivingPolicy(PolicyConfig(core=CoreConfig(core="lstm", window=4))).save_pretrained(lstm)
-    assert "export --graph window" in one_line_error(capsys, "export", "--policy", lstm, tmp_path / "l.onnx")
+    mha = tmp_path / "mha"
+    DrivingPolicy(PolicyConfig(core=CoreConfig(core="mha", window=4))).save_pretrained(mha)
+    assert "export --graph window" in one_line_error(capsys, "export", "--policy", mha, tmp_path / "m.onnx")
     assert "ending in .onnx" in one_line_error(capsys, "export", tmp_path / "policy.pt")
-    assert not (tmp_path / "l.onnx").exists()
+    assert not (tmp_path / "m.onnx").exists()
     step = exported["step"]
     assert "--trace and --rerun need its checkpoint folder" in one_line_error(
         capsys, "drive", "carracing", "--policy", step, "--episodes", "1", "--trace", tmp_path / "run")
     assert "only drives" in one_line_error(capsys, "saliency", "--policy", step, "--run", tmp_path)
+
+
+def with_weight(source, path, name, value):
+    """A copy of the exported file at ``source`` with the first entry of initializer ``name`` set to ``value``."""
+    from onnx import numpy_helper
+
+    model = onnx.load(str(source))
+    tensor = next(t for t in model.graph.initializer if t.name == name)
+    array = numpy_helper.to_array(tensor).copy()
+    array.flat[0] = value
+    tensor.CopyFrom(numpy_helper.from_array(array, name))
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_an_onnx_file_with_a_non_finite_weight_is_refused_in_one_line(tmp_path, capsys, exported, value):
+    """Such a file once drove every frame as noop (NaN logits); the same weights in safetensors are refused."""
+    for graph in ("step", "window"):
+        bad = with_weight(exported[graph], tmp_path / f"{graph}.onnx", "policy.head.1.bias", value)
+        line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
+        assert "policy.head.1.bias contains NaN or inf" in line, line
+    OnnxPolicy(exported["step"])   # the exporter's own -inf and float32-lowest fills are scalars, not refused
+
+
+def with_config(source, path, **changes):
+    """A copy of the exported file at ``source`` whose embedded config has ``changes``."""
+    model = onnx.load(str(source))
+    entry = next(e for e in model.metadata_props if e.key == META_CONFIG)
+    entry.value = json.dumps({**json.loads(entry.value), **changes})
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("changes", [{"action": "continuous", "num_outputs": 3}, {"num_outputs": 7}])
+def test_an_onnx_file_whose_config_disagrees_with_its_heads_width_is_refused_in_one_line(
+        tmp_path, capsys, exported, changes):
+    """Config continuous/3 on the 5-logit graph once drove returning 5 values against Box(3,); a
+    config of 7 failed mid-drive "a bug"."""
+    for graph in ("step", "window"):
+        bad = with_config(exported[graph], tmp_path / f"{graph}.onnx", **changes)
+        line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
+        assert f"are not those of a {graph} graph of this policy's config ({changes['num_outputs']} outputs)" in line
+
+
+def test_a_core_that_loops_over_its_frames_is_refused_before_any_export_work(tmp_path, capsys, monkeypatch):
+    """An lstm, gru, cfc or ltc window graph was unrolled at one length: export failed after its
+    work, "unexpected Fail: Reshape", and left a .onnx that failed on its first frame."""
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("the exporter ran")
+
+    monkeypatch.setattr(torch.onnx, "export", no_export)
+    for core in ("lstm", "gru", "cfc", "ltc"):
+        folder = tmp_path / core
+        DrivingPolicy(PolicyConfig(core=CoreConfig(core=core, window=4))).save_pretrained(folder)
+        for graph in ("window", "step"):
+            line = one_line_error(capsys, "export", "--policy", folder, "--graph", graph, tmp_path / "out.onnx")
+            assert f"core: a {core!r} core steps its frames in a Python loop" in line and "only nac and mha" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfc", "gru", "lstm", "ltc"]
+
+
+def test_an_export_that_fails_its_check_leaves_no_file(tmp_path, capsys, monkeypatch):
+    """The file takes its name only after OnnxPolicy loads it and onnxruntime runs it; a failure
+    removes it, and the one line names the output, never the hidden temporary file."""
+    from nac_drive.policy import onnx_export
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    folder = tmp_path / "mha"
+    DrivingPolicy(PolicyConfig(core=CoreConfig(core="mha", window=4))).save_pretrained(folder)
+
+    def fails(policy, path, graph):
+        raise RuntimeError(f"[ONNXRuntimeError] Reshape failed in {path}")
+
+    monkeypatch.setattr(onnx_export, "max_abs_diff", fails)
+    out = tmp_path / "out.onnx"
+    line = one_line_error(capsys, "export", "--policy", folder, "--graph", "window", out)
+    assert f"{out}: the exported window graph does not run on onnxruntime (" in line and ".tmp" not in line
+    assert "Reshape failed in the file" in line and "nothing was written" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mha"]
+
+
+def test_onnx_metadata_nested_100k_deep_is_refused_in_one_line(tmp_path, capsys, exported):
+    """The config in the file's metadata, 100,000 levels deep: once RecursionError, "a bug"."""
+    model = onnx.load(str(exported["step"]))
+    next(e for e in model.metadata_props if e.key == META_CONFIG).value = "[" * 100_000 + "]" * 100_000
+    onnx.save(model, str(tmp_path / "deep.onnx"))
+    line = one_line_error(capsys, "drive", "carracing", "--policy", tmp_path / "deep.onnx", "--episodes", "1")
+    assert f"metadata {META_CONFIG}: JSON nested deeper than 64 levels" in line

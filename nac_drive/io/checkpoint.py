@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from nac_drive.io import bounded_json
 from nac_drive.io.atomic import atomic_write
 from nac_drive.io.capped_read import FileRefused, read_capped
 
@@ -45,8 +46,8 @@ def read_json(path: Path) -> dict:
 def parse_json_object(raw: bytes, source: Path | str) -> dict:
     """``raw`` as a JSON object; a :class:`CheckpointError` naming ``source`` otherwise."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        data = bounded_json.loads(raw)
+    except ValueError as e:   # json.JSONDecodeError and UnicodeDecodeError among them
         raise CheckpointError(f"{source}: not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{source}: expected a JSON object")

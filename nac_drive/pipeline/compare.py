@@ -36,7 +36,6 @@ runs with their validation and ``closed_loop/`` metrics.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,7 +235,7 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
     """A (variant, seed) trained (``threads``: :func:`~nac_drive.pipeline.train.train`'s) and
     its best checkpoint driven; the result is written to ``OUT/results``."""
     variant, seed = job
-    from nac_drive.io.checkpoint import write_json
+    from nac_drive.io.checkpoint import read_json, write_json
     from nac_drive.pipeline.train import train
 
     path = out / RESULTS / f"{variant}__s{seed}.json"
@@ -245,7 +244,7 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
                               eval_episodes=0, progress=args.progress, **variant_settings(args, variant)),
                     threads=threads)
     best = _best_row(run_dir / "metrics.csv")
-    task = json.loads((run_dir / "train_args.json").read_text())["data_info"]["task"]
+    task = read_json(run_dir / "train_args.json")["data_info"]["task"]
     final, curve = run_dir / "best", None
     if args.dagger_rounds:
         final, curve = _dagger_rounds(args, out, variant, seed, run_dir, threads)

@@ -81,7 +81,7 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
         names = list(ACTION_NAMES) if not continuous else ["steer", "gas", "brake"]
         trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
         recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
-    with live_view(live, policy) as view:
+    with live_view(live, policy, raise_failure=False) as view:
         driver = PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view, drops=frame_drops(args.perturb))
         summary = _drive_and_score(policy, driver, args, progress, recorded)
     if recorder is not None:
@@ -93,6 +93,8 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
         summary["trace"] = str(trace_dir)
     if view is not None:
         summary["rerun"] = view.where
+        if view.failure is not None:   # the caller reports it after the summary
+            summary["rerun_failure"] = view.failure
     return summary
 
 
@@ -317,8 +319,10 @@ class LiveOptions:
 
 
 @contextmanager
-def live_view(live: LiveOptions | None, policy):
-    """The :class:`~nac_drive.interpret.live_view.RerunView` of ``live`` (None: none), closed on exit."""
+def live_view(live: LiveOptions | None, policy, raise_failure: bool = True):
+    """The :class:`~nac_drive.interpret.live_view.RerunView` of ``live`` (None: none), closed on exit.
+    A recording that failed on the way (its ``failure``: a full disk) raises a one-line ``OSError``
+    once closed, unless ``raise_failure`` is False (the caller reports it)."""
     if live is None:
         yield None
         return
@@ -332,6 +336,8 @@ def live_view(live: LiveOptions | None, policy):
         yield view
     finally:
         view.close()
+    if raise_failure and view.failure is not None:
+        raise OSError(f"--rerun: {view.failure}")
 
 
 def task_policy(policy_path, task: str):

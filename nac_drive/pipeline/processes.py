@@ -6,26 +6,22 @@ consecutive tracks) and drives each run in its own process (:func:`drive_in_proc
 ``compare --workers`` trains several runs at once the same way (:func:`map_in_processes`).
 
 A worker dies with the run that started it: killed (``kill -9``, ``kill -TERM``) or
-interrupted, the parent takes its workers down at once (Linux: the kernel sends them SIGKILL,
-``PR_SET_PDEATHSIG``; elsewhere a watchdog thread notices within a second), so no orphan
-drives on, or writes, after the user stopped the run.
+interrupted, the parent takes its workers down at once (:func:`nac_drive.child_processes.die_with_parent`:
+on Linux the kernel sends them SIGKILL; elsewhere a watchdog thread notices within a second), so
+no orphan drives on, or writes, after the user stopped the run.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import multiprocessing
 import os
-import signal
-import sys
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from functools import partial
 from itertools import islice
 from typing import Any
+
+from nac_drive.child_processes import die_with_parent
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:
@@ -42,26 +38,6 @@ def _start_worker(parent: int) -> None:
 
     die_with_parent(parent)
     torch.set_num_threads(1)
-
-
-PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
-
-
-def die_with_parent(parent: int) -> None:
-    """End this process as soon as ``parent`` (the process that started it) is gone."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-            if os.getppid() != parent:   # it died before the request took effect
-                os._exit(1)
-            return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def split_runs(seeds: list[int], parts: int) -> list[list[int]]:

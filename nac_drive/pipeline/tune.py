@@ -22,7 +22,6 @@ budget), which ``train --tuned`` and ``compare --tuned`` take
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +134,7 @@ def _budget(args: TuneArgs) -> dict:
 def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, budget: dict) -> float:
     """Train with the trial's values, drive the best checkpoint on validation tracks; the
     value Optuna maximises (CarRacing: the mean return; Udacity: minus the mean |cte|)."""
+    from nac_drive.io.checkpoint import read_json
     from nac_drive.pipeline.drive import drive_checkpoint
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import TrainArgs
@@ -145,7 +145,7 @@ def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, bud
                               seed=args.seed, window=args.window, epochs=args.epochs,
                               windows_per_epoch=args.windows_per_epoch, progress=False,
                               **VARIANTS[args.variant], **values))
-    task = json.loads((run_dir / "train_args.json").read_text())["data_info"]["task"]
+    task = read_json(run_dir / "train_args.json")["data_info"]["task"]
     drive = drive_checkpoint(run_dir / "best", task, args.episodes, args.max_steps, progress=False,
                              seed_base=VALIDATION_SEED_BASE)
     metric = "mean_abs_cte" if task == "udacity" else "mean_return"

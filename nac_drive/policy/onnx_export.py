@@ -37,9 +37,12 @@ from nac_drive.io.atomic import atomic_write
 from nac_drive.nac import NACCache
 from nac_drive.policy.driving_policy import DrivingPolicy
 from nac_drive.policy.onnx_policy import (EXTRA_HINT, FORMAT, GRAPHS, INPUTS, META_CONFIG, META_FORMAT, META_GRAPH,
-                                          OUTPUTS, session)
+                                          OUTPUTS, OnnxPolicy, session)
 
 OPSET = 20
+# The cores whose window forward has no loop over frames: the others' (lstm, gru, cfc, ltc) is
+# unrolled by torch.export at the example's length, and fails on onnxruntime at any other.
+EXPORTABLE_CORES = ("nac", "mha")
 
 
 class StepGraph(nn.Module):
@@ -84,9 +87,13 @@ def example_inputs(policy: DrivingPolicy, graph: str, frames: int | None = None,
 
 
 def check_exportable(policy: DrivingPolicy, graph: str) -> None:
-    """One-line ``ValueError`` for what cannot be exported."""
+    """One-line ``ValueError`` for what cannot be exported, before any export work."""
     if graph not in GRAPHS:
         raise ValueError(f"graph: must be one of {GRAPHS}, got {graph!r}")
+    if policy.config.core.core not in EXPORTABLE_CORES:
+        raise ValueError(f"core: a {policy.config.core.core!r} core steps its frames in a Python loop, which the "
+                         f"exporter fixes at one window length; only {' and '.join(EXPORTABLE_CORES)} policies "
+                         f"export to ONNX")
     if graph == "step" and policy.config.core.core != "nac":
         raise ValueError(f"graph: the step graph streams a NAC core's cache; this policy's core is "
                          f"{policy.config.core.core!r}: export --graph window")
@@ -95,8 +102,9 @@ def check_exportable(policy: DrivingPolicy, graph: str) -> None:
 
 
 def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step") -> dict:
-    """Write ``policy`` as an ONNX ``graph`` to ``path`` (atomically) and check it: onnxruntime
-    runs it on example inputs beside torch. Returns ``{"path", "graph", "max_abs_diff"}``."""
+    """Write ``policy`` as an ONNX ``graph`` to ``path`` and check it before it takes that name
+    (atomically): :class:`OnnxPolicy` loads it and onnxruntime runs it on example inputs beside
+    torch; a file that fails is removed. Returns ``{"path", "graph", "max_abs_diff"}``."""
     check_exportable(policy, graph)
     try:
         import onnx   # noqa: F401  (torch's exporter needs onnx and onnxscript)
@@ -119,8 +127,20 @@ def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step") ->
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     proto.doc_string = f"nac-drive {policy.config.task} policy, {graph} graph"
-    atomic_write(path, lambda tmp: Path(tmp).write_bytes(proto.SerializeToString()))
-    return {"path": str(path), "graph": graph, "max_abs_diff": max_abs_diff(policy, path, graph)}
+    checked = {}
+
+    def write_and_check(tmp):   # the file takes its name only once it drives: never a broken .onnx
+        Path(tmp).write_bytes(proto.SerializeToString())
+        try:
+            OnnxPolicy(tmp)
+            checked["max_abs_diff"] = max_abs_diff(policy, tmp, graph)
+        except Exception as e:   # onnxruntime's errors derive from Exception only
+            why = " ".join(str(e).replace(str(tmp), "the file").split())[:200]
+            raise ValueError(f"{path}: the exported {graph} graph does not run on onnxruntime ({why}); "
+                             f"nothing was written") from None
+
+    atomic_write(path, write_and_check)
+    return {"path": str(path), "graph": graph, **checked}
 
 
 @contextmanager

@@ -13,19 +13,20 @@ timestamps the torch policy gets (:meth:`ClosedLoop.episode_time`).
 Loading never executes code: the model is read into memory (a regular file, capped at
 :data:`MAX_BYTES`) and handed to onnxruntime as bytes, so it cannot name external data files;
 no custom-operator library is registered. A file that is not such a policy (not ONNX,
-truncated, another model's inputs, no nac-drive metadata) is refused in one line.
+truncated, another model's inputs, a head of another width than its config's, no nac-drive
+metadata, NaN or inf weights) is refused in one line.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from nac_drive.io import bounded_json
 from nac_drive.io.capped_read import read_capped
-from nac_drive.io.checkpoint import CheckpointError
+from nac_drive.io.checkpoint import CheckpointError, check_values
 from nac_drive.policy.driving_policy import ClosedLoop, PolicyConfig
 from nac_drive.policy.encoders import ENCODERS
 
@@ -53,10 +54,46 @@ def session(path: str | Path, threads: int = 1):
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3   # errors only: the refusal below says what went wrong
     try:
-        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        loaded = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except Exception as e:   # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
         why = " ".join(str(e).split())[:200]
         raise CheckpointError(f"{path}: not an ONNX model onnxruntime can load ({why})") from None
+    check_weights(data, path)   # after onnxruntime's load, which refuses external data
+    return loaded
+
+
+def check_weights(data: bytes, path: str | Path) -> None:
+    """The model's constants (initializers and Constant nodes, subgraphs included) as
+    :func:`~nac_drive.io.checkpoint.check_values` checks a checkpoint's weights: NaN or inf
+    weights load, then drive with every output NaN. A scalar may be infinite: the exporter's
+    own fills (``-inf`` for a masked logit, float32's lowest for a clamp) are scalars."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError:
+        raise ValueError(f"an ONNX policy's weights are checked by onnx (the 'onnx' extra): {EXTRA_HINT}") from None
+    weights, scalars = {}, {}
+    for name, tensor in _constants(onnx.load_model_from_string(data).graph, onnx):
+        array = numpy_helper.to_array(tensor)
+        if array.dtype.kind == "f":
+            (weights if array.ndim else scalars)[name] = torch.from_numpy(np.array(array, np.float32))
+    check_values(weights, path)
+    for name, value in scalars.items():
+        if value.isnan():
+            raise CheckpointError(f"{path}: {name} contains NaN or inf")
+
+
+def _constants(graph, onnx):
+    """(name, TensorProto) of every constant of ``graph`` and of its subgraphs."""
+    yield from ((t.name, t) for t in graph.initializer)
+    yield from ((t.values.name, t.values) for t in graph.sparse_initializer)
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield f"{node.name or node.op_type}.{attribute.name}", attribute.t
+            yield from ((f"{node.name or node.op_type}.{attribute.name}", t) for t in attribute.tensors)
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                yield from _constants(sub, onnx)
 
 
 class OnnxPolicy(ClosedLoop):
@@ -70,29 +107,35 @@ class OnnxPolicy(ClosedLoop):
         self.session = session(path, threads)
         self.graph, self.config = _read_metadata(self.session.get_modelmeta().custom_metadata_map, self.path)
         self.frame_shape: tuple[int, int, int] = ENCODERS[self.config.encoder].frame_shape
-        self._check_inputs()
+        self._check_signature()
         self.reset()
 
-    def _check_inputs(self) -> None:
-        """The graph's inputs are the ones :mod:`.onnx_export` writes for this config."""
-        window, core = self.config.core.window, self.config.core
+    def _check_signature(self) -> None:
+        """The graph's inputs and outputs are the ones :mod:`.onnx_export` writes for this
+        config: a head of another width than the config's would return actions outside its
+        action space, or fail mid-drive."""
+        window, core, width = self.config.core.window, self.config.core, self.config.num_outputs
         if self.graph == "step":
             cache = [1, core.num_heads, window, None]   # cache_width: the layer's own
-            expected = {"frame": ([1, *self.frame_shape], "uint8"), "t": ([1], "float"),
-                        "cache": (cache, "float"), "steps": ([], "int64")}
+            inputs = {"frame": ([1, *self.frame_shape], "uint8"), "t": ([1], "float"),
+                      "cache": (cache, "float"), "steps": ([], "int64")}
+            outputs = {"output": ([1, width], "float"), "cache_out": (cache, "float"), "steps_out": ([], "int64")}
         else:
-            expected = {"frames": ([1, None, *self.frame_shape], "uint8"), "t": ([1, None], "float")}
-        found = {i.name: (i.shape, i.type) for i in self.session.get_inputs()}
-        ok = list(found) == list(INPUTS[self.graph]) and all(
-            found[name][1] == f"tensor({kind})" and len(found[name][0]) == len(shape)
-            and all(want is None or got == want for got, want in zip(found[name][0], shape))
-            for name, (shape, kind) in expected.items())
-        if not ok:
-            seen = ", ".join(f"{n} {s} {k}" for n, (s, k) in found.items())
-            raise CheckpointError(f"{self.path}: its inputs ({seen}) are not those of a {self.graph} graph of this "
-                                  f"policy's config; export it again with nac-drive export")
-        if self.graph == "step":
-            self._cache_shape = tuple(found["cache"][0])
+            inputs = {"frames": ([1, None, *self.frame_shape], "uint8"), "t": ([1, None], "float")}
+            outputs = {"outputs": ([1, None, width], "float")}
+        for side, expected, names, nodes in (("inputs", inputs, INPUTS, self.session.get_inputs()),
+                                              ("outputs", outputs, OUTPUTS, self.session.get_outputs())):
+            found = {i.name: (i.shape, i.type) for i in nodes}
+            ok = list(found) == list(names[self.graph]) and all(
+                found[name][1] == f"tensor({kind})" and len(found[name][0]) == len(shape)
+                and all(want is None or got == want for got, want in zip(found[name][0], shape))
+                for name, (shape, kind) in expected.items())
+            if not ok:
+                seen = ", ".join(f"{n} {s} {k}" for n, (s, k) in found.items())
+                raise CheckpointError(f"{self.path}: its {side} ({seen}) are not those of a {self.graph} graph of "
+                                      f"this policy's config ({width} outputs); export it again with nac-drive export")
+            if side == "inputs" and self.graph == "step":
+                self._cache_shape = tuple(found["cache"][0])
 
     def step_output(self, obs) -> torch.Tensor:
         """Consume one observation; returns the head's raw output ``[num_outputs]``."""
@@ -124,7 +167,7 @@ def _read_metadata(meta: dict[str, str], path: Path) -> tuple[str, PolicyConfig]
     if graph not in GRAPHS:
         raise CheckpointError(f"{path}: metadata {META_GRAPH} must be one of {GRAPHS}, got {graph!r}")
     try:
-        config = PolicyConfig.from_dict(json.loads(meta.get(META_CONFIG, "")))
+        config = PolicyConfig.from_dict(bounded_json.loads(meta.get(META_CONFIG, "")))
     except (TypeError, ValueError) as e:   # json.JSONDecodeError is a ValueError
         raise CheckpointError(f"{path}: metadata {META_CONFIG}: {' '.join(str(e).split())}") from None
     return graph, config

@@ -58,6 +58,8 @@ def run_carracing(namespace: argparse.Namespace) -> int:
         print(f"trace: {trace}/trace/ (open it with: nac-drive dashboard {trace}{video} -o dashboard.html)")
     if output.json:
         print(json.dumps(summary))
+    if "rerun_failure" in summary:   # after the summary: the drive itself finished
+        raise OSError(f"--rerun: {summary['rerun_failure']}")
     return 0
 
 
