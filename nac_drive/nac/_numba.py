@@ -491,6 +491,26 @@ def _grown_and_decayed(y, grown, decayed, n, bits, bits_as_float, precise):
         _one_minus_exp_neg_into(y, grown, n, decayed, bits, bits_as_float)   # leaves exp(-y) in decayed
 
 
+@njit(inline="always", **_JIT)
+def _tanh_layer_backward(w, d_next, a, d_a, d_w, n, acc, one):
+    """One wired layer of eq. 14 backwards, over a tile's n pairs: ``d_next`` ``[n_out, tile]``,
+    the gradient of the next layer's pre-activations ``a @ w + b``, with ``w`` ``[n_in, n_out]`` and
+    ``a`` ``[n_in, tile]`` = tanh(this layer's pre-activations) -> ``d_a`` ``[n_in, tile]``, the
+    gradient of those pre-activations (tanh' = 1 - tanh^2); adds ``a d_next^T`` into ``d_w``.
+    ``acc``: a tile of scratch."""
+    for u in range(a.shape[0]):
+        acc[:n] = 0.0
+        for c in range(d_next.shape[0]):
+            wuc = w[u, c]
+            s = 0.0
+            for p in range(n):
+                acc[p] += wuc * d_next[c, p]
+                s += a[u, p] * d_next[c, p]
+            d_w[u, c] += s
+        for p in range(n):
+            d_a[u, p] = acc[p] * (one - a[u, p] * a[u, p])
+
+
 @njit(**_JIT)
 def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, motor, phi, tau, t_interp, weights,
                     cmd_w, mot_w, phi_tau_w, mode, euler_steps, tau_eps, time_weighted, d_q_side, d_rows,
@@ -658,29 +678,10 @@ def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, mot
                 d_phi_tau_w[h, m, 0] += s0
                 d_phi_tau_w[h, m, 1] += s1
                 d_mot_b[h, m] += d_mo[m, :n].sum()
+            _tanh_layer_backward(mot_w[h], d_mo, cm, d_cm, d_mot_w[h], n, acc, one)
             for c in range(n_cmd):
-                acc[:n] = 0.0
-                for m in range(n_motor):
-                    wcm = mot_w[h, c, m]
-                    s0 = 0.0
-                    for p in range(n):
-                        acc[p] += wcm * d_mo[m, p]
-                        s0 += cm[c, p] * d_mo[m, p]
-                    d_mot_w[h, c, m] += s0
-                for p in range(n):
-                    d_cm[c, p] = acc[p] * (one - cm[c, p] * cm[c, p])
                 d_cmd_b[h, c] += d_cm[c, :n].sum()
-            for u in range(n_inter):
-                acc[:n] = 0.0
-                for c in range(n_cmd):
-                    wuc = cmd_w[h, u, c]
-                    s0 = 0.0
-                    for p in range(n):
-                        acc[p] += wuc * d_cm[c, p]
-                        s0 += it[u, p] * d_cm[c, p]
-                    d_cmd_w[h, u, c] += s0
-                for p in range(n):
-                    d_it[u, p] = acc[p] * (one - it[u, p] * it[u, p])
+            _tanh_layer_backward(cmd_w[h], d_cm, it, d_it, d_cmd_w[h], n, acc, one)
             # eq. 14's first layer reads W [q_i; k_j] + b: its gradient goes to both halves
             for p in range(n):
                 i, j = query[p], keys[p]
