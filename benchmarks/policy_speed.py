@@ -8,6 +8,12 @@
   frames per second; one process with one thread, one process on every core (what
   ``nac-drive train`` uses alone), and two processes under DistributedDataParallel
   (gloo), as ``torchrun --nproc-per-node 2`` trains.
+
+    python benchmarks/policy_speed.py --breakdown    # where the shipped policy's select_action spends it
+
+* breakdown: the shipped CarRacing policy's ``select_action`` and each part of it run alone on
+  the same inputs (the frame's checks and conversion, the encoder, the NAC's ``step``, the head),
+  CPU time of this thread (so other jobs on the machine do not count), median over 500 calls.
 """
 
 from __future__ import annotations
@@ -95,10 +101,50 @@ def ddp_train_fps(core: str, steps: int = 8, world: int = 2) -> float:
     return queue.get()
 
 
+def breakdown(frames: int = 500) -> None:
+    """Median CPU ms of the shipped policy's ``select_action`` and of each of its parts."""
+    from nac_drive.agents.driver import load_driving_policy
+
+    torch.set_num_threads(1)
+    policy = load_driving_policy()
+    obs = [np.random.default_rng(i).integers(0, 256, (96, 96, 3), dtype=np.uint8) for i in range(8)]
+    for i in range(64):
+        policy.select_action(obs[i % 8])
+
+    def median_ms(call) -> float:
+        times = []
+        for i in range(frames):
+            t0 = time.thread_time()
+            call(i)
+            times.append(time.thread_time() - t0)
+        return 1e3 * statistics.median(times)
+
+    with torch.inference_mode():
+        frame, _ = policy.observation_to_frame(obs[0])
+        features = policy.encoder(frame[None])
+        t = policy.episode_time(None)
+        y, _ = policy.core.step(features, policy._state, t=t)
+        parts = {"select_action, whole": lambda i: policy.select_action(obs[i % 8]),
+                 "the frame's checks and conversion": lambda i: policy.observation_to_frame(obs[i % 8]),
+                 "encoder (CNN)": lambda i: policy.encoder(frame[None]),
+                 "NAC step (window full)": lambda i: policy.core.step(features, policy._state, t=t),
+                 "head": lambda i: policy.head(y)}
+        ms = {name: median_ms(call) for name, call in parts.items()}
+    print("| part of the shipped policy's select_action | CPU ms (median) |\n|---|---|")
+    for name, value in ms.items():
+        print(f"| {name} | {value:.3f} |")
+    rest = ms["select_action, whole"] - sum(v for name, v in ms.items() if name != "select_action, whole")
+    print(f"| the rest (Python between the parts) | {rest:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores", nargs="*", default=list(CORES))
+    parser.add_argument("--breakdown", action="store_true", help="only the shipped policy's select_action, part by part")
     args = parser.parse_args()
+    if args.breakdown:
+        breakdown()
+        return
     cores = available_cores()
     print(f"| core | select_action ms / frame (p50, 1 thread) | train frames/s, 1 process, 1 thread | "
           f"1 process, {cores} threads | 2 processes (DDP) |\n|---|---|---|---|---|")
