@@ -123,3 +123,14 @@ def test_the_checks_catch_a_broken_link_a_missing_heading_and_a_missing_file():
     assert missing_paths("ARCHITECTURE.md", ROOT / "docs") == []
     assert slug("3. The NAC layer, equation by equation") == "3-the-nac-layer-equation-by-equation"
     assert slug("`quickstart --full`: the recipe") == "quickstart---full-the-recipe"
+
+
+def test_every_flag_of_a_docs_command_is_one_its_verb_accepts():
+    # the commands README.md and the guides give (findings.md is a log of what was run then)
+    from test_docs_report import commands, unknown_flags
+
+    found = [c for page in PAGES if page.name != "findings.md"
+             for c in commands(page.read_text(encoding="utf-8").splitlines())
+             if c.startswith("nac-drive ") and not c.startswith("nac-drive VERB")]
+    assert len(found) >= 60
+    assert [flag for command in found for flag in unknown_flags(command)] == []
