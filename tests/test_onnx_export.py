@@ -21,6 +21,7 @@ from nac_drive.cli.main import main  # noqa: E402
 from nac_drive.nac.selection import Visibility, select_exact  # noqa: E402
 from nac_drive.policy.onnx_export import export_onnx  # noqa: E402
 from nac_drive.policy.onnx_policy import FORMAT, META_CONFIG, META_FORMAT, META_GRAPH, OnnxPolicy  # noqa: E402
+from nac_drive.policy.tasks import DISCRETE_GAS  # noqa: E402
 
 HELD_OUT = 900000
 FRAMES = 250   # held-out frames per parity check (benchmarks/onnx_policy.py measures 1,000)
@@ -216,6 +217,8 @@ def test_an_onnx_file_whose_config_disagrees_with_its_heads_width_is_refused_in_
         tmp_path, capsys, exported, changes):
     """Config continuous/3 on the 5-logit graph once drove returning 5 values against Box(3,); a
     config of 7 failed mid-drive "a bug"."""
+    if changes.get("action") == "continuous":   # a continuous policy has no GAS of its own
+        changes = {**changes, "gas": DISCRETE_GAS}
     for graph in ("step", "window"):
         bad = with_config(exported[graph], tmp_path / f"{graph}.onnx", **changes)
         line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
