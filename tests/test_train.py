@@ -332,11 +332,10 @@ def test_dagger_from_a_run_folder_starts_from_its_best_checkpoint(dataset, tmp_p
     """A run folder as --policy means its best/ from the start: round 0 once drove the folder,
     then its fine-tuning failed on a missing config.json, its dataset already committed (issue 58)."""
     import nac_drive.pipeline.dagger as dagger_module
-    from nac_drive.agents.driver import shipped_policy_path
     from nac_drive.pipeline.dagger import DaggerArgs, dagger
-    from nac_drive.policy import DrivingPolicy
+    from nac_drive.policy import DrivingPolicy, PolicyConfig
 
-    DrivingPolicy.from_pretrained(shipped_policy_path()).save_pretrained(tmp_path / "run" / "best")
+    DrivingPolicy(PolicyConfig()).save_pretrained(tmp_path / "run" / "best")   # the dataset's GAS
     driven = []
 
     def stop(runs, *, policy_path, **kwargs):
