@@ -12,12 +12,11 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 # Names Windows (most of them) or macOS (sched_getaffinity) lacks; each is on a path a user needs or
 # could be, so taking them all away at once shows the package asks none of them unguarded.
 WITHOUT_LINUX = textwrap.dedent("""
     import os, signal, sys
+    import psutil   # its Linux backend needs resource; on Windows and macOS psutil has its own
     for name in ("O_NONBLOCK", "pread", "pwrite", "sysconf", "sched_getaffinity"):
         delattr(os, name)
     for name in ("SIGKILL", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGALRM"):
@@ -60,7 +59,6 @@ def test_the_prelude_takes_the_names_away():
     assert done.stdout.split() == ["False", "False", "False"], done.stderr
 
 
-@pytest.mark.slow
 def test_load_drive_collect_and_train_without_linux_only_names(tmp_path):
     done = subprocess.run([sys.executable, "-c", WITHOUT_LINUX + USER, str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
