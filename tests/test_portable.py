@@ -65,3 +65,21 @@ def test_load_drive_collect_and_train_without_linux_only_names(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[:1] == ["drove"] and "trained" in done.stdout, done.stdout
     assert (tmp_path / "runs" / "r" / "last" / "config.json").is_file()
+
+
+def test_a_worker_off_linux_ends_when_its_parent_is_gone_though_its_parent_id_stays():
+    """Off Linux a worker's watchdog thread ends it once its parent is gone. On Windows the
+    parent id of a process never changes, even after that parent ended: a watchdog that only
+    waited for it to change never fired."""
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+    worker = textwrap.dedent(f"""
+        import os, time
+        import nac_drive.child_processes as cp
+        cp._prctl = lambda: None          # no PR_SET_PDEATHSIG, as on Windows and macOS
+        os.getppid = lambda: {gone}       # as on Windows: the id of the parent, ended
+        cp.die_with_parent({gone})
+        time.sleep(20)
+    """)
+    done = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr   # ended by the watchdog, not after its 20 s
