@@ -142,19 +142,19 @@ def claim_tracks(root: str | Path, name: str, seeds: Sequence[int]):
     live process's claim does (two collects started at once with overlapping seeds).
 
     The claim is a hidden file ``<dataset>/.claim.seeds-<first>-<last>.<pid>`` holding the
-    process's start time, made with ``O_EXCL`` while the dataset folder is locked, so of
-    two concurrent collects exactly one wins; it is removed on exit. A claim whose process
-    is gone (killed) is stale: ignored and removed.
+    process's start time, made with ``O_EXCL`` while the dataset's ``.claims.lock`` is held
+    (filelock's lock, which goes with a killed process), so of two concurrent collects exactly
+    one wins; it is removed on exit (the empty lock file stays: removing it while another collect
+    waits on it would let a third take a new one). A claim whose process is gone (killed) is
+    stale: ignored and removed.
     """
-    import fcntl
+    from filelock import FileLock
 
     first, last = int(seeds[0]), int(seeds[-1])
     folder = dataset_folder(root, name)
     folder.mkdir(parents=True, exist_ok=True)
     mine = folder / f"{CLAIM}.seeds-{first}-{last}.{os.getpid()}"
-    lock = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # released on close, or by the kernel if this process dies
+    with FileLock(folder / ".claims.lock"):
         refuse_existing(root, name, seeds)
         for other in sorted(folder.glob(f"{CLAIM}.*")):
             match = _CLAIM.fullmatch(other.name)
@@ -169,8 +169,6 @@ def claim_tracks(root: str | Path, name: str, seeds: Sequence[int]):
         fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "w") as f:
             f.write(f"{_start_time(os.getpid())}\n")
-    finally:
-        os.close(lock)
     try:
         yield mine
     finally:
@@ -178,12 +176,18 @@ def claim_tracks(root: str | Path, name: str, seeds: Sequence[int]):
 
 
 def _start_time(pid: int) -> str:
-    """When process ``pid`` started (clock ticks since boot; '' where /proc cannot tell):
-    tells a process from a later one that reuses its id."""
+    """When process ``pid`` started ('' if it is gone): tells a process from a later one
+    that reuses its id. Linux: clock ticks since boot, read exactly from /proc (psutil's
+    float in seconds is derived from them and the boot time); elsewhere psutil's seconds."""
+    import psutil
+
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return ""
+        try:
+            return repr(psutil.Process(pid).create_time())
+        except psutil.Error:
+            return ""
     return stat.rpartition(")")[2].split()[19]
 
 
@@ -384,13 +388,10 @@ def _remove_abandoned(root: Path) -> None:
 
 
 def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # someone else's process
-        return True
-    return True
+    import psutil
+
+    # not os.kill(pid, 0): on Windows signal 0 is CTRL_C_EVENT, sent to the process
+    return psutil.pid_exists(pid)
 
 
 def find_datasets(path: str | Path, missing_ok: bool = False) -> list[Path]:
@@ -580,7 +581,9 @@ def _check_declared_size(h5_path: Path) -> None:
     with h5py.File(h5_path, "r") as f:
         f.visititems(lambda _, item: sizes.append(item.size * item.dtype.itemsize)
                      if isinstance(item, h5py.Dataset) else None)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    import psutil
+
+    memory = psutil.virtual_memory().total
     if sum(sizes) > memory:
         raise DatasetError(f"{h5_path}: its arrays would take {sum(sizes)} bytes, more than this machine's "
                            f"memory ({memory} bytes)")

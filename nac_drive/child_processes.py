@@ -2,7 +2,7 @@
 included), so none lives on holding a core, a file or a port after the user stopped the run.
 
 On Linux the kernel sends the child SIGKILL when its parent dies (``PR_SET_PDEATHSIG``);
-elsewhere a forked Python worker watches its parent from a thread, and a started program
+elsewhere a Python worker watches its parent from a thread, and a started program
 (which no thread of ours survives into) has no such guard.
 """
 
@@ -36,7 +36,10 @@ def die_with_parent(parent: int) -> None:
         return
 
     def watch() -> None:
-        while os.getppid() == parent:
+        import psutil
+
+        # Windows keeps a dead parent's id as the parent id: ask whether that process still runs
+        while os.getppid() == parent and psutil.pid_exists(parent):
             time.sleep(0.5)
         os._exit(1)
 

@@ -279,7 +279,8 @@ def test_a_collect_overlapping_a_running_one_is_refused_at_start_and_a_killed_on
         first.wait()
     assert [p.name for p in folder.glob(".claim.*")] == [f".claim.seeds-100000-100039.{first.pid}"]
     assert main(second) == 0
-    assert sorted(p.name for p in folder.iterdir()) == ["namespace_metadata.json", "seeds-100039-100040-v1"]
+    assert sorted(p.name for p in folder.iterdir()) == [".claims.lock", "namespace_metadata.json",   # the lock stays
+                                                         "seeds-100039-100040-v1"]
     assert [ep.seed for ep in load_episodes(folder)] == [100039, 100040]
 
 

@@ -73,6 +73,8 @@ def _disk_full(folder: Path, error: BaseException) -> OSError | None:
 
 def fsync_dir(path: str | Path) -> None:
     """Make the entries of folder ``path`` (new names, renames) durable."""
+    if os.name == "nt":   # Windows cannot open a folder as a file; NTFS journals its entries itself
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -161,21 +163,27 @@ def fresh_dir(path: str | Path) -> Path:
 @contextlib.contextmanager
 def one_writer(folder: str | Path, what: str):
     """Hold ``folder``'s writer lock for the block, so two processes never write one run at
-    once. Another holder: ``ValueError`` naming ``what`` and its pid. The lock (``flock`` on
-    ``folder/.writer.lock``) goes with the process however it ends; the file, on a clean exit."""
-    import fcntl
+    once. Another holder: ``ValueError`` naming ``what`` and its pid (``folder/.writer.pid``).
+    The lock (filelock's on ``folder/.writer.lock``: ``flock`` on POSIX, ``msvcrt.locking`` on
+    Windows) goes with the process however it ends; both files, on a clean exit."""
+    from filelock import FileLock, Timeout
 
-    lock = Path(folder) / ".writer.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    folder = Path(folder)
+    lock, holder = FileLock(folder / ".writer.lock"), folder / ".writer.pid"
     try:
+        lock.acquire(timeout=0)
+    except Timeout:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise ValueError(f"{folder}: another {what} (pid {holder}) is writing it; wait for it to end") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+            with open(holder, "rb") as f:
+                pid = f.read(32).decode(errors="replace").strip() or "?"
+        except OSError:   # it has not written it yet
+            pid = "?"
+        raise ValueError(f"{folder}: another {what} (pid {pid}) is writing it; wait for it to end") from None
+    try:
+        holder.write_text(str(os.getpid()))
         yield
-        lock.unlink(missing_ok=True)
+        holder.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):   # Windows refuses while it is held; its release removes it
+            Path(lock.lock_file).unlink()
     finally:
-        os.close(fd)
+        lock.release()

@@ -12,6 +12,9 @@ import os
 import stat
 from pathlib import Path
 
+# Without it, opening a FIFO would block; Windows has no such flag (nor FIFOs among its files).
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
 
 class FileRefused(ValueError):
     """The file is missing, is not a regular file, or is larger than allowed."""
@@ -22,7 +25,7 @@ def read_capped(path: str | os.PathLike, max_bytes: int) -> bytes:
     :class:`FileRefused` naming the file and why."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO would block the open itself
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK)
     except FileNotFoundError:
         raise FileRefused(f"{path}: missing") from None
     with os.fdopen(fd, "rb") as f:
