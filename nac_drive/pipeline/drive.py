@@ -314,7 +314,7 @@ class LiveOptions:
 
         require_rerun()
         if self.file is not None:
-            check_rrd_path(self.file)
+            check_rrd_path(self.file, overwrite=False)   # as --trace, a drive never overwrites another's recording
         return self
 
 
