@@ -165,6 +165,16 @@ def test_a_file_that_is_not_an_exported_policy_is_refused_in_one_line(tmp_path, 
         assert why in one_line_error(capsys, "drive", "carracing", "--policy", path, "--episodes", "1"), path
 
 
+def test_an_upper_case_onnx_suffix_names_an_onnx_file_not_a_checkpoint_folder(tmp_path, capsys):
+    from nac_drive.cli.commands.export import ExportArgs
+
+    text = tmp_path / "text.ONNX"
+    text.write_text("not a model")
+    assert "not an ONNX model onnxruntime can load" in one_line_error(
+        capsys, "drive", "carracing", "--policy", text, "--episodes", "1")
+    assert ExportArgs(out=str(tmp_path / "policy.ONNX")).out.endswith(".ONNX")   # not refused as another format
+
+
 def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_line(tmp_path, capsys, exported):
     from nac_drive.policy.cores import CoreConfig
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
