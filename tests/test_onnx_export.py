@@ -175,6 +175,13 @@ def test_an_upper_case_onnx_suffix_names_an_onnx_file_not_a_checkpoint_folder(tm
     assert ExportArgs(out=str(tmp_path / "policy.ONNX")).out.endswith(".ONNX")   # not refused as another format
 
 
+def test_a_folder_where_an_onnx_file_is_expected_is_named_as_a_folder(tmp_path, capsys):
+    folder = tmp_path / "policy.onnx"
+    folder.mkdir()
+    assert one_line_error(capsys, "drive", "carracing", "--policy", folder, "--episodes", "1").endswith(
+        f"{folder}: not a regular file (a folder)")   # not "Is a directory: 6", a descriptor's number
+
+
 def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_line(tmp_path, capsys, exported):
     from nac_drive.policy.cores import CoreConfig
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
