@@ -33,9 +33,10 @@ def load_driving_policy(path: str | Path | None = None, task: str = "carracing",
     import torch
 
     from nac_drive.policy.driving_policy import DrivingPolicy
+    from nac_drive.policy.onnx_policy import is_onnx_path
 
     torch.set_num_threads(1)
-    if path is not None and str(path).endswith(".onnx"):
+    if path is not None and is_onnx_path(path):
         if not onnx:
             raise ValueError(f"policy: {path} is an ONNX export, which only drives (nac-drive drive); "
                              f"this needs the policy's checkpoint folder")

@@ -405,13 +405,17 @@ def open_view(file: str | os.PathLike | None = None, *, viewer: bool = False, se
                      where=" and ".join(where), file=file)
 
 
-def check_rrd_path(path: str | os.PathLike, flag: str = "--rerun") -> Path:
-    """A writable ``.rrd`` path, or a one-line ValueError naming ``flag`` (checked before any work)."""
+def check_rrd_path(path: str | os.PathLike, flag: str = "--rerun", overwrite: bool = True) -> Path:
+    """A writable ``.rrd`` path, or a one-line ValueError naming ``flag`` (checked before any work);
+    ``overwrite=False`` also refuses an existing file."""
     path = Path(path)
     if path.suffix != ".rrd":
         raise ValueError(f"{flag}: expected a file name ending in .rrd, got {str(path)!r}")
     if path.is_dir() or not path.parent.is_dir():
         raise ValueError(f"{flag}: cannot write {path} (it is a folder, or its folder does not exist)")
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(f"{flag}: {path} exists; a drive never overwrites a recording: remove it or name "
+                              "another file")
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"{flag}: {path} is not writable")
     return path

@@ -63,6 +63,53 @@ def test_bad_variants_or_seeds_are_refused_before_any_training(change, message, 
         CompareArgs(**{"data": str(tmp_path), **change})
 
 
+def crafted_results(tmp_path, **changes) -> list[str]:
+    """A comparison of gru, seeds 0 and 1, whose results are on disk (nothing to train); ``changes``
+    replace fields of seed 0's result. Returns compare's argv."""
+    from nac_drive.pipeline.compare import shared_budget
+
+    argv = ["compare", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "cmp"), "--variants", "gru",
+            "--seeds", "0", "1", "--no-progress"]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "cmp" / "results").mkdir(parents=True)
+    budget = shared_budget(CompareArgs(data=str(tmp_path / "data"), variants=["gru"], seeds=[0, 1]))
+    for seed in (0, 1):
+        result = vars(RunResult("gru", seed, f"r{seed}", "carracing", 0.5, 0.8, None,
+                                {"returns": [900.0, 800.0], "laps_finished": 1, "mean_return": 850.0}, budget))
+        result.update(changes if seed == 0 else {})
+        (tmp_path / "cmp" / "results" / f"gru__s{seed}.json").write_text(json.dumps(result))
+    return argv
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"val_accuracy": "0.9"}, "val_accuracy: expected a number, got '0.9'"),
+    ({"val_accuracy": None}, "val_accuracy: expected a number, got None"),
+    ({"closed_loop": {"returns": [900.0], "mean_return": 900.0}}, "closed_loop: laps_finished: expected a count"),
+    ({"variant": "lstm"}, "it holds 'lstm' seed 0, not 'gru' seed 0"),
+    ({"closed_loop": {"returns": [float("inf")], "laps_finished": 0, "mean_return": 0.0}},
+     "closed_loop: returns: expected a list of finite numbers"),
+])
+def test_a_crafted_result_is_refused_in_one_line_naming_its_file(changes, message, tmp_path, capsys):
+    code = main(crafted_results(tmp_path, **changes))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0, err
+    assert f"gru__s0.json: not a comparison result ({message}" in err
+
+
+def test_compare_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path, capsys):
+    argv = crafted_results(tmp_path, val_accuracy=float("nan"),
+                           closed_loop={"returns": [900.0, 800.0], "laps_finished": 1, "mean_return": float("inf")})
+    assert main(argv) == 0
+
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    report = json.loads((tmp_path / "cmp" / "compare.json").read_text(), parse_constant=refuse)
+    assert report["variants"][0]["val_accuracy"] is None
+    assert report["variants"][0]["val_accuracy_per_seed"] == [None, 0.8]
+    assert report["variants"][0]["closed_loop"]["mean_return_per_seed"] == [None, 850.0]
+
+
 @pytest.mark.skipif(available_cores() < 2, reason="--workers 2 needs two cores")
 def test_a_run_that_fails_in_a_worker_ends_the_comparison_with_its_error(tmp_path, capsys):
     code = main(["compare", "--data", str(tmp_path), "--out", str(tmp_path / "cmp"), "--workers", "2",

@@ -220,6 +220,16 @@ def test_an_rrd_that_cannot_be_written_is_refused_before_the_drive(tmp_path):
     assert "--rerun: expected a file name ending in .rrd" in out.stderr
 
 
+def test_an_existing_rrd_is_refused_before_the_drive_and_left_as_it_was(tmp_path):
+    existing = tmp_path / "run.rrd"
+    existing.write_bytes(b"an earlier recording")
+    out = subprocess.run([NAC_DRIVE, "drive", "carracing", "--episodes", "1", "--rerun", str(existing)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert f"--rerun: {existing} exists; a drive never overwrites a recording" in out.stderr
+    assert existing.read_bytes() == b"an earlier recording"
+
+
 def gone(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie no one reaps counts as ended)."""
     try:

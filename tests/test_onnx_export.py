@@ -165,6 +165,23 @@ def test_a_file_that_is_not_an_exported_policy_is_refused_in_one_line(tmp_path, 
         assert why in one_line_error(capsys, "drive", "carracing", "--policy", path, "--episodes", "1"), path
 
 
+def test_an_upper_case_onnx_suffix_names_an_onnx_file_not_a_checkpoint_folder(tmp_path, capsys):
+    from nac_drive.cli.commands.export import ExportArgs
+
+    text = tmp_path / "text.ONNX"
+    text.write_text("not a model")
+    assert "not an ONNX model onnxruntime can load" in one_line_error(
+        capsys, "drive", "carracing", "--policy", text, "--episodes", "1")
+    assert ExportArgs(out=str(tmp_path / "policy.ONNX")).out.endswith(".ONNX")   # not refused as another format
+
+
+def test_a_folder_where_an_onnx_file_is_expected_is_named_as_a_folder(tmp_path, capsys):
+    folder = tmp_path / "policy.onnx"
+    folder.mkdir()
+    assert one_line_error(capsys, "drive", "carracing", "--policy", folder, "--episodes", "1").endswith(
+        f"{folder}: not a regular file (a folder)")   # not "Is a directory: 6", a descriptor's number
+
+
 def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_line(tmp_path, capsys, exported):
     from nac_drive.policy.cores import CoreConfig
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
@@ -177,6 +194,7 @@ def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_l
     step = exported["step"]
     assert "--trace and --rerun need its checkpoint folder" in one_line_error(
         capsys, "drive", "carracing", "--policy", step, "--episodes", "1", "--trace", tmp_path / "run")
+    assert not (tmp_path / "run").exists()   # refused before the run folder is made
     assert "only drives" in one_line_error(capsys, "saliency", "--policy", step, "--run", tmp_path)
 
 

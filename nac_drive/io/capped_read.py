@@ -28,7 +28,7 @@ def read_capped(path: str | os.PathLike, max_bytes: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | _NONBLOCK)
     except FileNotFoundError:
         raise FileRefused(f"{path}: missing") from None
-    with os.fdopen(fd, "rb") as f:
+    try:   # checked on the bare descriptor: os.fdopen of a folder's raises "Is a directory: <fd>"
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             mode = st.st_mode
@@ -37,6 +37,10 @@ def read_capped(path: str | os.PathLike, max_bytes: int) -> bytes:
             raise FileRefused(f"{path}: not a regular file ({kind})")
         if st.st_size > max_bytes:
             raise FileRefused(f"{path}: {st.st_size} bytes, more than the {max_bytes} allowed")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise FileRefused(f"{path}: grew past the {max_bytes} bytes allowed while it was read")

@@ -174,7 +174,7 @@ def variant_settings(args: CompareArgs, variant: str) -> dict[str, Any]:
 
 def compare(args: CompareArgs) -> dict:
     """Train and drive every (variant, seed) not done yet; the comparison (also written to
-    ``OUT/compare.json`` and ``OUT/compare.md``)."""
+    ``OUT/compare.json``, strict JSON with NaN and infinities as null, and ``OUT/compare.md``)."""
     out = Path(args.out)
     if args.dagger_rounds and Path(args.data).is_dir() and any(Path(args.data).rglob("driving_log.csv")):
         raise ValueError("--dagger-rounds: DAgger needs an oracle that labels the states a student reaches, which "
@@ -196,9 +196,9 @@ def compare(args: CompareArgs) -> dict:
               "task": results[0].task,
               "variants": [summarise(variant, [r for r in results if r.variant == variant]) for variant in args.variants]}
     from nac_drive.io.atomic import atomic_write
-    from nac_drive.io.checkpoint import write_json
+    from nac_drive.pipeline.explain import write_report
 
-    write_json(out / REPORT_JSON, report)
+    write_report(out / REPORT_JSON, report)
     atomic_write(out / REPORT_MD, lambda tmp: Path(tmp).write_text(markdown_table(report) + "\n"))
     return report
 
@@ -208,7 +208,7 @@ def _finished_result(args: CompareArgs, variant: str, seed: int, out: Path) -> R
     path = out / RESULTS / f"{variant}__s{seed}.json"
     if not path.is_file():
         return None
-    result = _read_result(path)
+    result = _read_result(path, variant, seed)
     if result.budget != shared_budget(args):
         raise ValueError(f"{path}: that run was trained and driven with {result.budget}, this comparison asks "
                          f"for {shared_budget(args)}; give another --out")
@@ -330,13 +330,70 @@ def link_tree(source: Path, target: Path) -> None:
                 shutil.copy2(path, to)
 
 
-def _read_result(path: Path) -> RunResult:
+def _read_result(path: Path, variant: str, seed: int) -> RunResult:
+    """The stored result of (``variant``, ``seed``); a file that is not one, with what
+    :func:`summarise` reads checked, is refused in one line naming it."""
     from nac_drive.io.checkpoint import read_json
 
     try:
-        return RunResult(**read_json(path))
+        result = RunResult(**read_json(path))
+        problems = _result_problems(result, variant, seed)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: not a comparison result ({e}); delete it to train that run again") from None
+        problems = [str(e)]
+    if problems:
+        raise ValueError(f"{path}: not a comparison result ({'; '.join(problems)}); delete it to train that run "
+                         "again")
+    return result
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _result_problems(result: RunResult, variant: str, seed: int) -> list[str]:
+    """What a stored result lacks of what :func:`summarise` and :func:`_pooled` read."""
+    if result.variant != variant or result.seed != seed:
+        return [f"it holds {result.variant!r} seed {result.seed!r}, not {variant!r} seed {seed}"]
+    if result.task not in ("carracing", "udacity"):
+        return [f"task: expected 'carracing' or 'udacity', got {result.task!r}"]
+    metric = "val_accuracy" if result.task == "carracing" else "val_mse"
+    problems = [] if _number(getattr(result, metric)) else [f"{metric}: expected a number, "
+                                                             f"got {getattr(result, metric)!r}"]
+    drives = {"closed_loop": result.closed_loop} if result.closed_loop is not None else {}
+    if result.frame_drops is not None:
+        if not isinstance(result.frame_drops, dict):
+            return problems + ["frame_drops: expected an object"]
+        for share, drive in result.frame_drops.items():
+            try:
+                float(share)
+            except ValueError:
+                problems.append(f"frame_drops: {share!r} is not a share")
+            drives[f"frame_drops.{share}"] = drive
+    for name, drive in drives.items():
+        problems += [f"{name}: {p}" for p in _drive_problems(drive, result.task)]
+    curve = result.curve if result.curve is not None else []
+    if not (isinstance(curve, list) and all(isinstance(p, dict) and isinstance(p.get("stage"), str)
+                                            and _number(p.get("frames")) and _number(p.get("mean_return"))
+                                            for p in curve)):
+        problems.append("curve: expected a list of {stage, frames, mean_return}")
+    return problems
+
+
+def _drive_problems(drive, task: str) -> list[str]:
+    """What a stored drive lacks of what :func:`_pooled` reads."""
+    if not isinstance(drive, dict):
+        return ["expected an object"]
+    lists = ["returns"] + (["mean_abs_cte_m"] if task == "udacity" else [])
+    counts = ["laps_finished"] + (["off_road_tracks"] if task == "udacity" else [])
+    problems = [f"{k}: expected a list of finite numbers" for k in lists
+                if not (isinstance(drive.get(k), list) and drive[k]
+                        and all(_number(x) and math.isfinite(x) for x in drive[k]))]
+    problems += [f"{k}: expected a count" for k in counts if not _count(drive.get(k))]
+    return problems + ([] if _number(drive.get("mean_return")) else ["mean_return: expected a number"])
 
 
 def _best_row(metrics_csv: Path) -> dict[str, float | None]:

@@ -61,7 +61,6 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
     ``recorded``: only the first this many episodes go into the video, the trace and the
     ``live`` view (all are scored, and the latency covers all, traced or not); default all."""
     from nac_drive.agents.driver import PolicyDriver
-    from nac_drive.io.atomic import fresh_dir
     from nac_drive.io.video import check_video_path
 
     policy_path, trace_dir = args.policy, args.trace
@@ -79,7 +78,6 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
         oracle = PurePursuitTeacher(continuous=continuous)
     if trace_dir is not None:
         names = list(ACTION_NAMES) if not continuous else ["steer", "gas", "brake"]
-        trace_dir = fresh_dir(trace_dir)   # a run never overwrites another run's trace
         recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
     with live_view(live, policy, raise_failure=False) as view:
         driver = PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view, drops=frame_drops(args.perturb))
@@ -89,8 +87,8 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
         recorder.save()   # the laps of the traced episodes: the dashboard's episode table shows them
     summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core,
                    perturbation=perturbation_record(args.perturb))
-    if trace_dir is not None:
-        summary["trace"] = str(trace_dir)
+    if recorder is not None:
+        summary["trace"] = str(recorder.run_dir)
     if view is not None:
         summary["rerun"] = view.where
         if view.failure is not None:   # the caller reports it after the summary
@@ -229,7 +227,6 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     off-road, ...), the policy's latency, ``trace`` (the run folder) and under frame-drop
     ``perturbation`` and ``frames_dropped`` (per track)."""
     from nac_drive.agents.driver import PolicyDriver
-    from nac_drive.io.atomic import fresh_dir
     from nac_drive.simulators.udacity_env import ENV_ID
     from nac_drive.simulators.udacity_track import track_spec
 
@@ -241,7 +238,7 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     policy = task_policy(policy_path, "udacity")
     recorder = None
     if trace_dir is not None:
-        recorder = policy_recorder(fresh_dir(trace_dir), policy, policy_path, ENV_ID, ["steering"])
+        recorder = policy_recorder(trace_dir, policy, policy_path, ENV_ID, ["steering"])
         recorder.metadata.update(tracks=tracks, speed_mph=speed)
     driver = PolicyDriver(policy, recorder=recorder, drops=frame_drops(perturb))
     envs = [udacity_emulator_env(t, speed) for t in tracks]
@@ -314,7 +311,7 @@ class LiveOptions:
 
         require_rerun()
         if self.file is not None:
-            check_rrd_path(self.file)
+            check_rrd_path(self.file, overwrite=False)   # as --trace, a drive never overwrites another's recording
         return self
 
 
@@ -361,14 +358,18 @@ def policy_nac(policy):
 
 
 def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list[str]):
-    """A RunRecorder for a policy's closed-loop run (its NAC's wiring included)."""
+    """A RunRecorder for a policy's closed-loop run (its NAC's wiring included) into a new run
+    folder, ``trace_dir`` or, if that exists, ``trace_dir-2``, ... (a run never overwrites
+    another run's trace), created only once the policy can be traced."""
     from dataclasses import asdict
 
     from nac_drive.interpret.trace import RunRecorder
+    from nac_drive.io.atomic import fresh_dir
 
-    return RunRecorder(trace_dir, metadata={"env": env, "policy": str(policy_path or "shipped"),
-                                            "policy_config": asdict(policy.config)},
-                       nac=policy_nac(policy), action_names=action_names, expert_action_names=action_names)
+    nac = policy_nac(policy)   # an ONNX policy is refused before any folder exists
+    return RunRecorder(fresh_dir(trace_dir), metadata={"env": env, "policy": str(policy_path or "shipped"),
+                                                       "policy_config": asdict(policy.config)},
+                       nac=nac, action_names=action_names, expert_action_names=action_names)
 
 
 @dataclass
@@ -397,7 +398,6 @@ def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None
     steering is sent again (the summary adds ``perturbation`` and ``frames_dropped``, per
     connection). Returns an exit code."""
     from nac_drive.agents.driver import PolicyDriver
-    from nac_drive.io.atomic import fresh_dir
     from nac_drive.simulators.udacity_session import drive_udacity, require_udacity_extra
 
     require_udacity_extra()   # before the trace folder exists
@@ -405,7 +405,7 @@ def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None
     policy = task_policy(args.policy, "udacity")
     recorder = None
     if args.trace:
-        recorder = policy_recorder(fresh_dir(args.trace), policy, args.policy, "udacity", ["steering"])
+        recorder = policy_recorder(args.trace, policy, args.policy, "udacity", ["steering"])
         print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
     try:
         with live_view(live, policy) as view:

@@ -39,6 +39,12 @@ INPUTS = {"step": ("frame", "t", "cache", "steps"), "window": ("frames", "t")}
 OUTPUTS = {"step": ("output", "cache_out", "steps_out"), "window": ("outputs",)}
 META_FORMAT, META_GRAPH, META_CONFIG = "nac_drive.format", "nac_drive.graph", "nac_drive.policy_config"
 EXTRA_HINT = "pip install 'nac-drive[onnx]'"
+SUFFIX = ".onnx"
+
+
+def is_onnx_path(path) -> bool:
+    """Whether ``path`` names an ONNX file (by its suffix, in any case: ``x.ONNX`` too)."""
+    return str(path).lower().endswith(SUFFIX)
 
 
 def session(path: str | Path, threads: int = 1):

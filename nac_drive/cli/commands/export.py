@@ -31,8 +31,10 @@ class ExportArgs:
     json: bool = arg(False, "end with the result as one JSON line")
 
     def __post_init__(self):
+        from nac_drive.policy.onnx_policy import is_onnx_path
+
         check_fields(self)
-        if not self.out.endswith(".onnx"):
+        if not is_onnx_path(self.out):
             raise ValueError(f"OUT: expected a file name ending in .onnx, got {self.out!r}")
 
 
