@@ -20,7 +20,10 @@
 # (a tune study lives in OUT/tune/<variant>/study.db, a comparison's finished runs in OUT/compare/results).
 #
 # What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
-# table goes there once it has.
+# table goes there once it has. Its first tune trials (nac-exact, 2026-11-29, 3 of 12 before it was
+# stopped) drove the validation tracks to 17.8, 126.2 and 14.3: at 4 x 2048 windows of behaviour
+# cloning on the planner's gas-1.0 demonstrations no policy drives yet, so the search would choose on
+# noise. Raise the trial budget (or tune on the validation loss) before running it through.
 set -euo pipefail
 
 OUT=${1:-runs/recipe-regime}
