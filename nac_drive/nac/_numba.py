@@ -537,11 +537,11 @@ def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, mot
     tile = queries_per_tile * K
     keys = np.empty(tile, np.int64)
     query = np.empty(tile, np.int64)
-    per_pair = np.empty((16, tile), dout.dtype)
+    per_pair = np.empty((15, tile), dout.dtype)
     w, t, ph, ta = per_pair[0], per_pair[1], per_pair[2], per_pair[3]       # the tile's stages
     d_weight, d_t, d_logit, d_phi, d_tau, d_r0, d_r1, d_z = (per_pair[4], per_pair[5], per_pair[6], per_pair[7],
                                                             per_pair[8], per_pair[9], per_pair[10], per_pair[11])
-    t_in, grown, decayed, acc = per_pair[12], per_pair[13], per_pair[14], per_pair[15]
+    grown, decayed, acc = per_pair[12], per_pair[13], per_pair[14]
     it, cm, mo = np.empty((n_inter, tile), dout.dtype), np.empty((n_cmd, tile), dout.dtype), \
         np.empty((n_motor, tile), dout.dtype)
     d_it, d_cm, d_mo = np.empty((n_inter, tile), dout.dtype), np.empty((n_cmd, tile), dout.dtype), \
@@ -644,28 +644,7 @@ def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, mot
             d_phi_tau_b[h, 1] += s1
             # the time vector t = sigmoid(a t_in + b), (a, b) the pair's last two pre-activations
             for p in range(n):
-                j = max(keys[p], 0)
-                if time_kind == TIME_ELAPSED:
-                    t_in[p] = q_times[b, query[p]] - rows[bh, j, P]
-                elif time_kind == TIME_QUERY:
-                    t_in[p] = q_times[b, query[p]]
-                else:
-                    t_in[p] = one
                 d_z[p] = d_t[p] * t[p] * (one - t[p])
-            for p in range(n):
-                i, j = query[p], keys[p]
-                if j == NO_KEY:
-                    continue
-                slope = q_side[bh, i, n_inter] + rows[bh, j, n_inter]
-                d_q_side[bh, i, n_inter] += d_z[p] * t_in[p]
-                d_rows[bh, j, n_inter] += d_z[p] * t_in[p]
-                d_q_side[bh, i, n_inter + 1] += d_z[p]
-                d_rows[bh, j, n_inter + 1] += d_z[p]
-                if time_kind == TIME_ELAPSED:
-                    d_q_times[b, i] += d_z[p] * slope
-                    d_rows[bh, j, P] -= d_z[p] * slope
-                elif time_kind == TIME_QUERY:
-                    d_q_times[b, i] += d_z[p] * slope
             # eq. 14 backwards: motor, command, inter (tanh' = 1 - tanh^2); each weight's
             # gradient a sum over the tile's pairs
             for m in range(n_motor):
@@ -682,7 +661,8 @@ def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, mot
             for c in range(n_cmd):
                 d_cmd_b[h, c] += d_cm[c, :n].sum()
             _tanh_layer_backward(cmd_w[h], d_cm, it, d_it, d_cmd_w[h], n, acc, one)
-            # eq. 14's first layer reads W [q_i; k_j] + b: its gradient goes to both halves
+            # eq. 14's first layer W [q_i; k_j] + b and the time affine (a, b) read both halves of the
+            # pair: each gradient goes to the query's row and the key's
             for p in range(n):
                 i, j = query[p], keys[p]
                 if j == NO_KEY:
@@ -690,3 +670,18 @@ def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, mot
                 for u in range(n_inter):
                     d_q_side[bh, i, u] += d_it[u, p]
                     d_rows[bh, j, u] += d_it[u, p]
+                if time_kind == TIME_ELAPSED:
+                    t_in = q_times[b, i] - rows[bh, j, P]
+                elif time_kind == TIME_QUERY:
+                    t_in = q_times[b, i]
+                else:
+                    t_in = one
+                d_q_side[bh, i, n_inter] += d_z[p] * t_in
+                d_rows[bh, j, n_inter] += d_z[p] * t_in
+                d_q_side[bh, i, n_inter + 1] += d_z[p]
+                d_rows[bh, j, n_inter + 1] += d_z[p]
+                if time_kind != TIME_ONE:   # t_in reads the query's time (and, elapsed, the key's)
+                    slope = q_side[bh, i, n_inter] + rows[bh, j, n_inter]
+                    d_q_times[b, i] += d_z[p] * slope
+                    if time_kind == TIME_ELAPSED:
+                        d_rows[bh, j, P] -= d_z[p] * slope
