@@ -40,18 +40,23 @@ def make_policy(core: str) -> DrivingPolicy:
     return DrivingPolicy(PolicyConfig(core=CoreConfig(core=core, window=WINDOW)))
 
 
+def median_ms(call, calls: int, clock=time.perf_counter) -> float:
+    """Median ms of ``call(i)`` over ``calls`` calls, timed by ``clock``."""
+    times = []
+    for i in range(calls):
+        t0 = clock()
+        call(i)
+        times.append(clock() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def latency_ms(core: str, frames: int = 500) -> float:
     torch.set_num_threads(1)
     policy = make_policy(core).eval()
     obs = np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)
     for _ in range(64):
         policy.select_action(obs)
-    times = []
-    for _ in range(frames):
-        t0 = time.perf_counter()
-        policy.select_action(obs)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    return median_ms(lambda i: policy.select_action(obs), frames)
 
 
 def _train_steps(policy, model, steps: int) -> float:
@@ -111,14 +116,6 @@ def breakdown(frames: int = 500) -> None:
     for i in range(64):
         policy.select_action(obs[i % 8])
 
-    def median_ms(call) -> float:
-        times = []
-        for i in range(frames):
-            t0 = time.thread_time()
-            call(i)
-            times.append(time.thread_time() - t0)
-        return 1e3 * statistics.median(times)
-
     with torch.inference_mode():
         frame, _ = policy.observation_to_frame(obs[0])
         features = policy.encoder(frame[None])
@@ -129,7 +126,7 @@ def breakdown(frames: int = 500) -> None:
                  "encoder (CNN)": lambda i: policy.encoder(frame[None]),
                  "NAC step (window full)": lambda i: policy.core.step(features, policy._state, t=t),
                  "head": lambda i: policy.head(y)}
-        ms = {name: median_ms(call) for name, call in parts.items()}
+        ms = {name: median_ms(call, frames, time.thread_time) for name, call in parts.items()}
     print("| part of the shipped policy's select_action | CPU ms (median) |\n|---|---|")
     for name, value in ms.items():
         print(f"| {name} | {value:.3f} |")
