@@ -1,7 +1,8 @@
-"""nac-drive tune: a resumable Optuna search per variant that drives validation tracks only,
+"""nac-drive tune: a resumable Optuna search per variant that drives validation tracks only (or drives nothing),
 and its best.json taken by train --tuned and compare --tuned."""
 
 import json
+from pathlib import Path
 
 import optuna
 import pytest
@@ -11,7 +12,7 @@ import nac_drive.pipeline.drive as drive_module
 from nac_drive.cli.main import main
 from nac_drive.data_collection.carracing_dataset import write_dataset
 from nac_drive.pipeline.compare import CompareArgs, variant_settings
-from nac_drive.pipeline.train import train
+from nac_drive.pipeline.train import best_epoch, train
 from nac_drive.pipeline.train_args import TrainArgs
 from nac_drive.pipeline.tune import SEARCH_SPACE, VALIDATION_SEED_BASE, TuneArgs, searched, tune
 from nac_drive.pipeline.train_args import read_tuned
@@ -84,6 +85,19 @@ def test_tune_drives_validation_tracks_only_resumes_and_reruns_a_trial_cut_off(d
 
     with pytest.raises(ValueError, match="give another --out"):   # another budget would mix its trials in
         tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=4, **{**TINY, "epochs": 2}))
+
+
+def test_the_val_loss_objective_drives_nothing_and_keeps_the_lowest_loss(dataset, tmp_path, driven):
+    args = TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=2, objective="val-loss", **TINY)
+    best = tune(args)
+    assert driven == []   # no track at all, held out or not
+    _, done = completed(tmp_path / "gru")
+    losses = [best_epoch(Path(t.user_attrs["run_dir"]) / "metrics.csv")["val_loss"] for t in done]
+    assert [t.user_attrs["value"] for t in done] == losses and len(set(losses)) == 2
+    assert best["metric"] == "val_loss" and best["value"] == min(losses)   # lowest, not highest
+    assert best["train_args"] == {"core": "gru", **done[losses.index(min(losses))].params}
+    with pytest.raises(ValueError, match="give another --out"):   # a study scored one way takes no trials scored another
+        tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=3, **TINY))
 
 
 def test_train_and_compare_take_a_best_json_and_refuse_a_wrong_one(dataset, tmp_path):

@@ -8,22 +8,24 @@
 #
 # Budget, the same for every core:
 # - tune: 12 trials each; a trial trains 4 epochs x 2048 windows of 16 frames on the 30 planner
-#   demonstrations and drives 10 validation tracks (800000-800009; the held-out tracks never).
+#   demonstrations and is scored by its lowest validation loss (--objective val-loss: nothing is
+#   driven, the held-out tracks never). Two lanes of variants run side by side, one core each.
 # - compare: seeds 0 1 2; behaviour cloning 10 epochs x 4096 windows with the tuned values, then 5
 #   DAgger rounds of 4 episodes (the planner labels; bursts 0.02 x 8 frames), each fine-tuned 3 x
 #   3072 windows at lr 2e-4; the last round's checkpoint drives the 20 held-out tracks 900000-900019
 #   at each frame-drop share; the learning curve drives 5 held-out tracks after each stage.
 #
-# Time on the 2-core CPU machine, estimated from its parts (a tune trial ~4 min alone; a BC run
-# ~8 min; a DAgger round ~3 min; 20 tracks ~3 min a share): tuning ~5.5 hours, the comparison ~6
-# hours with --workers 2, so about four 3-hour sessions. Everything resumes: run the same line again
-# (a tune study lives in OUT/tune/<variant>/study.db, a comparison's finished runs in OUT/compare/results).
+# Why the search scores the loss: its first driven trials (nac-exact, 2026-11-29, --objective
+# drive, 3 of 12) scored 17.8, 126.2 and 14.3 on validation tracks: at a trial's budget of
+# behaviour cloning on the planner's gas-1.0 demonstrations no policy drives yet, so the search
+# would choose on noise.
 #
+# Time on the 2-core CPU machine: the tune lanes ~2 hours (a trial 1.5-4 min on one core, measured
+# 2026-11-29); the comparison ~6 hours with --workers 2 (a BC run ~8 min, a DAgger round ~3 min,
+# 20 tracks ~3 min a share), so three 3-hour sessions. Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
+# comparison's finished runs in OUT/compare/results).
 # What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
-# table goes there once it has. Its first tune trials (nac-exact, 2026-11-29, 3 of 12 before it was
-# stopped) drove the validation tracks to 17.8, 126.2 and 14.3: at 4 x 2048 windows of behaviour
-# cloning on the planner's gas-1.0 demonstrations no policy drives yet, so the search would choose on
-# noise. Raise the trial budget (or tune on the validation loss) before running it through.
+# table goes there once it has.
 set -euo pipefail
 
 OUT=${1:-runs/recipe-regime}
@@ -33,10 +35,16 @@ V="nac-exact nac-scaled nac-qk cfc gru lstm mha"
 
 [ -d "$OUT/demos" ] || nac-drive collect carracing --expert planner-discrete --gas 1.0 --episodes 30 --out "$OUT/demos" \
   --name planner --workers 2
-for v in $V; do
-  nac-drive tune --data "$OUT/demos" --variant "$v" --trials 12 --episodes 10 --epochs 4 --windows-per-epoch 2048 \
-    --out "$OUT/tune" --json
-done
+lane() {   # lane CORE VARIANT...: tune each variant in turn on one core (taskset where there is one)
+  local pin=(); command -v taskset >/dev/null && pin=(taskset -c "$1"); shift
+  for v in "$@"; do
+    "${pin[@]}" nac-drive tune --data "$OUT/demos" --variant "$v" --objective val-loss --trials 12 --epochs 4 \
+      --windows-per-epoch 2048 --out "$OUT/tune" --json
+  done
+}
+lane 0 nac-exact nac-qk gru mha & a=$!
+lane 1 nac-scaled cfc lstm & b=$!
+wait $a; wait $b
 nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds 0 1 2 --tuned "$OUT/tune" \
   --epochs 10 --windows-per-epoch 4096 --dagger-rounds 5 --dagger-episodes 4 --oracle planner --disturb-rate 0.02 \
   --disturb-frames 8 --dagger-epochs 3 --dagger-windows-per-epoch 3072 --dagger-lr 2e-4 --curve-episodes 5 \

@@ -236,14 +236,14 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
     its best checkpoint driven; the result is written to ``OUT/results``."""
     variant, seed = job
     from nac_drive.io.checkpoint import read_json, write_json
-    from nac_drive.pipeline.train import train
+    from nac_drive.pipeline.train import best_epoch, train
 
     path = out / RESULTS / f"{variant}__s{seed}.json"
     run_dir = train(TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed,
                               window=args.window, epochs=args.epochs, windows_per_epoch=args.windows_per_epoch,
                               eval_episodes=0, progress=args.progress, **variant_settings(args, variant)),
                     threads=threads)
-    best = _best_row(run_dir / "metrics.csv")
+    best = best_epoch(run_dir / "metrics.csv")
     task = read_json(run_dir / "train_args.json")["data_info"]["task"]
     final, curve = run_dir / "best", None
     if args.dagger_rounds:
@@ -394,16 +394,6 @@ def _drive_problems(drive, task: str) -> list[str]:
                         and all(_number(x) and math.isfinite(x) for x in drive[k]))]
     problems += [f"{k}: expected a count" for k in counts if not _count(drive.get(k))]
     return problems + ([] if _number(drive.get("mean_return")) else ["mean_return: expected a number"])
-
-
-def _best_row(metrics_csv: Path) -> dict[str, float | None]:
-    """The epoch of the lowest validation loss (the ``best/`` checkpoint), as numbers (NaN -> None)."""
-    import csv
-
-    with metrics_csv.open() as f:
-        rows = list(csv.DictReader(f))
-    best = min(rows, key=lambda r: float(r["val_loss"]) if r["val_loss"] != "nan" else math.inf)
-    return {k: (None if math.isnan(float(v)) else float(v)) for k, v in best.items()}
 
 
 def t_interval(values: list[float]) -> list[float] | None:

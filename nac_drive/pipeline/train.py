@@ -438,6 +438,15 @@ def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int)
     return features
 
 
+def best_epoch(metrics_csv: Path) -> dict[str, float | None]:
+    """The ``metrics.csv`` row of the lowest validation loss (the epoch ``best/`` holds), as
+    numbers (NaN -> None)."""
+    with metrics_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    best = min(rows, key=lambda r: float(r["val_loss"]) if r["val_loss"] != "nan" else math.inf)
+    return {k: (None if math.isnan(float(v)) else float(v)) for k, v in best.items()}
+
+
 def _append_csv(path: Path, row: dict) -> None:
     new = not path.exists()
     with open(path, "a", newline="") as f:

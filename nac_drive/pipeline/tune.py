@@ -6,11 +6,17 @@ validation tracks only.
     nac-drive compare --data runs/demos --tuned runs/tune     # each variant's runs/tune/<variant>/best.json
 
 A trial trains one run with sampled hyper-parameters (:data:`SEARCH_SPACE`; the epochs and
-windows of ``--epochs`` / ``--windows-per-epoch`` are the same for every variant), then its
-best checkpoint drives ``--episodes`` **validation** tracks: CarRacing 800000, 800001, ...;
-the Udacity emulator's random-800000, ... The held-out tracks from 900000, which score the
-comparison, are never driven here. CarRacing maximises the mean return, Udacity minimises
-the mean |cross-track error|.
+windows of ``--epochs`` / ``--windows-per-epoch`` are the same for every variant) and is scored
+by ``--objective``:
+
+- ``drive`` (default): its best checkpoint drives ``--episodes`` **validation** tracks
+  (CarRacing 800000, 800001, ...; the Udacity emulator's random-800000, ...). CarRacing
+  maximises the mean return, Udacity minimises the mean |cross-track error|.
+- ``val-loss``: the lowest behaviour-cloning loss on the demonstrations' validation episodes
+  (``--val-fraction`` of train); nothing is driven. At a trial's budget a policy may not drive
+  yet (a return of 14-126 for every value tried), where the loss still ranks the values.
+
+The held-out tracks from 900000, which score the comparison, are never driven here.
 
 The study lives in ``OUT/<variant>/study.db`` (SQLite, Optuna's own storage): run the same
 command again and it resumes; ``--trials`` is the total of finished trials, and a trial cut
@@ -31,6 +37,7 @@ from nac_drive.pipeline.variants import VARIANTS
 
 VALIDATION_SEED_BASE = 800_000   # tracks 800000-: validation; 900000-: held out (never driven by tune)
 BEST, STUDY = "best.json", "study.db"
+OBJECTIVES = ("drive", "val-loss")
 
 # What a trial samples, per training argument: ("log", low, high), ("float", low, high) or
 # ("choice", values). Every variant searches the shared rows and those of its core; a setting
@@ -55,6 +62,9 @@ class TuneArgs:
     max_steps: int | None = arg(None, "cap each validation episode (frames; default a whole CarRacing episode, "
                                       "1000 Udacity frames)", min=1)
     seed: int = arg(0, "seeds the sampler and every trial's training", min=0, max=MAX_SEED)
+    objective: str = arg("drive", "what scores a trial: drive (validation tracks' mean return, or minus Udacity's "
+                                  "mean |cte|) or val-loss (the lowest validation loss; nothing driven)",
+                         choices=OBJECTIVES)
     progress: bool = arg(True, "show progress bars")
     window: int = arg(16, "frames per training window (the same for every trial)", min=1, group="budget")
     epochs: int = arg(4, "training epochs of every trial", min=1, group="budget")
@@ -126,17 +136,17 @@ def tune(args: TuneArgs) -> dict:
 
 def _budget(args: TuneArgs) -> dict:
     """What every trial of a study shares: the data, the training budget and the validation drive."""
+    drive = {"episodes": args.episodes, "max_steps": args.max_steps} if args.objective == "drive" else {}
     return {"data": str(Path(args.data).resolve()), "window": args.window, "epochs": args.epochs,
-            "windows_per_epoch": args.windows_per_epoch, "episodes": args.episodes, "max_steps": args.max_steps,
-            "seed": args.seed}
+            "windows_per_epoch": args.windows_per_epoch, "objective": args.objective, **drive, "seed": args.seed}
 
 
 def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, budget: dict) -> float:
-    """Train with the trial's values, drive the best checkpoint on validation tracks; the
-    value Optuna maximises (CarRacing: the mean return; Udacity: minus the mean |cte|)."""
+    """Train with the trial's values and score the run (:data:`OBJECTIVES`); the value Optuna
+    maximises (the mean return; minus the mean |cte| or the validation loss)."""
     from nac_drive.io.checkpoint import read_json
     from nac_drive.pipeline.drive import drive_checkpoint
-    from nac_drive.pipeline.train import train
+    from nac_drive.pipeline.train import best_epoch, train
     from nac_drive.pipeline.train_args import TrainArgs
 
     values = sample(trial, space)
@@ -145,6 +155,15 @@ def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, bud
                               seed=args.seed, window=args.window, epochs=args.epochs,
                               windows_per_epoch=args.windows_per_epoch, progress=False,
                               **VARIANTS[args.variant], **values))
+    trial.set_user_attr("run_dir", str(run_dir))
+    if args.objective == "val-loss":
+        loss = best_epoch(run_dir / "metrics.csv")["val_loss"]
+        if loss is None:
+            raise ValueError(f"{args.data}: too few episodes to hold one out for validation; --objective val-loss "
+                             "needs a validation set")
+        trial.set_user_attr("metric", "val_loss")
+        trial.set_user_attr("value", loss)
+        return -loss
     task = read_json(run_dir / "train_args.json")["data_info"]["task"]
     drive = drive_checkpoint(run_dir / "best", task, args.episodes, args.max_steps, progress=False,
                              seed_base=VALIDATION_SEED_BASE)
@@ -152,5 +171,4 @@ def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, bud
     trial.set_user_attr("metric", metric)
     trial.set_user_attr("value", drive[metric])
     trial.set_user_attr("seeds", drive["seeds"])
-    trial.set_user_attr("run_dir", str(run_dir))
     return -drive[metric] if task == "udacity" else drive[metric]
