@@ -9,12 +9,18 @@ import torch
 
 from nac_drive.cli.main import main
 from nac_drive.data_collection.carracing_dataset import write_dataset
-from nac_drive.pipeline.compare import VARIANTS, CompareArgs, RunResult, summarise, t_interval
+from nac_drive.io.atomic import one_writer
+from nac_drive.pipeline.compare import VARIANTS, CompareArgs, RunResult, compare, summarise, t_interval
 from nac_drive.torch_threads import available_cores
 from support.demos import synthetic_episodes
 
 torch.set_num_threads(1)
 TINY = ["--window", "4", "--d-model", "16", "--epochs", "1", "--windows-per-epoch", "32", "--no-progress"]
+
+
+def refuse(token):
+    """parse_constant for json.loads: NaN and Infinity are not JSON."""
+    raise ValueError(f"non-standard JSON token {token}")
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +107,6 @@ def test_compare_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path, c
                            closed_loop={"returns": [900.0, 800.0], "laps_finished": 1, "mean_return": float("inf")})
     assert main(argv) == 0
 
-    def refuse(token):
-        raise ValueError(f"non-standard JSON token {token}")
-
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text(), parse_constant=refuse)
     assert report["variants"][0]["val_accuracy"] is None
     assert report["variants"][0]["val_accuracy_per_seed"] == [None, 0.8]
@@ -134,7 +137,7 @@ def test_compare_trains_and_drives_every_variant_and_seed_into_one_table(dataset
             "--seeds", "0", "1", "2", "--episodes", "2", "--max-steps", "30", "--json", *TINY]
     code, printed = run_cli(argv, capsys)
     assert code == 0
-    report = json.loads(printed.strip().splitlines()[-1])
+    report = json.loads(printed.strip().splitlines()[-1], parse_constant=refuse)   # strict JSON
     assert [row["variant"] for row in report["variants"]] == ["nac-pw", "lstm"]
     for row in report["variants"]:
         assert row["seeds"] == [0, 1, 2] and len(row["runs"]) == 3
@@ -220,7 +223,7 @@ def test_compare_on_udacity_recordings_gives_steering_mse_and_cross_track_error(
                              "nac-exact", "--seeds", "0", "1", "--episodes", "1", "--max-steps", "20", "--json",
                              "--workers", str(workers), *TINY], capsys)
     assert code == 0
-    report = json.loads(printed.strip().splitlines()[-1])
+    report = json.loads(printed.strip().splitlines()[-1], parse_constant=refuse)   # strict JSON
     assert report["task"] == "udacity"
     for row in report["variants"]:
         assert row["metric"] == "val_mse"
@@ -255,7 +258,7 @@ def test_compare_in_the_shipped_regime_runs_dagger_rounds_on_its_own_data_and_dr
                              "--dagger-epochs", "1", "--dagger-windows-per-epoch", "32", "--curve-episodes", "1",
                              "--frame-drops", "0", "0.5", "--json", *TINY], capsys)
     assert code == 0
-    report = json.loads(printed.strip().splitlines()[-1])
+    report = json.loads(printed.strip().splitlines()[-1], parse_constant=refuse)   # strict JSON
     assert contents(dataset) == before   # the shared demos untouched, file by file
     data = out / "runs" / "gru__s0-data"
     linked = next(p for p in dataset.rglob("*.hdf5"))
@@ -294,3 +297,13 @@ def test_the_dagger_regime_is_refused_on_udacity_and_its_flags_without_rounds(tm
         CompareArgs(data="x", dagger_rounds=1, oracle="tacher")
     assert "max_steps" not in CompareArgs(data="x", episodes=0, dagger_rounds=1).ignored()   # it caps the rounds
     assert "frame_drops" in CompareArgs(data="x", episodes=0, frame_drops=[0.5]).ignored()
+
+
+def test_a_second_comparison_into_one_folder_is_refused_before_it_trains(dataset, tmp_path):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    with one_writer(out, "nac-drive compare"):   # the first comparison, still running
+        with pytest.raises(ValueError, match=r"another nac-drive compare \(pid \d+\) is writing it"):
+            compare(CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16,
+                                epochs=1, windows_per_epoch=32, progress=False))
+    assert sorted(p.name for p in out.iterdir()) == []   # nothing trained, nothing written; the first's lock gone

@@ -31,6 +31,18 @@ class JsonOutput:
 
     json: bool = arg(False, "end the output with one line of JSON")
 
+    def emit(self, value) -> None:
+        """Print ``value`` as the closing JSON line when ``--json`` was given."""
+        if self.json:
+            print_json(value)
+
+
+def print_json(value) -> None:
+    """``value`` as one line of strict JSON (NaN and infinities as null), flushed."""
+    from nac_drive.io.strict_json import dumps
+
+    print(dumps(value), flush=True)
+
 
 def number(kind: type = int, **limits) -> Callable[[str], Any]:
     """An argparse ``type``: parses ``kind`` (int or float) and applies :func:`check_number`."""

@@ -174,11 +174,20 @@ def variant_settings(args: CompareArgs, variant: str) -> dict[str, Any]:
 
 def compare(args: CompareArgs) -> dict:
     """Train and drive every (variant, seed) not done yet; the comparison (also written to
-    ``OUT/compare.json``, strict JSON with NaN and infinities as null, and ``OUT/compare.md``)."""
-    out = Path(args.out)
+    ``OUT/compare.json``, strict JSON with NaN and infinities as null, and ``OUT/compare.md``).
+    One comparison writes ``OUT`` at a time: a second is refused, naming the first's pid."""
+    from nac_drive.io.atomic import one_writer
+
     if args.dagger_rounds and Path(args.data).is_dir() and any(Path(args.data).rglob("driving_log.csv")):
         raise ValueError("--dagger-rounds: DAgger needs an oracle that labels the states a student reaches, which "
                          "CarRacing has (the teacher, the PPO expert) and Udacity recordings do not")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with one_writer(out, "nac-drive compare"):
+        return _compare(args, out)
+
+
+def _compare(args: CompareArgs, out: Path) -> dict:
     jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
     finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
     todo = [job for job in jobs if finished[job] is None]
@@ -196,7 +205,7 @@ def compare(args: CompareArgs) -> dict:
               "task": results[0].task,
               "variants": [summarise(variant, [r for r in results if r.variant == variant]) for variant in args.variants]}
     from nac_drive.io.atomic import atomic_write
-    from nac_drive.pipeline.explain import write_report
+    from nac_drive.io.strict_json import write_report
 
     write_report(out / REPORT_JSON, report)
     atomic_write(out / REPORT_MD, lambda tmp: Path(tmp).write_text(markdown_table(report) + "\n"))

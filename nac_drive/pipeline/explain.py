@@ -21,8 +21,6 @@ NaN is written as null.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import numpy as np
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
+from nac_drive.io.strict_json import jsonable, write_report   # noqa: F401 (explain.json's writer, also compare's)
 from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
@@ -298,23 +297,3 @@ def attention_parts(run, nac, seed: int = 0) -> dict:
     return parts
 
 
-def jsonable(value):
-    """``value`` with numpy scalars and arrays as Python numbers and lists, NaN and inf as None."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (np.integer, np.bool_)):
-        return value.item()
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
-
-
-def write_report(path: Path, report: dict) -> Path:
-    """Write ``report`` as JSON (NaN as null) to ``path`` atomically."""
-    from nac_drive.io.atomic import atomic_write
-
-    text = json.dumps(jsonable(report), indent=1, allow_nan=False) + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return path

@@ -16,8 +16,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(namespace) -> int:
-    import json
-
     from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.compare import REPORT_JSON, CompareArgs, compare, markdown_table
 
@@ -25,6 +23,5 @@ def run(namespace) -> int:
     report = compare(args)
     print(markdown_table(report))
     print(f"written: {args.out}/{REPORT_JSON} and .md (tensorboard --logdir {args.out}/runs: the HParams table)")
-    if output.json:
-        print(json.dumps(report))
+    output.emit(report)
     return 0

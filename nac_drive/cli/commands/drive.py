@@ -22,7 +22,6 @@ never sees them, the simulator steps on with its last action, and the summary co
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def add_parser(subparsers) -> None:
@@ -56,8 +55,7 @@ def run_carracing(namespace: argparse.Namespace) -> int:
         trace = summary["trace"]
         video = f" --video {args.video}" if args.video else ""
         print(f"trace: {trace}/trace/ (open it with: nac-drive dashboard {trace}{video} -o dashboard.html)")
-    if output.json:
-        print(json.dumps(summary))
+    output.emit(summary)
     if "rerun_failure" in summary:   # after the summary: the drive itself finished
         raise OSError(f"--rerun: {summary['rerun_failure']}")
     return 0

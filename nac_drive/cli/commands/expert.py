@@ -14,7 +14,6 @@ uses the shipped expert without ``--expert``.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 
 from nac_drive.fields import REQUIRED, arg, check_fields
@@ -173,8 +172,7 @@ def _compare(namespace: argparse.Namespace) -> int:
 
     output = from_namespace(JsonOutput, namespace)
     scored = compare_experts(from_namespace(ExpertCompareArgs, namespace), progress=not output.json)
-    if output.json:
-        print(json.dumps({path: results.summary() for path, results in scored.items()}))
+    output.emit({path: results.summary() for path, results in scored.items()})
     return 0
 
 
@@ -188,6 +186,5 @@ def _eval(namespace: argparse.Namespace) -> int:
     for seed, ret, n, lap in zip(results.seeds, results.returns, results.lengths, results.laps):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}  lap {'yes' if lap else 'no'}")
     print(f"{name}: {results.format()}")
-    if output.json:
-        print(json.dumps({**results.summary(), "expert": name, "perturbation": perturbation_record(args.perturb)}))
+    output.emit({**results.summary(), "expert": name, "perturbation": perturbation_record(args.perturb)})
     return 0

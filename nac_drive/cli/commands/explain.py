@@ -50,7 +50,6 @@ Everything goes to RUN_DIR/explain.json (NaN as null).
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 
 from nac_drive.fields import arg, check_fields
@@ -79,7 +78,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import from_namespace, print_json
     from nac_drive.pipeline.explain import EXPLAIN_FILE, ExplainArgs, explain
 
     shown = from_namespace(ExplainPrint, namespace)
@@ -100,7 +99,7 @@ def run(namespace: argparse.Namespace) -> int:
         print("\n".join(format_closed_loop(report["closed_loop"])))
     print(f"\nwrote {report['run']}/{EXPLAIN_FILE}")
     if shown.json:
-        print(json.dumps(report, allow_nan=False))
+        print_json(report)
     return 0
 
 

@@ -13,7 +13,6 @@ largest difference is printed. Needs the ``onnx`` extra (``pip install 'nac-driv
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 
 from nac_drive.fields import REQUIRED, arg, check_fields
@@ -48,7 +47,7 @@ def add_parser(subparsers) -> None:
 
 def run(namespace: argparse.Namespace) -> int:
     from nac_drive.agents.driver import load_driving_policy
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import from_namespace, print_json
     from nac_drive.policy.onnx_export import export_onnx
 
     args = from_namespace(ExportArgs, namespace)
@@ -56,5 +55,5 @@ def run(namespace: argparse.Namespace) -> int:
     print(f"wrote {result['path']} ({result['graph']} graph; onnxruntime vs torch on example inputs: "
           f"max |difference| {result['max_abs_diff']:.2g})")
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     return 0

@@ -22,7 +22,6 @@ summary ends with the policy's share of the expert's return.
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def add_parser(subparsers) -> None:
@@ -45,6 +44,5 @@ def run(namespace: argparse.Namespace) -> int:
     print(f"video: {summary['video']}\ndashboard: {summary['dashboard']} (open it in a browser)")
     print("stages: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in summary["stage_seconds"].items())
           + f"; total {summary['seconds']:.0f} s")
-    if output.json:
-        print(json.dumps(summary))
+    output.emit(summary)
     return 0

@@ -9,7 +9,6 @@ scripted``.)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 
@@ -52,7 +51,9 @@ def add_parser(subparsers) -> None:
 def print_summary(summary: dict, as_json: bool) -> None:
     """A run's summary: one JSON line, or one ``key: value`` line per entry."""
     if as_json:
-        print(json.dumps(summary), flush=True)
+        from nac_drive.cli.arguments import print_json
+
+        print_json(summary)
     else:
         for k, v in summary.items():
             print(f"{k}: {v}")

@@ -16,8 +16,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(namespace) -> int:
-    import json
-
     from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.tune import BEST, TuneArgs, tune
 
@@ -27,6 +25,5 @@ def run(namespace) -> int:
     print(f"{args.variant}: best of {best['trials']} trials is trial {best['trial']}, {best['metric']} "
           f"{best['value']:.3f} on {args.episodes} validation tracks: {settings}")
     print(f"written: {args.out}/{args.variant}/{BEST} (nac-drive train --tuned / compare --tuned {args.out})")
-    if output.json:
-        print(json.dumps(best))
+    output.emit(best)
     return 0
