@@ -221,6 +221,48 @@ def test_an_onnx_file_with_a_non_finite_weight_is_refused_in_one_line(tmp_path, 
     OnnxPolicy(exported["step"])   # the exporter's own -inf and float32-lowest fills are scalars, not refused
 
 
+def with_nodes(source, path, nodes, initializers):
+    """A copy of the exported file at ``source`` with ``nodes`` (and their ``initializers``) added."""
+    model = onnx.load(str(source))
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(initializers)
+    onnx.save(model, str(path))
+    return path
+
+
+def hostile_loop():
+    """A Loop of 10^12 iterations (a hostile file: it once hung the first frame)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                              helper.make_node("Identity", ["v_in"], ["v_out"])], "body",
+                             [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [])])
+    start = [numpy_helper.from_array(np.array(10**12, np.int64), "trips"),
+             numpy_helper.from_array(np.array(True), "keep_going"), numpy_helper.from_array(np.float32(0), "v0")]
+    return [helper.make_node("Loop", ["trips", "keep_going", "v0"], ["v_final"], body=body)], start
+
+
+def hostile_fill():
+    """A ConstantOfShape asking for 10^13 floats, 40 TB (it once exited 1 "a bug" at the first frame)."""
+    from onnx import helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([10**7, 10**6], np.int64), "huge_shape")
+    return [helper.make_node("ConstantOfShape", ["huge_shape"], ["huge"])], [shape]
+
+
+@pytest.mark.parametrize("hostile, why", [(hostile_loop, "its graph has Loop (control flow"),
+                                          (hostile_fill, "huge would hold 10,000,000,000,000 values")])
+def test_an_onnx_graph_of_unbounded_work_is_refused_at_load_in_one_line(tmp_path, capsys, exported, hostile, why):
+    for graph in ("step", "window"):
+        bad = with_nodes(exported[graph], tmp_path / f"{graph}.onnx", *hostile())
+        line = one_line_error(capsys, "drive", "carracing", "--policy", bad, "--episodes", "1")
+        assert why in line, line
+
+
 def with_config(source, path, **changes):
     """A copy of the exported file at ``source`` whose embedded config has ``changes``."""
     model = onnx.load(str(source))

@@ -14,11 +14,13 @@ Loading never executes code: the model is read into memory (a regular file, capp
 :data:`MAX_BYTES`) and handed to onnxruntime as bytes, so it cannot name external data files;
 no custom-operator library is registered. A file that is not such a policy (not ONNX,
 truncated, another model's inputs, a head of another width than its config's, no nac-drive
-metadata, NaN or inf weights) is refused in one line.
+metadata, NaN or inf weights, control flow or a tensor too large: :func:`check_model`) is
+refused in one line.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,8 @@ from nac_drive.policy.driving_policy import ClosedLoop, PolicyConfig
 from nac_drive.policy.encoders import ENCODERS
 
 MAX_BYTES = 256 * 2**20   # far above any policy here (the shipped ones: ~1 MB)
+MAX_ELEMENTS = 2**26      # values in one tensor of known size; an exported policy's largest holds 192,000
+CONTROL_FLOW = frozenset({"Loop", "Scan", "If"})
 # What an exported file holds (:mod:`.onnx_export` writes it): its graphs' inputs and outputs, and
 # the metadata_props keys of its format, its graph and the policy's config JSON.
 FORMAT = "nac-drive-onnx-1"
@@ -64,22 +68,47 @@ def session(path: str | Path, threads: int = 1):
     except Exception as e:   # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
         why = " ".join(str(e).split())[:200]
         raise CheckpointError(f"{path}: not an ONNX model onnxruntime can load ({why})") from None
-    check_weights(data, path)   # after onnxruntime's load, which refuses external data
+    check_model(data, path)   # after onnxruntime's load, which refuses external data
     return loaded
 
 
-def check_weights(data: bytes, path: str | Path) -> None:
+def check_model(data: bytes, path: str | Path) -> None:
+    """What onnxruntime would only meet while driving, refused at load in one line: NaN or inf
+    weights (:func:`check_weights`), control flow (a ``Loop`` of 10^12 iterations hangs the
+    first frame; the exporter writes no ``Loop``, ``Scan`` or ``If``) and any tensor whose size
+    shape inference knows above :data:`MAX_ELEMENTS` (a constant shape asking for 40 TB)."""
+    try:
+        import onnx
+    except ImportError:
+        raise ValueError(f"an ONNX policy is checked by onnx (the 'onnx' extra): {EXTRA_HINT}") from None
+    model = onnx.load_model_from_string(data)
+    check_weights(model, path)
+    flow = sorted({node.op_type for node in _nodes(model.graph, onnx)} & CONTROL_FLOW)
+    if flow:
+        raise CheckpointError(f"{path}: its graph has {', '.join(flow)} (control flow, unbounded work); nac-drive "
+                              "export writes none")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as e:   # onnx's shape errors share no base class
+        raise CheckpointError(f"{path}: its shapes do not check ({' '.join(str(e).split())[:200]})") from None
+    graph = inferred.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims) and math.prod(d.dim_value for d in dims) > MAX_ELEMENTS:
+            raise CheckpointError(f"{path}: {value.name} would hold {math.prod(d.dim_value for d in dims):,} values, "
+                                  f"more than {MAX_ELEMENTS:,}")
+
+
+def check_weights(model, path: str | Path) -> None:
     """The model's constants (initializers and Constant nodes, subgraphs included) as
     :func:`~nac_drive.io.checkpoint.check_values` checks a checkpoint's weights: NaN or inf
     weights load, then drive with every output NaN. A scalar may be infinite: the exporter's
     own fills (``-inf`` for a masked logit, float32's lowest for a clamp) are scalars."""
-    try:
-        import onnx
-        from onnx import numpy_helper
-    except ImportError:
-        raise ValueError(f"an ONNX policy's weights are checked by onnx (the 'onnx' extra): {EXTRA_HINT}") from None
+    import onnx
+    from onnx import numpy_helper
+
     weights, scalars = {}, {}
-    for name, tensor in _constants(onnx.load_model_from_string(data).graph, onnx):
+    for name, tensor in _constants(model.graph, onnx):
         array = numpy_helper.to_array(tensor)
         if array.dtype.kind == "f":
             (weights if array.ndim else scalars)[name] = torch.from_numpy(np.array(array, np.float32))
@@ -89,17 +118,24 @@ def check_weights(data: bytes, path: str | Path) -> None:
             raise CheckpointError(f"{path}: {name} contains NaN or inf")
 
 
+def _nodes(graph, onnx):
+    """Every node of ``graph`` and of its subgraphs."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                yield from _nodes(sub, onnx)
+
+
 def _constants(graph, onnx):
     """(name, TensorProto) of every constant of ``graph`` and of its subgraphs."""
     yield from ((t.name, t) for t in graph.initializer)
     yield from ((t.values.name, t.values) for t in graph.sparse_initializer)
-    for node in graph.node:
+    for node in _nodes(graph, onnx):
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR:
                 yield f"{node.name or node.op_type}.{attribute.name}", attribute.t
             yield from ((f"{node.name or node.op_type}.{attribute.name}", t) for t in attribute.tensors)
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-                yield from _constants(sub, onnx)
 
 
 class OnnxPolicy(ClosedLoop):
