@@ -113,7 +113,7 @@ def main() -> int:
     args = p.parse_args()
 
     import torch
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
 
     torch.set_num_threads(1)
     results, ranges = {}, {}

@@ -57,7 +57,7 @@ def load_times(folder: Path, demos: int, frames: int, new_episodes: int) -> dict
 
 def drive_times(folder: Path, tracks: int, workers: int) -> dict:
     """Seconds for one round's drive of ``tracks`` tracks in one process and in ``workers``."""
-    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.policy.loading import shipped_policy_path
     from nac_drive.pipeline.dagger import drive_round, round_seeds
     from nac_drive.pipeline.processes import split_runs
 

@@ -46,7 +46,8 @@ def per_track(add: str, episodes: int, tmp: Path) -> dict[str, dict[str, list[fl
     driven without and with ``add``, adjacent in time, the order alternating."""
     import torch
 
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.pipeline.drive import policy_recorder
     from nac_drive.simulators.carracing import ACTION_NAMES, eval_seeds, make_carracing, run_episodes

@@ -24,7 +24,8 @@ import numpy as np
 
 
 def carracing(steps: int, tmp: Path) -> dict[str, float]:
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.interpret.live_view import open_view
     from nac_drive.pipeline.drive import policy_recorder
@@ -66,7 +67,8 @@ def udacity(frames: int, tmp: Path) -> dict[str, float]:
     """ms per telemetry frame (p50) of the driver's act(), as the bridge calls it."""
     import gymnasium as gym
 
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.interpret.live_view import open_view
 
     policy = load_driving_policy(task="udacity")

@@ -27,7 +27,7 @@ import torch
 import support_path  # noqa: F401  (tests/support: the held-out drive)
 from held_out_drive import drive_recording, replay
 
-from nac_drive.agents.driver import load_driving_policy
+from nac_drive.policy.loading import load_driving_policy
 from nac_drive.policy.onnx_export import export_onnx
 from nac_drive.policy.onnx_policy import OnnxPolicy
 from nac_drive.simulators.carracing import EVAL_SEED_BASE

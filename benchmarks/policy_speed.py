@@ -108,7 +108,7 @@ def ddp_train_fps(core: str, steps: int = 8, world: int = 2) -> float:
 
 def breakdown(frames: int = 500) -> None:
     """Median CPU ms of the shipped policy's ``select_action`` and of each of its parts."""
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
 
     torch.set_num_threads(1)
     policy = load_driving_policy()

@@ -26,7 +26,7 @@ def measure_here(frames: int = 500) -> float:
     import torch
 
     from nac_drive import DrivingPolicy
-    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.policy.loading import shipped_policy_path
 
     torch.set_num_threads(1)
     policy = DrivingPolicy.from_pretrained(shipped_policy_path("carracing")).eval()

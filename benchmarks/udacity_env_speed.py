@@ -41,7 +41,7 @@ def main() -> int:
     import gymnasium as gym
     import torch
 
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.simulators.udacity_env import ENV_ID, SpeedControl
     from nac_drive.simulators.udacity_track import pure_pursuit
 

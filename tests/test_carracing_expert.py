@@ -870,7 +870,7 @@ def test_a_run_starts_only_from_an_expert_with_its_kind_of_actions(tmp_path):
 
 
 def test_cli_dagger_refuses_a_bad_disturb_rate_before_driving(tmp_path, capsys):
-    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.policy.loading import shipped_policy_path
     from nac_drive.cli import main
 
     with pytest.raises(SystemExit) as refused:

@@ -89,7 +89,7 @@ def test_collect_train_drive(tmp_path):
 def test_a_dagger_round_driven_in_two_processes_records_what_one_process_does(tmp_path):
     """Each process drives a run of the round's tracks and writes it as one shard; the
     random-action bursts of a track do not depend on how the round was split."""
-    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.policy.loading import shipped_policy_path
     from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.train_args import TrainArgs
 

@@ -186,7 +186,7 @@ def test_ppo_oracle_labels_are_the_ppo_experts_actions_on_the_students_frames():
 
 
 def test_dagger_oracle_choices_and_refusals(tmp_path, capsys):
-    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.policy.loading import shipped_policy_path
     from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.cli import main
     from nac_drive.pipeline.dagger import make_oracle

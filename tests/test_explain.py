@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from nac_drive.agents.driver import shipped_policy_path
+from nac_drive.policy.loading import shipped_policy_path
 from nac_drive.interpret.trace import load_trace
 from nac_drive.pipeline.explain import EXPLAIN_FILE, fig4_section, jsonable, write_report
 from support.synthetic_runs import make_synthetic_run

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive.agents.driver import shipped_policy_path
+from nac_drive.policy.loading import shipped_policy_path
 from nac_drive.interpret.fig4 import SCENES, STEER_DEADBANDS, fig4_claim, scene_classes, sides_of, steering_sides
 from nac_drive.interpret.neuron_atlas import PolicyReplay, agreement, neuron_atlas, steering_change
 from nac_drive.interpret.trace import load_trace

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+from nac_drive.agents.driver import PolicyDriver
+from nac_drive.policy.loading import load_driving_policy
 from nac_drive.data_collection.carracing_dataset import Episode, WindowDataset
 from nac_drive.pipeline.drive import udacity_emulator_env, udacity_emulator_episodes
 from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig

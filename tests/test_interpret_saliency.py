@@ -305,7 +305,7 @@ def test_the_replay_feeds_a_frame_drop_runs_frames_at_their_recorded_times(tmp_p
     """Under --perturb frame-drop the trace holds only the frames that arrived, irregularly
     apart: Grad-CAM's frame model of step i must be the policy that saw those frames at
     those times, not at one frame period each."""
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.interpret.policy_saliency import Replay, model_input
     from nac_drive.pipeline.drive import DriveArgs, drive_carracing
 

@@ -10,7 +10,7 @@ import torch
 
 from nac_drive import NAC
 from nac_drive.nac import kernels as nac_kernels
-from nac_drive.agents.driver import load_driving_policy
+from nac_drive.policy.loading import load_driving_policy
 from nac_drive.interpret.fig4 import SCENES, auroc, fig4_claim, head_values, scene_classes, steering_sides
 from nac_drive.interpret.neuron_atlas import (PolicyReplay, mi_bias_bits, mutual_information, neuron_atlas,
                                               traced_neurons)

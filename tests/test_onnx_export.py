@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from nac_drive.agents.driver import load_driving_policy  # noqa: E402
+from nac_drive.policy.loading import load_driving_policy  # noqa: E402
 from support.held_out_drive import drive_recording, replay  # noqa: E402
 from nac_drive.cli.main import main  # noqa: E402
 from nac_drive.nac.selection import Visibility, select_exact  # noqa: E402

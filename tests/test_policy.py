@@ -308,7 +308,7 @@ def test_encoders_convolve_channels_last_whatever_the_input_layout(encoder):
 
 
 def test_a_training_run_folder_given_as_the_policy_means_its_best_checkpoint(tmp_path, capsys):
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
 
     policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8), feature_dim=8)).eval()
     policy.save_pretrained(tmp_path / "run" / "best")
@@ -323,7 +323,7 @@ def test_a_training_run_folder_given_as_the_policy_means_its_best_checkpoint(tmp
 def test_a_policy_drives_under_bfloat16_autocast_and_moved_to_bfloat16():
     # once: autocast failed at output.numpy() (no bfloat16 in numpy), and .to(bfloat16) on the
     # encoder's float32 cast of the frame
-    from nac_drive.agents.driver import shipped_policy_path
+    from nac_drive.policy.loading import shipped_policy_path
 
     policy = DrivingPolicy.from_pretrained(shipped_policy_path("carracing"))
     frames = np.random.default_rng(0).integers(0, 256, (20, 96, 96, 3), dtype=np.uint8)

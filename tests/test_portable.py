@@ -26,7 +26,7 @@ WITHOUT_LINUX = textwrap.dedent("""
 
 USER = textwrap.dedent("""
     import sys
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.cli import main
     from nac_drive.simulators.carracing import make_carracing
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from nac_drive.agents.driver import load_driving_policy, shipped_policy_path
+from nac_drive.policy.loading import load_driving_policy, shipped_policy_path
 from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
 torch.set_num_threads(1)

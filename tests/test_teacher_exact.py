@@ -122,7 +122,8 @@ class _Labelling:
 
 
 def test_the_teacher_labels_real_states_exactly_as_its_reference():
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.policy.loading import load_driving_policy
 
     torch.set_num_threads(1)
     rows, controls = [], []

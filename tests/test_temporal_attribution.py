@@ -89,7 +89,7 @@ def test_a_window_forward_that_is_not_what_streamed_is_refused(tmp_path):
 def test_the_shipped_policys_window_forward_is_its_stream(tmp_path):
     """What the shares explain (the window forward at the last position) is what drove
     (step_output), for the shipped NAC policy and its window of 16 frames."""
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from support.synthetic_runs import road_frame
 
     policy = load_driving_policy().eval()

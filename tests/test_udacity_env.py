@@ -135,7 +135,7 @@ def test_shipped_policy_scores_in_the_env_as_over_the_bridge():
     pytest.importorskip("websocket")
     from support.udacity_procs import Proc, free_port
 
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.simulators.udacity_emulator import run_emulator
 
     frames, track = 900, "serpentine"

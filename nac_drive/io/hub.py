@@ -1,4 +1,4 @@
-"""Checkpoints on the Hugging Face Hub: a Hub id to a local folder, and the model card.
+"""Checkpoints on the Hugging Face Hub: a Hub id to a local folder.
 
 A Hub id (``owner/name``) is fetched by ``huggingface_hub.hf_hub_download`` into its cache
 (``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads the cache only) and the snapshot folder it
@@ -15,51 +15,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from huggingface_hub import ModelCard, ModelCardData, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
 from nac_drive.io.atomic import readable_dir
 from nac_drive.io.checkpoint import CONFIG, WEIGHTS, CheckpointError
-from nac_drive.policy.tasks import DISCRETE_GAS
-
-if TYPE_CHECKING:
-    from nac_drive.policy.driving_policy import PolicyConfig
 
 # owner/name: letters, digits, "-", "_", "." (the Hub's rule, simplified). A bare name is
 # taken for a folder, so a mistyped folder name does not go looking on the Hub.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-# The evaluation environment each task is scored in (the model-index "dataset" of a score).
-EVAL_ENVS = {"carracing": "CarRacing-v3", "udacity": "udacity-simulator"}
-CARD_KEYS = ("data", "held_out_score", "held_out_metric")
 HUB_PROBE_TIMEOUT_S = 2.0   # the first request's timeout: a Hub that cannot answer in it counts as unreachable
-
-CARD_TEMPLATE = """---
-{{ card_data }}
----
-
-# nac-drive {{ task }} policy ({{ core }} core)
-
-A driving policy from nac-drive (the Neuronal Attention Circuit, [paper]({{ paper_url }})):
-a per-frame `{{ encoder }}` encoder, a `{{ core }}` temporal core over a causal window of
-{{ window }} frames and a head with {{ num_outputs }} {{ action }} output(s), trained by
-behaviour cloning.
-
-| | |
-|---|---|
-| task | `{{ task }}` (evaluated in `{{ eval_env }}`{{ env_note }}) |
-| core | {{ core_details }} |
-| data | {{ data | default("not recorded", true) }} |
-| held-out score | {{ score_text }} |
-
-Load it (nothing is unpickled; sizes are checked before anything is allocated):
-
-```python
-from nac_drive.policy import DrivingPolicy
-policy = DrivingPolicy.from_pretrained("{{ repo_id | default("owner/name", true) }}")
-```
-"""
 
 
 def is_hub_id(source: str | Path) -> bool:
@@ -119,50 +85,3 @@ def _unreachable(repo_id: str, revision: str | None, token: str | bool | None) -
     except Exception as e:   # the transport's own errors: no name resolution, refused, timed out
         return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     return None
-
-
-def model_card(config: PolicyConfig, base: ModelCardData, template: str, paper_url: str | None,
-               **kwargs: Any) -> ModelCard:
-    """The card of a policy with ``config``: metadata ``base`` (library, tags) plus the task
-    tag and, when ``held_out_score`` is given, a model-index entry the Hub displays.
-
-    kwargs: ``data`` (what it was trained on: a dataset path or id), ``held_out_score`` (a
-    number), ``held_out_metric`` (what the score measures), ``repo_id``.
-    """
-    unknown = sorted(set(kwargs) - {*CARD_KEYS, "repo_id"})
-    if unknown:
-        raise ValueError(f"model_card_kwargs: unknown keys {unknown}; known: {', '.join(CARD_KEYS)}")
-    score, metric = kwargs.get("held_out_score"), kwargs.get("held_out_metric") or "mean episode return"
-    if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
-        raise ValueError(f"model_card_kwargs.held_out_score: expected a number, got {score!r}")
-    core = config.core
-    metadata = ModelCardData(**base.to_dict())   # a copy: the class's metadata is shared by every policy
-    metadata.tags = sorted({*(metadata.tags or []), config.task, core.core})
-    eval_env = EVAL_ENVS[config.task]
-    if score is not None:
-        from huggingface_hub import EvalResult
-        metadata.model_name = kwargs.get("repo_id") or f"nac-drive-{config.task}-{core.core}"
-        metadata.eval_results = [EvalResult(task_type="reinforcement-learning", dataset_type=eval_env,
-                                        dataset_name=eval_env, metric_type=metric, metric_value=float(score),
-                                        dataset_config=_env_config(config))]
-    details = (f"`{core.core}`, window {core.window}, d_model {core.d_model}, {core.num_heads} heads, "
-               f"top-k {core.topk}, mode `{core.mode}`")
-    return ModelCard.from_template(
-        metadata, template_str=template, paper_url=paper_url, task=config.task, eval_env=eval_env,
-        env_note=_env_note(config), core=core.core, core_details=details, window=core.window, encoder=config.encoder,
-        action=config.action, num_outputs=config.num_outputs, data=kwargs.get("data"), repo_id=kwargs.get("repo_id"),
-        score_text="not measured" if score is None else f"{score:g} ({metric}, {eval_env})")
-
-
-def _env_config(config: PolicyConfig) -> str | None:
-    """The model-index ``dataset_config`` of the env the policy was scored in: None for the
-    task's stock env, ``gas-<gas>`` for CarRacing's discrete actions with another gas."""
-    return None if config.gas == DISCRETE_GAS else f"gas-{config.gas!r}"
-
-
-def _env_note(config: PolicyConfig) -> str:
-    """How the policy's env differs from the task's stock env (the card's task row)."""
-    if config.gas == DISCRETE_GAS:
-        return ""
-    return (f", its GAS action pressing {config.gas!r}: "
-            f"`nac_drive.simulators.carracing.make_carracing(gas={config.gas!r})`")

@@ -61,7 +61,6 @@ class Clamp:
 
 
 KEY_CHOICES = (None, "recent", "random")
-INTACT = Clamp()   # nothing clamped
 
 
 def set_units(x: torch.Tensor, units: Mapping[int, float]) -> torch.Tensor:

@@ -192,7 +192,7 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
            tau_eps: float, time_input: str, time_weighted_values: bool,
            trace: bool = False) -> tuple[torch.Tensor, float, dict[str, torch.Tensor] | None]:
     """The pair stage of :meth:`~nac_drive.nac.layer.NAC.attend` (eqs. 14-19) in one pass:
-    q_side ``[B,H,Tq,P]`` (:func:`~nac_drive.nac.packing.query_half`), key_rows
+    q_side ``[B,H,Tq,P]`` (:meth:`NAC.query_half <nac_drive.nac.layer.NAC.query_half>`), key_rows
     ``[B,H,Tk,>= layout.width]`` packed as :class:`~nac_drive.nac.packing.KeyLayout` says,
     idx ``[B,H,Tq,K]`` -> (out ``[B,H,Tq,depth]``, the largest dt * tau of a selected pair
     in mode euler, for the layer's stability check, and with ``trace`` the stages as the

@@ -62,9 +62,9 @@ from torch import nn
 import nac_drive.nac.kernels as kernels
 import nac_drive.nac.packing as packing
 import nac_drive.nac.streaming as streaming
-from nac_drive.nac.clamp import INTACT, Clamp, check_clamp, set_head_units, set_heads, set_units
+from nac_drive.nac.clamp import Clamp, check_clamp, set_head_units, set_heads, set_units
 from nac_drive.nac.kernels import Backend
-from nac_drive.nac.packing import KeyLayout, PackedWeights, pair_scores, split_heads
+from nac_drive.nac.packing import KeyLayout, PackedWeights, pair_scores
 from nac_drive.nac.renames import rename_in_place
 from nac_drive.nac.selection import NO_KEY, Visibility, select_all, select_block, select_exact, select_instead
 from nac_drive.nac.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
@@ -169,19 +169,16 @@ class NAC(nn.Module):
         -> y ``[B, T, d_model]`` (and a :class:`NACTrace` if ``return_trace``)."""
         check_sequence_inputs(x, t, mask, self.input_dim)
         B, T, _ = x.shape
-        H = self.num_heads
         weights = self.packed_weights()
         q, k, v = self.sensory_gates(x, weights)                                           # eq. 13
-        qh, kh, vh = split_heads(q, H), split_heads(k, H), split_heads(v, H)
+        qh, kh, vh = self.split_heads(q), self.split_heads(k), self.split_heads(v)
         if t is not None:
             times = (t - t[:, :1]).to(x.dtype)                     # relative before the cast
         elif self.time_input == "elapsed":
             times = torch.arange(T, dtype=x.dtype, device=x.device).expand(B, T)
         else:
             times = None
-        # eq. 14's first layer and the time affine, split: W_q q_i once per query, W_k k_j
-        # once per key (packed with its timestamp and value), added after the selection
-        q_side, rows = packing.query_half(q, weights, H), packing.key_rows(k, vh, times, weights, H)
+        q_side, rows = self.query_half(q, weights), self.key_rows(k, vh, times, weights)  # eq. 14, split
         backend = self.backend(qh, kh, q_side, rows, weights, return_trace)
         idx = self.select_keys(qh, kh, Visibility(self.causal, self.window, mask),
                                backend.selection_on_kernels)                                 # Top-K
@@ -197,28 +194,16 @@ class NAC(nn.Module):
                weights: PackedWeights, want_trace: bool, on_kernels: bool, qk: torch.Tensor | None = None):
         """The pair stage, eqs. 14-19, for the selected pairs.
 
-        q_side ``[B,H,Tq,n_inter+2]`` (:func:`~nac_drive.nac.packing.query_half`), q_times
-        ``[B,Tq]`` or None, rows ``[B,H,Tk,>=layout.width]`` (packed key rows), idx
+        q_side ``[B,H,Tq,n_inter+2]`` (:meth:`query_half`), q_times
+        ``[B,Tq]`` or None, rows ``[B,H,Tk,>=layout.width]`` (:meth:`key_rows`), idx
         ``[B,H,Tq,K]`` into them (-1: empty) -> out ``[B,H,Tq,depth]``, and the stages'
         tensors if ``want_trace``. ``on_kernels``: the fused kernel computes ``out``. ``qk``
         ``[B,H,Tq,K]``: the pairs' q . k / sqrt(depth) (``logit_variant="qk"`` only).
         """
-        if on_kernels:   # the fast path: the same equations, fused in one pass over the pairs
-            settings = dict(mode=self.mode, euler_steps=self.euler_steps, tau_eps=self.tau_eps,
-                            time_input=self.time_input, time_weighted_values=self.time_weighted_values)
-            if kernels.needs_grad(q_side, rows, *weights.pair_stage()):   # training: and one pass back
-                stages = None
-                out, worst_dt_tau = kernels.attend_for_training(
-                    q_side, q_times, rows, idx, weights, self.layout,
-                    lambda: self.attend(q_side, q_times, rows, idx, weights, True, False), **settings)
-            else:
-                out, worst_dt_tau, stages = kernels.attend(q_side, q_times, rows, idx, weights, self.layout,
-                                                           trace=want_trace, **settings)
-            if self.mode == "euler":
-                check_euler_stability(torch.tensor(worst_dt_tau), self.euler_steps)
-            return out, stages
+        if on_kernels:   # its fast path: the same equations fused in one numba pass (attend_fused, below)
+            return self.attend_fused(q_side, q_times, rows, idx, weights, want_trace)
         valid = idx != NO_KEY
-        pre, key_times, values = packing.gather_pairs(q_side, rows, idx, self.layout)
+        pre, key_times, values = self.gather_pairs(q_side, rows, idx)
         n_inter = self.layout.n_inter
         inter, command, motor = self.backbone(pre[..., :n_inter], weights)                 # eq. 14
         phi, tau = self.phi_tau(motor, weights)                                            # eqs. 15, 16
@@ -237,6 +222,26 @@ class NAC(nn.Module):
                   for name, x in stages.items()}
         return out, dict(stages, weights=attention)
 
+    def attend_fused(self, q_side: torch.Tensor, q_times: torch.Tensor | None, rows: torch.Tensor,
+                     idx: torch.Tensor, weights: PackedWeights, want_trace: bool):
+        """:meth:`attend` on the numba kernels (:mod:`.kernels`): the same arguments and results,
+        the pair stage fused in one pass over the pairs, and under autograd one pass back
+        (:class:`~nac_drive.nac.kernels.PairStage`). Tests hold it equal to :meth:`attend`'s
+        eager path, gradients included."""
+        settings = dict(mode=self.mode, euler_steps=self.euler_steps, tau_eps=self.tau_eps,
+                        time_input=self.time_input, time_weighted_values=self.time_weighted_values)
+        if kernels.needs_grad(q_side, rows, *weights.pair_stage()):   # training: and one pass back
+            stages = None
+            out, worst_dt_tau = kernels.attend_for_training(
+                q_side, q_times, rows, idx, weights, self.layout,
+                lambda: self.attend(q_side, q_times, rows, idx, weights, True, False), **settings)
+        else:
+            out, worst_dt_tau, stages = kernels.attend(q_side, q_times, rows, idx, weights, self.layout,
+                                                       trace=want_trace, **settings)
+        if self.mode == "euler":
+            check_euler_stability(torch.tensor(worst_dt_tau), self.euler_steps)
+        return out, stages
+
     # ------------------------------------------------------- the equations
     def sensory_gates(self, x: torch.Tensor, weights: PackedWeights):
         """Eq. 13: x ``[B, T, input_dim]`` -> q, k, v ``[B, T, d_model]``, each an NCP-wired
@@ -245,6 +250,11 @@ class NAC(nn.Module):
         if self.clamp is not None:
             q, k, v = set_units(q, self.clamp.q), set_units(k, self.clamp.k), set_units(v, self.clamp.v)
         return q, k, v
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, H * n]`` -> ``[B, H, T, n]`` (a view)."""
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, -1).transpose(1, 2)
 
     def select_keys(self, qh: torch.Tensor, kh: torch.Tensor, vis: Visibility, on_kernels: bool) -> torch.Tensor:
         """Top-K (§2.2, input curation): qh ``[B, H, Tq, depth]``, kh ``[B, H, Tk, depth]`` ->
@@ -263,17 +273,55 @@ class NAC(nn.Module):
                 return kernels.select(self.select, qh, kh, self.topk, vis)
             return (select_block if self.select == "block" else select_exact)(qh, kh, self.topk, vis)
 
+    # Eq. 14's first layer and the time affine both read the pair [q_i; k_j], each through one
+    # linear map: W [q_i; k_j] + b (n_inter outputs) and A [q_i; k_j] + c = (a_ij, b_ij). Linear in
+    # the concatenation, each splits as (W_q q_i + b) + W_k k_j: the query half is computed once
+    # per query (query_half), the key half once per key (key_rows), and the two are added per
+    # selected pair (gather_pairs), so the [B, H, T, K, 2*depth] pair tensor is never built.
+    # packing.pack cuts W and A into these halves once (PackedWeights.query_side, query_bias,
+    # key_side: W's columns, then A's), block-diagonal over the heads so all take one product.
+    def query_half(self, q: torch.Tensor, weights: PackedWeights) -> torch.Tensor:
+        """q ``[B, T, d_model]`` -> ``[B, H, T, n_inter + 2]``: per head ``W_q q_i + b`` (eq. 14's
+        first layer), then the time affine's query half ``A_q q_i + c``."""
+        halves = torch.addmm(weights.query_bias, q.flatten(0, 1), weights.query_side)
+        return self.split_heads(halves.view(*q.shape[:2], -1))
+
+    def key_rows(self, k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
+                 weights: PackedWeights) -> torch.Tensor:
+        """k ``[B, Tk, d_model]``, vh ``[B, H, Tk, depth]``, times ``[B, Tk]`` or None -> packed key
+        rows ``[B, H, Tk, layout.width]`` (:class:`~nac_drive.nac.packing.KeyLayout`): per head
+        ``W_k k_j`` (eq. 14's first layer), the time affine's key half ``A_k k_j``, the key's
+        timestamp (0 without), its value."""
+        B, H, Tk, _ = vh.shape
+        stamp = vh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
+        return torch.cat([self.split_heads(k @ weights.key_side), stamp, vh], dim=-1)
+
+    def gather_pairs(self, q_half: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor):
+        """The selected pairs' pre-activations: q_half ``[B,H,Tq,n_inter+2]``, rows
+        ``[B,H,Tk,>=layout.width]``, idx ``[B,H,Tq,K]`` -> pre ``[B,H,Tq,K,n_inter+2]``
+        (``W [q_i; k_j] + b``, then ``(a_ij, b_ij)``), the keys' timestamps ``[B,H,Tq,K]`` and
+        values ``[B,H,Tq,K,depth]``. Empty slots (-1) hold key 0's row (masked later)."""
+        B, H, Tk, width = rows.shape
+        offset = (torch.arange(B * H, device=rows.device) * Tk).view(B, H, 1, 1)
+        gathered = rows.reshape(B * H * Tk, width)[idx.clamp(min=0) + offset]              # [B,H,Tq,K,width]
+        pre = q_half[:, :, :, None] + gathered[..., self.layout.pair]
+        return pre, gathered[..., self.layout.stamp], gathered[..., self.layout.value]
+
     def backbone(self, inter_in: torch.Tensor, weights: PackedWeights):
         """Eq. 14 on the NCP wiring: the pairs' first-layer pre-activations ``W [q_i; k_j] + b``
         ``[B,H,Tq,K,n_inter]`` -> inter, command, motor activations ``[B,H,Tq,K,n]``
         (clamped neurons held, :class:`~nac_drive.nac.clamp.Clamp`)."""
         B, H, Tq, K, _ = inter_in.shape
-        clamp = self.clamp or INTACT
-        inter = set_head_units(torch.tanh(inter_in), clamp.inter)
+        inter = self.held(torch.tanh(inter_in), "inter")
         command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ weights.command + weights.command_bias[:, None])
-        command = set_head_units(command, clamp.command)
-        motor = set_head_units(torch.tanh(command @ weights.motor + weights.motor_bias[:, None]), clamp.motor)
+        command = self.held(command, "command")
+        motor = self.held(torch.tanh(command @ weights.motor + weights.motor_bias[:, None]), "motor")
         return inter, command.view(B, H, Tq, K, -1), motor.view(B, H, Tq, K, -1)
+
+    def held(self, neurons: torch.Tensor, population: str) -> torch.Tensor:
+        """``neurons`` ``[B, H, ..., n]`` of the backbone's ``population`` ("inter", "command",
+        "motor") with the ones the clamp holds set; as they are when nothing is clamped."""
+        return neurons if self.clamp is None else set_head_units(neurons, getattr(self.clamp, population))
 
     def phi_tau(self, motor: torch.Tensor, weights: PackedWeights):
         """Eqs. 15, 16: motor ``[B,H,Tq,K,n_motor]`` -> phi = sigmoid(w_phi . motor + b_phi),

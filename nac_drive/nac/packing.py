@@ -6,11 +6,11 @@ The layer (:mod:`.layer`) owns its weights by name: the sensory gates ``q_gate``
 ``time_bias``. Its computations consume them packed (:class:`PackedWeights`):
 
 * the three gates stacked, so q, k and v take one product;
-* the backbone's first layer and the time affine split into a query half and a key half.
-  Both are linear in the pair ``[q_i; k_j]``: ``W [q_i; k_j] + b = (W_q q_i + b) + W_k k_j``,
-  so ``W_q q_i`` is computed once per query and ``W_k k_j`` once per key and the two are added
-  after the gather; the ``[B, H, T, K, 2*depth]`` pair tensor is never built. The heads'
-  halves sit block-diagonally in one matrix, so all heads take one product.
+* the backbone's first layer and the time affine cut into a query half and a key half.
+  Both are linear in the pair ``[q_i; k_j]``: ``W [q_i; k_j] + b = (W_q q_i + b) + W_k k_j``.
+  The layer computes and adds the halves (:meth:`NAC.query_half`, :meth:`NAC.key_rows`,
+  :meth:`NAC.gather_pairs`, beside :meth:`NAC.backbone`); here they are only cut, the heads'
+  halves block-diagonally in one matrix, so all heads take one product.
 
 What a query gathers from a key is one packed row (:class:`KeyLayout`); the streaming cache
 and the numba kernels read the same rows. Without autograd the packed weights are built once
@@ -157,36 +157,6 @@ def packed(cache: tuple | None, gates: Sequence[MaskedLinear], inter: HeadwiseMa
     return cache, cache[1]
 
 
-def query_half(q: torch.Tensor, weights: PackedWeights, num_heads: int) -> torch.Tensor:
-    """q ``[B, T, d_model]`` -> ``[B, H, T, n_inter + 2]``: each head's ``W_q q_i + b`` of the
-    backbone's first layer (eq. 14), then the time affine's query half."""
-    rows = torch.addmm(weights.query_bias, q.flatten(0, 1), weights.query_side)
-    return split_heads(rows.view(*q.shape[:2], -1), num_heads)
-
-
-def key_rows(k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None, weights: PackedWeights,
-             num_heads: int) -> torch.Tensor:
-    """k ``[B, Tk, d_model]``, vh ``[B, H, Tk, depth]``, times ``[B, Tk]`` or None -> packed
-    key rows ``[B, H, Tk, KeyLayout.width]``: each head's ``W_k k_j`` of the backbone's first
-    layer and the time affine's key half, the key's timestamp (0 without), its value."""
-    B, H, Tk, _ = vh.shape
-    stamp = vh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
-    return torch.cat([split_heads(k @ weights.key_side, num_heads), stamp, vh], dim=-1)
-
-
-def gather_pairs(q_half: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, layout: KeyLayout):
-    """The selected pairs' pre-activations: q_half ``[B,H,Tq,n_inter+2]``, rows
-    ``[B,H,Tk,>= layout.width]``, idx ``[B,H,Tq,K]`` -> pre ``[B,H,Tq,K,n_inter+2]`` (the
-    backbone's first layer, then the time affine (a, b), of ``[q_i; k_j]``), the keys'
-    timestamps ``[B,H,Tq,K]`` and values ``[B,H,Tq,K,depth]``. Empty slots (-1) hold key
-    0's row (masked later)."""
-    B, H, Tk, F_ = rows.shape
-    offset = (torch.arange(B * H, device=rows.device) * Tk).view(B, H, 1, 1)
-    gathered = rows.reshape(B * H * Tk, F_)[idx.clamp(min=0) + offset]                  # [B,H,Tq,K,F]
-    pre = q_half[:, :, :, None] + gathered[..., layout.pair]
-    return pre, gathered[..., layout.stamp], gathered[..., layout.value]
-
-
 def pair_scores(qh: torch.Tensor, kh: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """The selected pairs' dot-product scores: qh ``[B,H,Tq,depth]``, kh ``[B,H,Tk,depth]``, idx
     ``[B,H,Tq,K]`` -> q_i . k_j / sqrt(depth) ``[B,H,Tq,K]`` (an empty slot scores key 0; masked later)."""
@@ -195,8 +165,3 @@ def pair_scores(qh: torch.Tensor, kh: torch.Tensor, idx: torch.Tensor) -> torch.
     keys = kh.gather(2, idx.clamp(min=0).reshape(B, H, Tq * K, 1).expand(B, H, Tq * K, depth))
     return (keys.view(B, H, Tq, K, depth) @ qh[..., None])[..., 0] / math.sqrt(depth)
 
-
-def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[B, T, H * n] -> [B, H, T, n] (a view)"""
-    B, T, _ = x.shape
-    return x.view(B, T, num_heads, -1).transpose(1, 2)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nac_drive.nac.packing import KeyLayout, key_rows, pair_scores, query_half, split_heads
+from nac_drive.nac.packing import KeyLayout, pair_scores
 from nac_drive.nac.selection import NO_KEY, Visibility
 from nac_drive.nac.validation import check_step_inputs
 
@@ -60,20 +60,20 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
     B, H = x_t.shape[0], layer.num_heads
     weights = layer.packed_weights()
     q, k, v = layer.sensory_gates(x_t[:, None], weights)                                # eq. 13
-    qh, kh, vh = split_heads(q, H), split_heads(k, H), split_heads(v, H)
+    qh, kh, vh = layer.split_heads(q), layer.split_heads(k), layer.split_heads(v)
     origin = cache.origin
     if t is None:
         now = torch.full((B,), float(cache.steps), dtype=x_t.dtype, device=x_t.device)
     else:
         origin = t.detach().clone() if origin is None else origin
         now = (t - origin).to(x_t.dtype)                          # relative before the cast
-    row = torch.cat([key_rows(k, vh, now[:, None], weights, H), kh], dim=-1)          # [B,H,1,cache_width]
+    row = torch.cat([layer.key_rows(k, vh, now[:, None], weights), kh], dim=-1)       # [B,H,1,cache_width]
     cache = push(cache, row, layer.window, origin)
     C = cache.feats.shape[2]
     slots = torch.arange(C, device=x_t.device)
     empty = slots < C - cache.steps   # in the first steps of a window the oldest slots are empty
     q_times = now[:, None] if (t is not None or layer.time_input == "elapsed") else None
-    q_side, rows = query_half(q, weights, H), cache.feats
+    q_side, rows = layer.query_half(q, weights), cache.feats
     keys = rows[..., layer.layout.key]                                                # [B,H,C,depth]
     backend = layer.backend(qh, keys, q_side, rows, weights, return_trace)
     if layer.select == "all":

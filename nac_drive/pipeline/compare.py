@@ -288,7 +288,7 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
     import shutil
 
     from nac_drive.data_collection.carracing_dataset import load_episodes
-    from nac_drive.io.run_log import log_closed_loop
+    from nac_drive.pipeline.run_log import log_closed_loop
     from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.drive import drive_checkpoint
 

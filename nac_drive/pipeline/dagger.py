@@ -76,11 +76,11 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     if given, is called after each round with its fine-tuned checkpoint and the student's
     EpisodeResults of that round's drive (the frames it added).
     """
-    from nac_drive.agents.driver import checkpoint_folder, load_driving_policy
+    from nac_drive.policy.loading import checkpoint_folder, load_driving_policy
     from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
     from nac_drive.pipeline.processes import split_runs
     from nac_drive.pipeline.train import train
-    from nac_drive.io.run_log import log_closed_loop
+    from nac_drive.pipeline.run_log import log_closed_loop
     from nac_drive.torch_threads import available_cores
 
     data, seed, progress = fine_tune.data, fine_tune.seed, fine_tune.progress
@@ -137,7 +137,8 @@ def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, root: str, 
     """One process's part of :func:`drive_round`: the student drives ``seeds``, the episodes
     become one shard of dataset ``name``, staged for ``owner`` to commit; returns (the
     student's EpisodeResults, the staged shard)."""
-    from nac_drive.agents.driver import PolicyDriver, load_driving_policy
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.data_collection.carracing_dataset import stage_shard
     from nac_drive.simulators.carracing import run_episodes
 

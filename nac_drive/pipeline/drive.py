@@ -340,7 +340,7 @@ def live_view(live: LiveOptions | None, policy, raise_failure: bool = True):
 def task_policy(policy_path, task: str):
     """The policy of ``policy_path`` (default: the shipped one of ``task``), refused in one
     line if it drives another task."""
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
 
     policy = load_driving_policy(policy_path, task=task, onnx=True)
     if policy.config.task != task:

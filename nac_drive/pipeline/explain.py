@@ -106,7 +106,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     clamped (0 tracks: skipped). ``saliency_frames``: frames scored for saliency faithfulness
     (0: skipped); ``window_method``: how the window attribution is computed ("none": skipped).
     """
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.interpret.trace import load_trace
     from nac_drive.pipeline.drive import DriveArgs, drive_carracing, drive_udacity_emulator, udacity_eval_tracks
 

@@ -239,7 +239,7 @@ def _score_expert(args: QuickstartArgs, tracks: int) -> dict:
 
 
 def _dashboard(policy_path, run: Path, out: Path, with_saliency: bool, progress: bool) -> Path:
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.interpret.dashboard import build_dashboard
 
     if with_saliency:

@@ -11,7 +11,7 @@ run folder (``<out>/<run name>``, or ``<run name>-2``, ``-3``, ... when that is 
 ``--resume`` writes into an existing one) holds ``best/`` (lowest validation loss;
 ``config.json`` + ``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
 ``metrics.csv``, TensorBoard events (``tensorboard/``: per-step ``train/`` and per-epoch
-``val/`` scalars, and the run's hyperparameters; :mod:`nac_drive.io.run_log`) and
+``val/`` scalars, and the run's hyperparameters; :mod:`nac_drive.pipeline.run_log`) and
 ``train_args.json``. ``best/`` and ``last/`` are
 replaced whole (:func:`~nac_drive.io.atomic.atomic_write_dir`): a kill leaves the previous one.
 """
@@ -234,7 +234,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
 
     log = None
     if rank == 0:
-        from nac_drive.io.run_log import RunLog
+        from nac_drive.pipeline.run_log import RunLog
         print(f"run folder: {run_dir}", flush=True)
         if args.resume:   # rows of epochs after the checkpoint are about to be trained again
             _keep_csv_rows(csv_path, start_epoch)
@@ -322,7 +322,7 @@ def record_closed_loop(run_dir: Path, summary: dict) -> dict:
     """A checkpoint's drive (:func:`~nac_drive.pipeline.drive.drive_checkpoint`) into its run
     folder: ``closed_loop.json`` and the ``closed_loop/`` TensorBoard scalars, which the
     HParams table shows beside the validation metrics. Returns what it wrote."""
-    from nac_drive.io.run_log import log_closed_loop
+    from nac_drive.pipeline.run_log import log_closed_loop
 
     summary = {k: v for k, v in summary.items() if k != "text"}
     write_json(run_dir / CLOSED_LOOP_FILE, summary)

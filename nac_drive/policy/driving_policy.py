@@ -35,6 +35,7 @@ from nac_drive.io.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_sha
                                   read_json, read_tensors, save_model, tensor_shapes)
 from nac_drive.policy.cores import CoreConfig, build_core
 from nac_drive.policy.encoders import ENCODERS
+from nac_drive.policy.model_card import CARD_TEMPLATE, model_card
 from nac_drive.nac import upgrade_state_names
 from nac_drive.policy.tasks import DISCRETE_GAS, TASKS, Task
 
@@ -246,7 +247,7 @@ class ClosedLoop:
 
 class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="nac-drive", license="mit",
                     pipeline_tag="reinforcement-learning", tags=["behaviour-cloning", "driving", "nac-drive"],
-                    paper_url="https://arxiv.org/abs/2512.10282", model_card_template=hub.CARD_TEMPLATE):
+                    paper_url="https://arxiv.org/abs/2512.10282", model_card_template=CARD_TEMPLATE):
     def __init__(self, config: PolicyConfig | None = None):
         super().__init__()
         self.config = config = config or PolicyConfig()
@@ -338,7 +339,7 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
         info = self._hub_mixin_info
-        return hub.model_card(self.config, info.model_card_data, info.model_card_template, info.paper_url, **kwargs)
+        return model_card(self.config, info.model_card_data, info.model_card_template, info.paper_url, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, force_download: bool = False,

@@ -46,8 +46,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    from nac_drive.agents.driver import load_driving_policy
     from nac_drive.cli.arguments import from_namespace, print_json
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.policy.onnx_export import export_onnx
 
     args = from_namespace(ExportArgs, namespace)

@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    from nac_drive.agents.driver import load_driving_policy
+    from nac_drive.policy.loading import load_driving_policy
     from nac_drive.cli.arguments import from_namespace
     from nac_drive.interpret.policy_saliency import policy_saliency
 

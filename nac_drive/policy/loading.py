@@ -1,0 +1,48 @@
+"""Loading a trained policy by where it is: a checkpoint folder, a training run folder (its
+``best/``), a Hugging Face Hub id, an ONNX export, or nothing (the policy shipped for a task).
+What every ``--policy`` flag goes through.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def shipped_policy_path(task: str = "carracing") -> Path:
+    """The policy that ships with the package: CNN+NAC for CarRacing, PilotNet+NAC for Udacity."""
+    from importlib.resources import files
+
+    return Path(str(files("nac_drive") / "assets" / f"policy_{task}_nac"))
+
+
+def load_driving_policy(path: str | Path | None = None, task: str = "carracing", onnx: bool = False):
+    """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one for
+    ``task``; a training run folder: its ``best/``, :func:`checkpoint_folder`), in eval mode.
+    With ``onnx``, a ``.onnx`` file of ``nac-drive export`` gives an
+    :class:`~nac_drive.policy.onnx_policy.OnnxPolicy` (onnxruntime; it drives, it has no torch
+    modules to look inside); without, such a file is refused in one line."""
+    import torch
+
+    from nac_drive.policy.driving_policy import DrivingPolicy
+    from nac_drive.policy.onnx_policy import is_onnx_path
+
+    torch.set_num_threads(1)
+    if path is not None and is_onnx_path(path):
+        if not onnx:
+            raise ValueError(f"policy: {path} is an ONNX export, which only drives (nac-drive drive); "
+                             f"this needs the policy's checkpoint folder")
+        from nac_drive.policy.onnx_policy import OnnxPolicy
+
+        return OnnxPolicy(path)
+    return DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path))
+
+
+def checkpoint_folder(path: str | Path) -> str | Path:
+    """``path`` itself, or, for the run folder of ``nac-drive train`` (no ``config.json`` in
+    it, one in its ``best/``), that ``best/`` checkpoint, said on stderr. A Hub id passes as it is."""
+    run = Path(path)
+    if run.is_dir() and not (run / "config.json").exists() and (run / "best" / "config.json").is_file():
+        print(f"policy: {run} is a training run folder; using its best/ checkpoint ({run / 'best'})", file=sys.stderr)
+        return run / "best"
+    return path
