@@ -2,7 +2,8 @@
 and on the command line (CleanRL style: one documented field per flag; the CLI turns them
 into flags, :mod:`nac_drive.cli.arguments`). Light imports only.
 
-``arg(..., min=1)`` gives a field a help text, allowed values and numeric bounds;
+``arg(..., min=1)`` gives a field a help text, allowed values, numeric bounds and a check of
+its own (``check``: value -> why it is refused, or None);
 :func:`check_fields`, called from a dataclass's ``__post_init__``, refuses a value out of
 them in one line that names the flag (``--epochs: must be >= 1, got 0``).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from typing import Any
+from typing import Any, Callable
 
 BOUNDS = ("min", "max", "above", "below")
 REQUIRED = dataclasses.MISSING   # arg(REQUIRED, ...): a field without a default (a required flag)
@@ -41,14 +42,16 @@ def in_unit_interval(value: Any) -> bool:
 
 def arg(default: Any, help: str, choices: tuple | None = None, *, group: str | None = None,
         metavar: str | None = None, positional: bool = False, const: Any = None, short: str | None = None,
-        **kwargs) -> Any:
+        check: Callable[[Any], str | None] | None = None, **kwargs) -> Any:
     """A dataclass field with a help text, optional allowed values and optional numeric
     bounds (``min``, ``max``, ``above``, ``below``). How its flag looks: ``group`` (the
     section of ``--help`` it is listed in; None: with the flags an ordinary user sets),
     ``metavar``, ``positional`` (an argument, not a ``--flag``), ``const`` (the value of the
-    flag given without one), ``short`` (e.g. ``-o``). ``default`` ``REQUIRED``: no default."""
+    flag given without one), ``short`` (e.g. ``-o``). ``check``: a value -> why it is refused
+    (None: fine), applied when the flag is parsed and by :func:`check_fields`. ``default``
+    ``REQUIRED``: no default."""
     metadata = {"help": help, "choices": choices, "group": group, "metavar": metavar, "positional": positional,
-                "const": const, "short": short, **{b: kwargs.pop(b) for b in BOUNDS if b in kwargs}}
+                "const": const, "short": short, "check": check, **{b: kwargs.pop(b) for b in BOUNDS if b in kwargs}}
     if default is REQUIRED:
         return dataclasses.field(metadata=metadata, **kwargs)
     if isinstance(default, (list, dict, set)):
@@ -68,14 +71,17 @@ def bounds(f: dataclasses.Field) -> dict:
 
 def check_fields(instance) -> None:
     """Raise ValueError naming the first field of a dataclass built with :func:`arg` whose
-    value (or, for a list, one of its values) is out of its bounds or not among its choices."""
+    value (or, for a list, one of its values) is out of its bounds, not among its choices or
+    refused by its ``check``."""
     for f in dataclasses.fields(instance):
         flag = flag_name(f.name)
-        choices = f.metadata.get("choices")
+        choices, check = f.metadata.get("choices"), f.metadata.get("check")
         value = getattr(instance, f.name)
         for value in value if isinstance(value, list) else [value]:   # a list field: each of its values
             if choices and value is not None and value not in choices:
                 raise ValueError(f"{flag}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+            if check and value is not None and check(value):
+                raise ValueError(f"{flag}: {check(value)}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 problem = check_number(value, **bounds(f))
                 if problem:

@@ -54,6 +54,9 @@ IGNORED = [
     # drive: the live view's option without a live view
     (["drive", "carracing", "--no-live-saliency"], "--no-live-saliency: only with --rerun or --rerun-serve"),
     (["drive", "udacity", "--live-saliency"], "--live-saliency: only with --rerun or --rerun-serve"),
+    # drive: an ONNX policy runs on onnxruntime's CPU provider
+    (["drive", "carracing", "--policy", "p.onnx", "--device", "cpu"], "--device: an ONNX policy runs on onnxruntime"),
+    (["drive", "udacity", "--policy", "p.onnx", "--device", "cpu"], "--device: an ONNX policy runs on onnxruntime"),
     # dashboard --rrd alone writes no HTML
     (["dashboard", MISSING, "--rrd", "run.rrd", "--title", "x"], "--title: only for the HTML file"),
     (["dashboard", MISSING, "--rrd", "run.rrd", "--video", "v.webm"], "--video: only for the HTML file"),

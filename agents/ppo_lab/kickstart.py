@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from nac_drive.agents.ppo_lab.training_args import FRAME_STACK
+from nac_drive.devices import device_arg, resolve_device
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import COLLECT_SEED_BASE, DISCRETE_GAS, MAX_EPISODE_FRAMES
 
@@ -88,6 +89,7 @@ class KickstartArgs:
     eval_seed: int = arg(50_000, "seed of the first validation track (training range, clear of the "
                                  "kickstart tracks)", min=0, max=MAX_SEED)
     progress_bar: bool = arg(True, "show progress bars")
+    device: str = device_arg()
 
     def __post_init__(self):
         check_fields(self)
@@ -206,8 +208,8 @@ def agreement(policy, stacks: np.ndarray, labels: np.ndarray, batch: int = 512) 
     hits, prob = 0.0, 0.0
     with torch.no_grad():
         for i in range(0, len(labels), batch):
-            x = torch.as_tensor(stacks[i:i + batch])
-            y = torch.as_tensor(labels[i:i + batch])
+            x = torch.as_tensor(stacks[i:i + batch], device=policy.device)
+            y = torch.as_tensor(labels[i:i + batch], device=policy.device)
             probs = policy.get_distribution(x).distribution.probs  # [B, 5]
             hits += float((probs.argmax(1) == y).sum())
             prob += float(probs.gather(1, y[:, None]).sum())
@@ -259,14 +261,14 @@ def fit_value_head(policy, stacks: np.ndarray, targets: np.ndarray, epochs: int,
     head = list(policy.mlp_extractor.value_net.parameters()) + list(policy.value_net.parameters())
     optimizer = torch.optim.Adam(head, lr=learning_rate)
     with torch.no_grad():
-        features = torch.cat([policy.extract_features(torch.as_tensor(stacks[i:i + 512]))
+        features = torch.cat([policy.extract_features(torch.as_tensor(stacks[i:i + 512], device=policy.device))
                               for i in range(0, len(targets), 512)])
-    y = torch.as_tensor(targets)
+    y = torch.as_tensor(targets, device=policy.device)
     mse = 0.0
     for _ in range(epochs):
         order, mse = rng.permutation(len(y)), 0.0
         for i in range(0, len(y), batch_size):
-            idx = torch.as_tensor(order[i:i + batch_size])
+            idx = torch.as_tensor(order[i:i + batch_size], device=policy.device)
             value = policy.value_net(policy.mlp_extractor.forward_critic(features[idx]))[:, 0]
             loss = torch.nn.functional.mse_loss(value, y[idx])
             optimizer.zero_grad()
@@ -285,7 +287,7 @@ def new_model(args: KickstartArgs):
 
     preprocessing = Preprocessing(frame_stack=args.frame_stack, action_repeat=args.action_repeat, gas=args.gas)
     venv = make_vec_env(continuous=False, preprocessing=preprocessing)
-    model = PPO("CnnPolicy", venv, seed=args.seed, device="cpu", verbose=0,
+    model = PPO("CnnPolicy", venv, seed=args.seed, device=resolve_device(args.device), verbose=0,
                 gamma=args.gamma, policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units])))
     model.preprocessing = preprocessing.to_json()   # what PPOExpert and an SB3 user read from the zip
     venv.close()
@@ -302,6 +304,7 @@ def kickstart(args: KickstartArgs) -> Path:
     from nac_drive.agents.ppo_lab.training import score_checkpoint
     from nac_drive.io.atomic import atomic_write, fresh_dir
 
+    resolve_device(args.device)   # a device this machine lacks is refused before the run folder exists
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     run_dir = fresh_dir(Path(args.out) / (args.run_name or f"kickstart_r{args.action_repeat}_s{args.seed}"))

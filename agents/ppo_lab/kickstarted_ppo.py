@@ -31,8 +31,8 @@ def imitation_step(policy, optimizer, stacks: np.ndarray, labels: np.ndarray,
     on ``stacks`` (``uint8 [B, stack, 64, 64]``) by cross-entropy, gradients clipped to
     ``max_grad_norm``. Returns (loss, share of the batch whose label was the most likely action).
     The DAgger kickstart (:func:`~nac_drive.agents.ppo_lab.kickstart.fit_policy`) takes the same step."""
-    logits = policy.get_distribution(torch.as_tensor(stacks)).distribution.logits
-    target = torch.as_tensor(labels)
+    logits = policy.get_distribution(torch.as_tensor(stacks, device=policy.device)).distribution.logits
+    target = torch.as_tensor(labels, device=policy.device)
     loss = torch.nn.functional.cross_entropy(logits, target)
     optimizer.zero_grad()
     loss.backward()

@@ -27,6 +27,7 @@ from nac_drive.agents.ppo_lab.kickstarted_ppo import KickstartedPPO
 from nac_drive.agents.ppo_lab.expert_zip import (LoadedPolicy, load_expert_zip, read_tensors, trained_agent_steps,
                                          trained_gamma)
 from nac_drive.agents.ppo_lab.training_args import FRAME_SIZE, ExpertTrainArgs
+from nac_drive.devices import resolve_device
 from nac_drive.io.atomic import atomic_write, fresh_dir
 from nac_drive.io.checkpoint import dataclass_from_json, read_json
 from nac_drive.simulators.carracing import DISCRETE_GAS, EpisodeResults
@@ -40,6 +41,7 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
     evaluation, to go on from (see :func:`resume`) instead of starting."""
     from stable_baselines3 import PPO
 
+    device = resolve_device(args.device)   # a device this machine lacks is refused before the run folder exists
     torch.set_num_threads(1)
     kind = "continuous" if args.continuous else "discrete"
     run_name = args.run_name or (
@@ -78,7 +80,8 @@ def train_expert(args: ExpertTrainArgs, from_checkpoint: Path | None = None) -> 
         ent_coef=args.ent_coef,
         policy_kwargs=dict(net_arch=dict(pi=[args.head_units], vf=[args.head_units]),
                            **({"log_std_init": args.log_std_init} if args.continuous else {})),
-        tensorboard_log=str(run_dir / "tb"), seed=args.seed, device="cpu", verbose=0, **kickstart,
+        tensorboard_log=str(run_dir / "tb"), seed=args.seed, device=device, verbose=0,
+        **kickstart,
     )
     # Saved into the zip's JSON `data` (SB3 ignores it): every reader sees and acts as in training.
     model.preprocessing = view["preprocessing"].to_json()

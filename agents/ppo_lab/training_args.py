@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import DISCRETE_GAS, EXPERT_TRAIN_SEED_BASE
 
@@ -65,6 +66,7 @@ class ExpertTrainArgs:
     skip_render: bool = arg(
         True, "do not draw the frames the agent never sees (same observations, ~3x faster)")
     progress_bar: bool = arg(True, "show a progress bar")
+    device: str = device_arg()
 
     def __post_init__(self):
         check_fields(self)

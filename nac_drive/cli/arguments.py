@@ -61,6 +61,19 @@ def number(kind: type = int, **limits) -> Callable[[str], Any]:
     return parse
 
 
+def checked(kind: type, check: Callable[[Any], str | None]) -> Callable[[str], Any]:
+    """An argparse ``type``: parses ``kind`` and refuses what a field's ``check`` refuses."""
+    def parse(text: str):
+        value = kind(text)
+        problem = check(value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 class RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Help with the description as written and every flag's default. None is not shown
     (the help says what stands in for it), nor a switch's False."""
@@ -150,6 +163,8 @@ def _options(f: dataclasses.Field, hint) -> dict:
         options.update(nargs="?", const=f.metadata["const"])
     if kind in (int, float):
         kind = number(kind, **bounds(f))
+    elif f.metadata.get("check"):
+        kind = checked(kind, f.metadata["check"])
     return {**options, "type": kind, "choices": f.metadata.get("choices"), "action": _noting(argparse._StoreAction)}
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nac_drive.devices import device_arg, resolve_device
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
 from nac_drive.pipeline.train_args import TrainArgs, read_tuned
 from nac_drive.pipeline.variants import VARIANTS
@@ -68,6 +69,7 @@ class CompareArgs:
                                           "dropped (--perturb frame-drop=P; e.g. 0 0.25 0.5), on the same tracks",
                                    min=0, max=0.9, metavar="P")
     progress: bool = arg(True, "show progress bars")
+    device: str = device_arg()
     workers: int = arg(1, "runs trained and driven at once, one process each with one torch thread (at most the "
                           "cores; 1: one run after another, training on every core)", min=1)
     window: int = arg(16, "frames per training window (and the policy's causal window)", min=1, group="budget")
@@ -175,9 +177,11 @@ def variant_settings(args: CompareArgs, variant: str) -> dict[str, Any]:
 def compare(args: CompareArgs) -> dict:
     """Train and drive every (variant, seed) not done yet; the comparison (also written to
     ``OUT/compare.json``, strict JSON with NaN and infinities as null, and ``OUT/compare.md``).
-    One comparison writes ``OUT`` at a time: a second is refused, naming the first's pid."""
+    One comparison writes ``OUT`` at a time: a second is refused, naming the first's pid. Every
+    run trains on ``args.device``; the checkpoints drive on the CPU, a frame at a time."""
     from nac_drive.io.atomic import one_writer
 
+    resolve_device(args.device)   # a device this machine lacks is refused before any folder exists
     if args.dagger_rounds and Path(args.data).is_dir() and any(Path(args.data).rglob("driving_log.csv")):
         raise ValueError("--dagger-rounds: DAgger needs an oracle that labels the states a student reaches, which "
                          "CarRacing has (the teacher, the PPO expert) and Udacity recordings do not")
@@ -250,7 +254,8 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
     path = out / RESULTS / f"{variant}__s{seed}.json"
     run_dir = train(TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed,
                               window=args.window, epochs=args.epochs, windows_per_epoch=args.windows_per_epoch,
-                              eval_episodes=0, progress=args.progress, **variant_settings(args, variant)),
+                              eval_episodes=0, progress=args.progress, device=args.device,
+                              **variant_settings(args, variant)),
                     threads=threads)
     best = best_epoch(run_dir / "metrics.csv")
     task = read_json(run_dir / "train_args.json")["data_info"]["task"]
@@ -319,7 +324,7 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
                    TrainArgs(data=str(data), out=str(out / RUNS), run_name=f"{name}-dagger", seed=seed,
                              window=args.window, epochs=args.dagger_epochs,
                              windows_per_epoch=args.dagger_windows_per_epoch, lr=args.dagger_lr,
-                             progress=args.progress), threads=threads, on_round=on_round)
+                             progress=args.progress, device=args.device), threads=threads, on_round=on_round)
     return final, curve if args.curve_episodes else None
 
 

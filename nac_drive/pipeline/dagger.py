@@ -75,14 +75,20 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     threads (:func:`~nac_drive.pipeline.train.train`'s). ``on_round(r, checkpoint, results)``,
     if given, is called after each round with its fine-tuned checkpoint and the student's
     EpisodeResults of that round's drive (the frames it added).
+
+    The fine-tuning runs on ``fine_tune.device``; the rounds' drives run on the CPU, one
+    frame at a time in forked workers (a forked child cannot use a CUDA context its parent
+    made, and one frame is the numba kernels' case).
     """
     from nac_drive.policy.loading import checkpoint_folder, load_driving_policy
     from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
+    from nac_drive.devices import resolve_device
     from nac_drive.pipeline.processes import split_runs
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.run_log import log_closed_loop
     from nac_drive.torch_threads import available_cores
 
+    resolve_device(fine_tune.device)   # a device this machine lacks is refused before the first round drives
     data, seed, progress = fine_tune.data, fine_tune.seed, fine_tune.progress
     workers = available_cores() if args.workers is None else args.workers
     runs = [split_runs(round_seeds(r, seed, args.episodes), workers) for r in range(args.rounds)]

@@ -18,6 +18,7 @@ from functools import partial
 
 import numpy as np
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
 from nac_drive.simulators.perturbations import (PERTURBATIONS, check_perturb_flag, frame_drops, perturb_arg,
@@ -44,6 +45,7 @@ class DriveArgs:
     trace: str | None = arg(None, "record frames, actions, teacher actions and NAC traces to RUN_DIR/trace/ "
                                   "(RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
     perturb: str | None = perturb_arg(CARRACING_PERTURBATIONS)
+    device: str = device_arg()
 
     def __post_init__(self):
         check_fields(self)
@@ -51,6 +53,19 @@ class DriveArgs:
         if self.video is not None and self.trace is not None and frame_drops(self.perturb) is not None:
             raise ValueError("--video: under frame-drop the video shows every frame and the trace only those the "
                              "policy saw, which the dashboard cannot pair; give --trace or --video")
+
+    def ignored(self) -> dict[str, str]:
+        """The fields this drive would not use, each with why (:func:`onnx_ignores_device`)."""
+        return onnx_ignores_device(self.policy)
+
+
+def onnx_ignores_device(policy: str | None) -> dict[str, str]:
+    """``{"device": why}`` for an ONNX policy, which onnxruntime runs on the CPU; else nothing."""
+    from nac_drive.policy.onnx_policy import is_onnx_path
+
+    if policy is not None and is_onnx_path(policy):
+        return {"device": "an ONNX policy runs on onnxruntime's CPU provider"}
+    return {}
 
 
 def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: bool = True,
@@ -69,7 +84,7 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
     if args.video is not None:
         check_video_path(args.video)   # before driving
     live = live.checked() if live is not None else None
-    policy = task_policy(policy_path, "carracing")
+    policy = task_policy(policy_path, "carracing", args.device)
     recorder, oracle = None, None
     continuous = policy.config.action == "continuous"
     if trace_dir is not None or live is not None:
@@ -337,12 +352,12 @@ def live_view(live: LiveOptions | None, policy, raise_failure: bool = True):
         raise OSError(f"--rerun: {view.failure}")
 
 
-def task_policy(policy_path, task: str):
-    """The policy of ``policy_path`` (default: the shipped one of ``task``), refused in one
-    line if it drives another task."""
+def task_policy(policy_path, task: str, device: str = "cpu"):
+    """The policy of ``policy_path`` (default: the shipped one of ``task``) on ``device``,
+    refused in one line if it drives another task."""
     from nac_drive.policy.loading import load_driving_policy
 
-    policy = load_driving_policy(policy_path, task=task, onnx=True)
+    policy = load_driving_policy(policy_path, task=task, onnx=True, device=device)
     if policy.config.task != task:
         raise ValueError(f"policy: {policy_path} is a {policy.config.task!r} policy, not a {task!r} one")
     return policy
@@ -385,10 +400,15 @@ class DriveUdacityArgs:
                                   "RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
     json: bool = arg(False, "end the summary with one line of JSON")
     perturb: str | None = perturb_arg(UDACITY_PERTURBATIONS)
+    device: str = device_arg()
 
     def __post_init__(self):
         check_fields(self)
         check_perturb_flag(self.perturb, UDACITY_PERTURBATIONS)
+
+    def ignored(self) -> dict[str, str]:
+        """The fields this drive would not use, each with why (:func:`onnx_ignores_device`)."""
+        return onnx_ignores_device(self.policy)
 
 
 def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None) -> int:
@@ -402,7 +422,7 @@ def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None
 
     require_udacity_extra()   # before the trace folder exists
     live = live.checked() if live is not None else None
-    policy = task_policy(args.policy, "udacity")
+    policy = task_policy(args.policy, "udacity", args.device)
     recorder = None
     if args.trace:
         recorder = policy_recorder(args.trace, policy, args.policy, "udacity", ["steering"])

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from nac_drive.devices import module_device, resolve_device
 from nac_drive.io.atomic import atomic_write, atomic_write_dir, fresh_dir, one_writer, readable_dir
 from nac_drive.io.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
 from nac_drive.policy.cores import CORES, CoreConfig
@@ -144,36 +145,47 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _distributed() -> tuple[int, int, bool]:
-    """(rank, world size, whether this call started the process group)."""
+def _distributed(device: torch.device) -> tuple[int, int, bool, torch.device]:
+    """(rank, world size, whether this call started the process group, this process's
+    device). Under torchrun on CUDA each process takes the GPU of its ``LOCAL_RANK`` (unless
+    the device names one) and the ranks talk over NCCL, on the CPU over gloo."""
     world = _world_size()
+    if world > 1 and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     started = world > 1 and not dist.is_initialized()
     if started:
-        dist.init_process_group("gloo")
-    return (dist.get_rank(), world, started) if world > 1 else (0, 1, False)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return (dist.get_rank(), world, started, device) if world > 1 else (0, 1, False, device)
 
 
 def train(args: TrainArgs, threads: int | None = None) -> Path:
-    """Train; returns the run folder. Works alone or under torchrun (gloo on CPU).
+    """Train; returns the run folder. Works alone or under torchrun (gloo on CPU, NCCL on CUDA).
+
+    The policy, its optimizer state and every batch live on ``args.device`` (resolved first:
+    a device this machine lacks is refused before any work); checkpoints are written from CPU
+    copies, so a GPU run's load anywhere.
 
     ``args.tuned``: a ``best.json`` of :func:`~nac_drive.pipeline.tune.tune` whose values replace
     those fields. ``threads``: torch threads; by default every core alone (a batch of 512 frames is big
     enough to share), one under torchrun, where the processes share the cores (as do the
     workers of ``compare --workers``, which pass one). The caller's count is back afterwards.
     """
+    device = resolve_device(args.device)
     if args.tuned:   # nac-drive tune's choice replaces those fields
         args = dataclasses.replace(args, **read_tuned(args.tuned))
     if threads is None:
         threads = available_cores() if _world_size() == 1 else 1
     with torch_threads(threads), contextlib.ExitStack() as held:
-        return _train(args, held)
+        return _train(args, held, device)
 
 
-def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
+def _train(args: TrainArgs, held: contextlib.ExitStack, device: torch.device) -> Path:
     """:func:`train`; ``held`` keeps the run folder's writer lock (a resumed run) until it returns."""
     if args.core not in CORES:
         raise ValueError(f"core: must be one of {CORES}, got {args.core!r}")
-    rank, world, started_group = _distributed()
+    rank, world, started_group, device = _distributed(device)
     torch.manual_seed(args.seed)
     config, train_set, val_set, actions, data_info = _load_data(args, args.seed)
     if len(train_set) == 0:
@@ -196,15 +208,18 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
                              f"the data was recorded with {config.gas}")
         config = policy.config
     else:
-        policy = DrivingPolicy(config)
-    model = torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy
+        policy = DrivingPolicy(config)   # built on the CPU from the seed, so every device starts from the same weights
+    policy.to(device)   # before the optimizer exists: its state is made (or restored) beside the parameters
+    model = policy if world == 1 else torch.nn.parallel.DistributedDataParallel(
+        policy, device_ids=[device.index] if device.type == "cuda" else None)
 
     sampler = EpochSampler(len(train_set), args.windows_per_epoch, args.seed, rank, world)
     if len(sampler) < args.batch_size:   # the loader drops a partial batch: not one step would run
         per = f"{len(sampler)} a process ({world} processes)" if world > 1 else str(len(sampler))
         raise ValueError(f"--windows-per-epoch: {per} windows an epoch, fewer than one batch (--batch-size "
                          f"{args.batch_size}): no optimiser step would run; sample more windows or smaller batches")
-    loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+                                         pin_memory=device.type == "cuda")
     steps_per_epoch = max(1, len(loader))
     total_steps = steps_per_epoch * args.epochs
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -212,6 +227,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, 0.5 * (
         1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total_steps - warmup))))))
     weights = class_weights(actions, config.num_outputs, args.class_weighting) if actions is not None else None
+    weights = weights.to(device) if weights is not None else None
 
     start_epoch, best = 0, float("inf")
     if args.resume:
@@ -229,7 +245,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             schedule.step()
     else:   # a new run never writes into an existing run's folder
-        run_dir = _fresh_run_dir(run_dir, rank, world)
+        run_dir = _fresh_run_dir(run_dir, rank, world, device)
     csv_path = run_dir / "metrics.csv"
 
     log = None
@@ -238,7 +254,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
         print(f"run folder: {run_dir}", flush=True)
         if args.resume:   # rows of epochs after the checkpoint are about to be trained again
             _keep_csv_rows(csv_path, start_epoch)
-        write_json(run_dir / "train_args.json", {**asdict(args), "world_size": world,
+        write_json(run_dir / "train_args.json", {**asdict(args), "world_size": world, "device_used": str(device),
                                                   "torch_threads": torch.get_num_threads(), "data_info": data_info,
                                                   "policy_config": asdict(config)})
         log = RunLog(run_dir, hyperparameters(args, config, world), first_step=start_epoch * steps_per_epoch)
@@ -252,7 +268,8 @@ def _train(args: TrainArgs, held: contextlib.ExitStack) -> Path:
         seen, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", disable=rank != 0 or not args.progress,
                    unit="batch", leave=False)
-        for batch, (frames, stamps, target) in enumerate(bar):
+        for batch, tensors in enumerate(bar):
+            frames, stamps, target = (x.to(device, non_blocking=True) for x in tensors)
             outputs = model(frames, stamps)
             loss, right = bc_loss(outputs, target, weights)
             right = right if config.action == "discrete" else 0
@@ -330,12 +347,12 @@ def record_closed_loop(run_dir: Path, summary: dict) -> dict:
     return summary
 
 
-def _fresh_run_dir(path: Path, rank: int, world: int) -> Path:
+def _fresh_run_dir(path: Path, rank: int, world: int, device: torch.device) -> Path:
     """Rank 0 creates a new run folder at ``path`` or, if taken, at ``path-2``, ``path-3``, ...
     (:func:`fresh_dir`); under torchrun every rank learns its name."""
     name = fresh_dir(path).name.encode() if rank == 0 else b""
     if world > 1:
-        buffer = torch.zeros(256, dtype=torch.uint8)   # a file name has at most 255 bytes
+        buffer = torch.zeros(256, dtype=torch.uint8, device=device)   # a file name has at most 255 bytes; NCCL: on the GPU
         buffer[:len(name)] = torch.tensor(list(name), dtype=torch.uint8)
         dist.broadcast(buffer, src=0)
         name = bytes(buffer[buffer > 0].tolist())
@@ -364,7 +381,8 @@ def _record_rank_agreement(policy: DrivingPolicy, run_dir: Path, rank: int, worl
     """Gather a float64 checksum of every rank's parameters into ``ddp_ranks.json``:
     DistributedDataParallel must leave all ranks with identical weights."""
     flat = torch.cat([p.detach().double().flatten() for p in policy.parameters()])
-    mine = torch.stack([flat.sum(), flat.square().sum(), (flat * torch.arange(len(flat), dtype=torch.float64)).sum()])
+    positions = torch.arange(len(flat), dtype=torch.float64, device=flat.device)
+    mine = torch.stack([flat.sum(), flat.square().sum(), (flat * positions).sum()])
     gathered = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
     if rank == 0:
@@ -385,12 +403,13 @@ def evaluate(policy: DrivingPolicy, dataset, weights, limit: int, batch_size: in
     if len(dataset) == 0:
         return {"loss": nan, "accuracy": nan, "mae": nan}
     policy.eval()
+    device = module_device(policy)
     idx = validation_windows(len(dataset), limit, seed)
     features = encode_held_out(policy, dataset, idx, batch_size * dataset.window)
     total, loss_sum, correct, abs_err = 0, 0.0, 0, 0.0
     for first in range(0, len(idx), batch_size):
         batch = idx[first:first + batch_size]
-        stamps, target = (torch.stack(parts) for parts in zip(*map(dataset.labels, batch)))
+        stamps, target = (torch.stack(parts).to(device) for parts in zip(*map(dataset.labels, batch)))
         outputs = policy.outputs_from_features(torch.stack([features[i] for i in batch]), stamps)
         loss, hits = bc_loss(outputs, target, weights)
         n = target.shape[0] * target.shape[1]
@@ -419,7 +438,7 @@ def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int)
     if getattr(dataset, "augment", False) or getattr(dataset, "frame_drop", 0):
         raise ValueError("validation: the held-out windows must not be augmented nor frame-dropped (a dataset "
                          "with augment=False and frame_drop=0)")
-    span = np.arange(dataset.window)
+    span, device = np.arange(dataset.window), module_device(policy)
     located = [dataset.index[i] for i in idx]   # each window's (sequence, first frame)
     starts: dict[int, list[int]] = {}
     for sequence, start in located:
@@ -428,7 +447,7 @@ def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int)
     for sequence, firsts in starts.items():
         positions = np.unique((np.asarray(firsts)[:, None] + span).ravel())
         encoded[sequence] = positions, torch.cat([
-            policy.encoder(dataset.frames_of(sequence, positions[a:a + chunk]))
+            policy.encoder(dataset.frames_of(sequence, positions[a:a + chunk]).to(device))
             for a in range(0, len(positions), chunk)])
     features = {}
     for i, (sequence, start) in zip(idx, located):

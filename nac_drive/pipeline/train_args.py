@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.pipeline.variants import VARIANTS
 from nac_drive.simulators.frame_drops import MAX_SHARE
@@ -52,6 +53,7 @@ class TrainArgs:
                          "those flags (the budget stays this command's).", metavar="BEST_JSON")
     resume: bool = arg(False, 'continue the run in <out>/<run_name>/last.')
     progress: bool = arg(True, 'show a progress bar.')
+    device: str = device_arg()
     mode: str = arg("exact", 'NAC logit mode: exact, euler or steady.', choices=("exact", "euler", "steady"),
                     group=ARCHITECTURE_GROUP)
     d_model: int = arg(64, 'core width (NAC d_model; hidden units of the baselines).', min=1, group=ARCHITECTURE_GROUP)
@@ -123,7 +125,7 @@ def core_fields(core: str, mode: str) -> tuple[str, ...]:
 
 # TrainArgs fields a best.json may not set: what each run's own command decides
 NOT_TUNED = frozenset({"data", "out", "run_name", "window", "epochs", "seed", "init_from", "resume", "progress",
-                       "tuned", "windows_per_epoch", "val_fraction", "val_windows", "eval_episodes", "frame_drop"})
+                       "tuned", "windows_per_epoch", "val_fraction", "val_windows", "eval_episodes", "frame_drop", "device"})
 
 
 def read_tuned(path: str | Path, variant: str | None = None) -> dict[str, Any]:

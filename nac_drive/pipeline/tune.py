@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nac_drive.devices import device_arg, resolve_device
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
 from nac_drive.pipeline.variants import VARIANTS
 
@@ -66,6 +67,7 @@ class TuneArgs:
                                   "mean |cte|) or val-loss (the lowest validation loss; nothing driven)",
                          choices=OBJECTIVES)
     progress: bool = arg(True, "show progress bars")
+    device: str = device_arg()
     window: int = arg(16, "frames per training window (the same for every trial)", min=1, group="budget")
     epochs: int = arg(4, "training epochs of every trial", min=1, group="budget")
     windows_per_epoch: int = arg(2048, "windows sampled per epoch", min=0, group="budget")
@@ -100,6 +102,8 @@ def tune(args: TuneArgs) -> dict:
     import optuna
 
     from nac_drive.io.checkpoint import write_json
+
+    resolve_device(args.device)   # a device this machine lacks is refused before the study exists
 
     folder = Path(args.out) / args.variant
     folder.mkdir(parents=True, exist_ok=True)
@@ -153,7 +157,7 @@ def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, bud
     trial.set_user_attr("budget", budget)
     run_dir = train(TrainArgs(data=args.data, out=str(folder / "runs"), run_name=f"trial-{trial.number}",
                               seed=args.seed, window=args.window, epochs=args.epochs,
-                              windows_per_epoch=args.windows_per_epoch, progress=False,
+                              windows_per_epoch=args.windows_per_epoch, progress=False, device=args.device,
                               **VARIANTS[args.variant], **values))
     trial.set_user_attr("run_dir", str(run_dir))
     if args.objective == "val-loss":

@@ -28,6 +28,7 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from torch import nn
 
+from nac_drive.devices import module_device
 from nac_drive.fields import in_unit_interval
 from nac_drive.io import hub
 from nac_drive.io.atomic import readable_dir
@@ -285,18 +286,22 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
     # ---------------------------------------------------------------- closed loop
     @torch.inference_mode()
     def step_output(self, obs) -> torch.Tensor:
-        """Consume one observation; returns the head's raw output ``[num_outputs]``."""
+        """Consume one observation; returns the head's raw output ``[num_outputs]`` (on the
+        CPU, as is the trace, wherever the policy runs)."""
+        device = module_device(self)
         frame, timestamp = self.observation_to_frame(obs)
-        t = self.episode_time(timestamp)
+        t = self.episode_time(timestamp).to(device)
         if self._state is None:
             self._state = self.core.init_state(1)
-        features = self.encoder(frame[None])
+        features = self.encoder(frame[None].to(device))
         if self.trace_enabled:
-            y, self._state, self.last_trace = self.core.step(features, self._state, t=t, return_trace=True)
+            y, self._state, trace = self.core.step(features, self._state, t=t, return_trace=True)
+            self.last_trace = trace if device.type == "cpu" else type(trace)(   # a NACTrace, read as numpy
+                **{f.name: getattr(trace, f.name).cpu() for f in dataclasses.fields(trace)})
         else:
             y, self._state = self.core.step(features, self._state, t=t)
         self._frames_seen += 1
-        self.last_output = self.head(y)[0]
+        self.last_output = self.head(y)[0].cpu()
         return self.last_output
 
     def frame_model(self, timestamp: float | None = None) -> nn.Module:
@@ -411,11 +416,12 @@ class _FrameModel(nn.Module):
         self.policy, self.state, self.timestamp = policy, state, timestamp
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        B = frames.shape[0]
+        B, device = frames.shape[0], module_device(self.policy)
+        frames = frames.to(device)
         core = self.policy.core
         state = core.init_state(B) if self.state is None else _repeat_batch(self.state, B)
         t0 = 0.0 if self.policy._t0 is None else self.policy._t0
-        t = torch.full((B,), self.timestamp - t0, dtype=torch.float32)
+        t = torch.full((B,), self.timestamp - t0, dtype=torch.float32, device=device)
         y, _ = core.step(self.policy.encoder(frames), state, t=t)
         return self.policy.head(y)
 

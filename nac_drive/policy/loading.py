@@ -16,17 +16,22 @@ def shipped_policy_path(task: str = "carracing") -> Path:
     return Path(str(files("nac_drive") / "assets" / f"policy_{task}_nac"))
 
 
-def load_driving_policy(path: str | Path | None = None, task: str = "carracing", onnx: bool = False):
+def load_driving_policy(path: str | Path | None = None, task: str = "carracing", onnx: bool = False,
+                        device: str = "cpu"):
     """A :class:`DrivingPolicy` from a checkpoint folder (default: the shipped one for
     ``task``; a training run folder: its ``best/``, :func:`checkpoint_folder`), in eval mode.
     With ``onnx``, a ``.onnx`` file of ``nac-drive export`` gives an
     :class:`~nac_drive.policy.onnx_policy.OnnxPolicy` (onnxruntime; it drives, it has no torch
-    modules to look inside); without, such a file is refused in one line."""
+    modules to look inside); without, such a file is refused in one line. ``device``: where the
+    policy's network runs (:func:`~nac_drive.devices.resolve_device`; an ONNX file runs on
+    onnxruntime's CPU provider whatever it says)."""
     import torch
 
+    from nac_drive.devices import resolve_device
     from nac_drive.policy.driving_policy import DrivingPolicy
     from nac_drive.policy.onnx_policy import is_onnx_path
 
+    device = resolve_device(device)   # before any file is read
     torch.set_num_threads(1)
     if path is not None and is_onnx_path(path):
         if not onnx:
@@ -35,7 +40,8 @@ def load_driving_policy(path: str | Path | None = None, task: str = "carracing",
         from nac_drive.policy.onnx_policy import OnnxPolicy
 
         return OnnxPolicy(path)
-    return DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path))
+    policy = DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path))
+    return policy.to(device)
 
 
 def checkpoint_folder(path: str | Path) -> str | Path:
