@@ -92,7 +92,12 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
 
     saliency = report["saliency"]
     assert saliency["frames"] == 6 and set(saliency["methods"]) == {"gradcam", "integrated_gradients", "occlusion",
-                                                                   "random"}
+                                                                   "random", "random_cam_grid", "random_patches"}
+    assert set(saliency["paired"]) == {"gradcam", "integrated_gradients", "occlusion"}
+    for against in saliency["paired"].values():
+        assert set(against) == {"random", "random_cam_grid", "random_patches"}
+        assert all(against[b][key]["items"] == 6 for b in against for key in ("deletion_auc", "insertion_auc"))
+    assert "Paired on the same frames" in out.stdout
     for method in saliency["methods"].values():
         assert 0 <= method["deletion_auc"]["mean"] <= 1 and 0 <= method["insertion_auc"]["mean"] <= 1
     assert saliency["methods"]["random"]["sanity_spearman"]["encoder"]["mean"] == 1.0   # it ignores the model

@@ -24,8 +24,10 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   frames: RISE deletion and insertion AUC (the chosen action's probability, Udacity: the
   steering output signed towards the side steered, as the most salient pixels are removed
   from the frame, or added to a blurred copy; lower deletion and higher insertion = more
-  faithful) for Grad-CAM, Integrated Gradients, Occlusion and random
-  maps, with 95% bootstrap intervals, and the model-randomisation sanity check (Spearman
+  faithful) for Grad-CAM, Integrated Gradients, Occlusion and random maps (pixel noise, noise
+  on Grad-CAM's grid, noise per Occlusion patch), with 95% block-bootstrap intervals (whole
+  episodes, or stretches of neighbouring frames, resampled), each method paired with each
+  random baseline on the same frames, and the model-randomisation sanity check (Spearman
   correlation of each method's maps with those of the policy with its head, head + core,
   whole model randomised: a faithful method's maps change);
 * window: which of the window's frames each decision used (Integrated Gradients over the
@@ -188,6 +190,29 @@ def format_saliency(saliency: dict) -> list[str]:
                      + "".join(f"{_num(m['sanity_spearman'][st]['mean'], '.2f'):>12}" for st in stages))
     lines.append("(rho: Spearman correlation with the maps of the policy whose head / head + core / whole model "
                  "was randomised; near 1 = the maps do not depend on what was learnt)")
+    return lines + format_paired(saliency)
+
+
+def format_paired(saliency: dict) -> list[str]:
+    """Each method against each random baseline on the same frames, as text lines: the mean
+    per-frame AUC difference and its block-bootstrap 95% interval."""
+    paired, blocks = saliency.get("paired") or {}, saliency.get("blocks") or {}
+    if not any(paired.values()):
+        return []
+
+    def change(c) -> str:
+        ci = c["ci95"]
+        return f"{_num(c['mean'], '+.3f')} [{_num(ci[0] if ci else None, '+.3f')}, {_num(ci[1] if ci else None, '+.3f')}]"
+
+    unit = "episodes" if blocks.get("by") == "episode" else f"stretches of {blocks.get('frames_per_block')} frames"
+    lines = [f"Paired on the same frames, method - random baseline (95% block bootstrap over {blocks.get('count')} "
+             f"blocks: {unit}):",
+             f"{'method':<22}{'baseline':<18}{'deletion AUC diff':>28}{'insertion AUC diff':>28}"]
+    for name, against in paired.items():
+        for baseline, c in against.items():
+            lines.append(f"{name:<22}{baseline:<18}{change(c['deletion_auc']):>28}{change(c['insertion_auc']):>28}")
+    lines.append("(faithful: deletion below 0 and insertion above 0, the interval excluding 0; random_cam_grid is "
+                 "noise on Grad-CAM's grid, random_patches noise per Occlusion patch)")
     return lines
 
 
