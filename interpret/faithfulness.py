@@ -80,6 +80,10 @@ MIN_EPISODE_BLOCKS = 10       # fewer episodes than this: contiguous stretches o
 CASCADE = ("head", "core", "encoder")
 BLUR_KERNEL, BLUR_SIGMA = 11, 5.0
 IG_STEPS = 16
+IG_TOLERANCE = 0.05         # Integrated Gradients is complete when it misses f(x) - f(baseline) by less than this share
+IG_MAX_STEPS = 256          # ... or when doubling its steps reached this many
+IG_STEPS_PER_BATCH = 16     # interpolation steps per forward (bounds memory at many steps)
+COMPLETENESS_ATOL = 1e-6    # an error this small is float rounding, whatever the difference
 
 
 # ----------------------------------------------------------------------- targets
@@ -221,6 +225,39 @@ def random_patch_maps(frame_model: nn.Module, frames: torch.Tensor, target: int 
     rows = np.minimum(np.arange(H) // max(1, H // parts), parts - 1)
     cols = np.minimum(np.arange(W) // max(1, W // parts), parts - 1)
     return patch_values[:, rows[:, None], cols[None, :]]
+
+
+def complete_integrated_gradients(forward: Callable[..., torch.Tensor], inputs: torch.Tensor, baselines: torch.Tensor,
+                                  additional_forward_args: tuple = (), first_steps: int = 8,
+                                  max_steps: int = IG_MAX_STEPS, tolerance: float = IG_TOLERANCE
+                                  ) -> tuple[torch.Tensor, dict]:
+    """captum's Integrated Gradients of ``forward`` (``inputs [B, ...]`` -> ``[B]``) from
+    ``baselines``, its steps doubled from ``first_steps`` until the attribution is complete
+    for every sample: ``|sum(attr) - (f(x) - f(baseline))| <= tolerance * |f(x) - f(baseline)|``
+    (or below :data:`COMPLETENESS_ATOL`), or ``max_steps`` is reached.
+
+    Returns ``(attr [B, ...], completeness)``: ``steps`` (the steps of the returned
+    attribution), ``error`` ``[B]`` (|sum(attr) - (f(x) - f(baseline))|, captum's
+    convergence delta), ``difference`` ``[B]`` (|f(x) - f(baseline)|), ``complete`` (bool)."""
+    from captum.attr import IntegratedGradients
+
+    if not isinstance(first_steps, int) or first_steps < 1 or max_steps < first_steps:
+        raise ValueError(f"first_steps, max_steps: expected 1 <= first_steps <= max_steps, got {first_steps!r}, "
+                         f"{max_steps!r}")
+    with torch.no_grad():
+        difference = (forward(inputs, *additional_forward_args)
+                      - forward(baselines, *additional_forward_args)).abs().double().numpy()
+    ig = IntegratedGradients(forward)
+    steps = first_steps
+    while True:
+        attr, delta = ig.attribute(inputs, baselines=baselines, additional_forward_args=additional_forward_args,
+                                   n_steps=steps, return_convergence_delta=True,
+                                   internal_batch_size=IG_STEPS_PER_BATCH * len(inputs))
+        error = delta.detach().abs().double().numpy()
+        complete = bool(np.all(error <= tolerance * difference + COMPLETENESS_ATOL))
+        if complete or 2 * steps > max_steps:
+            return attr.detach(), {"steps": steps, "error": error, "difference": difference, "complete": complete}
+        steps *= 2
 
 
 ATTRIBUTIONS: dict[str, Callable[..., np.ndarray]] = {

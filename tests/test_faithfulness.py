@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from nac_drive.interpret.faithfulness import (ATTRIBUTIONS, CASCADE, auc, bootstrap_ci, cam_grid, deletion_insertion,
-                                              frame_blocks, integrated_gradients_maps, paired_against_random,
-                                              random_cam_grid_maps, random_maps, random_patch_maps, randomized_policy,
-                                              rank, resolve_target, saliency_faithfulness, spearman)
+from nac_drive.interpret.faithfulness import (ATTRIBUTIONS, CASCADE, auc, bootstrap_ci, cam_grid,
+                                              complete_integrated_gradients, deletion_insertion, frame_blocks,
+                                              integrated_gradients_maps, paired_against_random, random_cam_grid_maps,
+                                              random_maps, random_patch_maps, randomized_policy, rank, resolve_target,
+                                              saliency_faithfulness, spearman)
 
 torch.set_num_threads(1)
 SIZE = 16
@@ -298,3 +299,31 @@ def test_an_exact_map_beats_coarse_and_fine_random_maps_in_paired_deletion():
              "random": deletion["random"]}
     low, high = paired_against_random(again, np.zeros(40, dtype=int))["candidate"]["random"]["ci95"]
     assert low < 0 < high
+
+
+# ------------------------------------------------- Integrated Gradients until complete
+def _steep(x: torch.Tensor) -> torch.Tensor:
+    """``[B, ...]`` -> ``[B]``: a sigmoid of the mean pixel, steep about 0.5 (curved along IG's path)."""
+    return torch.sigmoid(40 * (x.flatten(1).mean(1) - 0.5))
+
+
+def test_integrated_gradients_doubles_its_steps_until_complete():
+    x = 0.8 + 0.2 * torch.rand(3, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+    black = torch.zeros_like(x)
+    # eight steps alone miss the output's change by more than 5% on this curve ...
+    _, eight = complete_integrated_gradients(_steep, x, black, first_steps=8, max_steps=8)
+    assert eight["steps"] == 8 and not eight["complete"]
+    assert (eight["error"] / eight["difference"]).max() > 0.05
+    # ... so the steps double until every sample's attribution sums to within 5% of it
+    attr, doubled = complete_integrated_gradients(_steep, x, black, first_steps=8)
+    assert doubled["complete"] and doubled["steps"] in (16, 32, 64, 128, 256)
+    assert (doubled["error"] / doubled["difference"]).max() < 0.05
+    change = (_steep(x) - _steep(black)).detach().double().numpy()
+    np.testing.assert_allclose(doubled["difference"], np.abs(change))
+    np.testing.assert_allclose(attr.flatten(1).sum(1).double().numpy(), change, rtol=0.05)
+    # a linear model is complete at once
+    model = LinearLogit()
+    _, linear = complete_integrated_gradients(lambda f: model(f)[:, 0], _frames(2), torch.zeros(2, 3, SIZE, SIZE))
+    assert linear["steps"] == 8 and linear["complete"]
+    with pytest.raises(ValueError, match="first_steps"):
+        complete_integrated_gradients(_steep, x, black, first_steps=16, max_steps=8)

@@ -177,16 +177,21 @@ def window_section(run_dir: Path, policy, method: str = "integrated_gradients", 
     """Which frame of the window each decision used: writes ``RUN_DIR/window_attribution.npz``
     (:func:`~nac_drive.interpret.temporal_attribution.compute_window_attribution`) and returns
     the mean share of each frame (0 = the current one) over the steps whose window is full,
-    and how often the current frame has the largest share."""
+    how often the current frame has the largest share, and ``completeness`` (Integrated
+    Gradients: the steps each decision needed and how far its attribution's sum is from the
+    output's change, :func:`~nac_drive.interpret.temporal_attribution.completeness_summary`;
+    None for ablation)."""
     from nac_drive.interpret.temporal_attribution import compute_window_attribution, load_window_attribution
     from nac_drive.interpret.trace import load_trace
 
     path = compute_window_attribution(policy, run_dir, method, progress=progress)
-    shares = load_window_attribution(path, trace=load_trace(run_dir)).shares
+    attribution = load_window_attribution(path, trace=load_trace(run_dir))
+    shares = attribution.shares
     full = shares[np.isfinite(shares).all(axis=1) & (shares.sum(axis=1) > 0)]
     return jsonable({"method": method, "file": path.name, "window": shares.shape[1], "full_window_steps": len(full),
                      "mean_share_by_frames_ago": full.mean(axis=0) if len(full) else [],
-                     "current_frame_largest": float((full.argmax(axis=1) == 0).mean()) if len(full) else None})
+                     "current_frame_largest": float((full.argmax(axis=1) == 0).mean()) if len(full) else None,
+                     "completeness": attribution.metadata.get("completeness")})
 
 
 def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,

@@ -219,10 +219,19 @@ def format_paired(saliency: dict) -> list[str]:
 def format_window(window: dict) -> list[str]:
     """The window-attribution section as text lines."""
     shares = window["mean_share_by_frames_ago"]
-    return [f"Which frame each decision used ({window['method']}, {window['full_window_steps']} steps with a full "
-            f"window of {window['window']}): mean share by frames ago",
-            "  " + " ".join(f"{a}:{_num(x, '.3f')}" for a, x in enumerate(shares)),
-            f"  the current frame has the largest share on {_num(window['current_frame_largest'], '.1%')} of them"]
+    lines = [f"Which frame each decision used ({window['method']}, {window['full_window_steps']} steps with a full "
+             f"window of {window['window']}): mean share by frames ago",
+             "  " + " ".join(f"{a}:{_num(x, '.3f')}" for a, x in enumerate(shares)),
+             f"  the current frame has the largest share on {_num(window['current_frame_largest'], '.1%')} of them"]
+    complete = window.get("completeness")
+    if complete:
+        lines.append(f"  Integrated Gradients' steps: median {_num(complete['steps']['median'], '.0f')}, max "
+                     f"{_num(complete['steps']['max'], '.0f')}; |sum(attr) - output change|: median "
+                     f"{_num(complete['error']['median'])}, max {_num(complete['error']['max'])} on changes of median "
+                     f"{_num(complete['difference']['median'])} (ratio max {_num(complete['ratio']['max'])}; "
+                     f"{complete['incomplete']} of {complete['decisions']} decisions above "
+                     f"{complete['tolerance']:g} at the cap)")
+    return lines
 
 
 def format_closed_loop(closed: dict) -> list[str]:
