@@ -154,13 +154,14 @@ def format_atlas(atlas: dict, rows: int) -> list[str]:
     decision = "steering's side" if steering else "action"
 
     def figures(row) -> str:
-        change = f"{_num(row.get('steering_change'), '.4f'):>14}" if steering else ""
-        return f"{_num(row['agreement']):>20}{change}"
+        if steering:
+            return f"{_num(row['agreement']):>20}{_num(row.get('steering_change'), '.4f'):>14}"
+        return f"{_num(row['agreement']):>20}{_num(row.get('log_prob_change'), '+.4f'):>12}{_num(row.get('kl'), '.4f'):>9}"
 
     lines = [f"Neuron atlas: {atlas['frames']} frames replayed (the intact replay chooses the recorded {decision} on "
              f"{100 * atlas['replay_agrees_with_run']:.1f}% of them); MI bias ~{atlas['mi_bias_bits']:.3f} bits",
              f"{'rank':>4}  {'neuron':<16}{'AUROC R>L':>10}{'MI bits':>9}{'agreement silenced':>20}"
-             + (f"{'|d steering|':>14}" if steering else "")]
+             + (f"{'|d steering|':>14}" if steering else f"{'d log p':>12}{'KL':>9}")]
     for i, row in enumerate(atlas["neurons"][:rows], 1):
         lines.append(f"{i:>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}{figures(row)}")
     push = "on the steering" if steering else "left vs right"
@@ -171,6 +172,9 @@ def format_atlas(atlas: dict, rows: int) -> list[str]:
     if steering:
         lines.append(f"(agreement: the share of frames whose steering keeps its side, within +-{atlas['deadband']:g} "
                      f"straight; |d steering|: its mean change)")
+    else:
+        lines.append("(agreement: the share of frames with the same chosen action; d log p: the mean change of that "
+                     "action's log-probability; KL: the mean KL(intact || silenced), nats)")
     return lines
 
 
