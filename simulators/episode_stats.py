@@ -7,6 +7,9 @@ reports them through :meth:`~nac_drive.simulators.carracing.EpisodeResults.summa
 calls :func:`return_stats`. Headline figures are over the 100 held-out tracks
 900000-900099 (``--episodes 100``); the intervals say how far a mean over fewer can be
 from it.
+
+:func:`block_mean_interval` and :func:`paired_block_change` serve measurements that are not
+independent (frames of one drive): they resample whole blocks (episodes, stretches of frames).
 """
 
 from __future__ import annotations

@@ -79,6 +79,10 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     assert 0 <= atlas["uniform_weights"]["agreement"] <= 1 and atlas["replay_agrees_with_run"] > 0.8
     assert all(row["kl"] >= 0 and row["log_prob_change"] is not None for row in atlas["neurons"] + atlas["heads"])
     assert "d log p" in out.stdout
+    mirror = report["mirror"]
+    assert mirror["frames"] == 120 and mirror["decision"] == "action" and 0 <= mirror["mirror_agreement"] <= 1
+    assert mirror["turn_frames"] == 0 or abs(mirror["flips"] + mirror["stays"]) <= 1
+    assert "Mirrored frames" in out.stdout
     closed = report["closed_loop"]
     assert closed["seeds"] == [900000] and [n["chosen"] for n in closed["neurons"]] == ["top", "top", "random"]
     assert [n["name"] for n in closed["neurons"][:2]] == [row["name"] for row in atlas["neurons"][:2]]

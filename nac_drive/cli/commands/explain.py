@@ -33,6 +33,8 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
 * window: which of the window's frames each decision used (Integrated Gradients over the
   window, or one frame removed at a time), written to RUN_DIR/window_attribution.npz for
   the dashboard;
+* mirror: each frame flipped left-right, how often the policy then turns the other way
+  where it turned (CarRacing's left and right actions swap; Udacity's steering changes sign);
 * closed_loop: the neurons whose silencing costs most and some random ones, clamped while
   the policy drives, then each part of the attention replaced: Top-K by q . k by K random
   keys and by the K most recent, t_ij by its mean per head, the weights by uniform ones;
@@ -97,6 +99,9 @@ def run(namespace: argparse.Namespace) -> int:
     if report["window"]:
         print()
         print("\n".join(format_window(report["window"])))
+    if report.get("mirror"):
+        print()
+        print("\n".join(format_mirror(report["mirror"])))
     if report["closed_loop"]["neurons"]:
         print()
         print("\n".join(format_closed_loop(report["closed_loop"])))
@@ -235,6 +240,18 @@ def format_window(window: dict) -> list[str]:
                      f"{_num(complete['difference']['median'])} (ratio max {_num(complete['ratio']['max'])}; "
                      f"{complete['incomplete']} of {complete['decisions']} decisions above "
                      f"{complete['tolerance']:g} at the cap)")
+    return lines
+
+
+def format_mirror(mirror: dict) -> list[str]:
+    """The mirrored-frames check as text lines."""
+    turns = "steers outside the deadband" if mirror["decision"] == "steering side" else "turns"
+    lines = [f"Mirrored frames ({mirror['frames']} frames flipped left-right): where the intact policy {turns} "
+             f"({mirror['turn_frames']} frames), the mirrored frame turns the other way on "
+             f"{_num(mirror['flips'], '.1%')} and the same way on {_num(mirror['stays'], '.1%')}; its decision is the "
+             f"mirror of the intact one on {_num(mirror['mirror_agreement'], '.1%')} of all frames"]
+    if mirror.get("steering_symmetry_error") is not None:
+        lines.append(f"  mean |mirrored steering + intact steering|: {mirror['steering_symmetry_error']:.4f}")
     return lines
 
 
