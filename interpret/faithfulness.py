@@ -14,7 +14,12 @@ spec of :mod:`nac_drive.interpret.saliency` (an action index, ``"predicted"``, `
 * ``"occlusion"``: captum's Occlusion, black patches of 1/8 of the frame's height and width
   (stride = patch); the drop of the target's output, min-max scaled (evidence against the
   target ranks last);
-* ``"random"``: uniform noise from ``seed``, the baseline every method should beat.
+* the baselines every method should beat (:data:`RANDOM_BASELINES`), each from ``seed``:
+  ``"random"``, uniform noise per pixel; ``"random_cam_grid"``, uniform noise on the grid
+  Grad-CAM's maps are made on (the last ``nn.Conv2d``'s output, e.g. 10 x 10) upsampled as
+  pytorch-grad-cam upsamples its maps; ``"random_patches"``, uniform noise per Occlusion
+  patch (8 x 8 patches). A coarse map moves whole regions at once, which by itself changes
+  a deletion curve, so each method is compared with noise of its own granularity too.
 
 RISE (Petsiuk et al. 2018, arXiv 1806.07421), :func:`deletion_insertion`: the pixels are
 ranked by the map (ties in random order, from ``seed``); *deletion* sets the most salient
@@ -39,12 +44,19 @@ a method whose maps stay the same does not explain the model.
 
 :func:`saliency_faithfulness` does both on a recorded run (up to ``max_frames`` frames,
 spread evenly, each replayed with its window as :mod:`nac_drive.interpret.policy_saliency`
-does) and returns a JSON-able summary.
+does) and returns a JSON-able summary. Neighbouring frames of a drive are alike, so no
+interval treats frames as independent: each is a block bootstrap
+(:func:`~nac_drive.simulators.episode_stats.block_mean_interval`) over the blocks of
+:func:`frame_blocks` (episodes, or contiguous stretches of frames when the frames come from
+fewer than :data:`MIN_EPISODE_BLOCKS` episodes). Each method is compared with each random
+baseline *paired*, on the same frames (:func:`paired_against_random`): the mean per-frame
+difference of the AUCs and its block-bootstrap interval.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -57,13 +69,21 @@ from torch import nn
 
 from nac_drive.interpret.policy_saliency import Replay
 from nac_drive.interpret.saliency import METHODS as CAM_METHODS
-from nac_drive.interpret.saliency import STEER_TARGETS, saliency_maps
+from nac_drive.interpret.saliency import STEER_TARGETS, resolve_layer, saliency_maps
 from nac_drive.interpret.trace import RunTrace, load_trace
+from nac_drive.simulators.episode_stats import block_mean_interval, paired_block_change
 
-DEFAULT_METHODS = ("gradcam", "integrated_gradients", "occlusion", "random")
+RANDOM_BASELINES = ("random", "random_cam_grid", "random_patches")
+DEFAULT_METHODS = ("gradcam", "integrated_gradients", "occlusion", *RANDOM_BASELINES)
+OCCLUSION_PARTS = 8           # Occlusion's patches per side, and the random patches'
+MIN_EPISODE_BLOCKS = 10       # fewer episodes than this: contiguous stretches of frames are the blocks
 CASCADE = ("head", "core", "encoder")
 BLUR_KERNEL, BLUR_SIGMA = 11, 5.0
 IG_STEPS = 16
+IG_TOLERANCE = 0.05         # Integrated Gradients is complete when it misses f(x) - f(baseline) by less than this share
+IG_MAX_STEPS = 256          # ... or when doubling its steps reached this many
+IG_STEPS_PER_BATCH = 16     # interpolation steps per forward (bounds memory at many steps)
+COMPLETENESS_ATOL = 1e-6    # an error this small is float rounding, whatever the difference
 
 
 # ----------------------------------------------------------------------- targets
@@ -145,7 +165,7 @@ def integrated_gradients_maps(frame_model: nn.Module, frames: torch.Tensor, targ
 
 
 def occlusion_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | str = "predicted",
-                   seed: int = 0, parts: int = 8) -> np.ndarray:
+                   seed: int = 0, parts: int = OCCLUSION_PARTS) -> np.ndarray:
     """captum Occlusion with black patches of ``H // parts`` x ``W // parts`` pixels (stride
     the same): the drop of the target's output, min-max scaled -> ``[B, H, W]``."""
     from captum.attr import Occlusion
@@ -169,11 +189,84 @@ def random_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | str 
     return np.random.default_rng(seed).random((B, H, W), dtype=np.float32)
 
 
+def cam_grid(frame_model: nn.Module, frames: torch.Tensor) -> tuple[int, int]:
+    """``(h, w)``: the spatial size of the layer Grad-CAM explains (the last ``nn.Conv2d``'s
+    output), the grid its maps are made on before they are upsampled."""
+    sizes = []
+    hook = resolve_layer(frame_model, None).register_forward_hook(lambda m, args, out: sizes.append(out.shape[-2:]))
+    try:
+        with eval_mode(frame_model), torch.no_grad():
+            frame_model(frames[:1])
+    finally:
+        hook.remove()
+    return int(sizes[0][0]), int(sizes[0][1])
+
+
+def random_cam_grid_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | str = "predicted",
+                         seed: int = 0) -> np.ndarray:
+    """Uniform noise from ``seed`` on Grad-CAM's grid (:func:`cam_grid`), upsampled to the
+    frames' size by pytorch-grad-cam's own ``scale_cam_image`` -> ``[B, H, W]`` in [0, 1]."""
+    from pytorch_grad_cam.utils.image import scale_cam_image
+
+    _check_frames(frames)
+    B, _, H, W = frames.shape
+    grid = np.random.default_rng(seed).random((B, *cam_grid(frame_model, frames)), dtype=np.float32)
+    return np.clip(scale_cam_image(grid, (W, H)), 0.0, 1.0)
+
+
+def random_patch_maps(frame_model: nn.Module, frames: torch.Tensor, target: int | str = "predicted",
+                      seed: int = 0, parts: int = OCCLUSION_PARTS) -> np.ndarray:
+    """Uniform noise from ``seed``, one value per patch of :func:`occlusion_maps`' grid
+    (``parts`` x ``parts`` patches of ``H // parts`` x ``W // parts`` pixels; rows and
+    columns past the last whole patch join it) -> ``[B, H, W]`` (ignores the model)."""
+    _check_frames(frames)
+    B, _, H, W = frames.shape
+    patch_values = np.random.default_rng(seed).random((B, parts, parts), dtype=np.float32)
+    rows = np.minimum(np.arange(H) // max(1, H // parts), parts - 1)
+    cols = np.minimum(np.arange(W) // max(1, W // parts), parts - 1)
+    return patch_values[:, rows[:, None], cols[None, :]]
+
+
+def complete_integrated_gradients(forward: Callable[..., torch.Tensor], inputs: torch.Tensor, baselines: torch.Tensor,
+                                  additional_forward_args: tuple = (), first_steps: int = 8,
+                                  max_steps: int = IG_MAX_STEPS, tolerance: float = IG_TOLERANCE
+                                  ) -> tuple[torch.Tensor, dict]:
+    """captum's Integrated Gradients of ``forward`` (``inputs [B, ...]`` -> ``[B]``) from
+    ``baselines``, its steps doubled from ``first_steps`` until the attribution is complete
+    for every sample: ``|sum(attr) - (f(x) - f(baseline))| <= tolerance * |f(x) - f(baseline)|``
+    (or below :data:`COMPLETENESS_ATOL`), or ``max_steps`` is reached.
+
+    Returns ``(attr [B, ...], completeness)``: ``steps`` (the steps of the returned
+    attribution), ``error`` ``[B]`` (|sum(attr) - (f(x) - f(baseline))|, captum's
+    convergence delta), ``difference`` ``[B]`` (|f(x) - f(baseline)|), ``complete`` (bool)."""
+    from captum.attr import IntegratedGradients
+
+    if not isinstance(first_steps, int) or first_steps < 1 or max_steps < first_steps:
+        raise ValueError(f"first_steps, max_steps: expected 1 <= first_steps <= max_steps, got {first_steps!r}, "
+                         f"{max_steps!r}")
+    with torch.no_grad():
+        difference = (forward(inputs, *additional_forward_args)
+                      - forward(baselines, *additional_forward_args)).abs().double().numpy()
+    ig = IntegratedGradients(forward)
+    steps = first_steps
+    while True:
+        attr, delta = ig.attribute(inputs, baselines=baselines, additional_forward_args=additional_forward_args,
+                                   n_steps=steps, return_convergence_delta=True,
+                                   internal_batch_size=IG_STEPS_PER_BATCH * len(inputs))
+        error = delta.detach().abs().double().numpy()
+        complete = bool(np.all(error <= tolerance * difference + COMPLETENESS_ATOL))
+        if complete or 2 * steps > max_steps:
+            return attr.detach(), {"steps": steps, "error": error, "difference": difference, "complete": complete}
+        steps *= 2
+
+
 ATTRIBUTIONS: dict[str, Callable[..., np.ndarray]] = {
     **{name: partial(cam_maps, method=name) for name in CAM_METHODS},
     "integrated_gradients": integrated_gradients_maps,
     "occlusion": occlusion_maps,
     "random": random_maps,
+    "random_cam_grid": random_cam_grid_maps,
+    "random_patches": random_patch_maps,
 }
 
 
@@ -286,7 +379,8 @@ def randomized_policy(policy: nn.Module, stage: str, seed: int = 0) -> nn.Module
 # ----------------------------------------------------------------- a whole run
 def bootstrap_ci(values: np.ndarray, seed: int = 0, resamples: int = 1000, level: float = 0.95) -> list:
     """``[low, high]``: the percentile bootstrap interval of the mean of the finite ``values``
-    (``[None, None]`` if there are none)."""
+    (``[None, None]`` if there are none), each value resampled on its own: right for
+    independent values only (the reports use :func:`frame_blocks`' block bootstrap)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
@@ -296,11 +390,55 @@ def bootstrap_ci(values: np.ndarray, seed: int = 0, resamples: int = 1000, level
     return [float(x) for x in np.percentile(means, [tail, 100 - tail])]
 
 
-def _summary(values: np.ndarray, seed: int) -> dict:
+def frame_blocks(episodes: np.ndarray, block_frames: int | None = None) -> tuple[np.ndarray, dict]:
+    """The blocks a bootstrap resamples, for frames in time order whose episodes are
+    ``episodes`` ``[n]``: ``(labels [n] int64, rule)``.
+
+    From :data:`MIN_EPISODE_BLOCKS` episodes on, each episode is a block. With fewer, the
+    frames of each episode are cut into contiguous stretches of ``block_frames`` frames
+    (default ``ceil(n ** (1/3))``, the rate that suits a block bootstrap of a mean; a
+    stretch never crosses an episode's end). ``rule``: ``{"by": "episode" | "time",
+    "frames_per_block": int | None, "count": blocks}``."""
+    episodes = np.asarray(episodes).reshape(-1)
+    n = episodes.size
+    _, episode_of = np.unique(episodes, return_inverse=True)
+    if episode_of.size and episode_of.max() + 1 >= MIN_EPISODE_BLOCKS:
+        return episode_of.astype(np.int64), {"by": "episode", "frames_per_block": None,
+                                             "count": int(episode_of.max() + 1)}
+    length = block_frames or max(1, math.ceil(n ** (1 / 3)))
+    if not isinstance(length, int) or length < 1:
+        raise ValueError(f"block_frames: must be an integer >= 1, got {block_frames!r}")
+    starts = np.r_[True, episodes[1:] != episodes[:-1]] if n else np.zeros(0, dtype=bool)
+    position = np.arange(n) - np.maximum.accumulate(np.where(starts, np.arange(n), 0))  # within its episode
+    new_block = starts | (position % length == 0)
+    labels = np.cumsum(new_block) - 1
+    return labels.astype(np.int64), {"by": "time", "frames_per_block": length, "count": int(labels.max() + 1) if n else 0}
+
+
+def _summary(values: np.ndarray, episodes: np.ndarray, block_frames: int | None = None) -> dict:
+    """``{mean, ci95, frames, blocks}`` of ``values`` ``[n]`` (frames in time order, their
+    ``episodes`` ``[n]``), the interval a block bootstrap over :func:`frame_blocks`."""
     v = np.asarray(values, dtype=np.float64)
-    finite = v[np.isfinite(v)]
-    return {"mean": float(finite.mean()) if finite.size else None, "ci95": bootstrap_ci(v, seed),
-            "frames": int(finite.size)}
+    keep = np.isfinite(v)
+    blocks, rule = frame_blocks(np.asarray(episodes)[keep], block_frames)
+    low, high = block_mean_interval(v[keep], blocks) if keep.any() else (math.nan, math.nan)
+    return {"mean": float(v[keep].mean()) if keep.any() else None,
+            "ci95": [None, None] if math.isnan(low) else [low, high], "frames": int(keep.sum()),
+            "blocks": rule["count"]}
+
+
+def paired_against_random(aucs: Mapping[str, np.ndarray], episodes: np.ndarray,
+                          block_frames: int | None = None) -> dict:
+    """Each method of ``aucs`` (name -> per-frame AUC ``[n]``, the same frames in time order
+    for every name, their ``episodes`` ``[n]``) against each random baseline among them
+    (:data:`RANDOM_BASELINES`): ``{method: {baseline: paired change}}``, the change
+    ``method - baseline`` frame by frame, its mean, block-bootstrap 95% interval
+    (:func:`~nac_drive.simulators.episode_stats.paired_block_change` over
+    :func:`frame_blocks`), ``blocks`` and ``items`` (frames)."""
+    blocks, _ = frame_blocks(episodes, block_frames)
+    baselines = [name for name in RANDOM_BASELINES if name in aucs]
+    return {name: {baseline: paired_block_change(aucs[baseline], values, blocks) for baseline in baselines}
+            for name, values in aucs.items() if name not in RANDOM_BASELINES}
 
 
 def _spread(n: int, count: int) -> np.ndarray:
@@ -324,7 +462,8 @@ def _resolve_methods(methods) -> dict[str, Callable[..., np.ndarray]]:
 def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
                           methods: Sequence[str] | Mapping[str, Callable[..., np.ndarray]] = DEFAULT_METHODS,
                           max_frames: int = 500, steps: int = 16, seed: int = 0, progress: bool = True,
-                          cascade: Sequence[str] = CASCADE, sanity_frames: int = 100) -> dict:
+                          cascade: Sequence[str] = CASCADE, sanity_frames: int = 100,
+                          block_frames: int | None = None) -> dict:
     """RISE deletion / insertion AUCs and the randomisation sanity check of each method on
     up to ``max_frames`` frames (spread evenly) of a recorded run.
 
@@ -334,13 +473,19 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
     score "probability"), or the direction it steered (continuous, column 0; score
     "output"). cascade: the randomisation stages to check (:data:`CASCADE`; empty: none),
     on ``sanity_frames`` of the frames (spread evenly; they cost a map per method and stage).
+    block_frames: frames per bootstrap block when the frames come from fewer than
+    :data:`MIN_EPISODE_BLOCKS` episodes (:func:`frame_blocks`; default ``ceil(n ** (1/3))``).
 
     Returns a JSON-able dict: ``frames``, ``frame_indices``, ``steps``, ``score``,
-    ``sanity_frames``, ``seconds``, ``trace_sha256``, and per method ``deletion_auc`` /
-    ``insertion_auc`` ``{mean, ci95: [low, high], frames}`` (None where no frame has a value)
-    and ``sanity_spearman`` ``{stage: {mean, ci95, frames}}`` (frames: those whose correlation
-    is defined, i.e. neither map is constant; "random" ignores the model, so its correlation
-    is 1 by construction).
+    ``sanity_frames``, ``seconds``, ``trace_sha256``, ``blocks`` (:func:`frame_blocks`' rule
+    for the frames scored), per method ``deletion_auc`` / ``insertion_auc`` ``{mean, ci95:
+    [low, high], frames, blocks}`` (None where no frame has a value; the interval a block
+    bootstrap) and ``sanity_spearman`` ``{stage: {mean, ci95, frames, blocks}}`` (frames: those
+    whose correlation is defined, i.e. neither map is constant; the random maps ignore the
+    model, so their correlation is 1 by construction), and ``paired``: per method that is not
+    a random baseline, per baseline run, ``{deletion_auc, insertion_auc}`` each ``{mean, ci95,
+    blocks, items}`` of the per-frame AUC differences method - baseline
+    (:func:`paired_against_random`; a faithful method: deletion below 0, insertion above).
     """
     from tqdm import tqdm
 
@@ -380,13 +525,21 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
             deletion[name][j], insertion[name][j] = rise["deletion_auc"][0], rise["insertion_auc"][0]
             for stage, random_model in random_models.items():
                 sanity[name][stage][j] = spearman(maps, method(random_model, x, target, seed=seed + int(i)))
+    episodes = np.asarray(run.episode)[frames]
+    paired = {name: {} for name in chosen if name not in RANDOM_BASELINES}
+    for key, aucs in (("deletion_auc", deletion), ("insertion_auc", insertion)):
+        for name, against in paired_against_random(aucs, episodes, block_frames).items():
+            for baseline, change in against.items():
+                paired[name].setdefault(baseline, {})[key] = change
     return {"frames": len(frames), "frame_indices": frames.tolist(), "steps": steps, "score": score,
             "target": "chosen action" if discrete else "chosen steering direction (output 0)",
             "deletion_baseline": "black",
             "insertion_baseline": f"gaussian blur (kernel {BLUR_KERNEL}, sigma {BLUR_SIGMA:g})",
             "cascade": list(cascade), "sanity_frames": len(checked), "seed": seed, "trace_sha256": run.sha256,
-            "seconds": round(time.perf_counter() - started, 3),
-            "methods": {name: {"deletion_auc": _summary(deletion[name], seed),
-                               "insertion_auc": _summary(insertion[name], seed),
-                               "sanity_spearman": {stage: _summary(sanity[name][stage], seed) for stage in cascade}}
-                        for name in chosen}}
+            "seconds": round(time.perf_counter() - started, 3), "blocks": frame_blocks(episodes, block_frames)[1],
+            "methods": {name: {"deletion_auc": _summary(deletion[name], episodes, block_frames),
+                               "insertion_auc": _summary(insertion[name], episodes, block_frames),
+                               "sanity_spearman": {stage: _summary(sanity[name][stage], episodes, block_frames)
+                                                   for stage in cascade}}
+                        for name in chosen},
+            "paired": paired}

@@ -20,8 +20,12 @@ step's selected pairs). Each head as a whole is a row of its own.
   (:class:`~nac_drive.nac.Clamp`), and the share of frames where the policy still chooses
   the action the intact policy chooses (its agreement; regression: the share of frames
   whose steering keeps the intact steering's side, and also the mean |change of the
-  steering|, in the output's units). A head is silenced by replacing its output with its
-  mean output; the attention weights are also tried uniform over each query's selected keys.
+  steering|, in the output's units). An agreement counts only flips of the choice, so a
+  discrete policy's silencing also reports how far the action probabilities moved
+  (:func:`probability_shift`): the mean change of the log-probability of the action the
+  intact policy chose, and the mean KL(intact || silenced). A head is silenced by replacing
+  its output with its mean output; the attention weights are also tried uniform over each
+  query's selected keys.
 
 :func:`neuron_atlas` puts it together, neurons sorted by what silencing them costs.
 """
@@ -202,7 +206,10 @@ class PolicyReplay:
     def actions(self, clamp: Clamp | None = None) -> np.ndarray:
         """``[n]`` the action chosen at every replayed step, under ``clamp``: the output's
         argmax (discrete), or the steering (continuous: output 0 within the action space)."""
-        y = self.outputs(clamp)
+        return self.actions_of(self.outputs(clamp))
+
+    def actions_of(self, y: np.ndarray) -> np.ndarray:
+        """``[n]`` the actions of outputs ``y`` ``[n, num_outputs]`` (:meth:`actions`)."""
         if not self.continuous:
             return y.argmax(axis=-1)
         space = self.policy.action_space
@@ -251,6 +258,23 @@ def agreement(actions: np.ndarray, reference: np.ndarray, deadband: float | None
     return float(np.mean(actions == reference)) if len(actions) else float("nan")
 
 
+def probability_shift(logits: np.ndarray, reference_logits: np.ndarray) -> dict[str, float]:
+    """How far a discrete policy's action probabilities moved from the reference's, over the
+    steps (logits ``[n, A]`` both): ``log_prob_change``, the mean change of the
+    log-probability of the action the reference chose (negative: less sure of it), and
+    ``kl``, the mean KL(reference || moved) in nats (0: the same distribution)."""
+    from scipy.special import log_softmax, rel_entr
+
+    moved = log_softmax(np.asarray(logits, dtype=np.float64), axis=-1)
+    reference = log_softmax(np.asarray(reference_logits, dtype=np.float64), axis=-1)
+    if not len(reference):
+        return {"log_prob_change": float("nan"), "kl": float("nan")}
+    chosen = reference.argmax(axis=-1)[:, None]
+    change = np.take_along_axis(moved, chosen, axis=-1) - np.take_along_axis(reference, chosen, axis=-1)
+    kl = rel_entr(np.exp(reference), np.exp(moved)).sum(axis=-1)
+    return {"log_prob_change": float(change.mean()), "kl": float(kl.mean())}
+
+
 def steering_change(steering: np.ndarray, reference: np.ndarray) -> float:
     """The mean |``steering`` - ``reference``| over the steps (both ``[n]``)."""
     diff = np.abs(np.asarray(steering, dtype=np.float64) - np.asarray(reference, dtype=np.float64))
@@ -260,13 +284,21 @@ def steering_change(steering: np.ndarray, reference: np.ndarray) -> float:
 def silencing(replay: PolicyReplay, clamps: dict[str, Clamp], progress: bool = False) -> dict[str, dict[str, float]]:
     """Name -> how the policy under that clamp keeps the intact policy's decisions over the
     replayed steps (:meth:`PolicyReplay.compare`: ``agreement``, and for steering
-    ``steering_change``)."""
-    intact = replay.actions()
+    ``steering_change``; for discrete actions also :func:`probability_shift`'s
+    ``log_prob_change`` and ``kl``)."""
+    intact_outputs = replay.outputs()
+    intact = replay.actions_of(intact_outputs)
     items = clamps.items()
     if progress:
         from tqdm import tqdm
         items = tqdm(items, desc="silencing", unit="neuron")
-    return {name: replay.compare(replay.actions(clamp), intact) for name, clamp in items}
+    kept = {}
+    for name, clamp in items:
+        outputs = replay.outputs(clamp)
+        kept[name] = replay.compare(replay.actions_of(outputs), intact)
+        if not replay.continuous:
+            kept[name].update(probability_shift(outputs, intact_outputs))
+    return kept
 
 
 def neuron_atlas(run, policy, max_frames: int | None = None, bins: int = MI_BINS, progress: bool = False,
@@ -274,8 +306,9 @@ def neuron_atlas(run, policy, max_frames: int | None = None, bins: int = MI_BINS
     """The atlas of a NAC policy on a run it drove (its trace).
 
     Returns ``neurons`` (one row per traced neuron: :func:`information` plus ``agreement``
-    and ``silencing_cost`` = 1 - agreement, and for steering ``steering_change``; sorted by
-    cost, then for steering by steering change, then by mutual information), ``heads`` (per
+    and ``silencing_cost`` = 1 - agreement, for discrete actions ``log_prob_change`` and
+    ``kl`` (:func:`probability_shift`), and for steering ``steering_change``; sorted by
+    cost, then by steering change (steering) or KL (discrete), then by mutual information), ``heads`` (per
     head: AUROC and mutual information of its direct push (:meth:`PolicyReplay.head_push`,
     ``head_push`` names it: towards LEFT rather than RIGHT in a discrete policy's output, or
     on the steering output, positive right), and the agreement with its output held at its
@@ -305,7 +338,7 @@ def neuron_atlas(run, policy, max_frames: int | None = None, bins: int = MI_BINS
 
     for row in rows:
         row.update(silenced(row["name"]))
-    rows.sort(key=lambda r: (-r["silencing_cost"], -r.get("steering_change", 0.0),
+    rows.sort(key=lambda r: (-r["silencing_cost"], -r.get("steering_change", r.get("kl", 0.0)),
                              -np.nan_to_num(r["mi_bits"], nan=-1.0)))
     if continuous:
         push, direction = replay.head_push(0), "steering output (positive right)"                  # [n, H]

@@ -7,11 +7,15 @@ reports them through :meth:`~nac_drive.simulators.carracing.EpisodeResults.summa
 calls :func:`return_stats`. Headline figures are over the 100 held-out tracks
 900000-900099 (``--episodes 100``); the intervals say how far a mean over fewer can be
 from it.
+
+:func:`block_mean_interval` and :func:`paired_block_change` serve measurements that are not
+independent (frames of one drive): they resample whole blocks (episodes, stretches of frames).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,6 +43,44 @@ def mean_interval(returns: Sequence[float]) -> tuple[float, float]:
         return float(x[0]), float(x[0])
     ci = bootstrap((x,), np.mean, confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
                    method="BCa", random_state=BOOTSTRAP_SEED).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def block_mean_interval(values: Sequence[float], blocks: Sequence[int]) -> tuple[float, float]:
+    """The 95% interval of the mean of ``values`` ``[n]`` by a block bootstrap: whole blocks
+    (``blocks`` ``[n]``, one label per value: an episode, or a stretch of neighbouring frames)
+    are resampled, never single values, so values that move together (neighbouring frames
+    of a drive) count as one piece of evidence, not many. The statistic is the mean over
+    the values of the resampled blocks (blocks of unequal size weigh by their size); scipy's
+    BCa bootstrap over the blocks' sums and sizes, paired, ``BOOTSTRAP_RESAMPLES`` resamples
+    from ``BOOTSTRAP_SEED`` (percentile where BCa is undefined).
+
+    Fewer than 2 blocks: (nan, nan). All values equal: (value, value)."""
+    from scipy.stats import bootstrap
+
+    x = _checked(values)
+    labels = np.asarray(blocks).reshape(-1)
+    if labels.shape != x.shape:
+        raise ValueError(f"blocks: expected one label per value ({x.size}), got {labels.size}")
+    _, block_of = np.unique(labels, return_inverse=True)
+    if block_of.size == 0 or block_of.max() < 1:
+        return math.nan, math.nan
+    if np.ptp(x) == 0:
+        return float(x[0]), float(x[0])
+    sums = np.bincount(block_of, weights=x)                                             # [blocks]
+    sizes = np.bincount(block_of).astype(np.float64)                                     # [blocks]
+
+    def pooled_mean(block_sums, block_sizes, axis=-1):
+        return block_sums.sum(axis=axis) / block_sizes.sum(axis=axis)
+
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():   # BCa undefined (a few blocks): the percentile interval instead
+            warnings.simplefilter("ignore")
+            ci = bootstrap((sums, sizes), pooled_mean, paired=True, vectorized=True, confidence_level=CONFIDENCE,
+                           n_resamples=BOOTSTRAP_RESAMPLES, method=method,
+                           random_state=BOOTSTRAP_SEED).confidence_interval
+        if np.isfinite(ci.low) and np.isfinite(ci.high):
+            break
     return float(ci.low), float(ci.high)
 
 
@@ -88,6 +130,23 @@ def paired_change(reference: Sequence[float], treated: Sequence[float]) -> dict[
         raise ValueError(f"paired change: expected one value per episode in both, got {a.size} and {b.size}")
     diff = b - a
     return {"mean": float(diff.mean()) if diff.size else math.nan, "ci95": _rounded(mean_interval(diff), 4)}
+
+
+def paired_block_change(reference: Sequence[float], treated: Sequence[float], blocks: Sequence[int]) -> dict[str, Any]:
+    """:func:`paired_change` for measurements that are not independent: ``treated -
+    reference`` on the same items (frames) ``[n]``, its ``mean`` and ``ci95`` by
+    :func:`block_mean_interval` over ``blocks`` ``[n]``, and the number of ``blocks`` and
+    ``items``. Non-finite pairs are left out."""
+    a, b = np.asarray(reference, dtype=np.float64).reshape(-1), np.asarray(treated, dtype=np.float64).reshape(-1)
+    labels = np.asarray(blocks).reshape(-1)
+    if not a.shape == b.shape == labels.shape:
+        raise ValueError(f"paired change: expected one value and one block per item in both, got {a.size}, "
+                         f"{b.size} and {labels.size}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    diff, labels = b[keep] - a[keep], labels[keep]
+    interval = block_mean_interval(diff, labels)
+    return {"mean": float(diff.mean()) if diff.size else math.nan, "ci95": _rounded(interval, 4),
+            "blocks": int(np.unique(labels).size), "items": int(diff.size)}
 
 
 def format_return_stats(stats: dict[str, Any]) -> str:

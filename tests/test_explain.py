@@ -77,6 +77,12 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     costs = [row["silencing_cost"] for row in atlas["neurons"]]
     assert costs == sorted(costs, reverse=True) and all(0 <= c <= 1 for c in costs)
     assert 0 <= atlas["uniform_weights"]["agreement"] <= 1 and atlas["replay_agrees_with_run"] > 0.8
+    assert all(row["kl"] >= 0 and row["log_prob_change"] is not None for row in atlas["neurons"] + atlas["heads"])
+    assert "d log p" in out.stdout
+    mirror = report["mirror"]
+    assert mirror["frames"] == 120 and mirror["decision"] == "action" and 0 <= mirror["mirror_agreement"] <= 1
+    assert mirror["turn_frames"] == 0 or abs(mirror["flips"] + mirror["stays"]) <= 1
+    assert "Mirrored frames" in out.stdout
     closed = report["closed_loop"]
     assert closed["seeds"] == [900000] and [n["chosen"] for n in closed["neurons"]] == ["top", "top", "random"]
     assert [n["name"] for n in closed["neurons"][:2]] == [row["name"] for row in atlas["neurons"][:2]]
@@ -92,7 +98,12 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
 
     saliency = report["saliency"]
     assert saliency["frames"] == 6 and set(saliency["methods"]) == {"gradcam", "integrated_gradients", "occlusion",
-                                                                   "random"}
+                                                                   "random", "random_cam_grid", "random_patches"}
+    assert set(saliency["paired"]) == {"gradcam", "integrated_gradients", "occlusion"}
+    for against in saliency["paired"].values():
+        assert set(against) == {"random", "random_cam_grid", "random_patches"}
+        assert all(against[b][key]["items"] == 6 for b in against for key in ("deletion_auc", "insertion_auc"))
+    assert "Paired on the same frames" in out.stdout
     for method in saliency["methods"].values():
         assert 0 <= method["deletion_auc"]["mean"] <= 1 and 0 <= method["insertion_auc"]["mean"] <= 1
     assert saliency["methods"]["random"]["sanity_spearman"]["encoder"]["mean"] == 1.0   # it ignores the model

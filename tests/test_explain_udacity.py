@@ -193,7 +193,8 @@ def test_explain_a_udacity_policy_end_to_end(tmp_path):
     assert report == json.loads((tmp_path / "explain" / EXPLAIN_FILE).read_text())
     assert "emulator tracks (random-900000)" in out.stdout and "|d steering|" in out.stdout
     assert report["task"] == "udacity" and set(report) >= {"run", "policy", "trace_sha256", "drive", "fig4", "atlas",
-                                                           "saliency", "window", "closed_loop"}
+                                                           "saliency", "window", "mirror", "closed_loop"}
+    assert report["mirror"]["decision"] == "steering side" and report["mirror"]["steering_symmetry_error"] >= 0
 
     drive = report["drive"]
     assert drive["tracks"] == ["random-900000"] and drive["seeds"] == [900000] and drive["lengths"] == [120]

@@ -8,9 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from nac_drive.interpret.faithfulness import (ATTRIBUTIONS, CASCADE, auc, bootstrap_ci, deletion_insertion,
-                                              integrated_gradients_maps, random_maps, randomized_policy, rank,
-                                              resolve_target, saliency_faithfulness, spearman)
+from nac_drive.interpret.faithfulness import (ATTRIBUTIONS, CASCADE, auc, bootstrap_ci, cam_grid,
+                                              complete_integrated_gradients, deletion_insertion, frame_blocks,
+                                              integrated_gradients_maps, paired_against_random, random_cam_grid_maps,
+                                              random_maps, random_patch_maps, randomized_policy, rank, resolve_target,
+                                              saliency_faithfulness, spearman)
 
 torch.set_num_threads(1)
 SIZE = 16
@@ -87,7 +89,7 @@ def test_integrated_gradients_of_a_linear_model_is_weight_times_input():
 def test_every_registered_method_gives_unit_maps_at_the_input_size():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * SIZE * SIZE, 2))
     x = _frames(2)
-    for name in ("gradcam", "integrated_gradients", "occlusion", "random"):
+    for name in ("gradcam", "integrated_gradients", "occlusion", "random", "random_cam_grid", "random_patches"):
         maps = ATTRIBUTIONS[name](model, x, "predicted", seed=0)
         assert maps.shape == (2, SIZE, SIZE) and maps.dtype == np.float32, name
         assert maps.min() >= 0 and maps.max() <= 1 and maps.std() > 0, name
@@ -171,6 +173,13 @@ def test_the_sanity_check_tells_a_model_explanation_from_an_edge_detector(tmp_pa
         for key in ("deletion_auc", "insertion_auc"):
             s = m[key]
             assert s["frames"] == 5 and s["ci95"][0] <= s["mean"] <= s["ci95"][1] and 0 <= s["mean"] <= 1
+    # one episode of 5 frames: stretches of ceil(5 ** (1/3)) = 2 frames are the blocks
+    assert result["blocks"] == {"by": "time", "frames_per_block": 2, "count": 3}
+    assert set(result["paired"]) == {"gradcam", "integrated_gradients", "edges"}
+    for against in result["paired"].values():
+        assert set(against) == {"random"}
+        for key in ("deletion_auc", "insertion_auc"):
+            assert against["random"][key]["items"] == 5 and against["random"][key]["blocks"] == 3
     import json
     json.dumps(result, allow_nan=False)        # JSON-able as it is
 
@@ -196,3 +205,125 @@ def test_a_steering_policy_is_scored_by_its_signed_steering(tmp_path):
     assert result["score"] == "output" and result["frames"] == 2
     for m in result["methods"].values():
         assert m["deletion_auc"]["frames"] == 2 and np.isfinite(m["insertion_auc"]["mean"])
+
+
+# ------------------------------------------------------ paired, block-bootstrap comparisons
+class ConvLinear(nn.Module):
+    """A linear image model with a convolution (a 4 x 4 grid for Grad-CAM): two logits,
+    ``w . x`` (through the conv and a linear layer, no bias) and 0."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = nn.Conv2d(3, 2, kernel_size=4, stride=4, bias=False)
+        self.linear = nn.Linear(2 * (SIZE // 4) ** 2, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logit = self.linear(self.conv(x).flatten(1))[:, 0]
+        return torch.stack([logit, torch.zeros_like(logit)], dim=1)
+
+    def exact_maps(self, frames: torch.Tensor) -> np.ndarray:
+        """Its exact attribution of logit 0 (the model is linear): gradient x input, summed
+        over channels, min-max scaled."""
+        x = frames.clone().requires_grad_(True)
+        self(x)[:, 0].sum().backward()
+        m = (x.grad * frames).sum(1).numpy()
+        low, high = m.min(axis=(1, 2), keepdims=True), m.max(axis=(1, 2), keepdims=True)
+        return (m - low) / (high - low)
+
+
+def test_random_baselines_have_the_granularity_of_the_method_they_stand_beside():
+    model, x = ConvLinear(), _frames(3)
+    assert cam_grid(model, x) == (SIZE // 4, SIZE // 4)
+    coarse = random_cam_grid_maps(model, x, seed=2)
+    assert coarse.shape == (3, SIZE, SIZE) and 0 <= coarse.min() and coarse.max() <= 1
+    # bilinear from a 4 x 4 grid: neighbouring pixels differ far less than pixel noise does
+    assert np.abs(np.diff(coarse, axis=2)).mean() < 0.5 * np.abs(np.diff(random_maps(model, x, seed=2), axis=2)).mean()
+    patches = random_patch_maps(model, x, seed=2, parts=4)
+    blocks = patches.reshape(3, 4, SIZE // 4, 4, SIZE // 4)
+    assert (blocks == blocks[:, :, :1, :, :1]).all()                        # constant within a patch
+    assert len(np.unique(patches[0])) == 16                                  # one value per patch
+    np.testing.assert_array_equal(random_cam_grid_maps(model, x, seed=2), coarse)   # seeded
+
+
+def test_frame_blocks_are_episodes_or_stretches_that_never_cross_an_episode():
+    many = np.repeat(np.arange(12), 5)
+    labels, rule = frame_blocks(many)
+    assert rule == {"by": "episode", "frames_per_block": None, "count": 12}
+    np.testing.assert_array_equal(labels, many)
+    few = np.repeat([3, 7], [10, 5])
+    labels, rule = frame_blocks(few, block_frames=4)
+    assert rule == {"by": "time", "frames_per_block": 4, "count": 5}
+    np.testing.assert_array_equal(labels, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 3, 3, 4])
+    assert frame_blocks(np.zeros(27, dtype=int))[1]["frames_per_block"] == 3       # ceil(27 ** (1/3))
+
+
+def _ar1(n: int, phi: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = np.zeros(n)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + rng.normal()
+    return x
+
+
+def test_the_block_bootstrap_widens_the_interval_of_autocorrelated_frames_only():
+    from nac_drive.simulators.episode_stats import block_mean_interval
+
+    def widths(values):
+        blocks, _ = frame_blocks(np.zeros(len(values), dtype=int))
+        low, high = block_mean_interval(values, blocks)
+        independent = bootstrap_ci(values)
+        return high - low, independent[1] - independent[0]
+
+    block, independent = widths(_ar1(500, 0.9))        # neighbouring frames alike
+    assert block > 1.5 * independent
+    block, independent = widths(_ar1(500, 0.0))        # independent frames: about the same
+    assert 0.7 * independent < block < 1.4 * independent
+
+
+def test_an_exact_map_beats_coarse_and_fine_random_maps_in_paired_deletion():
+    model, x = ConvLinear(), _frames(40)
+    maps = {"exact": model.exact_maps(x), "random": random_maps(model, x, seed=1),
+            "random_cam_grid": random_cam_grid_maps(model, x, seed=1),
+            "random_patches": random_patch_maps(model, x, seed=1, parts=4)}
+    deletion = {name: deletion_insertion(model, x, m, target=0, steps=16)["deletion_auc"] for name, m in maps.items()}
+    paired = paired_against_random(deletion, np.zeros(40, dtype=int))
+    assert set(paired) == {"exact"} and set(paired["exact"]) == {"random", "random_cam_grid", "random_patches"}
+    for baseline, change in paired["exact"].items():
+        assert change["items"] == 40 and change["blocks"] == 10                   # 4 frames a block
+        assert change["ci95"][1] < 0, baseline                                     # lower deletion AUC, surely
+        assert change["ci95"][0] <= change["mean"] <= change["ci95"][1]
+        assert change["mean"] == pytest.approx(float((deletion["exact"] - deletion[baseline]).mean()))
+    # a random map against another random map of the same kind: no difference it can tell
+    again = {"candidate": deletion_insertion(model, x, random_maps(model, x, seed=9), target=0)["deletion_auc"],
+             "random": deletion["random"]}
+    low, high = paired_against_random(again, np.zeros(40, dtype=int))["candidate"]["random"]["ci95"]
+    assert low < 0 < high
+
+
+# ------------------------------------------------- Integrated Gradients until complete
+def _steep(x: torch.Tensor) -> torch.Tensor:
+    """``[B, ...]`` -> ``[B]``: a sigmoid of the mean pixel, steep about 0.5 (curved along IG's path)."""
+    return torch.sigmoid(40 * (x.flatten(1).mean(1) - 0.5))
+
+
+def test_integrated_gradients_doubles_its_steps_until_complete():
+    x = 0.8 + 0.2 * torch.rand(3, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+    black = torch.zeros_like(x)
+    # eight steps alone miss the output's change by more than 5% on this curve ...
+    _, eight = complete_integrated_gradients(_steep, x, black, first_steps=8, max_steps=8)
+    assert eight["steps"] == 8 and not eight["complete"]
+    assert (eight["error"] / eight["difference"]).max() > 0.05
+    # ... so the steps double until every sample's attribution sums to within 5% of it
+    attr, doubled = complete_integrated_gradients(_steep, x, black, first_steps=8)
+    assert doubled["complete"] and doubled["steps"] in (16, 32, 64, 128, 256)
+    assert (doubled["error"] / doubled["difference"]).max() < 0.05
+    change = (_steep(x) - _steep(black)).detach().double().numpy()
+    np.testing.assert_allclose(doubled["difference"], np.abs(change))
+    np.testing.assert_allclose(attr.flatten(1).sum(1).double().numpy(), change, rtol=0.05)
+    # a linear model is complete at once
+    model = LinearLogit()
+    _, linear = complete_integrated_gradients(lambda f: model(f)[:, 0], _frames(2), torch.zeros(2, 3, SIZE, SIZE))
+    assert linear["steps"] == 8 and linear["complete"]
+    with pytest.raises(ValueError, match="first_steps"):
+        complete_integrated_gradients(_steep, x, black, first_steps=16, max_steps=8)

@@ -12,8 +12,8 @@ from nac_drive import NAC
 from nac_drive.nac import kernels as nac_kernels
 from nac_drive.policy.loading import load_driving_policy
 from nac_drive.interpret.fig4 import SCENES, auroc, fig4_claim, head_values, scene_classes, steering_sides
-from nac_drive.interpret.neuron_atlas import (PolicyReplay, mi_bias_bits, mutual_information, neuron_atlas,
-                                              traced_neurons)
+from nac_drive.interpret.neuron_atlas import (PolicyReplay, agreement, mi_bias_bits, mutual_information, neuron_atlas,
+                                              probability_shift, traced_neurons)
 from nac_drive.interpret.trace import load_trace
 from nac_drive.nac import Clamp
 from nac_drive.simulators.carracing import ACTION_NAMES
@@ -248,6 +248,9 @@ def test_the_neuron_that_alone_decides_the_steering_comes_first(tmp_path):
     assert first["mi_bits"] > 0.9           # about the one bit of a balanced left/right choice
     assert first["silencing_cost"] > 0.2    # held at its mean, it always steers one way
     assert max(r["silencing_cost"] for r in rest) == 0.0
+    # agreement counts flips only; the probability shift sees how much less sure the policy became
+    assert first["log_prob_change"] < -0.1 and first["kl"] > 0.1
+    assert all(r["kl"] >= 0 for r in rest) and first["kl"] > 10 * max(r["kl"] for r in rest)
     assert len(atlas["neurons"]) == len(traced_neurons(run)) == 3 * 8 + 2 * sum(
         run.metadata["nac"]["groups"][g] for g in ("inter", "command", "motor"))
     head0, head1 = atlas["heads"]
@@ -255,6 +258,19 @@ def test_the_neuron_that_alone_decides_the_steering_comes_first(tmp_path):
     assert head0["silencing_cost"] > 0.2 and head0["auroc"] < 0.05 and head1["silencing_cost"] == 0.0
     assert atlas["uniform_weights"]["agreement"] == 1.0   # one key per query: uniform is what it had
     assert atlas["frames"] == 80 and atlas["replay_agrees_with_run"] > 0.8
+
+
+def test_a_probability_shift_sees_what_agreement_does_not():
+    reference = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]])
+    assert probability_shift(reference, reference) == {"log_prob_change": 0.0, "kl": 0.0}
+    assert probability_shift(reference + 5.0, reference)["kl"] == pytest.approx(0.0, abs=1e-12)  # softmax ignores a shift
+    less_sure = np.array([[1.0, 0.0, -1.0], [0.0, 1.0, 0.0]])        # the same choices, less sure of them
+    assert agreement(less_sure.argmax(1), reference.argmax(1)) == 1.0
+    shift = probability_shift(less_sure, reference)
+    p, q = torch.softmax(torch.tensor(reference), 1), torch.softmax(torch.tensor(less_sure), 1)
+    assert shift["log_prob_change"] == pytest.approx(float((q[[0, 1], [0, 1]].log() - p[[0, 1], [0, 1]].log()).mean()))
+    assert shift["kl"] == pytest.approx(float(torch.nn.functional.kl_div(q.log(), p, reduction="batchmean")))
+    assert shift["log_prob_change"] < 0 and shift["kl"] > 0
 
 
 # ------------------------------------------------------------------ Fig. 4

@@ -67,8 +67,13 @@ def _record(run_dir, episodes=(5, 9), seed=0):
 def test_a_decision_owed_to_the_frame_k_steps_ago_puts_its_share_there(tmp_path, method):
     _record(tmp_path)
     run = load_trace(tmp_path)
-    shares, gap = window_attribution(_lag_policy(), run, method=method, progress=False)
+    shares, gap, completeness = window_attribution(_lag_policy(), run, method=method, progress=False)
     assert shares.shape == (14, WINDOW) and shares.dtype == np.float32 and gap < 1e-5
+    if method == "ablation":
+        assert completeness is None
+    else:   # every decision's attribution sums to its output's change from the black window, within 5%
+        assert completeness["decisions"] == 14 and completeness["incomplete"] == 0
+        assert completeness["ratio"]["max"] < 0.05 and completeness["steps"]["median"] >= 8
     for first, length in ((0, 5), (5, 9)):
         for a in range(length):
             row = shares[first + a]
@@ -116,7 +121,7 @@ def test_the_window_file_round_trips_and_refuses_another_trace(tmp_path):
     assert path == run_dir / WINDOW_FILE
     run = load_trace(run_dir)
     loaded = load_window_attribution(run_dir, trace=run)
-    expected, _ = window_attribution(_lag_policy(), run, method="ablation", progress=False)
+    expected, _, _ = window_attribution(_lag_policy(), run, method="ablation", progress=False)
     np.testing.assert_array_equal(loaded.shares, expected)           # NaN where NaN
     meta = loaded.metadata
     assert (meta["format"], meta["version"], meta["num_steps"], meta["method"], meta["window"]) == \
@@ -137,7 +142,7 @@ def test_a_steering_policys_window_shares(tmp_path):
 
     make_synthetic_run(tmp_path, steps=5, frame_size=(160, 320), with_saliency=False)
     policy = untrained_udacity_policy()
-    shares, gap = window_attribution(policy, tmp_path, method="ablation", progress=False)
+    shares, gap, _ = window_attribution(policy, tmp_path, method="ablation", progress=False)
     W = policy.config.core.window
     assert shares.shape == (5, W) and gap < 1e-4
     np.testing.assert_allclose(np.nansum(shares, axis=1), 1.0, atol=1e-5)

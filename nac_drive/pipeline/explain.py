@@ -13,7 +13,8 @@ one function here that returns a JSON-able dict: ``fig4`` (:func:`fig4_section`,
 Fig. 4 claim), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
 (:func:`saliency_section`, how faithful the saliency maps are), ``window``
 (:func:`window_section`, which past frame each decision used; also
-``RUN_DIR/window_attribution.npz``, which the dashboard shows) and ``closed_loop``
+``RUN_DIR/window_attribution.npz``, which the dashboard shows), ``mirror``
+(:func:`mirror_section`, whether the policy steers the other way on mirrored frames) and ``closed_loop``
 (:func:`closed_loop_section`, chosen neurons silenced while the policy drives), besides
 ``task``, ``run``, ``policy``, ``trace_sha256`` and ``drive`` (the traced drive's figures).
 NaN is written as null.
@@ -61,7 +62,8 @@ class ExplainArgs:
                                       "second)", min=1)
     speed: float | None = arg(None, "Udacity only: the set speed in mph of the bridge's speed controller "
                                     "(default 9)", above=0)
-    frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons (default all)",
+    frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons and mirroring "
+                                   "frames (default all)",
                              min=1, group=MEASURES)
     closed_loop_tracks: int = arg(10, "held-out tracks the intact policy, each chosen neuron clamped and each part "
                                       "of the attention replaced drive (0: no closed-loop check); the verb's longest "
@@ -139,6 +141,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "saliency": (saliency_section(run, policy, args.saliency_frames, seed, progress)
                      if args.saliency_frames else None),
         "window": window_section(run_dir, policy, window_method, progress) if window_method else None,
+        "mirror": mirror_section(run, policy, args.frames),
     }
     report["closed_loop"] = closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
                                                 args.closed_loop_top, args.closed_loop_random, seed, seed_base,
@@ -172,20 +175,33 @@ def saliency_section(run, policy, frames: int = 500, seed: int = 0, progress: bo
     return jsonable(result)
 
 
+def mirror_section(run, policy, frames: int | None = None) -> dict:
+    """Whether the policy turns the other way on its run's frames mirrored left-right, on up
+    to ``frames`` steps (:func:`~nac_drive.interpret.mirror.mirror_check`)."""
+    from nac_drive.interpret.mirror import mirror_check
+
+    return jsonable(mirror_check(policy, run, max_frames=frames))
+
+
 def window_section(run_dir: Path, policy, method: str = "integrated_gradients", progress: bool = False) -> dict:
     """Which frame of the window each decision used: writes ``RUN_DIR/window_attribution.npz``
     (:func:`~nac_drive.interpret.temporal_attribution.compute_window_attribution`) and returns
     the mean share of each frame (0 = the current one) over the steps whose window is full,
-    and how often the current frame has the largest share."""
+    how often the current frame has the largest share, and ``completeness`` (Integrated
+    Gradients: the steps each decision needed and how far its attribution's sum is from the
+    output's change, :func:`~nac_drive.interpret.temporal_attribution.completeness_summary`;
+    None for ablation)."""
     from nac_drive.interpret.temporal_attribution import compute_window_attribution, load_window_attribution
     from nac_drive.interpret.trace import load_trace
 
     path = compute_window_attribution(policy, run_dir, method, progress=progress)
-    shares = load_window_attribution(path, trace=load_trace(run_dir)).shares
+    attribution = load_window_attribution(path, trace=load_trace(run_dir))
+    shares = attribution.shares
     full = shares[np.isfinite(shares).all(axis=1) & (shares.sum(axis=1) > 0)]
     return jsonable({"method": method, "file": path.name, "window": shares.shape[1], "full_window_steps": len(full),
                      "mean_share_by_frames_ago": full.mean(axis=0) if len(full) else [],
-                     "current_frame_largest": float((full.argmax(axis=1) == 0).mean()) if len(full) else None})
+                     "current_frame_largest": float((full.argmax(axis=1) == 0).mean()) if len(full) else None,
+                     "completeness": attribution.metadata.get("completeness")})
 
 
 def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,

@@ -24,13 +24,17 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   frames: RISE deletion and insertion AUC (the chosen action's probability, Udacity: the
   steering output signed towards the side steered, as the most salient pixels are removed
   from the frame, or added to a blurred copy; lower deletion and higher insertion = more
-  faithful) for Grad-CAM, Integrated Gradients, Occlusion and random
-  maps, with 95% bootstrap intervals, and the model-randomisation sanity check (Spearman
+  faithful) for Grad-CAM, Integrated Gradients, Occlusion and random maps (pixel noise, noise
+  on Grad-CAM's grid, noise per Occlusion patch), with 95% block-bootstrap intervals (whole
+  episodes, or stretches of neighbouring frames, resampled), each method paired with each
+  random baseline on the same frames, and the model-randomisation sanity check (Spearman
   correlation of each method's maps with those of the policy with its head, head + core,
   whole model randomised: a faithful method's maps change);
 * window: which of the window's frames each decision used (Integrated Gradients over the
   window, or one frame removed at a time), written to RUN_DIR/window_attribution.npz for
   the dashboard;
+* mirror: each frame flipped left-right, how often the policy then turns the other way
+  where it turned (CarRacing's left and right actions swap; Udacity's steering changes sign);
 * closed_loop: the neurons whose silencing costs most and some random ones, clamped while
   the policy drives, then each part of the attention replaced: Top-K by q . k by K random
   keys and by the K most recent, t_ij by its mean per head, the weights by uniform ones;
@@ -94,6 +98,9 @@ def run(namespace: argparse.Namespace) -> int:
     if report["window"]:
         print()
         print("\n".join(format_window(report["window"])))
+    if report.get("mirror"):
+        print()
+        print("\n".join(format_mirror(report["mirror"])))
     if report["closed_loop"]["neurons"]:
         print()
         print("\n".join(format_closed_loop(report["closed_loop"])))
@@ -151,13 +158,14 @@ def format_atlas(atlas: dict, rows: int) -> list[str]:
     decision = "steering's side" if steering else "action"
 
     def figures(row) -> str:
-        change = f"{_num(row.get('steering_change'), '.4f'):>14}" if steering else ""
-        return f"{_num(row['agreement']):>20}{change}"
+        if steering:
+            return f"{_num(row['agreement']):>20}{_num(row.get('steering_change'), '.4f'):>14}"
+        return f"{_num(row['agreement']):>20}{_num(row.get('log_prob_change'), '+.4f'):>12}{_num(row.get('kl'), '.4f'):>9}"
 
     lines = [f"Neuron atlas: {atlas['frames']} frames replayed (the intact replay chooses the recorded {decision} on "
              f"{100 * atlas['replay_agrees_with_run']:.1f}% of them); MI bias ~{atlas['mi_bias_bits']:.3f} bits",
              f"{'rank':>4}  {'neuron':<16}{'AUROC R>L':>10}{'MI bits':>9}{'agreement silenced':>20}"
-             + (f"{'|d steering|':>14}" if steering else "")]
+             + (f"{'|d steering|':>14}" if steering else f"{'d log p':>12}{'KL':>9}")]
     for i, row in enumerate(atlas["neurons"][:rows], 1):
         lines.append(f"{i:>4}  {row['name']:<16}{_num(row['auroc']):>10}{_num(row['mi_bits']):>9}{figures(row)}")
     push = "on the steering" if steering else "left vs right"
@@ -168,6 +176,9 @@ def format_atlas(atlas: dict, rows: int) -> list[str]:
     if steering:
         lines.append(f"(agreement: the share of frames whose steering keeps its side, within +-{atlas['deadband']:g} "
                      f"straight; |d steering|: its mean change)")
+    else:
+        lines.append("(agreement: the share of frames with the same chosen action; d log p: the mean change of that "
+                     "action's log-probability; KL: the mean KL(intact || silenced), nats)")
     return lines
 
 
@@ -187,16 +198,60 @@ def format_saliency(saliency: dict) -> list[str]:
                      + "".join(f"{_num(m['sanity_spearman'][st]['mean'], '.2f'):>12}" for st in stages))
     lines.append("(rho: Spearman correlation with the maps of the policy whose head / head + core / whole model "
                  "was randomised; near 1 = the maps do not depend on what was learnt)")
+    return lines + format_paired(saliency)
+
+
+def format_paired(saliency: dict) -> list[str]:
+    """Each method against each random baseline on the same frames, as text lines: the mean
+    per-frame AUC difference and its block-bootstrap 95% interval."""
+    paired, blocks = saliency.get("paired") or {}, saliency.get("blocks") or {}
+    if not any(paired.values()):
+        return []
+
+    def change(c) -> str:
+        ci = c["ci95"]
+        return f"{_num(c['mean'], '+.3f')} [{_num(ci[0] if ci else None, '+.3f')}, {_num(ci[1] if ci else None, '+.3f')}]"
+
+    unit = "episodes" if blocks.get("by") == "episode" else f"stretches of {blocks.get('frames_per_block')} frames"
+    lines = [f"Paired on the same frames, method - random baseline (95% block bootstrap over {blocks.get('count')} "
+             f"blocks: {unit}):",
+             f"{'method':<22}{'baseline':<18}{'deletion AUC diff':>28}{'insertion AUC diff':>28}"]
+    for name, against in paired.items():
+        for baseline, c in against.items():
+            lines.append(f"{name:<22}{baseline:<18}{change(c['deletion_auc']):>28}{change(c['insertion_auc']):>28}")
+    lines.append("(faithful: deletion below 0 and insertion above 0, the interval excluding 0; random_cam_grid is "
+                 "noise on Grad-CAM's grid, random_patches noise per Occlusion patch)")
     return lines
 
 
 def format_window(window: dict) -> list[str]:
     """The window-attribution section as text lines."""
     shares = window["mean_share_by_frames_ago"]
-    return [f"Which frame each decision used ({window['method']}, {window['full_window_steps']} steps with a full "
-            f"window of {window['window']}): mean share by frames ago",
-            "  " + " ".join(f"{a}:{_num(x, '.3f')}" for a, x in enumerate(shares)),
-            f"  the current frame has the largest share on {_num(window['current_frame_largest'], '.1%')} of them"]
+    lines = [f"Which frame each decision used ({window['method']}, {window['full_window_steps']} steps with a full "
+             f"window of {window['window']}): mean share by frames ago",
+             "  " + " ".join(f"{a}:{_num(x, '.3f')}" for a, x in enumerate(shares)),
+             f"  the current frame has the largest share on {_num(window['current_frame_largest'], '.1%')} of them"]
+    complete = window.get("completeness")
+    if complete:
+        lines.append(f"  Integrated Gradients' steps: median {_num(complete['steps']['median'], '.0f')}, max "
+                     f"{_num(complete['steps']['max'], '.0f')}; |sum(attr) - output change|: median "
+                     f"{_num(complete['error']['median'])}, max {_num(complete['error']['max'])} on changes of median "
+                     f"{_num(complete['difference']['median'])} (ratio max {_num(complete['ratio']['max'])}; "
+                     f"{complete['incomplete']} of {complete['decisions']} decisions above "
+                     f"{complete['tolerance']:g} at the cap)")
+    return lines
+
+
+def format_mirror(mirror: dict) -> list[str]:
+    """The mirrored-frames check as text lines."""
+    turns = "steers outside the deadband" if mirror["decision"] == "steering side" else "turns"
+    lines = [f"Mirrored frames ({mirror['frames']} frames flipped left-right): where the intact policy {turns} "
+             f"({mirror['turn_frames']} frames), the mirrored frame turns the other way on "
+             f"{_num(mirror['flips'], '.1%')} and the same way on {_num(mirror['stays'], '.1%')}; its decision is the "
+             f"mirror of the intact one on {_num(mirror['mirror_agreement'], '.1%')} of all frames"]
+    if mirror.get("steering_symmetry_error") is not None:
+        lines.append(f"  mean |mirrored steering + intact steering|: {mirror['steering_symmetry_error']:.4f}")
+    return lines
 
 
 def format_closed_loop(closed: dict) -> list[str]:

@@ -1,0 +1,115 @@
+"""Mirrored frames (nac_drive.interpret.mirror): a hand-built policy that steers towards the
+brighter half of the frame turns the other way on every mirrored turn; a policy that ignores
+the image keeps its turn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nac_drive.interpret.mirror import action_mirror, mirror_check, mirrored_frame
+from nac_drive.interpret.trace import RunRecorder, load_trace
+from nac_drive.simulators.carracing import ACTION_NAMES
+
+torch.set_num_threads(1)
+LEFT, RIGHT = ACTION_NAMES.index("left"), ACTION_NAMES.index("right")
+
+
+class HalvesDifference(nn.Module):
+    """An encoder whose feature 0 is the mean of the frame's left half minus its right half
+    (a mirror negates it); the other features are 0."""
+
+    frame_shape = (3, 96, 96)
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        half = frames.shape[-1] // 2
+        grey = frames.float().mean(1)
+        features = torch.zeros(len(frames), self.dim)
+        features[:, 0] = grey[..., :half].mean((1, 2)) - grey[..., -half:].mean((1, 2))
+        return features
+
+
+class PassThrough(nn.Module):
+    """A temporal core that outputs each frame's features as they are."""
+
+    def forward(self, x, t=None, return_trace=False):
+        return x
+
+    def init_state(self, batch: int):
+        return None
+
+    def step(self, x_t, state, t=None, return_trace=False):
+        return x_t, state
+
+
+def _policy(reads_the_image: bool):
+    """A discrete CarRacing policy: LEFT where the left half is brighter and RIGHT where the
+    right half is (reads_the_image), or LEFT always."""
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(window=4, d_model=16, num_heads=2, topk=2)))
+    dim = policy.config.feature_dim
+    policy.encoder, policy.core = HalvesDifference(dim), PassThrough()
+    policy.head = nn.Linear(dim, len(ACTION_NAMES))
+    with torch.no_grad():
+        policy.head.weight.zero_()
+        policy.head.bias.fill_(-10.0)
+        if reads_the_image:
+            policy.head.weight[LEFT, 0], policy.head.weight[RIGHT, 0] = 100.0, -100.0
+        else:
+            policy.head.bias[LEFT] = 1.0
+    return policy.eval()
+
+
+def _run(run_dir, episodes=(12, 9), seed=0):
+    """Frames whose left or right half is brighter, at random, in episodes of these lengths."""
+    rng = np.random.default_rng(seed)
+    recorder = RunRecorder(run_dir, action_names=list(ACTION_NAMES))
+    for length in episodes:
+        recorder.new_episode()
+        for step in range(length):
+            frame = rng.integers(0, 100, (96, 96, 3), dtype=np.uint8)
+            frame[:, :48] += np.uint8(rng.integers(0, 2) * 100)           # the left half brighter, or not
+            frame[:, 48:] += np.uint8(rng.integers(0, 2) * 100)
+            recorder.add(frame, policy_action=np.array([0]), timestamp=0.02 * step)
+    recorder.save()
+    return load_trace(run_dir)
+
+
+def test_the_action_table_mirrors_left_and_right_only():
+    mirror = action_mirror(ACTION_NAMES)
+    assert mirror[LEFT] == RIGHT and mirror[RIGHT] == LEFT
+    assert all(mirror[i] == i for i in range(len(ACTION_NAMES)) if i not in (LEFT, RIGHT))
+    frame = np.arange(2 * 3 * 3).reshape(2, 3, 3)
+    np.testing.assert_array_equal(mirrored_frame(frame)[:, 0], frame[:, -1])
+    np.testing.assert_array_equal(mirrored_frame(mirrored_frame(frame)), frame)
+
+
+def test_a_symmetric_policy_turns_the_other_way_on_mirrored_frames(tmp_path):
+    result = mirror_check(_policy(reads_the_image=True), _run(tmp_path))
+    assert result["frames"] == 21 and result["decision"] == "action"
+    assert 5 <= result["turn_frames"] <= 21                 # it turns where one half is brighter
+    assert result["flips"] == 1.0 and result["stays"] == 0.0
+    assert result["mirror_agreement"] == 1.0                # straight stays straight too
+
+
+def test_a_policy_that_ignores_the_image_keeps_its_turn(tmp_path):
+    result = mirror_check(_policy(reads_the_image=False), _run(tmp_path), max_frames=10)
+    assert result["frames"] == 10 and result["turn_frames"] == 10      # LEFT always
+    assert result["flips"] == 0.0 and result["stays"] == 1.0 and result["mirror_agreement"] == 0.0
+
+
+def test_the_mirror_check_needs_left_and_right(tmp_path):
+    recorder = RunRecorder(tmp_path, action_names=["a", "b"])
+    recorder.new_episode()
+    recorder.add(np.zeros((96, 96, 3), np.uint8), policy_action=np.array([0]), timestamp=0.0)
+    recorder.save()
+    with pytest.raises(ValueError, match="left"):
+        mirror_check(_policy(True), tmp_path)
