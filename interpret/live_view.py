@@ -413,6 +413,9 @@ def check_rrd_path(path: str | os.PathLike, flag: str = "--rerun", overwrite: bo
         raise ValueError(f"{flag}: expected a file name ending in .rrd, got {str(path)!r}")
     if path.is_dir() or not path.parent.is_dir():
         raise ValueError(f"{flag}: cannot write {path} (it is a folder, or its folder does not exist)")
+    if path.exists() and not path.is_file():   # a FIFO would block the writer with no word
+        raise ValueError(f"{flag}: {path} is not a regular file (a FIFO or a device); a recording is written to a "
+                         "file of its own")
     if not overwrite and os.path.lexists(path):
         raise FileExistsError(f"{flag}: {path} exists; a drive never overwrites a recording: remove it or name "
                               "another file")

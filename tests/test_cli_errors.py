@@ -177,3 +177,17 @@ def test_python_m_nac_drive_is_the_command(tmp_path):
                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "nac-drive drive: error: --rerun: expected a file name ending in .rrd, got 'run.mp4'"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("argv", [["drive", "carracing", "--episodes", "1", "--rerun"], ["dashboard", MISSING, "--rrd"]])
+def test_a_fifo_as_the_recording_is_refused_before_any_work(tmp_path, argv):
+    """A FIFO given as the .rrd once hung the drive with no word (its writer blocks until a
+    reader opens the other end)."""
+    fifo = tmp_path / "live.rrd"
+    os.mkfifo(fifo)
+    out = run_cli([*argv, str(fifo)], tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].endswith(f"{fifo} is not a regular file (a FIFO or a device); a "
+                                                        "recording is written to a file of its own")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live.rrd"]
