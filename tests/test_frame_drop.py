@@ -277,3 +277,18 @@ def test_the_drive_reports_its_dropped_frames_and_the_cli_refuses_what_cannot_ap
         refused = cli(*args)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, (args, refused.stderr[-2000:])
         assert refused.stderr.strip().splitlines()[-1].endswith(error), (args, refused.stderr[-500:])
+
+
+def test_a_perturbed_drive_names_its_perturbation_in_its_trace(tmp_path):
+    """The trace of a drive under --perturb once did not say so: its replays could not be told
+    from a plain drive's."""
+    from nac_drive.interpret.trace import load_trace
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing, drive_udacity_emulator
+
+    for perturb, expected in ((None, None), ("frame-drop=0.25", {"name": "frame-drop", "level": 0.25})):
+        summary = drive_carracing(DriveArgs(episodes=1, max_steps=10, trace=str(tmp_path / "car"), perturb=perturb),
+                                  progress=False)
+        assert load_trace(summary["trace"]).metadata["run"]["perturbation"] == expected
+    summary = drive_udacity_emulator(tracks=["random-900000"], frames=10, trace_dir=tmp_path / "udacity",
+                                     perturb="frame-drop=0.5", progress=False)
+    assert load_trace(summary["trace"]).metadata["run"]["perturbation"] == {"name": "frame-drop", "level": 0.5}

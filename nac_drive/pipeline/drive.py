@@ -93,7 +93,7 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
         oracle = PurePursuitTeacher(continuous=continuous)
     if trace_dir is not None:
         names = list(ACTION_NAMES) if not continuous else ["steer", "gas", "brake"]
-        recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names)
+        recorder = policy_recorder(trace_dir, policy, policy_path, "CarRacing-v3", names, args.perturb)
     with live_view(live, policy, raise_failure=False) as view:
         driver = PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view, drops=frame_drops(args.perturb))
         summary = _drive_and_score(policy, driver, args, progress, recorded)
@@ -253,7 +253,7 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     policy = task_policy(policy_path, "udacity")
     recorder = None
     if trace_dir is not None:
-        recorder = policy_recorder(trace_dir, policy, policy_path, ENV_ID, ["steering"])
+        recorder = policy_recorder(trace_dir, policy, policy_path, ENV_ID, ["steering"], perturb)
         recorder.metadata.update(tracks=tracks, speed_mph=speed)
     driver = PolicyDriver(policy, recorder=recorder, drops=frame_drops(perturb))
     envs = [udacity_emulator_env(t, speed) for t in tracks]
@@ -372,10 +372,11 @@ def policy_nac(policy):
     return policy.core.nac if policy.config.core.core == "nac" else None
 
 
-def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list[str]):
+def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list[str], perturb: str | None = None):
     """A RunRecorder for a policy's closed-loop run (its NAC's wiring included) into a new run
     folder, ``trace_dir`` or, if that exists, ``trace_dir-2``, ... (a run never overwrites
-    another run's trace), created only once the policy can be traced."""
+    another run's trace), created only once the policy can be traced. Its metadata names the
+    run's ``perturbation`` (``--perturb``; None for a plain drive)."""
     from dataclasses import asdict
 
     from nac_drive.interpret.trace import RunRecorder
@@ -383,7 +384,8 @@ def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list
 
     nac = policy_nac(policy)   # an ONNX policy is refused before any folder exists
     return RunRecorder(fresh_dir(trace_dir), metadata={"env": env, "policy": str(policy_path or "shipped"),
-                                                       "policy_config": asdict(policy.config)},
+                                                       "policy_config": asdict(policy.config),
+                                                       "perturbation": perturbation_record(perturb)},
                        nac=nac, action_names=action_names, expert_action_names=action_names)
 
 
@@ -425,7 +427,7 @@ def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None
     policy = task_policy(args.policy, "udacity", args.device)
     recorder = None
     if args.trace:
-        recorder = policy_recorder(args.trace, policy, args.policy, "udacity", ["steering"])
+        recorder = policy_recorder(args.trace, policy, args.policy, "udacity", ["steering"], args.perturb)
         print(f"trace folder: {recorder.run_dir}", file=sys.stderr)
     try:
         with live_view(live, policy) as view:
