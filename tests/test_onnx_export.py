@@ -304,6 +304,21 @@ def test_a_core_that_loops_over_its_frames_is_refused_before_any_export_work(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfc", "gru", "lstm", "ltc"]
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_any_export_work(tmp_path, capsys, monkeypatch):
+    """export once found out only after 10-40 s of exporting, naming its hidden temporary file."""
+    def no_export(*args, **kwargs):
+        raise AssertionError("the exporter ran")
+
+    monkeypatch.setattr(torch.onnx, "export", no_export)
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a folder must go")
+    line = one_line_error(capsys, "export", blocker / "out.onnx")
+    assert f"{blocker}: cannot write there" in line and ".tmp" not in line, line
+    (tmp_path / "taken.onnx").mkdir()
+    line = one_line_error(capsys, "export", tmp_path / "taken.onnx")
+    assert "is a folder; the output is a file of that name" in line, line
+
+
 def test_an_export_that_fails_its_check_leaves_no_file(tmp_path, capsys, monkeypatch):
     """The file takes its name only after OnnxPolicy loads it and onnxruntime runs it; a failure
     removes it, and the one line names the output, never the hidden temporary file."""

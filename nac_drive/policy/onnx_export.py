@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nac_drive.io.atomic import atomic_write
+from nac_drive.io.atomic import atomic_write, check_writable
 from nac_drive.nac import NACCache
 from nac_drive.policy.driving_policy import DrivingPolicy
 from nac_drive.policy.onnx_policy import (EXTRA_HINT, FORMAT, GRAPHS, INPUTS, META_CONFIG, META_FORMAT, META_GRAPH,
@@ -106,6 +106,7 @@ def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step") ->
     (atomically): :class:`OnnxPolicy` loads it and onnxruntime runs it on example inputs beside
     torch; a file that fails is removed. Returns ``{"path", "graph", "max_abs_diff"}``."""
     check_exportable(policy, graph)
+    check_writable(path)   # before the 10-40 s of exporting
     try:
         import onnx   # noqa: F401  (torch's exporter needs onnx and onnxscript)
         import onnxscript  # noqa: F401
