@@ -337,3 +337,28 @@ def test_dashboard_rrd_whose_writer_fails_ends_in_one_line_and_leaves_no_file(tm
     assert err[-1] == (f"nac-drive dashboard: error: --rrd: the recording to {out} failed (File-writer thread shut "
                        "down prematurely); the partial file was removed"), err
     assert not out.exists()
+
+
+def test_a_drive_terminated_closes_its_recording_whole(tmp_path, monkeypatch):
+    """After SIGTERM the .rrd once had no footer (`rerun rrd verify` failed): the drive died where
+    it stood. Now SIGTERM ends the verb as Ctrl-C does, closing what it writes, exit 143."""
+    import signal
+
+    from nac_drive.interpret.live_view import rerun_executable, viewer_config_home
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rrd = tmp_path / "drive.rrd"
+    drive = subprocess.Popen([NAC_DRIVE, "drive", "carracing", "--episodes", "3", "--rerun", str(rrd),
+                              "--no-live-saliency"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    deadline = time.monotonic() + 300
+    while not (rrd.exists() and rrd.stat().st_size > 50_000) and drive.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert drive.poll() is None, drive.stderr.read()[-2000:]   # still driving: 3 whole episodes take minutes
+    drive.send_signal(signal.SIGTERM)
+    _, err = drive.communicate(timeout=60)
+    assert drive.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == "nac-drive drive: terminated (SIGTERM); what it wrote is closed"
+    verify = subprocess.run([rerun_executable(), "rrd", "verify", str(rrd)], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "XDG_CONFIG_HOME": str(viewer_config_home())})
+    assert verify.returncode == 0, verify.stderr[-2000:]

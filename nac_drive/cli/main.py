@@ -13,11 +13,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 # Exit codes: 0 done, 1 a bug (an unexpected exception), 2 bad input or an unusable file,
-# folder or port (argparse uses 2 for bad flags too), 130 interrupted.
-EXIT_BUG, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+# folder or port (argparse uses 2 for bad flags too), 130 interrupted (Ctrl-C), 143 terminated.
+EXIT_BUG, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the verb is, as Ctrl-C is: its ``finally`` blocks and context
+    managers close what it writes (a ``.rrd`` gets its footer, a trace its last chunk)."""
+
+
+def _terminate(signum, frame) -> None:
+    if os.getpid() != _terminate.pid:   # a forked worker that kept the handler: end as SIGTERM would
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated
 
 # Verb modules under nac_drive.cli.commands, in the order --help lists them.
 COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "tune", "compare", "drive", "export", "saliency",
@@ -57,8 +72,14 @@ def run_verb(args: argparse.Namespace) -> int:
     exit 2; anything else is a bug and ends in one line and exit 1.
     ``NAC_DRIVE_TRACEBACK=1`` lets the exception through, traceback and all."""
     name = f"nac-drive {args.command}"
+    _terminate.pid = os.getpid()
+    in_main_thread = threading.current_thread() is threading.main_thread()   # where handlers can be set
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         return int(args.func(args) or 0)
+    except Terminated:
+        print(f"{name}: terminated (SIGTERM); what it wrote is closed", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -72,4 +93,6 @@ def run_verb(args: argparse.Namespace) -> int:
         print(f"{name}: unexpected {type(e).__name__}: {message} (a bug: please report it; "
               f"NAC_DRIVE_TRACEBACK=1 shows where it happened)", file=sys.stderr)
         return EXIT_BUG
-
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
