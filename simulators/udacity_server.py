@@ -53,6 +53,7 @@ import socketio  # noqa: E402
 from engineio import packet as engineio_packet  # noqa: E402
 from engineio.async_drivers import eventlet as engineio_eventlet  # noqa: E402
 
+from nac_drive.io import bounded_json  # noqa: E402
 from nac_drive.simulators.udacity_bridge import Busy, UdacityBridge  # noqa: E402
 
 if int(version("python-socketio").split(".")[0]) >= 5:   # the bridge reports it as a missing extra
@@ -171,6 +172,9 @@ class _BridgeSocketIO(socketio.Server):
     def _handle_eio_message(self, sid, data):
         if not isinstance(data, str) or data[:1] in ("5", "6"):  # Socket.IO BINARY_EVENT / BINARY_ACK
             self._warn_once("binary_packet", f"dropped a binary packet from {sid}")
+            return
+        if not bounded_json.within_depth(data):   # json.loads would recurse into a RecursionError
+            self._warn_once("deep_packet", f"dropped a packet nested deeper than {bounded_json.MAX_DEPTH} from {sid}")
             return
         super()._handle_eio_message(sid, data)
 

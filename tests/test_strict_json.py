@@ -1,4 +1,5 @@
-"""What the package writes as JSON (reports and every verb's --json line) is strict JSON."""
+"""What the package writes as JSON (reports and every verb's --json line) is strict JSON, and what it
+reads is bounded in depth."""
 
 import json
 
@@ -32,3 +33,14 @@ def test_the_json_line_is_printed_only_when_asked_and_is_strict(capsys):
     line = capsys.readouterr().out
     assert line.endswith("\n") and line.count("\n") == 1
     assert strict(line) == {"mean_return": None, "seeds": [900000]}
+
+
+def test_the_depth_bound_counts_brackets_outside_strings_only():
+    from nac_drive.io.bounded_json import MAX_DEPTH, loads, within_depth
+
+    nested = lambda n: "[" * n + "]" * n   # noqa: E731
+    assert within_depth(nested(MAX_DEPTH)) and not within_depth(nested(MAX_DEPTH + 1))
+    in_a_string = json.dumps({"image": "[{" * 500, "steering": [[1]]})   # 1000 brackets, 3 deep
+    assert within_depth(in_a_string) and loads(in_a_string)["steering"] == [[1]]
+    with pytest.raises(ValueError, match=f"deeper than {MAX_DEPTH}"):
+        loads(nested(100_000))

@@ -298,3 +298,19 @@ def test_a_connection_that_sends_no_telemetry_gives_the_seat_back_within_the_idl
     summary = bridge.json_summary()
     assert (summary["connects"], summary["disconnects"]) == (2, 2)
     assert summary["refused"] >= 1 and summary["messages"] == 4
+
+
+def test_a_message_nested_100k_deep_is_dropped_and_the_driver_drives_on(bridge):
+    """A 200 kB telemetry of 100,000 nested arrays, under the size cap, reached json.loads, whose
+    recursion ended in a RecursionError inside python-socketio; every JSON the bridge reads is
+    now parsed with its depth bounded (nac_drive.io.bounded_json)."""
+    bridge, port = bridge
+    driver = Driver(port)
+    driver.drive(2)
+    deep = "[" * 100_000 + "]" * 100_000
+    assert len(deep) < MAX_MESSAGE_BYTES
+    driver.ws.send('42["telemetry",' + deep + "]")
+    driver.drive(3)   # the same connection, its count untouched: the deep message was no frame
+    bridge.stop()
+    err = "".join(bridge.err)
+    assert "RecursionError" not in err and "Traceback" not in err, err[-2000:]

