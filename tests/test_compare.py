@@ -2,6 +2,7 @@
 
 import csv
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -307,3 +308,35 @@ def test_a_second_comparison_into_one_folder_is_refused_before_it_trains(dataset
             compare(CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16,
                                 epochs=1, windows_per_epoch=32, progress=False))
     assert sorted(p.name for p in out.iterdir()) == []   # nothing trained, nothing written; the first's lock gone
+
+
+def test_a_killed_pairs_behaviour_cloning_goes_on_from_its_last_epoch(dataset, tmp_path, monkeypatch):
+    """A comparison killed mid-training once left that run behind and trained the pair again
+    into gru__s0-2."""
+    import nac_drive.pipeline.train as training
+
+    out = tmp_path / "cmp"
+    args = CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16, epochs=2,
+                       windows_per_epoch=32, progress=False)
+    real, calls = training.evaluate, []
+
+    def killed_in_epoch_two(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(training, "evaluate", killed_in_epoch_two)
+    with pytest.raises(KeyboardInterrupt):
+        compare(args)
+    monkeypatch.setattr(training, "evaluate", real)
+    run = out / "runs" / "gru__s0"
+    assert json.loads((run / "last" / "train_state.json").read_text())["epoch"] == 0   # epoch 1 kept
+    report = compare(args)
+    assert report["variants"][0]["runs"] == [str(run)]   # the same folder, no gru__s0-2
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.name.startswith("gru__s0")) == ["gru__s0"]
+    with open(run / "metrics.csv") as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["1", "2"]   # epoch 2 trained once, after the kill
+    with pytest.raises(ValueError, match="a killed comparison trained it with other epochs"):
+        (out / "results" / "gru__s0.json").unlink()
+        compare(replace(args, epochs=3))

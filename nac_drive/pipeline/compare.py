@@ -28,7 +28,8 @@ with ``--curve-episodes`` a learning curve (held-out return against demonstratio
 Results go to ``OUT/compare.json`` and ``OUT/compare.md``; each (variant, seed) keeps its
 run folder under ``OUT/runs`` and its result in ``OUT/results``, so a killed comparison
 starts again where it stopped (with the same data and budget: a result of another is
-refused). ``--workers N`` trains and drives N runs at once, one process each with one
+refused): a finished pair is kept, a pair's behaviour cloning goes on from its last epoch,
+its DAgger rounds start again. ``--workers N`` trains and drives N runs at once, one process each with one
 torch thread (on 2 cores, two workers finish about twice as fast as one process). TensorBoard's HParams table (``tensorboard --logdir OUT/runs``) shows the same
 runs with their validation and ``closed_loop/`` metrics.
 """
@@ -37,7 +38,7 @@ runs with their validation and ``closed_loop/`` metrics.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,6 @@ def _results_in_processes(args: CompareArgs, jobs: list[tuple[str, int]], out: P
     """:func:`_result` for every job, ``args.workers`` at a time, each in a process with one
     torch thread; one bar counts the finished runs. A failed run stops the comparison once the
     runs under way end (what they finish is kept; none is started after it)."""
-    from dataclasses import replace
     from functools import partial
 
     from nac_drive.pipeline.processes import map_in_processes
@@ -252,11 +252,10 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
     from nac_drive.pipeline.train import best_epoch, train
 
     path = out / RESULTS / f"{variant}__s{seed}.json"
-    run_dir = train(TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed,
-                              window=args.window, epochs=args.epochs, windows_per_epoch=args.windows_per_epoch,
-                              eval_episodes=0, progress=args.progress, device=args.device,
-                              **variant_settings(args, variant)),
-                    threads=threads)
+    bc = TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed, window=args.window,
+                   epochs=args.epochs, windows_per_epoch=args.windows_per_epoch, eval_episodes=0,
+                   progress=args.progress, device=args.device, **variant_settings(args, variant))
+    run_dir = train(replace(bc, resume=_killed_before(bc)), threads=threads)
     best = best_epoch(run_dir / "metrics.csv")
     task = read_json(run_dir / "train_args.json")["data_info"]["task"]
     final, curve = run_dir / "best", None
@@ -281,6 +280,23 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
                        dropped or None)
     write_json(path, vars(result))
     return result
+
+
+def _killed_before(bc: TrainArgs) -> bool:
+    """Whether a comparison killed before it wrote this pair's result left its behaviour-cloning
+    run with a checkpoint (``last/``): it is continued (a whole one trains no epoch more), never
+    trained again into ``<run>-2``. One trained with other arguments is refused in one line."""
+    from nac_drive.io.checkpoint import read_json
+
+    run_dir = Path(bc.out) / bc.run_name
+    if not (run_dir / "last" / "train_state.json").is_file():
+        return False
+    recorded, asked = read_json(run_dir / "train_args.json"), asdict(bc)
+    differ = sorted(k for k in asked if k not in ("progress", "resume", "device") and recorded.get(k) != asked[k])
+    if differ:
+        raise ValueError(f"{run_dir}: a killed comparison trained it with other {', '.join(differ)}; give another "
+                         "--out")
+    return True
 
 
 def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run: Path,
