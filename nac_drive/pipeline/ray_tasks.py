@@ -25,7 +25,7 @@ from typing import Any
 
 from nac_drive.fields import arg
 
-LOCAL = "local"   # --ray without an address: a new Ray on this machine (ray.init's own name for it)
+LOCAL = "local"   # --ray without an address: a new Ray on this machine, never one running already (ray.init's own name)
 EXTRA_HINT = "pip install 'nac-drive[cluster]'"
 RETRIES = 3       # times a job whose worker or node died runs again
 
@@ -52,7 +52,7 @@ def ray_session(address: str) -> Iterator[Any]:
     from nac_drive.torch_threads import available_cores
 
     if address == LOCAL:
-        ray.init(num_cpus=available_cores(), include_dashboard=False, log_to_driver=False)
+        ray.init(address=LOCAL, num_cpus=available_cores(), include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
     try:
