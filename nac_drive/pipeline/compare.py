@@ -30,7 +30,9 @@ run folder under ``OUT/runs`` and its result in ``OUT/results``, so a killed com
 starts again where it stopped (with the same data and budget: a result of another is
 refused): a finished pair is kept, a pair's behaviour cloning goes on from its last epoch,
 its DAgger rounds start again. ``--workers N`` trains and drives N runs at once, one process each with one
-torch thread (on 2 cores, two workers finish about twice as fast as one process). TensorBoard's HParams table (``tensorboard --logdir OUT/runs``) shows the same
+torch thread (on 2 cores, two workers finish about twice as fast as one process); ``--ray
+[ADDRESS]`` runs every (variant, seed) as a Ray task instead, on this machine or a cluster whose
+nodes see ``--data`` and ``--out`` at the same paths (a shared filesystem). TensorBoard's HParams table (``tensorboard --logdir OUT/runs``) shows the same
 runs with their validation and ``closed_loop/`` metrics.
 """
 # The CLI builds ``nac-drive compare``'s parser from this module: keep its imports light.
@@ -44,6 +46,7 @@ from typing import Any
 
 from nac_drive.devices import device_arg, resolve_device
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
+from nac_drive.pipeline.ray_tasks import ray_arg
 from nac_drive.pipeline.train_args import TrainArgs, read_tuned
 from nac_drive.pipeline.variants import VARIANTS
 from nac_drive.torch_threads import check_workers
@@ -73,6 +76,7 @@ class CompareArgs:
     device: str = device_arg()
     workers: int = arg(1, "runs trained and driven at once, one process each with one torch thread (at most the "
                           "cores; 1: one run after another, training on every core)", min=1)
+    ray: str | None = ray_arg()
     window: int = arg(16, "frames per training window (and the policy's causal window)", min=1, group="budget")
     epochs: int = arg(10, "training epochs of every run", min=1, group="budget")
     windows_per_epoch: int = arg(4096, "windows sampled per epoch", min=0, group="budget")
@@ -132,6 +136,8 @@ class CompareArgs:
                 unused["max_steps"] = "only with --episodes > 0 or --dagger-rounds > 0 (episodes to cap)"
         if self.tuned is not None:
             unused["d_model"] = "--tuned sets each variant's own (its best.json)"
+        if self.ray is not None:
+            unused["workers"] = "--ray runs as many runs at once as the Ray cluster has CPUs"
         if self.dagger_rounds == 0:
             unused.update({name: "only with --dagger-rounds > 0" for name in DAGGER_FIELDS})
         elif self.disturb_rate == 0:
@@ -196,7 +202,9 @@ def _compare(args: CompareArgs, out: Path) -> dict:
     jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
     finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
     todo = [job for job in jobs if finished[job] is None]
-    if args.workers > 1:
+    if args.ray is not None:
+        finished.update(_results_on_ray(args, todo, out))
+    elif args.workers > 1:
         finished.update(_results_in_processes(args, todo, out))
     else:
         finished.update({job: _result(args, out, job) for job in todo})
@@ -244,14 +252,47 @@ def _results_in_processes(args: CompareArgs, jobs: list[tuple[str, int]], out: P
     return dict(zip(jobs, results))
 
 
+def _results_on_ray(args: CompareArgs, jobs: list[tuple[str, int]], out: Path) -> dict:
+    """:func:`_trained` for every job as a Ray task (:func:`~nac_drive.pipeline.ray_tasks.tasks_on_ray`);
+    this process writes each result as it comes back, so a failed or stopped comparison keeps them."""
+    from functools import partial
+
+    from nac_drive.pipeline.ray_tasks import tasks_on_ray
+
+    where = out.resolve()   # a worker's working folder is not this process's: every path absolute
+    remote = replace(args, progress=False, data=str(Path(args.data).resolve()), out=str(where),
+                     tuned=args.tuned and str(Path(args.tuned).resolve()))
+    results = {}
+    for i, result in tasks_on_ray(partial(_trained, remote, where, threads=1), jobs, args.ray,
+                                  desc="runs" if args.progress else None, unit="run",
+                                  name=lambda job: "{}, seed {}".format(*job)):
+        result.run_dir = str(out / Path(result.run_dir).relative_to(where))   # as the other paths name it
+        results[jobs[i]] = _written(out, result)
+    return results
+
+
 def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | None = None) -> RunResult:
+    """:func:`_trained`, its result written to ``OUT/results``."""
+    return _written(out, _trained(args, out, job, threads))
+
+
+def _written(out: Path, result: RunResult) -> RunResult:
+    """``result`` written to ``OUT/results``."""
+    from nac_drive.io.checkpoint import write_json
+
+    path = out / RESULTS / f"{result.variant}__s{result.seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, vars(result))
+    return result
+
+
+def _trained(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | None = None) -> RunResult:
     """A (variant, seed) trained (``threads``: :func:`~nac_drive.pipeline.train.train`'s) and
-    its best checkpoint driven; the result is written to ``OUT/results``."""
+    its best checkpoint driven."""
     variant, seed = job
-    from nac_drive.io.checkpoint import read_json, write_json
+    from nac_drive.io.checkpoint import read_json
     from nac_drive.pipeline.train import best_epoch, train
 
-    path = out / RESULTS / f"{variant}__s{seed}.json"
     bc = TrainArgs(data=args.data, out=str(out / RUNS), run_name=f"{variant}__s{seed}", seed=seed, window=args.window,
                    epochs=args.epochs, windows_per_epoch=args.windows_per_epoch, eval_episodes=0,
                    progress=args.progress, device=args.device, **variant_settings(args, variant))
@@ -273,13 +314,10 @@ def _result(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | N
                 dropped[f"{share:g}"] = {k: v for k, v in drive.items() if k != "text"}
             else:
                 closed_loop = record_closed_loop(final.parent, drive)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    result = RunResult(variant, seed, str(final.parent), task, best["val_loss"],
-                       best["val_accuracy"] if task == "carracing" else None,
-                       best["val_loss"] if task == "udacity" else None, closed_loop, shared_budget(args), curve,
-                       dropped or None)
-    write_json(path, vars(result))
-    return result
+    return RunResult(variant, seed, str(final.parent), task, best["val_loss"],
+                     best["val_accuracy"] if task == "carracing" else None,
+                     best["val_loss"] if task == "udacity" else None, closed_loop, shared_budget(args), curve,
+                     dropped or None)
 
 
 def _killed_before(bc: TrainArgs) -> bool:
@@ -292,7 +330,9 @@ def _killed_before(bc: TrainArgs) -> bool:
     if not (run_dir / "last" / "train_state.json").is_file():
         return False
     recorded, asked = read_json(run_dir / "train_args.json"), asdict(bc)
-    differ = sorted(k for k in asked if k not in ("progress", "resume", "device") and recorded.get(k) != asked[k])
+    same_place = lambda a, b: a is not None and b is not None and Path(a).resolve() == Path(b).resolve()   # noqa: E731
+    differ = sorted(k for k in asked if k not in ("progress", "resume", "device", "out")
+                    and recorded.get(k) != asked[k] and not (k == "data" and same_place(recorded.get(k), asked[k])))
     if differ:
         raise ValueError(f"{run_dir}: a killed comparison trained it with other {', '.join(differ)}; give another "
                          "--out")

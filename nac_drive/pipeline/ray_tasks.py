@@ -1,0 +1,122 @@
+"""Stages' jobs as Ray tasks, on this machine or across a cluster: ``--ray [ADDRESS]``.
+
+The jobs are those of the process pool (:mod:`nac_drive.pipeline.processes`): collection's
+runs of consecutive tracks, ``compare``'s (variant, seed); the same split, so the same seeds
+give the same shards and tables; only where they run changes. Each job is one Ray task of
+one CPU and one torch thread. A task returns what it made and only this process (Ray's
+driver) writes it, as each task finishes: a worker on another machine needs no access to
+the output folder (``compare``'s runs still train into ``--out``, which the nodes then share).
+
+Nothing phones home: Ray's usage statistics are switched off before Ray is imported
+(``RAY_USAGE_STATS_ENABLED=0``; a cluster joined by address keeps what its ``ray start``
+chose, ``--disable-usage-stats``) and no dashboard is started. ``--ray`` alone starts a
+Ray of this machine's cores bound to the loopback address; ``--ray ADDRESS`` joins a
+running cluster (``ray start --head``). Ray comes with the ``cluster`` extra; this module
+imports it only when a run asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from nac_drive.fields import arg
+
+LOCAL = "local"   # --ray without an address: a new Ray on this machine, never one running already (ray.init's own name)
+EXTRA_HINT = "pip install 'nac-drive[cluster]'"
+RETRIES = 3       # times a job whose worker or node died runs again
+
+
+def ray_arg() -> Any:
+    """The ``--ray [ADDRESS]`` field of every verb whose jobs can run as Ray tasks."""
+    return arg(None, "run the jobs as Ray tasks (the 'cluster' extra): --ray alone starts a local Ray on this "
+                     "machine's cores; --ray ADDRESS joins a running cluster (ray start --head; e.g. auto or "
+                     "HEAD:6379)", const=LOCAL, metavar="ADDRESS")
+
+
+@contextmanager
+def ray_session(address: str) -> Iterator[Any]:
+    """Ray, started (``address`` :data:`LOCAL`) or joined for the block; the ``ray`` module.
+    A missing extra is refused in one line."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"   # read by Ray whenever it would report
+    if address == LOCAL:
+        # read when Ray is imported: its nodes then take the loopback address, not the reachable one
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(f"--ray runs on Ray, the 'cluster' extra, which is not installed: {EXTRA_HINT}") from None
+    from nac_drive.torch_threads import available_cores
+
+    if address == LOCAL:
+        ray.init(address=LOCAL, num_cpus=available_cores(), include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=address, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _run_job(call: Callable[[Any], Any], job: Any) -> Any:
+    """One task: ``call(job)`` on one torch thread, as a pool worker runs it."""
+    import torch
+
+    torch.set_num_threads(1)
+    return call(job)
+
+
+def tasks_on_ray(call: Callable[[Any], Any], jobs: list, address: str, *, desc: str | None = None,
+                 unit: str = "job", size: Callable[[Any], int] = lambda job: 1,
+                 name: Callable[[Any], str] | None = None) -> Iterator[tuple[int, Any]]:
+    """``call(job)`` for every job as a Ray task (:func:`ray_session` on ``address``); yields
+    (the job's index, its result) as each finishes. With ``desc``, one bar counts
+    ``size(job)`` per finished job (and shows ``name(job)`` of the last). A task whose worker
+    or node died runs again (up to :data:`RETRIES` times); a job that raises cancels the
+    others and its error is raised. Ends with a one-line summary on stderr: the tasks, the
+    nodes and the retried."""
+    if not jobs:
+        return
+    with ray_session(address) as ray:
+        died = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
+                ray.exceptions.LocalRayletDiedError)
+        # Ray's own max_retries would hide a retry from this process; it resubmits, and counts
+        remote = ray.remote(num_cpus=1, max_retries=0)(_run_job)
+        running = {remote.remote(call, job): i for i, job in enumerate(jobs)}
+        retried, bar = [0] * len(jobs), None
+        if desc:
+            from tqdm import tqdm
+            bar = tqdm(total=sum(map(size, jobs)), desc=desc, unit=unit)
+        try:
+            while running:
+                [ref], _ = ray.wait(list(running), num_returns=1)
+                i = running.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except died:
+                    if retried[i] == RETRIES:
+                        raise
+                    retried[i] += 1
+                    running[remote.remote(call, jobs[i])] = i
+                    continue
+                if bar:
+                    bar.update(size(jobs[i]))
+                    if name:
+                        bar.set_postfix_str(name(jobs[i]))
+                yield i, result
+        finally:
+            for ref in running:   # a failed job, or the caller stopped: nothing more runs
+                ray.cancel(ref, force=True)
+            if bar:
+                bar.close()
+        nodes = sum(node["Alive"] for node in ray.nodes())
+        print(tasks_summary(len(jobs), sum(retried), sum(map(bool, retried)), nodes), file=sys.stderr, flush=True)
+
+
+def tasks_summary(tasks: int, retries: int, retried: int, nodes: int) -> str:
+    """The line that ends a run on Ray."""
+    again = f"{retried} retried after its worker died ({retries} retries)" if retried else "none retried"
+    return f"ray: {tasks} tasks on {nodes} node{'s' * (nodes != 1)}, {again}"

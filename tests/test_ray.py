@@ -1,0 +1,143 @@
+"""--ray [ADDRESS]: collect's and compare's jobs as Ray tasks give what the process pool gives;
+a task whose worker dies runs again and is counted; nothing phones home; no Ray without --ray."""
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nac_drive.cli.main import main
+from nac_drive.data_collection.carracing_dataset import load_episodes, write_dataset
+from nac_drive.pipeline.ray_tasks import EXTRA_HINT, LOCAL, tasks_on_ray
+from nac_drive.torch_threads import available_cores
+from support.demos import synthetic_episodes
+
+TINY = ["--window", "4", "--d-model", "16", "--epochs", "1", "--windows-per-epoch", "32", "--no-progress"]
+two_cores = pytest.mark.skipif(available_cores() < 2, reason="the process pool's side needs --workers 2")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two Ray nodes of one CPU each on this machine."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"   # the nodes this test starts report nothing either
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes.add_node(num_cpus=1)
+    nodes.wait_for_nodes()
+    yield nodes.address
+    nodes.shutdown()
+
+
+def episode_hashes(root: Path) -> list[tuple]:
+    """Each episode's track, and hashes of its frames and actions, in track order."""
+    return [(e.seed, hashlib.sha256(e.frames.tobytes()).hexdigest(), hashlib.sha256(e.actions.tobytes()).hexdigest())
+            for e in load_episodes(root)]
+
+
+@two_cores
+@pytest.mark.slow
+def test_collect_on_a_two_node_ray_writes_the_shards_of_the_process_pool(cluster, tmp_path, capsys):
+    common = ["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "3", "--max-steps", "25",
+              "--workers", "2"]
+    assert main([*common, "--out", str(tmp_path / "pool")]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
+    assert "ray: 2 tasks on 2 nodes, none retried" in capsys.readouterr().err
+    shards = [sorted(p.name for p in (tmp_path / side / "nac_drive" / "carracing-teacher-discrete").iterdir()
+                     if p.is_dir()) for side in ("pool", "ray")]
+    assert shards[0] == shards[1] == ["seeds-100000-100001-v1", "seeds-100002-100002-v1"]
+    pool, ray_side = episode_hashes(tmp_path / "pool"), episode_hashes(tmp_path / "ray")
+    assert [seed for seed, *_ in pool] == [100000, 100001, 100002]
+    assert ray_side == pool
+    assert not list((tmp_path / "ray").glob(".*.partial"))   # nothing left staged
+
+
+@two_cores
+@pytest.mark.slow
+def test_compare_on_a_two_node_ray_gives_the_table_of_the_process_pool(cluster, tmp_path, capsys):
+    write_dataset(tmp_path / "demos", "synthetic", synthetic_episodes(), "CarRacing-v3", expert="bands",
+                  description="test")
+    common = ["compare", "--data", str(tmp_path / "demos"), "--variants", "lstm", "nac-exact", "--seeds", "0",
+              "--episodes", "1", "--max-steps", "10", *TINY]
+    assert main([*common, "--out", str(tmp_path / "pool"), "--workers", "2"]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
+    assert "ray: 2 tasks on 2 nodes, none retried" in capsys.readouterr().err
+    pool, ray_side = (json.loads((tmp_path / side / "compare.json").read_text()) for side in ("pool", "ray"))
+    for side, report in (("pool", pool), ("ray", ray_side)):
+        for row in report["variants"]:   # each side's runs in its own folder, named alike
+            assert row.pop("runs") == [str(tmp_path / side / "runs" / f"{row['variant']}__s0")]
+    assert ray_side == pool
+    assert ray_side["variants"][0]["closed_loop"]["episodes"] == 1
+    assert sorted(p.name for p in (tmp_path / "ray" / "results").iterdir()) == ["lstm__s0.json", "nac-exact__s0.json"]
+    # --workers says how many run at once in a pool: with --ray the cluster does
+    assert main([*common, "--out", str(tmp_path / "again"), "--ray", cluster, "--workers", "2"]) == 2
+    assert "--workers" in capsys.readouterr().err
+
+
+def test_a_task_whose_worker_dies_runs_again_and_is_counted(tmp_path, capfd):
+    pytest.importorskip("ray")
+    marker = tmp_path / "died-once"
+
+    def die_once(job):
+        import os
+
+        if job == 1 and not marker.exists():
+            marker.touch()
+            os._exit(1)   # the worker process dies, as on a lost node
+        return job
+
+    assert sorted(tasks_on_ray(die_once, [0, 1, 2], LOCAL)) == [(0, 0), (1, 1), (2, 2)]
+    assert marker.exists()
+    assert "ray: 3 tasks on 1 node, 1 retried after its worker died (1 retries)" in capfd.readouterr().err
+
+
+def test_a_local_ray_reports_nothing_and_listens_on_the_loopback():
+    pytest.importorskip("ray")
+    # a fresh process, as the CLI runs: Ray is imported only by --ray, with usage statistics unset
+    script = ("import os\n"
+              "from nac_drive.pipeline.ray_tasks import LOCAL, tasks_on_ray\n"
+              "def seen(job):\n"
+              "    import os, ray\n"
+              "    return os.environ.get('RAY_USAGE_STATS_ENABLED'), ray.util.get_node_ip_address()\n"
+              "print(list(tasks_on_ray(seen, [0], LOCAL)))\n"
+              "from ray._common.usage.usage_lib import usage_stats_enabled\n"
+              "print(usage_stats_enabled())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    *_, tasks, enabled = done.stdout.strip().splitlines()
+    assert ast.literal_eval(tasks) == [(0, ("0", "127.0.0.1"))]   # the worker saw them off too
+    assert enabled == "False"
+
+
+def test_a_job_that_fails_raises_its_own_error(tmp_path):
+    pytest.importorskip("ray")
+
+    def fail(job):
+        raise ValueError(f"job {job} is bad")
+
+    with pytest.raises(ValueError, match="job 0 is bad"):
+        list(tasks_on_ray(fail, [0], LOCAL))
+
+
+def test_without_the_extra_ray_is_refused_in_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)   # import ray: ImportError
+    code = main(["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "1", "--max-steps", "5",
+                 "--out", str(tmp_path), "--ray"])
+    err = capsys.readouterr().err
+    assert code == 2 and EXTRA_HINT in err and len(err.strip().splitlines()) == 1
+
+
+def test_nac_drive_never_imports_ray_without_the_flag():
+    script = ("import sys; from nac_drive.cli.main import main\n"
+              "import nac_drive.pipeline.collect, nac_drive.pipeline.compare, nac_drive.pipeline.ray_tasks\n"
+              "try:\n    main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
+              "print('ray' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"
