@@ -63,7 +63,7 @@ import numpy as np
 from nac_drive.io import bounded_json
 from nac_drive.io.atomic import atomic_write
 from nac_drive.interpret.archive import ArchiveError, decode_jpeg, encode_jpeg
-from nac_drive.interpret.explain_report import explain_figures, load_explain
+from nac_drive.interpret.explain_report import EXPLAIN_PANELS, explain_figures, load_explain
 from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
 from nac_drive.interpret.temporal_attribution import WINDOW_FILE as WINDOW_ATTRIBUTION_FILE
 from nac_drive.interpret.temporal_attribution import load_window_attribution
@@ -478,7 +478,7 @@ def _panels_html(figures: dict[str, Any], episode_table: str, notes: list[tuple[
     returns = fig("returns") if "returns" in figures else ""
     out = [f'<section class="panel wide" id="episodes"><h2>Episodes</h2><div class="episodes">'
            f'<div class="table-box">{episode_table}</div>{returns}</div></section>']
-    out += [section(name) for name in ("explain_fig4", "explain_atlas", "explain_faithfulness", "explain_closed_loop")]
+    out += [section(name) for name in EXPLAIN_PANELS]
     out.append(section("attribution"))
     for key, note in notes:
         out.append(f'<section class="panel wide"><div class="note" id="{key}">{html.escape(note)}</div></section>')

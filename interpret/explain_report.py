@@ -1,6 +1,8 @@
 """``RUN_DIR/explain.json`` (written by ``nac-drive explain``) read back and drawn as
-dashboard panels: the paper's Fig. 4 claim, the neuron atlas, saliency faithfulness and
-the closed-loop silencing check.
+dashboard panels: the sections skipped and why, the paper's Fig. 4 claim, the neuron atlas,
+saliency faithfulness (each method against the random baselines on the same frames, and its
+share on the road ahead), the mirrored frames, the window's Integrated Gradients completeness
+and the closed-loop silencing check (:data:`EXPLAIN_PANELS`).
 
 :func:`load_explain` refuses (as a note, not an error: the dashboard still builds) a report
 that does not parse, is too large, or was computed from another trace (its
@@ -27,6 +29,7 @@ SCENE_COLOURS = {"left": "#1f77b4", "left-straight": "#9ecae1", "straight": "#99
 # figure's key, the axis title, the format): CarRacing's return, Udacity's mean |cte| in metres
 CLOSED_LOOP_METRICS = {"return": ("return_change", "mean_return", "mean return change", ".1f"),
                        "mean_abs_cte": ("cte_change", "mean_abs_cte", "mean |cte| change (m)", ".3f")}
+BASELINE_COLOURS = {"random": "#999999", "random_cam_grid": "#4c78a8", "random_patches": "#f58518"}
 GROUP_COLOURS = {"q": "#1f77b4", "k": "#17becf", "v": "#9467bd", "inter": "#2ca02c", "command": "#ff7f0e",
                  "motor": "#d62728"}
 
@@ -59,9 +62,14 @@ def explain_figures(report: dict[str, Any], escape: Callable[[Any], str],
     named in the returned notes). ``trace_heads``: the NAC heads the run's trace holds; a
     section drawn per head draws no more (its work grows faster than its heads: 150 took minutes)."""
     figures, notes = {}, []
-    for name, section, draw in (("fig4", "fig4", partial(_fig4_figure, trace_heads=trace_heads)),
+    for name, section, draw in (("skipped", "skipped", _skipped_figure),
+                                ("fig4", "fig4", partial(_fig4_figure, trace_heads=trace_heads)),
                                 ("atlas", "atlas", _atlas_figure),
                                 ("faithfulness", "saliency", _faithfulness_figure),
+                                ("paired", "saliency", _paired_figure),
+                                ("road_share", "saliency", _road_share_figure),
+                                ("mirror", "mirror", _mirror_figure),
+                                ("completeness", "window", _completeness_figure),
                                 ("closed_loop", "closed_loop", _closed_loop_figure)):
         if not report.get(section):
             continue
@@ -78,8 +86,129 @@ def explain_figures(report: dict[str, Any], escape: Callable[[Any], str],
     return figures, notes
 
 
+# the dashboard's panels of explain.json, in reading order (figure names of explain_figures)
+EXPLAIN_PANELS = ("explain_skipped", "explain_fig4", "explain_atlas", "explain_faithfulness", "explain_paired",
+                  "explain_road_share", "explain_mirror", "explain_completeness", "explain_closed_loop")
+
+
 def _number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _interval_bars(means: list, intervals: list) -> dict:
+    """Plotly ``error_y`` of bars at ``means`` with 95% ``intervals`` (``[low, high]`` or None each)."""
+    lows = [_number((c or [None, None])[0]) for c in intervals]
+    highs = [_number((c or [None, None])[1]) for c in intervals]
+    return dict(type="data", symmetric=False,
+                array=[(hi if hi is not None else y or 0) - (y or 0) for hi, y in zip(highs, means)],
+                arrayminus=[(y or 0) - (lo if lo is not None else y or 0) for lo, y in zip(lows, means)])
+
+
+def _skipped_figure(skipped: dict, escape):
+    """The sections explain left out (section -> why), as a table."""
+    import plotly.graph_objects as go
+
+    sections = list(skipped)
+    fig = go.Figure(go.Table(header=dict(values=["section skipped", "why"], align="left"),
+                             cells=dict(values=[[escape(s) for s in sections],
+                                                [escape(skipped[s]) for s in sections]], align="left"),
+                             columnwidth=[1, 5]))
+    fig.update_layout(height=120 + 30 * len(sections), margin=dict(l=20, r=20, t=40, b=10),
+                      title=dict(text="Sections of explain.json not computed for this policy", font=dict(size=13)))
+    return fig
+
+
+def _paired_figure(saliency: dict, escape):
+    """Each method minus each random baseline on the same frames: the mean per-frame deletion and
+    insertion AUC difference, with its block-bootstrap 95% interval."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    paired = saliency["paired"]
+    methods = list(paired)
+    baselines = list(dict.fromkeys(b for against in paired.values() for b in against))
+    if not methods or not baselines:
+        return None
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["deletion AUC, method - random (faithful: < 0)",
+                                                        "insertion AUC, method - random (faithful: > 0)"])
+    for col, key in ((1, "deletion_auc"), (2, "insertion_auc")):
+        for baseline in baselines:
+            changes = [paired[m].get(baseline, {}).get(key) or {} for m in methods]
+            means = [_number(c.get("mean")) for c in changes]
+            fig.add_trace(go.Bar(x=[escape(m) for m in methods], y=means, name=escape(baseline),
+                                 legendgroup=escape(baseline), showlegend=col == 1,
+                                 marker_color=BASELINE_COLOURS.get(baseline, "#54a24b"),
+                                 error_y=_interval_bars(means, [c.get("ci95") for c in changes])), row=1, col=col)
+        fig.add_hline(y=0, line_color="#555", line_width=1, row=1, col=col)
+    blocks = saliency.get("blocks") or {}
+    fig.update_layout(height=380, margin=dict(l=60, r=20, t=70, b=60), barmode="group",
+                      title=dict(text=f"Paired on the same frames against each random baseline (95% block bootstrap "
+                                      f"over {escape(blocks.get('count'))} blocks by {escape(blocks.get('by'))})",
+                                 font=dict(size=13)))
+    return fig
+
+
+def _road_share_figure(saliency: dict, escape):
+    """Each method's share of saliency on the road ahead (95% intervals) beside the road's
+    share of the pixels (a uniform map's)."""
+    import plotly.graph_objects as go
+
+    shares = saliency.get("road_share")
+    if not shares:
+        return None
+    methods = list(shares)
+    means = [_number(shares[m]["mean"]) for m in methods]
+    fig = go.Figure(go.Bar(x=[escape(m) for m in methods], y=means, marker_color="#54a24b", showlegend=False,
+                           error_y=_interval_bars(means, [shares[m].get("ci95") for m in methods])))
+    chance = _number((saliency.get("road_pixel_share") or {}).get("mean"))
+    if chance is not None:
+        fig.add_hline(y=chance, line_dash="dash", line_color="#555", line_width=1,
+                      annotation_text="road pixels (uniform map)", annotation_position="top right")
+    fig.update_layout(height=360, margin=dict(l=60, r=20, t=70, b=60),
+                      yaxis=dict(title="share of saliency on the road ahead", range=[0, 1]),
+                      title=dict(text="Saliency on the road ahead of the car (the paper's Fig. 6 claim, measured)"
+                                      f"<br><sup>{escape(saliency.get('road_mask'))}</sup>", font=dict(size=13)))
+    return fig
+
+
+def _mirror_figure(mirror: dict, escape):
+    """The mirrored frames: where the intact policy turned, the share turning the other way and
+    the same way; over all frames, the share whose decision is the intact one's mirror."""
+    import plotly.graph_objects as go
+
+    labels = {"flips": "turns the other way", "stays": "turns the same way",
+              "mirror_agreement": "mirror of the intact decision (all frames)"}
+    values = [_number(mirror.get(key)) for key in labels]
+    fig = go.Figure(go.Bar(x=list(labels.values()), y=values, marker_color=["#54a24b", "#e45756", "#4c78a8"],
+                           showlegend=False, hovertemplate="%{x}: %{y:.1%}<extra></extra>"))
+    symmetry = _number(mirror.get("steering_symmetry_error"))
+    extra = "" if symmetry is None else f"; mean |mirrored + intact steering| {symmetry:.4f}"
+    fig.update_layout(height=360, margin=dict(l=60, r=20, t=70, b=60), yaxis=dict(range=[0, 1], tickformat=".0%"),
+                      title=dict(text=f"Mirrored frames: {escape(mirror.get('frames'))} flipped left-right, "
+                                      f"{escape(mirror.get('turn_frames'))} where the policy turned{extra}",
+                                 font=dict(size=13)))
+    return fig
+
+
+def _completeness_figure(window: dict, escape):
+    """How complete the window's Integrated Gradients are: steps, error, output change and
+    their ratio (median, max) against the tolerance."""
+    import plotly.graph_objects as go
+
+    complete = window.get("completeness")
+    if not complete:
+        return None
+    rows = ("steps", "error", "difference", "ratio")
+    fig = go.Figure(go.Table(
+        header=dict(values=["", "median", "max"], align="left"),
+        cells=dict(values=[list(rows), [_number(complete[r]["median"]) for r in rows],
+                           [_number(complete[r]["max"]) for r in rows]], align="left", format=["", ".4g", ".4g"])))
+    fig.update_layout(height=300, margin=dict(l=20, r=20, t=90, b=10),
+                      title=dict(text=f"Integrated Gradients over the window: {escape(complete.get('incomplete'))} of "
+                                      f"{escape(complete.get('decisions'))} decisions above the tolerance "
+                                      f"{escape(complete.get('tolerance'))} at the cap<br><sup>"
+                                      f"{escape(complete.get('rule'))}</sup>", font=dict(size=13)))
+    return fig
 
 
 def _fig4_figure(fig4: dict, escape, trace_heads: int):

@@ -68,6 +68,7 @@ import torch
 from torch import nn
 
 from nac_drive.interpret.policy_saliency import Replay
+from nac_drive.interpret.road_share import road_share
 from nac_drive.interpret.saliency import METHODS as CAM_METHODS
 from nac_drive.interpret.saliency import STEER_TARGETS, resolve_layer, saliency_maps
 from nac_drive.interpret.trace import RunTrace, load_trace
@@ -463,7 +464,8 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
                           methods: Sequence[str] | Mapping[str, Callable[..., np.ndarray]] = DEFAULT_METHODS,
                           max_frames: int = 500, steps: int = 16, seed: int = 0, progress: bool = True,
                           cascade: Sequence[str] = CASCADE, sanity_frames: int = 100,
-                          block_frames: int | None = None) -> dict:
+                          block_frames: int | None = None,
+                          road: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
     """RISE deletion / insertion AUCs and the randomisation sanity check of each method on
     up to ``max_frames`` frames (spread evenly) of a recorded run.
 
@@ -475,6 +477,8 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
     on ``sanity_frames`` of the frames (spread evenly; they cost a map per method and stage).
     block_frames: frames per bootstrap block when the frames come from fewer than
     :data:`MIN_EPISODE_BLOCKS` episodes (:func:`frame_blocks`; default ``ceil(n ** (1/3))``).
+    road: the road of a recorded frame, ``frame [H, W, 3] uint8 -> mask [h, w] bool`` at the
+    maps' size (e.g. :func:`~nac_drive.interpret.road_share.road_ahead_mask`); None: no road share.
 
     Returns a JSON-able dict: ``frames``, ``frame_indices``, ``steps``, ``score``,
     ``sanity_frames``, ``seconds``, ``trace_sha256``, ``blocks`` (:func:`frame_blocks`' rule
@@ -486,6 +490,9 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
     a random baseline, per baseline run, ``{deletion_auc, insertion_auc}`` each ``{mean, ci95,
     blocks, items}`` of the per-frame AUC differences method - baseline
     (:func:`paired_against_random`; a faithful method: deletion below 0, insertion above).
+    With ``road``: ``road_share`` per method ``{mean, ci95, frames, blocks}``, the share of
+    each map's mass on the frame's road (:func:`~nac_drive.interpret.road_share.road_share`),
+    and ``road_pixel_share``, the road's share of the pixels (a uniform map's road share).
     """
     from tqdm import tqdm
 
@@ -510,6 +517,8 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
     deletion = {name: np.full(len(frames), np.nan) for name in chosen}
     insertion = {name: np.full(len(frames), np.nan) for name in chosen}
     sanity = {name: {stage: np.full(len(frames), np.nan) for stage in cascade} for name in chosen}
+    on_road = {name: np.full(len(frames), np.nan) for name in chosen}
+    road_pixels = np.full(len(frames), np.nan)
     for j, i in enumerate(tqdm(frames, desc="faithfulness", unit="frame", disable=not progress)):
         model = replay.frame_model_for_step(int(i))
         x = replay.model_input(run.frame(int(i)))[None]
@@ -519,10 +528,15 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
         target = int(out.argmax()) if discrete else ("steer+" if float(out[0, 0]) >= 0 else "steer-")
         random_models = {stage: r.frame_model_for_step(int(i)) for stage, r in randomized.items()} \
             if int(i) in checked else {}
+        mask = road(run.frame(int(i)))[None] if road is not None else None
+        if mask is not None:
+            road_pixels[j] = mask.mean()
         for name, method in chosen.items():
             maps = method(model, x, target, seed=seed + int(i))
             rise = deletion_insertion(model, x, maps, target, steps, score, seed=seed + int(i))
             deletion[name][j], insertion[name][j] = rise["deletion_auc"][0], rise["insertion_auc"][0]
+            if mask is not None:
+                on_road[name][j] = road_share(maps, mask)[0]
             for stage, random_model in random_models.items():
                 sanity[name][stage][j] = spearman(maps, method(random_model, x, target, seed=seed + int(i)))
     episodes = np.asarray(run.episode)[frames]
@@ -531,6 +545,9 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
         for name, against in paired_against_random(aucs, episodes, block_frames).items():
             for baseline, change in against.items():
                 paired[name].setdefault(baseline, {})[key] = change
+    roads = {} if road is None else {
+        "road_share": {name: _summary(on_road[name], episodes, block_frames) for name in chosen},
+        "road_pixel_share": _summary(road_pixels, episodes, block_frames)}
     return {"frames": len(frames), "frame_indices": frames.tolist(), "steps": steps, "score": score,
             "target": "chosen action" if discrete else "chosen steering direction (output 0)",
             "deletion_baseline": "black",
@@ -542,4 +559,4 @@ def saliency_faithfulness(policy, run: RunTrace | str | os.PathLike,
                                "sanity_spearman": {stage: _summary(sanity[name][stage], episodes, block_frames)
                                                    for stage in cascade}}
                         for name in chosen},
-            "paired": paired}
+            "paired": paired, **roads}

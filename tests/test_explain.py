@@ -10,7 +10,8 @@ import pytest
 
 from nac_drive.policy.loading import shipped_policy_path
 from nac_drive.interpret.trace import load_trace
-from nac_drive.pipeline.explain import EXPLAIN_FILE, fig4_section, jsonable, write_report
+from nac_drive.pipeline.explain import (EXPLAIN_FILE, NAC_STATES_NEEDED, ExplainArgs, fig4_section, jsonable,
+                                        skipped_sections, write_report)
 from support.synthetic_runs import make_synthetic_run
 
 
@@ -40,10 +41,12 @@ def test_explain_refuses_a_policy_it_cannot_explain_before_driving(tmp_path):
     from nac_drive.policy.cores import CoreConfig
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
-    lstm = DrivingPolicy(PolicyConfig(core=CoreConfig(core="lstm", d_model=8))).save_pretrained(tmp_path / "lstm")
+    lstm = DrivingPolicy(PolicyConfig(core=CoreConfig(core="lstm", d_model=8), action="continuous",
+                                      num_outputs=3)).save_pretrained(tmp_path / "lstm")
     udacity = str(shipped_policy_path("udacity"))
-    for args, expected in ((["--policy", str(lstm)], "explain needs a CarRacing NAC policy with discrete actions or "
-                                                     "a Udacity NAC policy"),
+    for args, expected in ((["--policy", str(lstm)], "explain needs a CarRacing policy with discrete actions or a "
+                                                     "Udacity policy (steering regression), got a carracing lstm "
+                                                     "policy with continuous actions"),
                            (["--policy", udacity, "--task", "carracing"], "is a 'udacity' policy, not a 'carracing' one"),
                            (["--speed", "5"], "speed: only a Udacity policy drives at a set speed")):
         out = cli("explain", *args, "--out", str(tmp_path / "x"), timeout=120)   # a refusal comes at once
@@ -53,6 +56,64 @@ def test_explain_refuses_a_policy_it_cannot_explain_before_driving(tmp_path):
     assert out.returncode == 2 and "--closed-loop-tracks" in out.stderr
     out = cli("explain", "--closed-loop-tracks", "1000000000000")   # bounded before any drive (issue 58)
     assert out.returncode == 2 and "--closed-loop-tracks: must be <= 100000" in out.stderr
+
+
+def test_one_table_decides_which_sections_a_core_skips():
+    from nac_drive.policy.cores import CORES
+
+    nac_only = {section for section, needs in NAC_STATES_NEEDED.items() if needs is not None}
+    assert nac_only == {"fig4", "atlas", "closed_loop"} and skipped_sections("nac") == {}
+    for core in set(CORES) - {"nac"}:
+        skipped = skipped_sections(core)
+        assert set(skipped) == nac_only and all(f"core is {core}" in why for why in skipped.values())
+    off = skipped_sections("nac", ExplainArgs(saliency_frames=0, window_method="none"))
+    assert off == {"saliency": "--saliency-frames 0", "window": "--window-method none"}
+    assert set(skipped_sections("gru", ExplainArgs(saliency_frames=0))) == nac_only | {"saliency"}
+
+
+def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp_path):
+    """A small untrained GRU policy (the sections read its frames and outputs, whatever it
+    learnt): saliency with its paired statistics and road share, the window, the mirror and the
+    drive run; fig4, the atlas and the closed loop are skipped, each named with why, in
+    explain.json, the text and the dashboard."""
+    import torch
+
+    from nac_drive.interpret.dashboard import build_dashboard
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+    from support.dashboard_pages import run_data
+
+    torch.manual_seed(0)
+    gru = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8, window=4))).save_pretrained(
+        tmp_path / "gru")
+    out = cli("explain", "--policy", str(gru), "--episodes", "1", "--max-steps", "30", "--saliency-frames", "4",
+              "--window-method", "ablation", "--closed-loop-tracks", "1", "--out", str(tmp_path / "explain"), "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == json.loads((tmp_path / "explain" / EXPLAIN_FILE).read_text())
+    assert report["core"] == "gru" and report["drive"]["lengths"] == [30]
+    assert set(report["skipped"]) == {"fig4", "atlas", "closed_loop"}
+    assert {name for name in NAC_STATES_NEEDED if report[name] is None} == set(report["skipped"])
+    assert "Skipped:" in out.stdout and report["skipped"]["atlas"] in out.stdout
+    assert "Fig. 4 claim" not in out.stdout and "Neuron atlas" not in out.stdout
+
+    saliency = report["saliency"]
+    assert saliency["frames"] == 4 and set(saliency["paired"]) == {"gradcam", "integrated_gradients", "occlusion"}
+    assert set(saliency["road_share"]) == set(saliency["methods"]) and "rows above the car" in saliency["road_mask"]
+    for share in [*saliency["road_share"].values(), saliency["road_pixel_share"]]:
+        assert share["mean"] is None or 0 <= share["mean"] <= 1
+        assert share["ci95"] == [None, None] or share["ci95"][0] <= share["mean"] <= share["ci95"][1]
+    assert saliency["road_pixel_share"]["frames"] == 4 and saliency["road_pixel_share"]["mean"] > 0   # on the road
+    assert "on the road ahead" in out.stdout
+    assert report["window"]["window"] == 4 and report["window"]["full_window_steps"] == 30 - 3
+    assert report["mirror"]["frames"] == 30 and 0 <= report["mirror"]["mirror_agreement"] <= 1
+
+    page = build_dashboard(tmp_path / "explain").read_text()
+    figures = run_data(page)["figures"]
+    assert {"explain_skipped", "explain_faithfulness", "explain_paired", "explain_road_share",
+            "explain_mirror"} <= set(figures)
+    assert not {"explain_fig4", "explain_atlas", "explain_closed_loop"} & set(figures)
+    assert figures["explain_skipped"]["data"][0]["cells"]["values"][0] == list(report["skipped"])
 
 
 @pytest.mark.slow
@@ -68,6 +129,7 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     assert "Fig. 4 claim" in out.stdout and "Neuron atlas" in out.stdout and "Closed loop" in out.stdout
 
     assert report["drive"]["seeds"] == [900000] and report["drive"]["lengths"] == [150]
+    assert report["core"] == "nac" and report["skipped"] == {}
     fig4 = report["fig4"]
     assert sum(fig4["scenes"].values()) == 150 and len(fig4["heads"]) == 4
     assert {s["verdict"] for s in fig4["statements"]} <= {"reproduced", "not reproduced", "untestable"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
+import json
 import re
 import shutil
 from pathlib import Path
@@ -388,4 +389,85 @@ def test_dashboard_in_headless_chromium(run_dir, page_html):
         assert page.evaluate(state)["shownEpisodes"] == [0]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        assert problems == []
+
+
+# ------------------------------------------------------------------ explain.json's newer sections
+def _explain_report(run_dir) -> dict:
+    """An explain.json of a non-NAC policy with every section the dashboard draws for one."""
+    def summary(mean, half=0.05):
+        return {"mean": mean, "ci95": [mean - half, mean + half], "frames": 8, "blocks": 4}
+
+    methods = ("gradcam", "occlusion", "random", "random_cam_grid")
+    paired = {m: {b: {"deletion_auc": dict(summary(-0.1 * (i + 1) - 0.01 * j), items=8),
+                      "insertion_auc": dict(summary(0.1 * (i + 1) + 0.01 * j), items=8)}
+                  for j, b in enumerate(("random", "random_cam_grid"))} for i, m in enumerate(methods[:2])}
+    return {"trace_sha256": load_trace(run_dir).sha256, "core": "gru",
+            "skipped": {"fig4": "needs the NAC's <tau>; this policy's core is gru", "atlas": "needs the NAC"},
+            "fig4": None, "atlas": None, "closed_loop": None,
+            "saliency": {"frames": 8, "steps": 16, "cascade": [], "blocks": {"by": "time", "count": 4},
+                         "methods": {m: {"deletion_auc": summary(0.3), "insertion_auc": summary(0.6),
+                                         "sanity_spearman": {}} for m in methods},
+                         "paired": paired, "road_share": {m: summary(0.2 + 0.1 * i) for i, m in enumerate(methods)},
+                         "road_pixel_share": summary(0.18), "road_mask": "grey pixels above the car"},
+            "window": {"method": "integrated_gradients", "window": 6, "completeness": {
+                "rule": "steps doubled", "tolerance": 0.05, "decisions": 40, "incomplete": 1,
+                **{key: {"median": 0.01 * (k + 1), "max": 0.02 * (k + 1)}
+                   for k, key in enumerate(("steps", "error", "difference", "ratio"))}}},
+            "mirror": {"frames": 40, "decision": "action", "turn_frames": 12, "flips": 0.75, "stays": 0.25,
+                       "mirror_agreement": 0.8}}
+
+
+@pytest.fixture(scope="module")
+def explained_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("explained")
+    make_synthetic_run(d, steps=N, seed=2, episodes=EPISODES)
+    report = _explain_report(d)
+    (d / "explain.json").write_text(json.dumps(report))
+    build_dashboard(d, d / "dashboard.html")
+    return d, report
+
+
+NEW_EXPLAIN_PANELS = ("explain_skipped", "explain_paired", "explain_road_share", "explain_mirror",
+                      "explain_completeness")
+
+
+def test_the_newer_explain_sections_are_drawn_with_the_reports_figures(explained_run):
+    run_dir, report = explained_run
+    page = (run_dir / "dashboard.html").read_text(encoding="utf-8")
+    figures = run_data(page)["figures"]
+    assert set(NEW_EXPLAIN_PANELS) <= set(figures) and all(f'id="fig-{n}"' in page for n in NEW_EXPLAIN_PANELS)
+    sections, reasons = figures["explain_skipped"]["data"][0]["cells"]["values"]
+    assert sections == list(report["skipped"]) and reasons[0] == "needs the NAC's &lt;tau&gt;; this policy's core is gru"
+    saliency = report["saliency"]
+    for trace in figures["explain_paired"]["data"]:
+        key = "deletion_auc" if trace["xaxis"] == "x" else "insertion_auc"
+        expected = [saliency["paired"][m][trace["name"]][key]["mean"] for m in trace["x"]]
+        assert _array(trace["y"]) == pytest.approx(expected)
+        assert _array(trace["error_y"]["array"]) == pytest.approx([0.05] * len(expected))
+    road = figures["explain_road_share"]
+    assert _array(road["data"][0]["y"]) == pytest.approx([s["mean"] for s in saliency["road_share"].values()])
+    assert road["layout"]["shapes"][0]["y0"] == pytest.approx(saliency["road_pixel_share"]["mean"])
+    mirror = report["mirror"]
+    assert _array(figures["explain_mirror"]["data"][0]["y"]) == pytest.approx(
+        [mirror["flips"], mirror["stays"], mirror["mirror_agreement"]])
+    cells = figures["explain_completeness"]["data"][0]["cells"]["values"]
+    complete = report["window"]["completeness"]
+    assert cells[0] == ["steps", "error", "difference", "ratio"]
+    assert cells[2] == pytest.approx([complete[k]["max"] for k in cells[0]])
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_newer_explain_panels_draw_in_headless_chromium(explained_run):
+    """Every explain panel of the page is drawn with its data, and the page reports no error
+    (a figure without its panel, or one plotly cannot draw, fails here)."""
+    dashboard_page = chromium_dashboard_page()
+    run_dir, _ = explained_run
+    with dashboard_page(run_dir / "dashboard.html") as (page, problems):
+        drawn = page.evaluate("""() => Object.keys(window.dashboard.data.figures).filter((n) => n.startsWith('explain_'))
+            .map((n) => [n, window.dashboard.drawn.has(n), document.getElementById('fig-' + n).data.length,
+                         document.querySelectorAll('#fig-' + n + ' .main-svg').length])""")
+        assert {name for name, *_ in drawn} >= set(NEW_EXPLAIN_PANELS)
+        assert all(is_drawn and traces > 0 and svgs > 0 for _, is_drawn, traces, svgs in drawn), drawn
         assert problems == []

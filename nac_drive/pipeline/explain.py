@@ -1,5 +1,9 @@
-"""Explaining a NAC driving policy: it drives held-out tracks with a trace, then the analyses
+"""Explaining a driving policy: it drives held-out tracks with a trace, then the analyses
 of :mod:`nac_drive.interpret` measure what its neurons did.
+
+Any core (NAC, lstm, gru, cfc, ltc, mha) is explained alike where a section does not need the
+NAC's states (saliency, window, mirror, the drive); :data:`NAC_STATES_NEEDED` says which do, and
+:func:`skipped_sections` decides, in this one place, what a policy's report leaves out and why.
 
 Two kinds of policy (:data:`EXPLAINABLE`): CarRacing's discrete one drives held-out CarRacing
 tracks (:func:`~nac_drive.pipeline.drive.drive_carracing`), Udacity's steering regression
@@ -16,8 +20,9 @@ Fig. 4 claim), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
 ``RUN_DIR/window_attribution.npz``, which the dashboard shows), ``mirror``
 (:func:`mirror_section`, whether the policy steers the other way on mirrored frames) and ``closed_loop``
 (:func:`closed_loop_section`, chosen neurons silenced while the policy drives), besides
-``task``, ``run``, ``policy``, ``trace_sha256`` and ``drive`` (the traced drive's figures).
-NaN is written as null.
+``task``, ``core``, ``run``, ``policy``, ``trace_sha256``, ``drive`` (the traced drive's figures)
+and ``skipped`` (section -> why it is null: the NAC-only sections of another core, a section
+turned off by its argument; empty when every section ran). NaN is written as null.
 """
 
 from __future__ import annotations
@@ -33,8 +38,18 @@ from nac_drive.io.strict_json import jsonable, write_report   # noqa: F401 (expl
 from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
-# (task, core, action) of the policies explain can explain
-EXPLAINABLE = (("carracing", "nac", "discrete"), ("udacity", "nac", "continuous"))
+# (task, action) of the policies explain can explain, whatever their core
+EXPLAINABLE = (("carracing", "discrete"), ("udacity", "continuous"))
+# explain.json's analysis sections, in the order they are computed -> what of the NAC's states
+# each needs (None: it reads frames and outputs only, so every core is explained alike)
+NAC_STATES_NEEDED = {
+    "fig4": "the tau and logits of the NAC's heads (the paper's Fig. 4)",
+    "atlas": "the NAC's q/k/v units, backbone neurons and heads, each silenced",
+    "saliency": None,
+    "window": None,
+    "mirror": None,
+    "closed_loop": "the atlas's NAC neurons clamped and parts of the NAC's attention replaced while driving",
+}
 # the traced drive's figures explain.json keeps, per task
 DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_finished"),
               "udacity": ("tracks", "seeds", "lengths", "laps", "distance_m", "mean_abs_cte_m", "max_abs_cte_m",
@@ -115,9 +130,9 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     policy_path, task, seed, seed_base, max_steps = args.policy, args.task, args.seed, args.seed_base, args.max_steps
     policy = load_driving_policy(policy_path, task=task or "carracing")
     config = policy.config
-    if (config.task, config.core.core, config.action) not in EXPLAINABLE:
-        raise ValueError(f"policy: explain needs a CarRacing NAC policy with discrete actions or a Udacity NAC "
-                         f"policy (steering regression), got a {config.task} {config.core.core} policy with "
+    if (config.task, config.action) not in EXPLAINABLE:
+        raise ValueError(f"policy: explain needs a CarRacing policy with discrete actions or a Udacity policy "
+                         f"(steering regression), got a {config.task} {config.core.core} policy with "
                          f"{config.action} actions")
     if task is not None and task != config.task:
         raise ValueError(f"--task: {policy_path} is a {config.task!r} policy, not a {task!r} one")
@@ -132,22 +147,39 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
                                           max_steps=max_steps, trace=args.out), progress=progress)
     run_dir = Path(drive["trace"])
     run = load_trace(run_dir)
-    window_method = None if args.window_method == "none" else args.window_method
+    skipped = skipped_sections(config.core.core, args)
     report = {
-        "task": config.task, "run": str(run_dir), "policy": drive["policy"], "trace_sha256": run.sha256,
-        "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]},
-        "fig4": fig4_section(run),
-        "atlas": atlas_section(run, policy, args.frames, progress),
-        "saliency": (saliency_section(run, policy, args.saliency_frames, seed, progress)
-                     if args.saliency_frames else None),
-        "window": window_section(run_dir, policy, window_method, progress) if window_method else None,
-        "mirror": mirror_section(run, policy, args.frames),
+        "task": config.task, "core": config.core.core, "run": str(run_dir), "policy": drive["policy"],
+        "trace_sha256": run.sha256, "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]}, "skipped": skipped,
     }
-    report["closed_loop"] = closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
-                                                args.closed_loop_top, args.closed_loop_random, seed, seed_base,
-                                                max_steps, progress, speed)
+    sections = {
+        "fig4": lambda: fig4_section(run),
+        "atlas": lambda: atlas_section(run, policy, args.frames, progress),
+        "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
+        "window": lambda: window_section(run_dir, policy, args.window_method, progress),
+        "mirror": lambda: mirror_section(run, policy, args.frames),
+        "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
+                                                   args.closed_loop_top, args.closed_loop_random, seed, seed_base,
+                                                   max_steps, progress, speed),
+    }
+    for name in NAC_STATES_NEEDED:
+        report[name] = None if name in skipped else sections[name]()
     write_report(run_dir / EXPLAIN_FILE, report)
     return jsonable(report)
+
+
+def skipped_sections(core: str, args: ExplainArgs | None = None) -> dict[str, str]:
+    """The sections of explain.json a policy with this ``core`` (and these ``args``) leaves
+    null, each with why: those needing the NAC's states (:data:`NAC_STATES_NEEDED`) for any
+    other core, and those ``args`` turn off (``--saliency-frames 0``, ``--window-method none``)."""
+    skipped = {} if core == "nac" else {
+        section: f"needs {needs}; this policy's core is {core}"
+        for section, needs in NAC_STATES_NEEDED.items() if needs is not None}
+    if args is not None and not args.saliency_frames:
+        skipped.setdefault("saliency", "--saliency-frames 0")
+    if args is not None and args.window_method == "none":
+        skipped.setdefault("window", "--window-method none")
+    return skipped
 
 
 def fig4_section(run) -> dict:
@@ -167,11 +199,17 @@ def atlas_section(run, policy, frames: int | None = None, progress: bool = False
 def saliency_section(run, policy, frames: int = 500, seed: int = 0, progress: bool = False) -> dict:
     """How faithful the saliency maps are on up to ``frames`` of the run: RISE deletion and
     insertion AUCs and the model-randomisation check of Grad-CAM, Integrated Gradients,
-    Occlusion and random maps (:func:`~nac_drive.interpret.faithfulness.saliency_faithfulness`)."""
+    Occlusion and random maps (:func:`~nac_drive.interpret.faithfulness.saliency_faithfulness`);
+    for a CarRacing policy also each method's share of saliency on the road ahead
+    (``road_share``, ``road_pixel_share``, ``road_mask``: :mod:`nac_drive.interpret.road_share`)."""
     from nac_drive.interpret.faithfulness import saliency_faithfulness
+    from nac_drive.interpret.road_share import ROAD_RULE, road_ahead_mask
 
-    result = saliency_faithfulness(policy, run, max_frames=frames, seed=seed, progress=progress)
+    carracing = policy.config.task == "carracing"   # the road rule is CarRacing's frame geometry and colours
+    result = saliency_faithfulness(policy, run, max_frames=frames, seed=seed, progress=progress,
+                                   road=road_ahead_mask if carracing else None)
     result.pop("frame_indices")   # spread evenly: the count says which
+    result["road_mask"] = ROAD_RULE if carracing else None
     return jsonable(result)
 
 

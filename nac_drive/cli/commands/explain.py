@@ -1,4 +1,4 @@
-"""``nac-drive explain``: drive a NAC policy with a trace and measure its neurons.
+"""``nac-drive explain``: drive a policy with a trace and measure its neurons.
 
     nac-drive explain [--policy RUN/best | --task udacity] [--episodes 3] [--out runs/explain]
                       [--frames N] [--saliency-frames 500] [--window-method integrated_gradients]
@@ -46,6 +46,11 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   ablation: about 11 minutes on 2 busy cores; Integrated Gradients over the window of its
   PilotNet frames would add about 7 minutes a 1000-frame track.
 
+A policy of another core (lstm, gru, cfc, ltc, mha) gets the sections that need no NAC states
+(saliency, window, mirror, the drive); fig4, atlas and closed_loop are skipped, and the report's
+"skipped" says so. A CarRacing report's saliency also gives each method's share of saliency on
+the road ahead of the car (road_share), a proxy for the paper's Fig. 6 claim.
+
 ``nac-drive dashboard RUN_DIR`` then shows the drive with these results as panels.
 
 Everything goes to RUN_DIR/explain.json (NaN as null).
@@ -88,10 +93,12 @@ def run(namespace: argparse.Namespace) -> int:
     shown = from_namespace(ExplainPrint, namespace)
     report = explain(from_namespace(ExplainArgs, namespace), progress=not shown.json)
     print(format_drive(report))
-    print()
-    print("\n".join(format_fig4(report["fig4"])))
-    print()
-    print("\n".join(format_atlas(report["atlas"], shown.rows)))
+    if report["fig4"]:
+        print()
+        print("\n".join(format_fig4(report["fig4"])))
+    if report["atlas"]:
+        print()
+        print("\n".join(format_atlas(report["atlas"], shown.rows)))
     if report["saliency"]:
         print()
         print("\n".join(format_saliency(report["saliency"])))
@@ -101,9 +108,12 @@ def run(namespace: argparse.Namespace) -> int:
     if report.get("mirror"):
         print()
         print("\n".join(format_mirror(report["mirror"])))
-    if report["closed_loop"]["neurons"]:
+    if report["closed_loop"] and report["closed_loop"]["neurons"]:
         print()
         print("\n".join(format_closed_loop(report["closed_loop"])))
+    if report.get("skipped"):
+        print()
+        print("\n".join(format_skipped(report["skipped"])))
     print(f"\nwrote {report['run']}/{EXPLAIN_FILE}")
     if shown.json:
         print_json(report)
@@ -198,7 +208,28 @@ def format_saliency(saliency: dict) -> list[str]:
                      + "".join(f"{_num(m['sanity_spearman'][st]['mean'], '.2f'):>12}" for st in stages))
     lines.append("(rho: Spearman correlation with the maps of the policy whose head / head + core / whole model "
                  "was randomised; near 1 = the maps do not depend on what was learnt)")
-    return lines + format_paired(saliency)
+    return lines + format_paired(saliency) + format_road_share(saliency)
+
+
+def format_road_share(saliency: dict) -> list[str]:
+    """Each method's share of saliency on the road ahead, with its block-bootstrap 95% interval."""
+    shares = saliency.get("road_share")
+    if not shares:
+        return []
+    from nac_drive.interpret.road_share import UNIFORM_ROW
+
+    rows = {**shares, UNIFORM_ROW: saliency["road_pixel_share"]}
+    lines = ["Share of saliency on the road ahead (95% block bootstrap):"]
+    for name, share in rows.items():
+        ci = share["ci95"] or [None, None]
+        lines.append(f"  {name:<26}{_num(share['mean'])} [{_num(ci[0])}, {_num(ci[1])}]")
+    lines.append(f"  (road: {saliency.get('road_mask')})")
+    return lines
+
+
+def format_skipped(skipped: dict) -> list[str]:
+    """The sections left out of explain.json, each with why."""
+    return ["Skipped:"] + [f"  {section}: {why}" for section, why in skipped.items()]
 
 
 def format_paired(saliency: dict) -> list[str]:
