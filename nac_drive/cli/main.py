@@ -58,6 +58,9 @@ def run_verb(args: argparse.Namespace) -> int:
     ``NAC_DRIVE_TRACEBACK=1`` lets the exception through, traceback and all."""
     name = f"nac-drive {args.command}"
     try:
+        from nac_drive.cli.arguments import read_config
+
+        read_config(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)

@@ -12,7 +12,7 @@ NOT_FROM_TRAIN = ("init_from", "resume", "eval_episodes")   # a round drives its
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
+    from nac_drive.cli.arguments import ConfigFile, JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline import dagger
     from nac_drive.pipeline.train_args import ARCHITECTURE, TrainArgs
 
@@ -20,7 +20,8 @@ def add_parser(subparsers) -> None:
                               description=dagger.__doc__)
     add_dataclass_arguments(p, dagger.DaggerArgs)
     add_dataclass_arguments(p, TrainArgs, skip=ARCHITECTURE + NOT_FROM_TRAIN)   # each round's fine-tuning
-    add_dataclass_arguments(p, JsonOutput)
+    for cls in (ConfigFile, JsonOutput):
+        add_dataclass_arguments(p, cls)
     p.set_defaults(func=run)
 
 

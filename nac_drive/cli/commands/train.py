@@ -4,12 +4,12 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
+    from nac_drive.cli.arguments import ConfigFile, JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline import train_args
 
     parser = subparsers.add_parser("train", help="behaviour-clone a policy on demonstrations",
                                    description=train_args.__doc__)
-    for cls in (train_args.TrainArgs, JsonOutput):
+    for cls in (train_args.TrainArgs, ConfigFile, JsonOutput):
         add_dataclass_arguments(parser, cls)
     parser.set_defaults(func=run)
 
