@@ -21,7 +21,7 @@ EXIT_BUG, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
 # Verb modules under nac_drive.cli.commands, in the order --help lists them.
 COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "tune", "compare", "drive", "export", "saliency",
-                       "explain", "dashboard", "expert", "sim"]
+                       "explain", "dashboard", "expert", "sim", "completion"]
 
 
 def build_parser() -> argparse.ArgumentParser:
