@@ -195,8 +195,8 @@ def test_emulator_shows_laps_distance_and_cross_track_error_live_on_a_terminal(t
     for name, (code, stdout, stderr) in runs.items():
         assert code == 0, (name, stderr)
         lines = stdout.splitlines()
-        assert len(lines) == 1, (name, stdout)  # --json: one clean line on stdout, whatever stderr shows
-        summary = json.loads(lines[0])
+        summary = json.loads(lines[-1])   # --json adds one clean last line to stdout, whatever stderr shows
+        assert lines[:-1] == [f"{k}: {v}" for k, v in summary.items()], (name, stdout)   # after the text
         assert summary["commands"] == 90
         if name in ("terminal", "forced"):
             status = _last_status(stderr)

@@ -37,6 +37,98 @@ class JsonOutput:
             print_json(value)
 
 
+# What a training run's train_args.json records beside its TrainArgs fields (nac_drive.pipeline.train):
+# about the run, not arguments; --config reads past them.
+RUN_RECORD_KEYS = ("world_size", "device_used", "torch_threads", "data_info", "policy_config")
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclasses.dataclass
+class ConfigFile:
+    """The ``--config`` flag of the verbs that read their flags from a file."""
+
+    config: str | None = arg(None, "read this verb's flags from FILE: TOML (keys named as the flags, "
+                                   "windows_per_epoch = 1024 or windows-per-epoch = 1024), or a training run's "
+                                   "train_args.json (the flags of that run this verb takes); a flag given on the "
+                                   "command line overrides the file", metavar="FILE")
+
+
+def read_config(namespace: argparse.Namespace) -> None:
+    """Before a verb runs: its ``--config`` file's flags (:func:`apply_config`), then the
+    flags it requires, which the file may give, checked (ValueError)."""
+    if getattr(namespace, "config", None):
+        apply_config(namespace)
+    for action in getattr(getattr(namespace, "verb_parser", None), "required_flags", ()):
+        if getattr(namespace, action.dest, None) is None:
+            raise ValueError(f"{action.option_strings[-1]}: required (on the command line or in --config)")
+
+
+def apply_config(namespace: argparse.Namespace) -> None:
+    """Set the flags of ``namespace`` that its ``--config`` file holds and the command line
+    did not give. Every key of a TOML file must be a flag of the verb, and counts as given
+    (a flag the run would not use is refused, :func:`from_namespace`); a run's
+    train_args.json is a whole record: its :data:`RUN_RECORD_KEYS` and the TrainArgs fields
+    the verb does not take are passed over. A key the verb does not take, or a value of
+    another type, is refused (ValueError) in one line naming the file."""
+    from nac_drive.io.bounded_json import loads
+    from nac_drive.io.capped_read import read_capped
+
+    path = namespace.config
+    raw = read_capped(path, MAX_CONFIG_BYTES)
+    record = not path.lower().endswith(".toml")
+    try:
+        if record:
+            values = loads(raw)
+        else:
+            import tomllib
+
+            values = tomllib.loads(raw.decode())
+    except ValueError as e:   # TOMLDecodeError, JSONDecodeError and UnicodeDecodeError among them
+        raise ValueError(f"--config {path}: not {'JSON' if record else 'TOML'} ({e})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a JSON object of flags, got {type(values).__name__}")
+    fields = {f.name: (f, typing.get_type_hints(cls)[f.name])
+              for cls, skip in namespace.verb_parser.argument_classes
+              for f in dataclasses.fields(cls) if f.name not in skip and f.name != "config"}
+    values = {key.replace("-", "_"): value for key, value in values.items()}
+    if record:
+        from nac_drive.pipeline.train_args import TrainArgs
+
+        recorded = {f.name for f in dataclasses.fields(TrainArgs)}.union(RUN_RECORD_KEYS) - fields.keys()
+        values = {key: value for key, value in values.items() if key not in recorded}
+    unknown = sorted(key for key in values if key not in fields)
+    if unknown:
+        raise ValueError(f"--config {path}: not flags of {namespace.verb_parser.prog}: {', '.join(unknown)}")
+    given = namespace.__dict__.setdefault(GIVEN, {})
+    for key, value in values.items():
+        if key in given:   # the command line wins
+            continue
+        setattr(namespace, key, _config_value(value, *fields[key], path))
+        if not record:
+            given[key] = f"{flag_name(key)} (in {path})"
+
+
+def _config_value(value, f: dataclasses.Field, hint, path: str):
+    """``value`` of field ``f`` (annotated ``hint``) from a config file, as its flag would
+    parse it; ValueError if it has another type."""
+    kinds = [k for k in (typing.get_args(hint) if _is_union(hint) else (hint,)) if k is not type(None)]
+    kind = kinds[0] if len(kinds) == 1 else str
+    if value is None and len(kinds) < len(typing.get_args(hint) or (hint,)):
+        return None
+    many = typing.get_origin(kind) is list
+    item_kind = typing.get_args(kind)[0] if many else kind
+    items = value if many and isinstance(value, list) else [value]
+    fits = {bool: lambda v: isinstance(v, bool), int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+            float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+            str: lambda v: isinstance(v, str)}[item_kind]
+    if (many and not isinstance(value, list)) or not all(map(fits, items)):
+        wanted = f"a list of {item_kind.__name__}" if many else item_kind.__name__
+        raise ValueError(f"--config {path}: {f.name}: expected {wanted}, got {value!r}")
+    if item_kind is float:
+        return [float(v) for v in value] if many else float(value)
+    return list(value) if many else value
+
+
 def print_json(value) -> None:
     """``value`` as one line of strict JSON (NaN and infinities as null), flushed."""
     from nac_drive.io.strict_json import dumps
@@ -134,6 +226,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
                                 **options)
     vars(parser).setdefault("argument_classes", []).append((cls, skip))
     parser.set_defaults(verb_parser=parser)
+    if cls is ConfigFile:   # a required flag may come from the file: checked after it is read (read_config)
+        for action in parser._actions:
+            if action.required and action.option_strings:
+                action.required = False
+                vars(parser).setdefault("required_flags", []).append(action)
 
 
 def _group(parser: argparse.ArgumentParser, title: str):

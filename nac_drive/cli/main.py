@@ -36,7 +36,7 @@ def _terminate(signum, frame) -> None:
 
 # Verb modules under nac_drive.cli.commands, in the order --help lists them.
 COMMANDS: list[str] = ["quickstart", "collect", "train", "dagger", "tune", "compare", "drive", "export", "saliency",
-                       "explain", "dashboard", "expert", "sim"]
+                       "explain", "dashboard", "expert", "sim", "completion"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +76,9 @@ def run_verb(args: argparse.Namespace) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()   # where handlers can be set
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
+        from nac_drive.cli.arguments import read_config
+
+        read_config(args)
         return int(args.func(args) or 0)
     except Terminated:
         print(f"{name}: terminated (SIGTERM); what it wrote is closed", file=sys.stderr)

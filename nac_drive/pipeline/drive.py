@@ -400,7 +400,6 @@ class DriveUdacityArgs:
     record: str | None = arg(None, "also record driving_log.csv + IMG/ to DIR", metavar="DIR")
     trace: str | None = arg(None, "record frames, steering and NAC traces to RUN_DIR/trace/ (for the dashboard; "
                                   "RUN_DIR-2, -3, ... if RUN_DIR exists)", metavar="RUN_DIR")
-    json: bool = arg(False, "end the summary with one line of JSON")
     perturb: str | None = perturb_arg(UDACITY_PERTURBATIONS)
     device: str = device_arg()
 
@@ -413,9 +412,9 @@ class DriveUdacityArgs:
         return onnx_ignores_device(self.policy)
 
 
-def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None) -> int:
+def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None, json_out: bool = False) -> int:
     """Serve the Udacity simulator with a Udacity policy (default: the shipped one) until
-    Ctrl-C; ``args.trace``: also record the run for the dashboard; ``live``: show it in
+    Ctrl-C, then print its summary (``json_out``: as one line of JSON); ``args.trace``: also record the run for the dashboard; ``live``: show it in
     Rerun; under frame-drop a dropped telemetry frame is not shown to the policy and its last
     steering is sent again (the summary adds ``perturbation`` and ``frames_dropped``, per
     connection). Returns an exit code."""
@@ -435,7 +434,7 @@ def drive_udacity_policy(args: DriveUdacityArgs, live: LiveOptions | None = None
             report = None if driver.drops is None else lambda: {"perturbation": perturbation_record(args.perturb),
                                                                 "frames_dropped": driver.dropped}
             return drive_udacity(driver, host=args.host, port=args.port, speed=args.speed, record_dir=args.record,
-                                 json_out=args.json, report=report)
+                                 json_out=json_out, report=report)
     finally:
         if recorder is not None and len(recorder):
             recorder.save()

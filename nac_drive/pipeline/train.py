@@ -457,6 +457,13 @@ def encode_held_out(policy: DrivingPolicy, dataset, idx: np.ndarray, chunk: int)
     return features
 
 
+def run_summary(run_dir: Path) -> dict:
+    """What ``nac-drive train`` reports of a finished run: its folder, its best checkpoint
+    and that epoch's ``metrics.csv`` row (:func:`best_epoch`)."""
+    return {"run": str(run_dir), "best_checkpoint": str(run_dir / "best"),
+            "best_epoch": best_epoch(run_dir / "metrics.csv")}
+
+
 def best_epoch(metrics_csv: Path) -> dict[str, float | None]:
     """The ``metrics.csv`` row of the lowest validation loss (the epoch ``best/`` holds), as
     numbers (NaN -> None)."""

@@ -6,7 +6,20 @@
     nac-drive collect udacity --out runs/udacity/my_drive                  # you drive the Udacity simulator
     nac-drive collect udacity --driver scripted --out runs/udacity/lakeside --frames 3000   # headless
 
-CarRacing:
+``nac-drive collect carracing --help`` tells how CarRacing tracks are numbered and datasets named.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from nac_drive.fields import MAX_SEED, REQUIRED, arg, check_fields
+
+HUMAN, SCRIPTED = "--driver human", "--driver scripted"
+
+CARRACING = """Record an expert's CarRacing-v3 episodes as a Minari dataset.
 
 Track seeds are ``100000 + seed + i`` (the collection range: never used by expert
 training, nor by evaluation, which starts at 900000). Every frame stores the raw RGB
@@ -22,16 +35,6 @@ in the dataset is refused before driving, and so is a collect started while anot
 records some of its tracks into the same ``--out`` and ``--name``.
 """
 
-from __future__ import annotations
-
-import argparse
-from dataclasses import dataclass, fields
-from pathlib import Path
-
-from nac_drive.fields import MAX_SEED, REQUIRED, arg, check_fields
-
-HUMAN, SCRIPTED = "--driver human", "--driver scripted"
-
 
 @dataclass
 class CollectUdacityArgs:
@@ -42,7 +45,6 @@ class CollectUdacityArgs:
                                "training mode) and record what you drive, centre camera, until Ctrl-C; scripted: "
                                "the headless emulator's pure-pursuit driver records --frames frames, three cameras",
                       choices=("human", "scripted"))
-    json: bool = arg(False, "print the final summary as one JSON line")
     host: str = arg("127.0.0.1", "address to bind", group=HUMAN)
     port: int = arg(4567, "port the simulator connects to", min=1, max=65535, group=HUMAN)
     exit_on_disconnect: bool = arg(False, "stop when the simulator disconnects", group=HUMAN)
@@ -64,34 +66,37 @@ class CollectUdacityArgs:
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline.collect import CollectArgs
 
     parser = subparsers.add_parser("collect", help="record demonstrations (CarRacing expert, Udacity driving)",
                                    description=__doc__)
     sub = parser.add_subparsers(dest="collect_target", metavar="SIMULATOR", required=True)
-    car = sub.add_parser("carracing", help="CarRacing-v3 demonstrations (Minari dataset)")
-    add_dataclass_arguments(car, CollectArgs)
+    car = sub.add_parser("carracing", help="CarRacing-v3 demonstrations (Minari dataset)",
+                         description=CARRACING)
+    for cls in (CollectArgs, JsonOutput):
+        add_dataclass_arguments(car, cls)
     car.set_defaults(func=run)
 
     uda = sub.add_parser("udacity", help="Udacity driving logs (driving_log.csv + IMG/): you in the simulator, "
                                          "or the headless emulator's scripted driver")
-    add_dataclass_arguments(uda, CollectUdacityArgs)
+    for cls in (CollectUdacityArgs, JsonOutput):
+        add_dataclass_arguments(uda, cls)
     uda.set_defaults(func=run_udacity)
 
 
 def run_udacity(namespace: argparse.Namespace) -> int:
     """``collect udacity``: a human's driving through the bridge, or the emulator's scripted driver."""
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
 
-    args = from_namespace(CollectUdacityArgs, namespace)
+    args, output = from_namespace(CollectUdacityArgs, namespace), from_namespace(JsonOutput, namespace)
     if args.driver == "human":
         import logging
 
         from nac_drive.simulators.udacity_session import record_udacity
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        return record_udacity(args.out, args.host, args.port, args.json, args.exit_on_disconnect)
+        return record_udacity(args.out, args.host, args.port, output.json, args.exit_on_disconnect)
 
     import sys
 
@@ -102,15 +107,18 @@ def run_udacity(namespace: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     summary = record_training(args.out, track=args.track, frames=args.frames, seed=args.seed, speed_mph=args.speed,
                               noise=args.noise, progress_bar=progress)
-    print_summary(summary, args.json)
+    print_summary(summary, output)
     return 0
 
 
 def run(namespace: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.collect import CollectArgs, collect_carracing
 
-    path, results = collect_carracing(from_namespace(CollectArgs, namespace))
+    args, output = from_namespace(CollectArgs, namespace), from_namespace(JsonOutput, namespace)
+    path, results = collect_carracing(args)
+    shards = sorted(p.name for p in Path(path).iterdir() if p.is_dir())
     print(results.format())
-    print(f"dataset: {path} (shards: {', '.join(sorted(p.name for p in Path(path).iterdir() if p.is_dir()))})")
+    print(f"dataset: {path} (shards: {', '.join(shards)})")
+    output.emit({**results.summary(), "dataset": str(path), "shards": shards})
     return 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
+    from nac_drive.cli.arguments import ConfigFile, JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline import compare
 
     parser = subparsers.add_parser("compare", help="train and drive several cores alike, several seeds each",
                                    description=compare.__doc__)
-    for cls in (compare.CompareArgs, JsonOutput):
+    for cls in (compare.CompareArgs, ConfigFile, JsonOutput):
         add_dataclass_arguments(parser, cls)
     parser.set_defaults(func=run)
 

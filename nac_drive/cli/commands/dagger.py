@@ -12,7 +12,7 @@ NOT_FROM_TRAIN = ("init_from", "resume", "eval_episodes")   # a round drives its
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import ConfigFile, JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline import dagger
     from nac_drive.pipeline.train_args import ARCHITECTURE, TrainArgs
 
@@ -20,14 +20,23 @@ def add_parser(subparsers) -> None:
                               description=dagger.__doc__)
     add_dataclass_arguments(p, dagger.DaggerArgs)
     add_dataclass_arguments(p, TrainArgs, skip=ARCHITECTURE + NOT_FROM_TRAIN)   # each round's fine-tuning
+    for cls in (ConfigFile, JsonOutput):
+        add_dataclass_arguments(p, cls)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.train_args import TrainArgs
 
-    final = dagger(from_namespace(DaggerArgs, args), from_namespace(TrainArgs, args))
+    output = from_namespace(JsonOutput, args)
+    rounds = []   # what each round's student drove and the checkpoint fine-tuned after it
+
+    def note_round(index, checkpoint, results) -> None:
+        rounds.append({"round": index, "student": results.summary(), "checkpoint": str(checkpoint)})
+
+    final = dagger(from_namespace(DaggerArgs, args), from_namespace(TrainArgs, args), on_round=note_round)
     print(f"final checkpoint: {final}")
+    output.emit({"final_checkpoint": str(final), "rounds": rounds})
     return 0

@@ -38,7 +38,7 @@ class DashboardArgs:
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
 
     p = subparsers.add_parser(
         "dashboard", help="write a self-contained HTML dashboard of a recorded run",
@@ -47,25 +47,28 @@ def add_parser(subparsers) -> None:
                     "episode's return, lap and policy/expert agreement, frame scrubber, saliency overlay, the run's "
                     "video, actions, running return, cross-track error, neuron heatmaps, which past frame each "
                     "decision used, NCP wiring.")
-    add_dataclass_arguments(p, DashboardArgs)
+    for cls in (DashboardArgs, JsonOutput):
+        add_dataclass_arguments(p, cls)
     p.set_defaults(func=run)
 
 
 def run(namespace: argparse.Namespace) -> int:
     import os
 
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.interpret.dashboard import build_dashboard
 
-    args = from_namespace(DashboardArgs, namespace)
+    args, output = from_namespace(DashboardArgs, namespace), from_namespace(JsonOutput, namespace)
     paths = []
     if args.rrd is not None:
         paths.append(write_rrd(args.run_dir, args.rrd))
     if args.rrd is None or args.output is not None:
         paths.append(build_dashboard(args.run_dir, args.output, image_budget=int(args.image_budget_mb * 1e6),
                                      title=args.title, video=args.video))
-    for path in paths:
-        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    written = [{"path": str(path), "mb": os.path.getsize(path) / 1e6} for path in paths]
+    for file in written:
+        print(f"wrote {file['path']} ({file['mb']:.1f} MB)")
+    output.emit({"written": written})
     return 0
 
 

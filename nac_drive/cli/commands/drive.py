@@ -23,6 +23,18 @@ from __future__ import annotations
 
 import argparse
 
+CARRACING = """Drive a policy on CarRacing-v3 and score it.
+
+    nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--json]
+
+The policy (default: the shipped CNN+NAC policy) drives the held-out tracks 900000,
+900001, ... in the env it learned (its config.json's gas), streaming through ``NAC.step()``;
+each track's return and frames are printed, then the mean with its 95% interval, the worst
+track and the success rate at 900. ``--video`` writes a WebM, ``--trace`` the run's neuron
+traces (``nac-drive dashboard`` shows them), ``--perturb`` changes the env, ``--rerun``
+shows the drive live.
+"""
+
 
 def add_parser(subparsers) -> None:
     from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
@@ -30,13 +42,13 @@ def add_parser(subparsers) -> None:
 
     parser = subparsers.add_parser("drive", help="drive a trained policy closed-loop", description=__doc__)
     sub = parser.add_subparsers(dest="drive_target", metavar="SIMULATOR", required=True)
-    car = sub.add_parser("carracing", help="CarRacing-v3")
+    car = sub.add_parser("carracing", help="CarRacing-v3", description=CARRACING)
     for cls in (DriveArgs, JsonOutput, LiveOptions):
         add_dataclass_arguments(car, cls)
     car.set_defaults(func=run_carracing)
 
     uda = sub.add_parser("udacity", help="the Udacity simulator, through the socket bridge")
-    for cls in (DriveUdacityArgs, LiveOptions):
+    for cls in (DriveUdacityArgs, JsonOutput, LiveOptions):
         add_dataclass_arguments(uda, cls)
     uda.set_defaults(func=run_udacity)
 
@@ -46,7 +58,7 @@ def run_carracing(namespace: argparse.Namespace) -> int:
     from nac_drive.pipeline.drive import DriveArgs, LiveOptions, drive_carracing
 
     args, output = from_namespace(DriveArgs, namespace), from_namespace(JsonOutput, namespace)
-    summary = drive_carracing(args, from_namespace(LiveOptions, namespace), progress=not output.json)
+    summary = drive_carracing(args, from_namespace(LiveOptions, namespace))
     dropped = summary.get("frames_dropped")   # under frame-drop
     for i, (seed, ret, n) in enumerate(zip(summary["seeds"], summary["returns"], summary["lengths"])):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}" + (f"  dropped {dropped[i]:4d}" if dropped else ""))
@@ -62,7 +74,8 @@ def run_carracing(namespace: argparse.Namespace) -> int:
 
 
 def run_udacity(namespace: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.drive import DriveUdacityArgs, LiveOptions, drive_udacity_policy
 
-    return drive_udacity_policy(from_namespace(DriveUdacityArgs, namespace), from_namespace(LiveOptions, namespace))
+    return drive_udacity_policy(from_namespace(DriveUdacityArgs, namespace), from_namespace(LiveOptions, namespace),
+                                json_out=from_namespace(JsonOutput, namespace).json)

@@ -90,17 +90,17 @@ def add_parser(subparsers) -> None:
             add_dataclass_arguments(p, cls)
         p.set_defaults(func=func)
 
-    verb("train", _train, (ExpertTrainArgs, Ship), help="train a PPO expert (stable-baselines3)")
-    verb("kickstart", _kickstart, (KickstartArgs,), help="teach a PPO expert's network by DAgger from the "
+    verb("train", _train, (ExpertTrainArgs, Ship, JsonOutput), help="train a PPO expert (stable-baselines3)")
+    verb("kickstart", _kickstart, (KickstartArgs, JsonOutput), help="teach a PPO expert's network by DAgger from the "
          "privileged teacher (continue it with 'train --init-from')", description=kickstart_doc())
-    verb("resume", _resume, (ExpertResumeArgs, Ship), help="continue a training run from its last kept checkpoint")
+    verb("resume", _resume, (ExpertResumeArgs, Ship, JsonOutput), help="continue a training run from its last kept checkpoint")
     verb("eval", _eval, (ExpertEvalArgs, JsonOutput), help="evaluate an expert on held-out tracks")
     verb("compare", _compare, (ExpertCompareArgs, JsonOutput),
          help="score several PPO zips (e.g. kept checkpoints) on the same tracks, fast",
          description="Each zip drives its most likely actions in the training's evaluation env, where only the "
                      "frames the expert sees are drawn (~4x faster than 'expert eval', same returns). Choose on "
                      "tracks outside the held-out range, then check the choice once with 'expert eval'.")
-    verb("ship", _ship, (ExpertShipArgs,),
+    verb("ship", _ship, (ExpertShipArgs, JsonOutput),
          help="write a chosen checkpoint (e.g. the one 'compare' picked), or the average of several, without "
               "optimizer state, as --ship does",
          description="Copies the policy weights and plain hyper-parameters of ZIP, read without unpickling, into a "
@@ -117,53 +117,66 @@ def kickstart_doc() -> str:
 
 def _kickstart(namespace: argparse.Namespace) -> int:
     from nac_drive.agents.ppo_lab.kickstart import KickstartArgs, kickstart
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
 
-    print(f"kickstart zip: {kickstart(from_namespace(KickstartArgs, namespace, kickstart_ignored))}")
+    output = from_namespace(JsonOutput, namespace)
+    zip_path = kickstart(from_namespace(KickstartArgs, namespace, kickstart_ignored))
+    print(f"kickstart zip: {zip_path}")
+    output.emit({"kickstart_zip": str(zip_path)})
     return 0
 
 
 def _train(namespace: argparse.Namespace) -> int:
     from nac_drive.agents.ppo_lab.training_args import ExpertTrainArgs
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
 
     args, ship = from_namespace(ExpertTrainArgs, namespace, train_ignored), from_namespace(Ship, namespace)
+    output = from_namespace(JsonOutput, namespace)
     from nac_drive.agents.ppo_lab.training import train_expert   # stable-baselines3, after the flags are checked
 
-    return _report(train_expert(args), ship.ship)
+    return _report(train_expert(args), ship.ship, output)
 
 
 def _resume(namespace: argparse.Namespace) -> int:
     from nac_drive.agents.ppo_lab.training import resume_expert
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
 
     args, ship = from_namespace(ExpertResumeArgs, namespace), from_namespace(Ship, namespace)
-    return _report(resume_expert(args.run_dir, args.total_frames), ship.ship)
+    output = from_namespace(JsonOutput, namespace)
+    return _report(resume_expert(args.run_dir, args.total_frames), ship.ship, output)
 
 
-def _report(best, ship: str | None) -> int:
+def _report(best, ship: str | None, output) -> int:
     """Print the best zip a training run returned and ship it if asked (a bad zip, args.json
-    or kept state ends in one line through nac_drive.cli.main.run_verb)."""
+    or kept state ends in one line through nac_drive.cli.main.run_verb); ``output``'s JSON
+    line holds both (:func:`training_summary`)."""
     print(f"best checkpoint: {best}")
-    if ship:
-        _write_shipped(best, ship)
+    shipped = _write_shipped(best, ship) if ship else None
+    output.emit(training_summary(best, shipped))
     return 0
+
+
+def training_summary(best, shipped) -> dict:
+    """The JSON line of ``expert train`` and ``expert resume``: the best zip, the shipped copy (or null)."""
+    return {"best_checkpoint": str(best), "shipped": None if shipped is None else str(shipped)}
 
 
 def _ship(namespace: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
 
-    args = from_namespace(ExpertShipArgs, namespace)
-    _write_shipped(args.zips, args.out, args.gas)
+    args, output = from_namespace(ExpertShipArgs, namespace), from_namespace(JsonOutput, namespace)
+    output.emit({"shipped": str(_write_shipped(args.zips, args.out, args.gas))})
     return 0
 
 
-def _write_shipped(src, dst, gas: float | None = None) -> None:
+def _write_shipped(src, dst, gas: float | None = None):
     """``src`` (a zip, or zips whose weights are averaged) without optimizer state at ``dst``
-    (read without unpickling)."""
+    (read without unpickling); returns the path written."""
     from nac_drive.agents.ppo_lab.expert_zip import export_for_shipping
 
-    print(f"shipped copy: {export_for_shipping(src, dst, gas)}")
+    shipped = export_for_shipping(src, dst, gas)
+    print(f"shipped copy: {shipped}")
+    return shipped
 
 
 def _compare(namespace: argparse.Namespace) -> int:
@@ -171,7 +184,7 @@ def _compare(namespace: argparse.Namespace) -> int:
     from nac_drive.pipeline.evaluate import ExpertCompareArgs, compare_experts
 
     output = from_namespace(JsonOutput, namespace)
-    scored = compare_experts(from_namespace(ExpertCompareArgs, namespace), progress=not output.json)
+    scored = compare_experts(from_namespace(ExpertCompareArgs, namespace))
     output.emit({path: results.summary() for path, results in scored.items()})
     return 0
 
@@ -182,7 +195,7 @@ def _eval(namespace: argparse.Namespace) -> int:
     from nac_drive.simulators.perturbations import perturbation_record
 
     output, args = from_namespace(JsonOutput, namespace), from_namespace(ExpertEvalArgs, namespace)
-    name, results = evaluate_expert(args, progress=not output.json)
+    name, results = evaluate_expert(args)
     for seed, ret, n, lap in zip(results.seeds, results.returns, results.lengths, results.laps):
         print(f"seed {seed}: return {ret:8.1f}  frames {n:4d}  lap {'yes' if lap else 'no'}")
     print(f"{name}: {results.format()}")

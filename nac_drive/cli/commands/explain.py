@@ -69,29 +69,29 @@ class ExplainPrint:
     """What ``nac-drive explain`` prints of its report."""
 
     rows: int = arg(15, "atlas rows printed (explain.json has all)", min=1)
-    json: bool = arg(False, "end the output with one line of JSON (explain.json's content)")
 
     def __post_init__(self):
         check_fields(self)
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline.explain import ExplainArgs
 
     p = subparsers.add_parser("explain", help="test the paper's Fig. 4 claim and map every neuron of a policy",
                               description=__doc__)
     add_dataclass_arguments(p, ExplainArgs)
     add_dataclass_arguments(p, ExplainPrint)
+    add_dataclass_arguments(p, JsonOutput)   # its JSON line: explain.json's content
     p.set_defaults(func=run)
 
 
 def run(namespace: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace, print_json
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.pipeline.explain import EXPLAIN_FILE, ExplainArgs, explain
 
-    shown = from_namespace(ExplainPrint, namespace)
-    report = explain(from_namespace(ExplainArgs, namespace), progress=not shown.json)
+    shown, output = from_namespace(ExplainPrint, namespace), from_namespace(JsonOutput, namespace)
+    report = explain(from_namespace(ExplainArgs, namespace))
     print(format_drive(report))
     if report["fig4"]:
         print()
@@ -115,8 +115,7 @@ def run(namespace: argparse.Namespace) -> int:
         print()
         print("\n".join(format_skipped(report["skipped"])))
     print(f"\nwrote {report['run']}/{EXPLAIN_FILE}")
-    if shown.json:
-        print_json(report)
+    output.emit(report)
     return 0
 
 

@@ -27,7 +27,6 @@ class ExportArgs:
     format: str = arg("onnx", "file format", choices=("onnx",))
     graph: str = arg("step", "step: one streamed frame, the NAC cache in and out (what drive runs); window: the "
                              "forward over a window of frames", choices=("step", "window"))
-    json: bool = arg(False, "end with the result as one JSON line")
 
     def __post_init__(self):
         from nac_drive.policy.onnx_policy import is_onnx_path
@@ -38,22 +37,22 @@ class ExportArgs:
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
 
     p = subparsers.add_parser("export", help="export a policy to ONNX (onnxruntime drives it)", description=__doc__)
-    add_dataclass_arguments(p, ExportArgs)
+    for cls in (ExportArgs, JsonOutput):
+        add_dataclass_arguments(p, cls)
     p.set_defaults(func=run)
 
 
 def run(namespace: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace, print_json
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.policy.loading import load_driving_policy
     from nac_drive.policy.onnx_export import export_onnx
 
-    args = from_namespace(ExportArgs, namespace)
+    args, output = from_namespace(ExportArgs, namespace), from_namespace(JsonOutput, namespace)
     result = export_onnx(load_driving_policy(args.policy), args.out, graph=args.graph)
     print(f"wrote {result['path']} ({result['graph']} graph; onnxruntime vs torch on example inputs: "
           f"max |difference| {result['max_abs_diff']:.2g})")
-    if args.json:
-        print_json(result)
+    output.emit(result)
     return 0

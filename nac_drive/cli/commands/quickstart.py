@@ -40,7 +40,7 @@ def run(namespace: argparse.Namespace) -> int:
     from nac_drive.pipeline.quickstart import QuickstartArgs, quickstart
 
     output = from_namespace(JsonOutput, namespace)
-    summary = quickstart(from_namespace(QuickstartArgs, namespace), progress=not output.json)
+    summary = quickstart(from_namespace(QuickstartArgs, namespace))
     print(f"video: {summary['video']}\ndashboard: {summary['dashboard']} (open it in a browser)")
     print("stages: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in summary["stage_seconds"].items())
           + f"; total {summary['seconds']:.0f} s")

@@ -25,19 +25,21 @@ class SaliencyArgs:
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
 
     p = subparsers.add_parser("saliency", help="Grad-CAM overlays for a recorded run", description=__doc__)
-    add_dataclass_arguments(p, SaliencyArgs)
+    for cls in (SaliencyArgs, JsonOutput):
+        add_dataclass_arguments(p, cls)
     p.set_defaults(func=run)
 
 
 def run(namespace: argparse.Namespace) -> int:
     from nac_drive.policy.loading import load_driving_policy
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.interpret.policy_saliency import policy_saliency
 
-    args = from_namespace(SaliencyArgs, namespace)
+    args, output = from_namespace(SaliencyArgs, namespace), from_namespace(JsonOutput, namespace)
     path = policy_saliency(load_driving_policy(args.policy), args.run, args.method)
     print(f"wrote {path}")
+    output.emit({"saliency": str(path), "method": args.method})
     return 0

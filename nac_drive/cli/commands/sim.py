@@ -29,7 +29,6 @@ class EmulatorArgs:
     realtime: bool = arg(False, "one step per 1/15 s of wall clock, like the real simulator (without it: as fast as "
                                 "answered)")
     timeout: float = arg(5.0, "seconds to wait for an answer", above=0)
-    json: bool = arg(False, "print the summary as one JSON line")
     progress: bool | None = arg(None, "show laps, distance and cross-track error live on stderr (default: when "
                                       "stderr is a terminal)")
 
@@ -38,25 +37,23 @@ class EmulatorArgs:
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import add_dataclass_arguments
+    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
 
     sim = subparsers.add_parser("sim", help="headless simulators (Udacity protocol emulator)",
                                 description=__doc__)
     kinds = sim.add_subparsers(dest="simulator", metavar="SIMULATOR", required=True)
     p = kinds.add_parser("udacity-emulator", help="Udacity Term-1 simulator stand-in (procedural road)")
-    add_dataclass_arguments(p, EmulatorArgs)
+    for cls in (EmulatorArgs, JsonOutput):
+        add_dataclass_arguments(p, cls)
     p.set_defaults(func=run_udacity_emulator)
 
 
-def print_summary(summary: dict, as_json: bool) -> None:
-    """A run's summary: one JSON line, or one ``key: value`` line per entry."""
-    if as_json:
-        from nac_drive.cli.arguments import print_json
-
-        print_json(summary)
-    else:
-        for k, v in summary.items():
-            print(f"{k}: {v}")
+def print_summary(summary: dict, output) -> None:
+    """A run's summary: one ``key: value`` line per entry, then the JSON line of ``output``
+    (a :class:`~nac_drive.cli.arguments.JsonOutput`)."""
+    for k, v in summary.items():
+        print(f"{k}: {v}")
+    output.emit(summary)
 
 
 def check_track(name: str) -> None:
@@ -70,7 +67,7 @@ def check_track(name: str) -> None:
 
 
 def run_udacity_emulator(namespace: argparse.Namespace) -> int:
-    from nac_drive.cli.arguments import from_namespace
+    from nac_drive.cli.arguments import JsonOutput, from_namespace
     from nac_drive.simulators.udacity_emulator import EmulatorConfig, run_emulator
 
     args = from_namespace(EmulatorArgs, namespace)
@@ -84,7 +81,7 @@ def run_udacity_emulator(namespace: argparse.Namespace) -> int:
     except OSError as e:
         raise OSError(f"cannot connect to a Udacity bridge at {args.host}:{args.port}: {e}") from None
     summary = report.as_dict()
-    print_summary(summary, args.json)
+    print_summary(summary, from_namespace(JsonOutput, namespace))
     if report.no_answer:
         print(f"no answer to telemetry within {args.timeout} s: the server ignores a client that never sends "
               "the Socket.IO namespace CONNECT ('40'), as python-socketio >= 5 does (the bridge needs "

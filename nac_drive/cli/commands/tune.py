@@ -5,12 +5,12 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import JsonOutput, add_dataclass_arguments
+    from nac_drive.cli.arguments import ConfigFile, JsonOutput, add_dataclass_arguments
     from nac_drive.pipeline import tune
 
     parser = subparsers.add_parser("tune", help="search a core's hyper-parameters on validation tracks (Optuna; "
                                                 "resumable)", description=tune.__doc__)
-    for cls in (tune.TuneArgs, JsonOutput):
+    for cls in (tune.TuneArgs, ConfigFile, JsonOutput):
         add_dataclass_arguments(parser, cls)
     parser.set_defaults(func=run)
 
