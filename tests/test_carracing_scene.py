@@ -1,6 +1,7 @@
 """Scene variables read from CarRacing's track geometry: known answers on synthetic tracks,
 and plausible values on a real drive."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -99,3 +100,30 @@ def test_the_teacher_drives_with_small_heading_error_and_finite_curvature():
     assert np.isfinite(curvature).all() and np.abs(curvature).max() < 0.2   # sharpest bends: radius > 5 units
     assert np.median(np.abs(heading_error)) < 0.15 and np.abs(heading_error).max() < 0.8
     assert np.array([s["speed"] for s in scenes])[-50:].mean() > 10
+
+
+def test_a_traced_carracing_drive_records_the_scene_and_an_older_trace_loads_without_it(tmp_path):
+    from nac_drive.interpret.archive import write_archive
+    from nac_drive.interpret.trace import SCENE_FIELDS, load_trace
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing
+
+    drive = drive_carracing(DriveArgs(episodes=1, max_steps=120, trace=str(tmp_path / "run")), progress=False)
+    run = load_trace(drive["trace"])
+    assert run.num_steps == 120 and run.has_scene
+    for name in SCENE_FIELDS:
+        assert np.isfinite(getattr(run, name)).all(), name
+    assert np.abs(run.curvature).max() < 0.2                        # 1/units: no bend sharper than radius 5
+    assert np.all(np.abs(run.heading_error) <= math.pi)
+    assert np.median(np.abs(run.heading_error)) < 0.3               # the shipped policy follows the road
+    assert run.speed[-30:].mean() > run.speed[0]                    # it sets off from standstill
+    assert np.isfinite(run.cross_track_error).all()
+
+    chunk = next((tmp_path / "run" / "trace").glob("chunk-*.npz"))   # as written before the scene existed
+    with np.load(chunk, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k not in (*SCENE_FIELDS, "metadata.json")}
+        metadata = json.loads(bytes(z["metadata.json"]).decode()) if "metadata.json" in z.files else None
+    assert metadata is not None
+    write_archive(chunk, arrays, metadata)
+    old = load_trace(tmp_path / "run")
+    assert not old.has_scene and all(np.isnan(getattr(old, name)).all() for name in SCENE_FIELDS)
+    np.testing.assert_array_equal(old.cross_track_error, run.cross_track_error)
