@@ -55,17 +55,14 @@ def tangent_heading(headings: np.ndarray, index: int) -> float:
     return float(np.angle(np.exp(1j * before) + np.exp(1j * after)))
 
 
-def scene_variables(env, reader=None, distance: float = CURVE_AHEAD) -> dict[str, float]:
+def scene_variables(env, reader, distance: float = CURVE_AHEAD) -> dict[str, float]:
     """The scene of ``env``'s current state (module docstring): ``curvature``,
     ``cross_track_error``, ``heading_error``, ``speed`` (floats).
 
-    reader: the :class:`~nac_drive.agents.teacher.PurePursuitTeacher` that reads this env's track
-    (its search starts from its last nearest point; the driving loop's oracle, so the scene
-    and the expert's action share one search); a fresh one if None."""
-    if reader is None:
-        from nac_drive.agents.teacher import PurePursuitTeacher
-
-        reader = PurePursuitTeacher()
+    reader: what reads this env's track and car, with ``locate(env)`` and
+    ``cross_track_error(env)``: a :class:`~nac_drive.agents.teacher.PurePursuitTeacher` (the
+    driving loop's oracle, so the scene and the expert's action share one nearest-point search;
+    passed in, as agents sit a layer above the simulators)."""
     pose, index, headings, lengths = reader.locate(env)
     car_heading = math.atan2(float(pose.forward[1]), float(pose.forward[0]))
     return {"curvature": curvature_ahead(headings, lengths, index, distance),

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from nac_drive.agents.teacher import PurePursuitTeacher
 from nac_drive.simulators.carracing_scene import curvature_ahead, scene_variables, wrap_angle
 
 
@@ -47,7 +48,7 @@ def _straight(n=200, step=3.5):
 
 
 def test_a_straight_track_has_no_curvature_and_a_car_along_it_no_heading_error():
-    scene = scene_variables(_env(_straight(), 100.0, 0.0, 0.0, velocity=(30.0, 40.0)))
+    scene = scene_variables(_env(_straight(), 100.0, 0.0, 0.0, velocity=(30.0, 40.0)), PurePursuitTeacher())
     assert scene["curvature"] == pytest.approx(0.0, abs=1e-12)
     assert scene["heading_error"] == pytest.approx(0.0, abs=1e-12)
     assert scene["cross_track_error"] == pytest.approx(0.0, abs=1e-9)
@@ -60,7 +61,7 @@ def test_a_circle_of_radius_r_has_curvature_one_over_r_left_positive(radius, clo
     points = _circle(radius, clockwise=clockwise)
     x, y = points[37]
     tangent = math.atan2(*(points[38] - points[36])[::-1])
-    scene = scene_variables(_env(points, x, y, tangent))
+    scene = scene_variables(_env(points, x, y, tangent), PurePursuitTeacher())
     sign = -1.0 if clockwise else 1.0          # counter-clockwise = turning left
     assert scene["curvature"] == pytest.approx(sign / radius, rel=1e-3)
     assert scene["heading_error"] == pytest.approx(0.0, abs=1e-9)
@@ -71,7 +72,7 @@ def test_a_car_rotated_by_theta_has_heading_error_theta(theta):
     points = _circle(60.0)
     x, y = points[100]
     tangent = math.atan2(*(points[101] - points[99])[::-1])
-    scene = scene_variables(_env(points, x, y, tangent + theta))
+    scene = scene_variables(_env(points, x, y, tangent + theta), PurePursuitTeacher())
     assert scene["heading_error"] == pytest.approx(theta, abs=1e-9)
 
 
@@ -83,7 +84,6 @@ def test_curvature_ahead_wraps_headings_across_pi():
 
 
 def test_the_teacher_drives_with_small_heading_error_and_finite_curvature():
-    from nac_drive.agents.teacher import PurePursuitTeacher
     from nac_drive.simulators.carracing import make_carracing
 
     env = make_carracing(continuous=True)
