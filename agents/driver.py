@@ -5,7 +5,7 @@ times every decision, drops the frames a ``frame-drop`` schedule says never arri
 is not asked, its last action goes to the simulator again), and can hand each step to its sinks: a
 :class:`~nac_drive.interpret.trace.RunRecorder` (``trace/``, for the dashboard) and a
 live :class:`~nac_drive.interpret.live_view.RerunView`. A step is the frame, the policy's
-action, a privileged oracle's action and cross-track error for the same state, the reward,
+action, a privileged oracle's action, cross-track error and road scene for the same state, the reward,
 the NAC trace and, live, the saliency of the chosen action.
 """
 
@@ -114,14 +114,22 @@ class PolicyDriver:
         return action
 
     def _oracle_view(self, obs) -> dict[str, Any]:
-        """The expert's action and the cross-track error for the state the policy acts in:
-        from the oracle (CarRacing's teacher reads the env), or the observation's ``cte``
-        (what the Udacity emulator reports through the bridge)."""
+        """The expert's action, the cross-track error and the road's scene for the state the
+        policy acts in: from the oracle (CarRacing's teacher reads the env's track, and with it
+        :func:`~nac_drive.simulators.carracing_scene.scene_variables`), or the observation's
+        ``cte`` (what the Udacity emulator reports through the bridge; no scene)."""
         if self.oracle is None or self._env is None:
             cte = obs.get("cte") if isinstance(obs, dict) else None
-            return {"expert_action": None, "cross_track_error": cte}
-        cte = self.oracle.cross_track_error(self._env) if hasattr(self.oracle, "cross_track_error") else None
-        return {"expert_action": self.oracle.action_for(self._env), "cross_track_error": cte}
+            return {"expert_action": None, "cross_track_error": cte, "scene": None}
+        scene = None
+        if hasattr(self.oracle, "locate"):   # it reads CarRacing's track
+            from nac_drive.simulators.carracing_scene import scene_variables
+
+            scene = scene_variables(self._env, self.oracle)
+            cte = scene["cross_track_error"]
+        else:
+            cte = self.oracle.cross_track_error(self._env) if hasattr(self.oracle, "cross_track_error") else None
+        return {"expert_action": self.oracle.action_for(self._env), "cross_track_error": cte, "scene": scene}
 
     def on_step(self, episode: int, frame: int, obs, action, reward: float, info: dict) -> None:
         """Runner callback: completes the step's record with its reward."""
@@ -132,7 +140,7 @@ class PolicyDriver:
             return
         step = dict(self._pending, reward=reward, timestamp=timestamp)
         self._pending = {}
-        if self.live is not None:
-            self.live.add(saliency=self._saliency, **step)
+        if self.live is not None:   # (the live view shows no scene)
+            self.live.add(saliency=self._saliency, **{k: v for k, v in step.items() if k != "scene"})
         if self.recorder is not None:
             self.recorder.add(**step)

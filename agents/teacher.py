@@ -191,6 +191,14 @@ class PurePursuitTeacher:
         return NOOP
 
     # -- the car on the line -----------------------------------------------------------
+    def locate(self, env: gym.Env) -> tuple[CarPose, int, np.ndarray, np.ndarray]:
+        """The car on ``env``'s track: its pose, the index of its nearest centre-line point,
+        and the track's segment headings and lengths (``float64 [N]`` each, segment i runs
+        from point i to point i + 1; headings in radians, counter-clockwise = left). The
+        scene variables (:mod:`nac_drive.simulators.carracing_scene`) read the track so."""
+        pose = self._pose(env)
+        return pose, self._idx, self._heading, self._seg
+
     def _pose(self, env: gym.Env) -> CarPose:
         """The car's pose in ``env``; also moves ``self._idx`` to its nearest centre-line point."""
         base = env.unwrapped

@@ -184,10 +184,20 @@ def fig4_claim(run, recent: int | None = None, min_steps: int = MIN_STEPS, deadb
     one curve; ``heads_holding`` says how many of the heads), "not reproduced" if in none,
     and "untestable" where a scene group it needs has fewer than ``min_steps`` traced steps.
     """
-    traced = run.has_nac
-    if not traced.any():
+    if not run.has_nac.any():
         raise ValueError(f"{run.path}: the run has no NAC trace (drive a NAC policy with --trace)")
-    scenes, sides = scene_classes(run, recent, deadband), steering_sides(run, deadband)
+    tested = claim_on_scenes(run, scene_classes(run, recent, deadband), steering_sides(run, deadband), min_steps)
+    return {"mode": (run.metadata.get("nac") or {}).get("mode"), "deadband": steer_deadband(run, deadband),
+            **tested}
+
+
+def claim_on_scenes(run, scenes: np.ndarray, sides: np.ndarray, min_steps: int = MIN_STEPS) -> dict:
+    """The Fig. 4 statements tested with given classes: ``scenes`` ``[N]`` index into
+    :data:`SCENES` (-1: a step in none), ``sides`` ``[N]`` -1 left, +1 right, 0 neither (the
+    AUROC's classes). Returns ``scenes``, ``heads``, ``statements`` and ``claims`` as
+    :func:`fig4_claim` describes them; the action classes of :func:`fig4_claim` and the
+    road's of :mod:`nac_drive.interpret.road_scenes` both go through here."""
+    traced = run.has_nac
     values = {q: head_values(run, q) for q in QUANTITIES}                                 # each [N, H]
     heads = []
     for h in range(values["tau"].shape[1]):
@@ -229,6 +239,5 @@ def fig4_claim(run, recent: int | None = None, min_steps: int = MIN_STEPS, deadb
             continue
         both = sorted(set.intersection(*(set(by_id[p]["heads_holding"]) for p in parts)))
         claims[name] = {"verdict": "reproduced" if both else "not reproduced", "heads": both}
-    return {"mode": (run.metadata.get("nac") or {}).get("mode"), "deadband": steer_deadband(run, deadband),
-            "scenes": {s: int((traced & (scenes == i)).sum()) for i, s in enumerate(SCENES)},
+    return {"scenes": {s: int((traced & (scenes == i)).sum()) for i, s in enumerate(SCENES)},
             "heads": heads, "statements": statements, "claims": claims}

@@ -29,6 +29,10 @@ expert_action          float32     [N, E] expert / teacher action, NaN where unk
                                    (E = 0 if no step had one)
 reward                 float32     [N] NaN where unknown
 cross_track_error      float32     [N] NaN where unknown
+curvature              float32     [N] optional: the scene from the simulator's track
+heading_error                      (:mod:`nac_drive.simulators.carracing_scene`: curvature
+speed                              ahead 1/units, left +; heading error radians, left +;
+                                   speed units/s), NaN where unknown
 has_nac                bool        [N] the step came with a NAC trace
 nac_step               int64       [N] the layer's step index of the query (-1: no trace)
 q, k, v                float32     [N, D] sensory gate activations
@@ -48,7 +52,8 @@ inter/_inter_to_                   [n_command, n_motor] backbone masks (if the l
 command/_command_to_motor
 =====================  ==========  ===========================================================
 
-Without any NAC trace in a chunk, its NAC members keep their ranks with size-0 axes
+The scene members (:data:`SCENE_FIELDS`) are optional: a chunk written before they existed
+loads with NaN in them. Without any NAC trace in a chunk, its NAC members keep their ranks with size-0 axes
 (e.g. q ``[N, 0]``). Steps without a trace hold NaN (key_age / key_step -1). The loader pads
 each chunk to the run's sizes: K to the run's largest, and an axis of size 0 (nothing of it
 recorded in that chunk: no NAC trace, no expert action) to the run's size, with NaN (-1 for
@@ -95,6 +100,7 @@ CHUNK_STEPS = 500               # steps a recorder holds before writing them as 
 BACKBONE_GROUPS = ("inter", "command", "motor")
 PER_KEY = ("phi", "tau", "t_interp", "logits", "weights")
 MAX_ACTION_NAMES = 1000
+SCENE_FIELDS = ("curvature", "heading_error", "speed")   # optional per-step members: the road's scene
 WIRING_FIELDS = ("wiring_q", "wiring_k", "wiring_v", "wiring_sensory_to_inter", "wiring_inter_to_command",
                  "wiring_command_to_motor")
 
@@ -246,6 +252,9 @@ class RunTrace:
     weights: np.ndarray
     key_step: np.ndarray
     key_age: np.ndarray
+    curvature: np.ndarray
+    heading_error: np.ndarray
+    speed: np.ndarray
     wiring: dict[str, np.ndarray] = field(default_factory=dict)
     sha256: str = ""
     """the trace's identity, what a saliency file computed from it records: hex SHA-256 of the
@@ -255,6 +264,11 @@ class RunTrace:
     @property
     def num_steps(self) -> int:
         return len(self.timestamp)
+
+    @property
+    def has_scene(self) -> bool:
+        """Whether any step has the road's scene (:data:`SCENE_FIELDS`; a CarRacing drive's)."""
+        return bool(np.isfinite(self.curvature).any())
 
     def frame_jpeg(self, i: int) -> bytes:
         return self.frames_jpeg[self.frame_offsets[i]:self.frame_offsets[i + 1]].tobytes()
@@ -292,6 +306,8 @@ class RunTrace:
             out.append(f"expert action [{self.expert_action.shape[1]}]")
         out += [name for name, a in (("reward", self.reward), ("cross-track error", self.cross_track_error))
                 if np.isfinite(a).any()]
+        if self.has_scene:
+            out.append("scene (curvature, heading error, speed)")
         nac = meta.get("nac")
         if nac and self.has_nac.any():
             out.append(f"NAC ({nac['num_heads']} heads, top-{nac['topk']}, window {nac['window']}, "
@@ -343,6 +359,9 @@ _SCHEMA: list[tuple[str, str, tuple[str, ...]]] = [
     *[(name, "f", ("N", "H", "K")) for name in PER_KEY],
     ("key_step", "i", ("N", "H", "K")), ("key_age", "i", ("N", "H", "K")),
 ]
+# Members a chunk may lack (written before they existed): read as NaN [N].
+_OPTIONAL_SCHEMA = [(name, "f", ("N",)) for name in SCENE_FIELDS]
+_MEMBERS = _SCHEMA + _OPTIONAL_SCHEMA
 
 
 def load_trace(path: str | os.PathLike) -> RunTrace:
@@ -411,7 +430,10 @@ def _read_chunk(r: ArchiveReader, index: int | None, first_step: int, run: dict[
     frames, offsets = check_jpeg_pack(r, "frames_jpeg", "frame_offsets", n)
     values: dict[str, np.ndarray] = {"frames_jpeg": frames, "frame_offsets": offsets}
     sizes: dict[str, int] = {"N": n}
-    for name, kinds, names in _SCHEMA:
+    for name, kinds, names in _MEMBERS:
+        if name in SCENE_FIELDS and not r.has(name):
+            values[name] = np.full(n, np.nan, np.float32)
+            continue
         a = r.array(name, kinds, len(names))
         for axis, size in zip(names, a.shape):
             expected = sizes.setdefault(axis, size)
@@ -449,7 +471,7 @@ def _joined(where: Path, parts: list[_Chunk], axes: dict[str, int], sha256: str)
         values["frames_jpeg"] = np.concatenate(frames)
         values["frame_offsets"] = np.concatenate([p.values["frame_offsets"][:-1] + b for p, b in zip(parts, bases)]
                                                  + [bases[-1:]])
-        for name, _, names in _SCHEMA:
+        for name, _, names in _MEMBERS:
             dtype = parts[0].values[name].dtype
             fill = -1 if dtype.kind in "iub" else (0.0 if name == "weights" else np.nan)
             out = np.full((n, *(axes.get(axis, 0) for axis in names[1:])), fill, dtype=dtype)
@@ -565,7 +587,7 @@ class RunRecorder:
 
     def add(self, frame: np.ndarray, policy_action, expert_action=None, reward: float | None = None,
             cross_track_error: float | None = None, nac_trace=None, timestamp: float | None = None,
-            nac_step: int | None = None) -> None:
+            nac_step: int | None = None, scene: dict[str, float] | None = None) -> None:
         """Record one closed-loop step (and hand a chunk to the writer when ``chunk_steps`` are held).
 
         frame: uint8 RGB ``[H, W, 3]`` (the same size every step). policy_action /
@@ -573,6 +595,8 @@ class RunRecorder:
         nac_trace: the :class:`NACTrace` of :meth:`NAC.step` (batch 1). nac_step: the
         layer's step index of this query; by default the number of traces recorded
         since the last :meth:`new_episode`. timestamp: seconds (default: wall clock).
+        scene: the road's scene at this step (:func:`~nac_drive.simulators.carracing_scene.scene_variables`;
+        its :data:`SCENE_FIELDS` are kept, a missing one is NaN).
         """
         self._check_writer()
         frame = np.asarray(frame)
@@ -590,6 +614,7 @@ class RunRecorder:
             "expert_action": None if expert_action is None else _action(expert_action, "expert_action"),
             "reward": np.nan if reward is None else float(reward),
             "cross_track_error": np.nan if cross_track_error is None else float(cross_track_error),
+            **{name: float((scene or {}).get(name, np.nan)) for name in SCENE_FIELDS},
             "nac": None,
         }
         for name in ("policy_action", "expert_action"):
@@ -615,7 +640,7 @@ class RunRecorder:
         out["episode"] = np.array([r["episode"] for r in rows], dtype=np.int32)
         out["policy_action"] = _stack_actions([r["policy_action"] for r in rows], "policy_action")
         out["expert_action"] = _stack_actions([r["expert_action"] for r in rows], "expert_action")
-        for name in ("reward", "cross_track_error"):
+        for name in ("reward", "cross_track_error", *SCENE_FIELDS):
             out[name] = np.array([r[name] for r in rows], dtype=np.float32)
         out["has_nac"] = np.array([r["nac"] is not None for r in rows], dtype=bool)
         out["nac_step"] = np.array([r.get("nac_step", -1) for r in rows], dtype=np.int64)
@@ -733,6 +758,6 @@ _NAC_RANKS = {"q": 1, "k": 1, "v": 1, **{f"{g}_{r}": 2 for g in BACKBONE_GROUPS 
 
 NAC_FIELDS = tuple(_NAC_RANKS)
 
-__all__ = ["NAC_FIELDS", "RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "reduce_nac_steps",
+__all__ = ["NAC_FIELDS", "SCENE_FIELDS", "RunRecorder", "RunTrace", "load_trace", "reduce_nac_trace", "reduce_nac_steps",
            "check_nac_step", "describe_nac", "ArchiveError", "TRACE_DIR",
            "CHUNK_STEPS"]

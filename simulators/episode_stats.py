@@ -8,15 +8,16 @@ calls :func:`return_stats`. Headline figures are over the 100 held-out tracks
 900000-900099 (``--episodes 100``); the intervals say how far a mean over fewer can be
 from it.
 
-:func:`block_mean_interval` and :func:`paired_block_change` serve measurements that are not
-independent (frames of one drive): they resample whole blocks (episodes, stretches of frames).
+:func:`block_mean_interval`, :func:`paired_block_change` and :func:`block_bootstrap_interval` serve
+measurements that are not independent (frames of one drive): they resample whole blocks (episodes,
+stretches of frames: :func:`episode_time_blocks`).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -82,6 +83,48 @@ def block_mean_interval(values: Sequence[float], blocks: Sequence[int]) -> tuple
         if np.isfinite(ci.low) and np.isfinite(ci.high):
             break
     return float(ci.low), float(ci.high)
+
+
+def episode_time_blocks(episode: Sequence[int], block_steps: int) -> np.ndarray:
+    """``[n]`` int64 block label of each step of ``episode`` ``[n]`` (its episode label): each
+    stretch of equal labels is cut into pieces of ``block_steps`` consecutive steps (the last
+    may be shorter), numbered 0, 1, ... in order: the blocks of :func:`block_bootstrap_interval`."""
+    if int(block_steps) < 1:
+        raise ValueError(f"block_steps: must be >= 1, got {block_steps!r}")
+    labels = np.asarray(episode).reshape(-1)
+    if not labels.size:
+        return np.zeros(0, np.int64)
+    new_stretch = np.r_[True, labels[1:] != labels[:-1]]
+    stretch = np.cumsum(new_stretch) - 1                                                # [n]
+    position = np.arange(labels.size) - np.flatnonzero(new_stretch)[stretch]            # [n] step in its stretch
+    return np.unique(stretch * (labels.size + 1) + position // int(block_steps), return_inverse=True)[1]
+
+
+def block_bootstrap_interval(statistic: Callable[[np.ndarray], np.ndarray], blocks: Sequence[int],
+                             n_resamples: int = 999, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """95% percentile intervals ``[k, 2]`` of a statistic that is not a mean (an AUROC), by a
+    block bootstrap: ``statistic(indices)`` maps the item indices of one resample to ``[k]``
+    figures; each resample draws as many whole blocks as ``blocks`` ``[n]`` (one label per
+    item) has, with replacement, ``n_resamples`` times from ``seed``. A figure that is
+    non-finite in more than half the resamples (e.g. a class missing from them), or fewer
+    than 2 blocks: (nan, nan)."""
+    labels = np.asarray(blocks).reshape(-1)
+    _, block_of = np.unique(labels, return_inverse=True)
+    k = np.asarray(statistic(np.arange(labels.size)), dtype=np.float64).reshape(-1).size
+    count = int(block_of.max()) + 1 if labels.size else 0
+    if count < 2:
+        return np.full((k, 2), np.nan)
+    members = np.split(np.argsort(block_of, kind="stable"), np.cumsum(np.bincount(block_of))[:-1])
+    rng = np.random.default_rng(seed)
+    figures = np.array([np.asarray(statistic(np.concatenate([members[b] for b in rng.integers(count, size=count)])),
+                                   dtype=np.float64).reshape(-1) for _ in range(n_resamples)])   # [R, k]
+    tail = 100 * (1 - CONFIDENCE) / 2
+    out = np.full((k, 2), np.nan)
+    for j in range(k):
+        finite = figures[np.isfinite(figures[:, j]), j]
+        if 2 * finite.size > n_resamples:
+            out[j] = np.percentile(finite, [tail, 100 - tail])
+    return out
 
 
 def success_interval(successes: int, episodes: int) -> tuple[float, float]:

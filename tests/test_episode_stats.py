@@ -176,3 +176,26 @@ def test_a_paired_change_is_the_mean_difference_with_an_interval_the_track_sprea
     assert paired_change([1.0], [3.0]) == {"mean": 2.0, "ci95": None}
     with pytest.raises(ValueError, match="one value per episode"):
         paired_change([1.0, 2.0], [1.0])
+
+
+def test_episode_time_blocks_cut_each_episode_into_stretches():
+    from nac_drive.simulators.episode_stats import episode_time_blocks
+
+    blocks = episode_time_blocks([0, 0, 0, 0, 0, 1, 1, 1, 0, 0], 2)
+    assert blocks.tolist() == [0, 0, 1, 1, 2, 3, 3, 4, 5, 5]   # a label seen again later is a new stretch
+
+
+def test_a_block_bootstrap_interval_holds_a_known_auroc_and_needs_two_blocks():
+    from nac_drive.interpret.fig4 import auroc
+    from nac_drive.simulators.episode_stats import block_bootstrap_interval
+
+    rng = np.random.default_rng(1)
+    labels = np.tile([True, False], 200)
+    scores = rng.normal(size=400) + labels                      # AUROC ~0.76
+    blocks = np.arange(400) // 20
+    statistic = lambda i: [auroc(scores[i], labels[i]), auroc(-scores[i], labels[i])]   # noqa: E731
+    (lo, hi), (lo_neg, hi_neg) = block_bootstrap_interval(statistic, blocks, 300)
+    whole = auroc(scores, labels)
+    assert lo < whole < hi and 0.5 < lo and hi - lo < 0.2
+    assert (lo_neg, hi_neg) == pytest.approx((1 - hi, 1 - lo), abs=1e-9)
+    assert np.isnan(block_bootstrap_interval(statistic, np.zeros(400), 50)).all()

@@ -62,7 +62,7 @@ def test_one_table_decides_which_sections_a_core_skips():
     from nac_drive.policy.cores import CORES
 
     nac_only = {section for section, needs in NAC_STATES_NEEDED.items() if needs is not None}
-    assert nac_only == {"fig4", "atlas", "closed_loop"} and skipped_sections("nac") == {}
+    assert nac_only == {"fig4", "scenes", "atlas", "closed_loop"} and skipped_sections("nac") == {}
     for core in set(CORES) - {"nac"}:
         skipped = skipped_sections(core)
         assert set(skipped) == nac_only and all(f"core is {core}" in why for why in skipped.values())
@@ -92,7 +92,7 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == json.loads((tmp_path / "explain" / EXPLAIN_FILE).read_text())
     assert report["core"] == "gru" and report["drive"]["lengths"] == [30]
-    assert set(report["skipped"]) == {"fig4", "atlas", "closed_loop"}
+    assert set(report["skipped"]) == {"fig4", "scenes", "atlas", "closed_loop"}
     assert {name for name in NAC_STATES_NEEDED if report[name] is None} == set(report["skipped"])
     assert "Skipped:" in out.stdout and report["skipped"]["atlas"] in out.stdout
     assert "Fig. 4 claim" not in out.stdout and "Neuron atlas" not in out.stdout
@@ -133,6 +133,9 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     fig4 = report["fig4"]
     assert sum(fig4["scenes"].values()) == 150 and len(fig4["heads"]) == 4
     assert {s["verdict"] for s in fig4["statements"]} <= {"reproduced", "not reproduced", "untestable"}
+    scenes = report["scenes"]   # the road's classes, from the recorded curvature
+    assert sum(scenes["classes"].values()) <= 150 and scenes["variables"]["curvature"]["count"] == 150
+    assert scenes["verdict"]["literal"] in out.stdout and scenes["verdict"]["qualitative"] in out.stdout
     atlas = report["atlas"]
     assert atlas["frames"] == 120 and len(atlas["heads"]) == 4
     assert len(atlas["neurons"]) == 3 * 64 + 4 * (8 + 4 + 4)       # q/k/v of d_model 64, 4 heads of 16 neurons

@@ -14,7 +14,8 @@ closed loop scores the mean |cross-track error| instead of the return.
 
 :func:`explain` writes ``RUN_DIR/explain.json``, one key per analysis section, each made by
 one function here that returns a JSON-able dict: ``fig4`` (:func:`fig4_section`, the paper's
-Fig. 4 claim), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
+Fig. 4 claim), ``scenes`` (:func:`scenes_section`, the same claim on classes read from the road's
+curvature; CarRacing only), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
 (:func:`saliency_section`, how faithful the saliency maps are), ``window``
 (:func:`window_section`, which past frame each decision used; also
 ``RUN_DIR/window_attribution.npz``, which the dashboard shows), ``mirror``
@@ -44,6 +45,7 @@ EXPLAINABLE = (("carracing", "discrete"), ("udacity", "continuous"))
 # each needs (None: it reads frames and outputs only, so every core is explained alike)
 NAC_STATES_NEEDED = {
     "fig4": "the tau and logits of the NAC's heads (the paper's Fig. 4)",
+    "scenes": "the tau and logits of the NAC's heads (the paper's Fig. 4 on the road's scenes)",
     "atlas": "the NAC's q/k/v units, backbone neurons and heads, each silenced",
     "saliency": None,
     "window": None,
@@ -148,12 +150,16 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     run_dir = Path(drive["trace"])
     run = load_trace(run_dir)
     skipped = skipped_sections(config.core.core, args)
+    if not run.has_scene:
+        skipped.setdefault("scenes", "the road's scene is read from CarRacing's track only (the Udacity emulator's "
+                                     "is not recorded)")
     report = {
         "task": config.task, "core": config.core.core, "run": str(run_dir), "policy": drive["policy"],
         "trace_sha256": run.sha256, "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]}, "skipped": skipped,
     }
     sections = {
         "fig4": lambda: fig4_section(run),
+        "scenes": lambda: scenes_section(run, seed),
         "atlas": lambda: atlas_section(run, policy, args.frames, progress),
         "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
         "window": lambda: window_section(run_dir, policy, args.window_method, progress),
@@ -187,6 +193,14 @@ def fig4_section(run) -> dict:
     from nac_drive.interpret.fig4 import fig4_claim
 
     return jsonable(fig4_claim(run))
+
+
+def scenes_section(run, seed: int = 0) -> dict:
+    """The Fig. 4 claim on the road's scenes (curvature ahead from the track, recorded in a
+    CarRacing trace): :func:`~nac_drive.interpret.road_scenes.road_scenes`."""
+    from nac_drive.interpret.road_scenes import road_scenes
+
+    return jsonable(road_scenes(run, seed=seed))
 
 
 def atlas_section(run, policy, frames: int | None = None, progress: bool = False) -> dict:

@@ -14,6 +14,9 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   right; logits below 0.6 left, above 0.65 right), per head, stated as reproduced or not;
   scenes from the chosen actions, or for Udacity the steering's sign outside a deadband of
   0.05 (1.25 degrees);
+* scenes: the same claim on classes read from the road (CarRacing's track curvature ahead):
+  the literal thresholds, and a direction-free AUROC of left vs right curves per head with a
+  block-bootstrap interval, each with a verdict line;
 * atlas: for every traced neuron (q/k/v units, each head's inter/command/motor neurons)
   and each head, the AUROC with which it separates right from left steps, its mutual
   information with the chosen action (Udacity: the steering's side, left/straight/right),
@@ -96,6 +99,9 @@ def run(namespace: argparse.Namespace) -> int:
     if report["fig4"]:
         print()
         print("\n".join(format_fig4(report["fig4"])))
+    if report.get("scenes"):
+        print()
+        print("\n".join(format_scenes(report["scenes"])))
     if report["atlas"]:
         print()
         print("\n".join(format_atlas(report["atlas"], shown.rows)))
@@ -131,6 +137,25 @@ def format_drive(report: dict) -> str:
     return (f"drove {len(drive['tracks'])} emulator tracks ({', '.join(drive['tracks'])}), {sum(drive['lengths'])} "
             f"frames at {drive['speed_mph']:g} mph: mean |cte| {drive['mean_abs_cte']:.3f} m, off the road on "
             f"{drive['off_road_tracks']}, laps {drive['laps_finished']}")
+
+
+def format_scenes(scenes: dict) -> list[str]:
+    """The scenes section as text lines: the road's classes, AUROC right vs left curves per head
+    with its interval, then the literal and the qualitative verdict lines."""
+    limits = scenes["thresholds"]
+    classes = ", ".join(f"{s} {n}" for s, n in scenes["classes"].items())
+    lines = [f"Fig. 4 on the road's scenes (curvature over {limits['curvature_ahead_units']:g} track units ahead: "
+             f"a curve at |curvature| >= {limits['curve']:g}, straight <= {limits['straight']:g}; left positive). "
+             f"Traced steps: {classes}",
+             f"{'head':>4} {'quantity':<14}{'AUROC R>L':>11}{'95% CI':>16}   (block bootstrap, "
+             f"{scenes['blocks']} blocks of {scenes['block_steps']} steps)"]
+    for e in scenes["effects"]:
+        if e["comparison"] == "right_vs_left":
+            ci = e["auroc_ci95"]
+            lines.append(f"{e['head']:>4} {e['quantity']:<14}{_num(e['auroc']):>11}"
+                         f"{('-' if ci is None else f'{ci[0]:.3f}-{ci[1]:.3f}'):>16}")
+    lines += [scenes["verdict"]["literal"], scenes["verdict"]["qualitative"]]
+    return lines
 
 
 def format_fig4(fig4: dict) -> list[str]:
