@@ -79,7 +79,8 @@ IGNORED = [
 ]
 # verbs with no flag that another flag can make idle
 NOTHING_TO_IGNORE = {"nac-drive saliency", "nac-drive export", "nac-drive sim udacity-emulator", "nac-drive tune",
-                     "nac-drive expert resume", "nac-drive expert compare", "nac-drive expert ship"}
+                     "nac-drive expert resume", "nac-drive expert compare", "nac-drive expert ship",
+                     "nac-drive completion"}
 
 
 def run_cli(args: list[str], cwd) -> subprocess.CompletedProcess:
