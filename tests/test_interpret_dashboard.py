@@ -14,11 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support.dashboard_pages import chromium_dashboard_page, run_data, unpacked, write_window_attribution
+from support.dashboard_pages import (chromium_dashboard_page, nearest_step, run_data, still_pictures, unpacked,
+                                    write_window_attribution)
 
 from nac_drive.cli import main
 from nac_drive.interpret.dashboard import Dashboard, build_dashboard
 from support.synthetic_runs import make_synthetic_run
+from nac_drive.interpret.archive import decode_jpeg
 from nac_drive.interpret.trace import RunRecorder, load_trace
 
 N, EPISODES = 40, 2          # two episodes of 20 steps
@@ -69,8 +71,11 @@ def _summary_text(page: str) -> str:
 def test_page_holds_every_panel_and_the_data_of_every_frame(page_html, run_dir):
     run = load_trace(run_dir)
     data = run_data(page_html)
-    assert data["n"] == N and len(data["frames"]) == N and len(data["overlays"]) == N
-    assert base64.b64decode(data["frames"][7]) == run.frame_jpeg(7)       # frames embedded as recorded
+    frames, overlays = still_pictures(data["frames"]), still_pictures(data["overlays"])
+    assert data["n"] == N and len(frames) == N and len(overlays) == N
+    recorded = {i: decode_jpeg(run.frame_jpeg(i)).astype(float) for i in range(N)}
+    assert [nearest_step(picture, recorded) for picture in frames] == list(range(N))   # one video frame a step
+    assert np.abs(frames[7] - recorded[7]).mean() < 8
     assert set(PANELS) <= set(data["figures"])
     for name in PANELS:
         assert f'id="fig-{name}"' in page_html
@@ -254,13 +259,14 @@ def test_page_has_no_external_resources(page_html):
     assert not re.search(r"""url\(\s*["']?https?://""", page_html.split("<script>")[0])   # CSS
 
 
-def test_oversized_images_are_reencoded_to_fit(run_dir, tmp_path):
-    out = build_dashboard(run_dir, tmp_path / "small.html", image_budget=100_000)
+def test_frame_videos_are_made_coarser_then_smaller_to_fit(run_dir, page_html, tmp_path):
+    full = run_data(page_html)
+    out = build_dashboard(run_dir, tmp_path / "small.html", image_budget=20_000)
     data = run_data(out.read_text(encoding="utf-8"))
-    total = sum(len(s) for s in data["frames"] + data["overlays"])
-    assert total <= 100_000 * 1.1
-    from nac_drive.interpret.archive import decode_jpeg
-    assert decode_jpeg(base64.b64decode(data["frames"][0])).shape[0] < 96
+    total = len(data["frames"]["b64"]) + len(data["overlays"]["b64"])
+    assert total <= 20_000 < len(full["frames"]["b64"]) + len(full["overlays"]["b64"])
+    pictures = still_pictures(data["frames"])
+    assert len(pictures) == N and pictures[0].shape[0] == data["frames"]["height"] < 96
 
 
 def test_run_without_nac_or_saliency_with_discrete_actions(tmp_path):
@@ -273,7 +279,7 @@ def test_run_without_nac_or_saliency_with_discrete_actions(tmp_path):
     page = build_dashboard(tmp_path).read_text(encoding="utf-8")
     data = run_data(page)
     assert data["has_nac"] is False and data["overlays"] is None
-    assert list(data["figures"]) == ["actions"] and len(data["frames"]) == 5
+    assert list(data["figures"]) == ["actions"] and len(still_pictures(data["frames"])) == 5
     assert 'id="no-nac"' in page and 'id="fig-sensory"' not in page          # no empty neuron panels
     # a discrete action is one column of class indices, labelled with the class names
     assert data["readout"]["policy_classes"] == classes and data["readout"]["policy_names"] == ["action"]
