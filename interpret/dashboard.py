@@ -74,6 +74,7 @@ from nac_drive.io.capped_read import read_capped
 from nac_drive.io.video import webm_info
 
 DEFAULT_IMAGE_BUDGET = 12_000_000  # bytes of base64 frame + overlay video; the whole page should stay <= 25 MB
+HEATMAP_NAN = -32768  # the int16 of a heatmap's NaN (see _fixed_point_heatmaps)
 STILL_FPS = 25         # of the frame and overlay videos: 40 ms a step, whole milliseconds (WebM's time unit)
 STILL_LADDER = (20, 32, 44)   # libvpx crf of those videos, tried in turn until they fit the budget
 VIDEO_FILE = "video.webm"
@@ -146,8 +147,9 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         "video": video_data,
         "readout": _readout(run, spans),
         "has_nac": has_nac,
-        "figures": {name: bounded_json.loads(fig.to_json()) for name, fig in figures.items()},
+        "figures": {name: _fixed_point_heatmaps(bounded_json.loads(fig.to_json())) for name, fig in figures.items()},
         "time_figures": [n for n in TIME_FIGURES if n in figures],
+        "heatmap_nan": HEATMAP_NAN,
         "attribution": None if attribution is None else {
             "shares": _packed(attribution.shares), "window": attribution.shares.shape[1],
             "method": str(attribution.metadata.get("method"))},
@@ -299,6 +301,27 @@ def _still_stream(jpeg_of_step, steps: int, crf: int, scale: float, shape: tuple
                 writer.write(img)
         data = path.read_bytes()
     return {"b64": base64.b64encode(data).decode("ascii"), "fps": STILL_FPS, "width": width, "height": height}
+
+
+def _fixed_point_heatmaps(figure: dict[str, Any]) -> dict[str, Any]:
+    """The heatmaps' float32 ``z`` (plotly's ``{dtype, bdata, shape}``) as int16 steps of
+    ``meta.z_step`` (NaN: ``HEATMAP_NAN``), which the page turns back into floats before
+    drawing: half the bytes of the neuron panels, the largest part of a long run's page, at
+    a step no larger than the 3 decimals their hover shows (unless ``|z|`` exceeds 32)."""
+    for trace in figure.get("data", []):
+        z = trace.get("z")
+        if trace.get("type") != "heatmap" or not (isinstance(z, dict) and z.get("dtype") == "f4"):
+            continue
+        shape = [int(n) for n in str(z.get("shape", "")).split(",") if n]
+        values = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.float32)
+        finite = np.isfinite(values)
+        top = float(np.abs(values[finite]).max()) if finite.any() else 0.0
+        step = max(1e-3, top / (np.iinfo(np.int16).max - 1))
+        ints = np.where(finite, np.round(np.nan_to_num(values) / step), HEATMAP_NAN).astype(np.int16)
+        trace["z"] = {"dtype": "i2", "bdata": base64.b64encode(ints.tobytes()).decode("ascii"),
+                      "shape": ",".join(map(str, shape or [len(values)]))}
+        trace["meta"] = {**(trace.get("meta") or {}), "z_step": step}
+    return figure
 
 
 def _video_data(path: Path, run: RunTrace) -> dict[str, Any]:
@@ -821,6 +844,7 @@ main { padding: 12px 22px 30px; display: grid; grid-template-columns: minmax(320
 .wide { grid-column: 1 / -1; }
 .panel h2 { font-size: 15px; margin: 4px 6px 8px; font-weight: 600; }
 #frame, #overlay, #video { width: 100%; image-rendering: pixelated; border-radius: 4px; display: block; background: #000; }
+#frame[hidden], #overlay[hidden] { display: none; }
 #video-box { margin-top: 10px; }
 #readout { font-size: 13px; margin: 8px 4px 0; line-height: 1.6; font-variant-numeric: tabular-nums; }
 #readout td { padding: 0 10px 0 0; }
@@ -1097,8 +1121,26 @@ _SCRIPT = r"""
 
   // Draw the panels one at a time, those on the first screen first; the page is
   // interactive once they are drawn, the rest follow without blocking scrubbing.
+  // A heatmap's z sent as int16 steps of meta.z_step (DATA.heatmap_nan: NaN): floats again, row by row.
+  function floatHeatmap(t) {
+    if (!t.meta || typeof t.meta.z_step !== "number" || !t.z || t.z.dtype !== "i2") return;
+    const bin = atob(t.z.bdata), ints = new Int16Array(bin.length / 2), view = new DataView(new ArrayBuffer(bin.length));
+    for (let i = 0; i < bin.length; i++) view.setUint8(i, bin.charCodeAt(i));
+    for (let i = 0; i < ints.length; i++) ints[i] = view.getInt16(2 * i, true);
+    const [rows, cols] = String(t.z.shape).split(",").map(Number), z = [];
+    for (let r = 0; r < rows; r++) {
+      const row = new Float32Array(cols || ints.length);
+      for (let c = 0; c < row.length; c++) {
+        const v = ints[r * row.length + c];
+        row[c] = v === DATA.heatmap_nan ? NaN : v * t.meta.z_step;
+      }
+      z.push(row);
+    }
+    t.z = cols ? z : z[0];
+  }
   function draw(name) {
     const fig = DATA.figures[name];
+    fig.data.forEach(floatHeatmap);
     for (const t of fig.data) t.visible = shownNow(t);   // the selected episode (and backbone mode)
     return Plotly.newPlot("fig-" + name, fig.data, fig.layout, config).then((div) => {
       drawn.add(name);

@@ -309,15 +309,32 @@ def test_thousand_frame_run_fits_the_size_budget(tmp_path):
 
 
 # ------------------------------------------------------------------ real browser
+def _shown_picture_step(page, pictures: dict[int, np.ndarray], stream: str = "frames") -> int:
+    """Wait until the shown frame (or overlay) video has seeked to the selected step, then
+    read its picture from a canvas: the step of ``pictures`` it is closest to."""
+    page.wait_for_function(f"""() => {{ const v = window.dashboard.stills.{stream}, d = window.dashboard.data.{stream};
+        return !v.hidden && !v.seeking && v.readyState >= 2
+            && Math.abs(v.currentTime - (window.dashboard.state.frame + 0.5) / d.fps) < 1e-3; }}""", timeout=10_000)
+    height, width = next(iter(pictures.values())).shape[:2]
+    picture = page.evaluate(f"""() => {{
+        const v = window.dashboard.stills.{stream}, c = document.createElement('canvas');
+        c.width = {width}; c.height = {height};
+        const g = c.getContext('2d'); g.imageSmoothingEnabled = false;
+        g.drawImage(v, 0, 0, {width}, {height});
+        return Array.from(g.getImageData(0, 0, {width}, {height}).data); }}""")
+    return nearest_step(np.array(picture, dtype=float).reshape(height, width, 4)[..., :3], pictures)
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_dashboard_in_headless_chromium(run_dir, page_html):
     dashboard_page = chromium_dashboard_page()
     run = load_trace(run_dir)
+    recorded = {i: decode_jpeg(run.frame_jpeg(i)).astype(float) for i in range(N)}
     with np.load(run_dir / "window_attribution.npz", allow_pickle=False) as f:
         shares = f["shares"]
     with dashboard_page(run_dir / "dashboard.html") as (page, problems):
-        state = """() => ({src: document.getElementById('frame').src, frame: window.dashboard.state.frame,
+        state = """() => ({frame: window.dashboard.state.frame,
                           episode: window.dashboard.state.episode, slider: document.getElementById('scrubber').value,
                           sliderMax: document.getElementById('scrubber').max,
                           cursors: window.dashboard.data.time_figures.map(
@@ -332,7 +349,7 @@ def test_dashboard_in_headless_chromium(run_dir, page_html):
                           selectedRow: document.querySelector('#episode-table tr.selected').dataset.episode,
                           label: document.getElementById('frame-label').textContent})"""
         before = page.evaluate(state)
-        assert before["cursors"] == ["0"] * 6 and before["src"].startswith("data:image/jpeg;base64,")
+        assert before["cursors"] == ["0"] * 6 and _shown_picture_step(page, recorded) == 0
         assert before["shownEpisodes"] == [0] and before["sliderMax"] == "19" and before["selectedRow"] == "0"
         # per-episode returns are on screen: the table and the bars
         returns = [f"{run.reward[a:b].sum():.1f}" for _, a, b in run.episode_spans()]
@@ -348,12 +365,12 @@ def test_dashboard_in_headless_chromium(run_dir, page_html):
         assert shown["shownEpisodes"] == [1] and shown["selectedRow"] == "1"
         np.testing.assert_allclose(shown["shownPolicy"], run.policy_action[20:40, 0], rtol=1e-6)
         assert "episode 1 · step 0 / 19" in shown["label"]
-        assert shown["src"].endswith(base64.b64encode(run.frame_jpeg(20)).decode())
+        assert _shown_picture_step(page, recorded) == 20
 
         page.locator("#scrubber").fill("5")
         page.wait_for_function("document.getElementById('cursor-sensory').dataset.frame === '25'")
         after = page.evaluate(state)
-        assert after["src"].endswith(base64.b64encode(run.frame_jpeg(25)).decode())
+        assert _shown_picture_step(page, recorded) == 25
         assert after["cursors"] == ["25"] * 6 and "episode 1 · step 5 / 19" in after["label"]
         # the cursor sits at step 5 of the episode on the heatmap's x axis
         axis = page.evaluate("""() => { const ax = document.getElementById('fig-sensory')._fullLayout.xaxis;
@@ -364,18 +381,18 @@ def test_dashboard_in_headless_chromium(run_dir, page_html):
         np.testing.assert_allclose(after["shares"], shares[25][~np.isnan(shares[25])], rtol=1e-6)
 
         page.locator("#overlay-toggle").check()
-        page.wait_for_timeout(200)
-        overlay_src = page.evaluate(state)["src"]
-        assert overlay_src != after["src"] and overlay_src.endswith(page.evaluate(
-            "window.dashboard.data.overlays[25]"))
+        overlays = {i: picture.astype(float) for i, picture in enumerate(still_pictures(run_data(page_html)["overlays"]))}
+        assert _shown_picture_step(page, overlays, "overlays") == 25
+        assert page.locator("#overlay").is_visible() and not page.locator("#frame").is_visible()
 
-        row = """Array.from(document.getElementById('fig-backbone')._fullData   // plotly's decoded arrays
-                     .find((t) => t.type === 'heatmap' && t.visible === true).z[3])"""
+        shown_heatmap = """document.getElementById('fig-backbone')._fullData   // plotly's decoded arrays
+                     .find((t) => t.type === 'heatmap' && t.visible === true)"""
         for mode, values in (("top", run.inter_top), ("mean", run.inter_mean)):   # head 0, inter neuron 3
             page.locator("#backbone-mode").select_option(mode)
             page.wait_for_timeout(200)
-            np.testing.assert_allclose(np.array(page.evaluate(row), dtype=float), values[20:40, 0, 3].astype(float),
-                                       rtol=1e-5, equal_nan=True)
+            row, step = page.evaluate(f"[Array.from(({shown_heatmap}).z[3]), ({shown_heatmap}).meta.z_step]")
+            np.testing.assert_allclose(np.array(row, dtype=float), values[20:40, 0, 3].astype(float),
+                                       atol=step / 2 + 1e-7, equal_nan=True)   # int16 steps of meta.z_step
         assert not np.allclose(run.inter_top[20:40, 0, 3], run.inter_mean[20:40, 0, 3])
 
         page.locator("#play").click()      # plays to the episode's end and stops there
