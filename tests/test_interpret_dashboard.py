@@ -52,6 +52,14 @@ def _array(a) -> np.ndarray:
     return arr.reshape([int(s) for s in str(a["shape"]).split(",")]) if "shape" in a else arr
 
 
+def _heatmap_z(trace: dict, nan: int = -32768) -> tuple[np.ndarray, float]:
+    """A heatmap's z, sent as int16 steps of ``meta.z_step`` (``nan``: NaN) -> (floats, step)."""
+    step = trace["meta"]["z_step"]
+    ints = _array(trace["z"])
+    assert ints.dtype == np.int16 and step <= 1e-3
+    return np.where(ints == nan, np.nan, ints * step), step
+
+
 def _traces(data: dict, figure: str, episode: int, **match) -> list[dict]:
     """The traces of one episode (and backbone mode) in a time panel, in order."""
     return [t for t in data["figures"][figure]["data"] if t["meta"]["episode"] == episode
@@ -86,12 +94,14 @@ def test_page_holds_every_panel_and_the_data_of_every_frame(page_html, run_dir):
     # each time panel holds one trace per episode, on the episode's own steps from 0
     sensory = _traces(data, "sensory", 1, type="heatmap")
     assert len(sensory) == 3 and list(_array(sensory[0]["x"])) == list(range(20))
-    np.testing.assert_allclose(_array(sensory[0]["z"]), run.q[20:40].T, rtol=1e-6)
+    z, step = _heatmap_z(sensory[0])
+    np.testing.assert_allclose(z, run.q[20:40].T, atol=step / 2 + 1e-7)
     H, n_inter = run.inter_mean.shape[1:]
     for mode, values in (("mean", run.inter_mean), ("top", run.inter_top)):   # both reductions, one shown at a time
         inter = _traces(data, "backbone", 1, mode=mode)[0]
-        assert _array(inter["z"]).shape == (H * n_inter, 20) and inter["visible"] is False
-        np.testing.assert_allclose(_array(inter["z"])[n_inter + 2], values[20:40, 1, 2], rtol=1e-6)
+        z, step = _heatmap_z(inter)
+        assert z.shape == (H * n_inter, 20) and inter["visible"] is False
+        np.testing.assert_allclose(z[n_inter + 2], values[20:40, 1, 2], atol=step / 2 + 1e-7, equal_nan=True)
     assert _traces(data, "backbone", 0, mode="mean")[0]["visible"] is True
     assert _traces(data, "backbone", 0, mode="top")[0]["visible"] is False
     # actions: policy and expert per episode
@@ -209,7 +219,8 @@ def test_window_attribution_stands_where_the_attention_stood(page_html, run_dir)
     for e, (a, b) in enumerate(((0, 20), (20, 40))):
         heatmap = _traces(data, "attribution", e)[0]
         assert list(_array(heatmap["y"])) == list(range(6))
-        np.testing.assert_array_equal(_array(heatmap["z"]), shares[a:b].T)
+        z, step = _heatmap_z(heatmap)
+        np.testing.assert_allclose(z, shares[a:b].T, atol=step / 2 + 1e-7, equal_nan=True)   # NaN kept
     assert "integrated gradients" in _titles(data["figures"]["attribution"])[0]
     # the attribution first, the flat attention further down, after the neuron panels
     at = page_html.index
