@@ -3,8 +3,10 @@
 :func:`build_dashboard` reads the trace ``RUN_DIR/trace/`` (and, if present,
 ``RUN_DIR/saliency.npz``, ``RUN_DIR/window_attribution.npz`` and the run's WebM video,
 ``RUN_DIR/video.webm`` or one named) and writes a single HTML file: plotly.js inline (the
-copy bundled with the plotly package), frames and saliency overlays as base64 JPEG, the
-video as base64 WebM, the figures as plotly JSON (numeric arrays base64-packed by
+copy bundled with the plotly package), the frames and the saliency overlays as one base64
+VP8 WebM each (one video frame per step, which the page seeks to the selected step: a
+5-episode CarRacing run's 10,000 pictures take a few MB where one JPEG each took 18), the
+run's video as base64 WebM, the figures as plotly JSON (numeric arrays base64-packed by
 plotly), and a small script that ties every panel to one episode selector and one frame
 scrubber.
 
@@ -39,8 +41,8 @@ panel carries a cursor at the current frame; clicking one moves there.
 In Jupyter a :class:`~nac_drive.interpret.trace.RunTrace` shows a short summary, and
 :class:`Dashboard` shows a written page inline (an ``iframe`` holding the page)::
 
-    from nac_drive.interpret.dashboard import Dashboard, build_dashboard
-    Dashboard(build_dashboard("runs/run1"))
+    from nac_drive.interpret.dashboard import Dashboard
+    Dashboard("runs/run1")      # builds runs/run1/dashboard.html, as the CLI does, and shows it
 
 Every string that comes from the run's files (action and class names, metadata, the
 run folder's name) reaches the page as text, never as markup: HTML-escaped in the page,
@@ -62,7 +64,7 @@ import numpy as np
 
 from nac_drive.io import bounded_json
 from nac_drive.io.atomic import atomic_write
-from nac_drive.interpret.archive import ArchiveError, decode_jpeg, encode_jpeg
+from nac_drive.interpret.archive import ArchiveError, decode_jpeg
 from nac_drive.interpret.explain_report import EXPLAIN_PANELS, explain_figures, load_explain
 from nac_drive.interpret.saliency import SALIENCY_FILE, load_saliency
 from nac_drive.interpret.temporal_attribution import WINDOW_FILE as WINDOW_ATTRIBUTION_FILE
@@ -71,7 +73,10 @@ from nac_drive.interpret.trace import BACKBONE_GROUPS, RunTrace, load_trace
 from nac_drive.io.capped_read import read_capped
 from nac_drive.io.video import webm_info
 
-DEFAULT_IMAGE_BUDGET = 20_000_000  # bytes of base64 images; the whole page should stay <= 25 MB
+DEFAULT_IMAGE_BUDGET = 12_000_000  # bytes of base64 frame + overlay video; the whole page should stay <= 25 MB
+HEATMAP_NAN = -32768  # the int16 of a heatmap's NaN (see _fixed_point_heatmaps)
+STILL_FPS = 25         # of the frame and overlay videos: 40 ms a step, whole milliseconds (WebM's time unit)
+STILL_LADDER = (20, 32, 44)   # libvpx crf of those videos, tried in turn until they fit the budget
 VIDEO_FILE = "video.webm"
 MAX_VIDEO_BYTES = 50_000_000       # a larger video is refused (it is embedded as it is)
 PLAYABLE_CODECS = ("V_VP9", "V_VP8", "V_AV1")   # what browsers play in WebM
@@ -88,8 +93,8 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
     """Write the dashboard of the run in ``run_dir`` to ``out_html`` (default
     ``RUN_DIR/dashboard.html``); returns its path.
 
-    Frames are embedded as recorded; if frames plus overlays would exceed
-    ``image_budget`` bytes of base64, they are re-encoded smaller to fit. ``video``: the
+    Frames and saliency overlays are embedded as one VP8 WebM each (one video frame per
+    step); coarser, then smaller, until their base64 fits ``image_budget`` bytes. ``video``: the
     run's WebM, one video frame per recorded step (``drive --video``; default
     ``RUN_DIR/video.webm`` if it exists), embedded as it is.
     """
@@ -109,9 +114,7 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         video = folder / VIDEO_FILE
     video_data = _video_data(Path(video), run) if video is not None else None
 
-    frames = [run.frame_jpeg(i) for i in range(run.num_steps)]
-    overlays = [saliency.overlay_bytes(i) for i in range(run.num_steps)] if saliency else None
-    frames, overlays = _fit_images(frames, overlays, image_budget)
+    frames, overlays = _still_streams(run, saliency, image_budget)
 
     spans = run.episode_spans()
     episodes = _episode_table(run, spans)
@@ -138,14 +141,15 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
         "fps": _playback_fps(run.timestamp),
         "timestamp": _packed(run.timestamp.astype(np.float32)),
         "episodes": episodes,
-        "frames": [base64.b64encode(b).decode("ascii") for b in frames],
-        "overlays": [base64.b64encode(b).decode("ascii") for b in overlays] if overlays else None,
+        "frames": frames,
+        "overlays": overlays,
         "saliency": saliency.metadata if saliency else None,
         "video": video_data,
         "readout": _readout(run, spans),
         "has_nac": has_nac,
-        "figures": {name: bounded_json.loads(fig.to_json()) for name, fig in figures.items()},
+        "figures": {name: _fixed_point_heatmaps(bounded_json.loads(fig.to_json())) for name, fig in figures.items()},
         "time_figures": [n for n in TIME_FIGURES if n in figures],
+        "heatmap_nan": HEATMAP_NAN,
         "attribution": None if attribution is None else {
             "shares": _packed(attribution.shares), "window": attribution.shares.shape[1],
             "method": str(attribution.metadata.get("method"))},
@@ -164,13 +168,19 @@ def build_dashboard(run_dir: str | os.PathLike, out_html: str | os.PathLike | No
 
 
 class Dashboard:
-    """A written dashboard page, shown inline by Jupyter (``_repr_html_``: an ``iframe``
-    whose ``srcdoc`` holds the whole page, attribute-escaped, ASCII). ``height`` in pixels."""
+    """A dashboard page, shown inline by Jupyter (``_repr_html_``: an ``iframe`` whose
+    ``srcdoc`` holds the whole page, attribute-escaped, ASCII). ``path``: a written page, or
+    a run folder, whose page :func:`build_dashboard` writes first (``RUN_DIR/dashboard.html``,
+    as ``nac-drive dashboard RUN_DIR`` does; ``build_options`` go to it). ``height`` in pixels."""
 
-    def __init__(self, path: str | os.PathLike, height: int = 900):
+    def __init__(self, path: str | os.PathLike, height: int = 900, **build_options: Any):
         self.path, self.height = Path(path), int(height)
+        if self.path.is_dir():
+            self.path = build_dashboard(self.path, **build_options)
+        elif build_options:
+            raise ValueError(f"{self.path}: build options are for a run folder, not a written page")
         if not self.path.is_file():
-            raise ValueError(f"{self.path}: no such dashboard page (write one with build_dashboard)")
+            raise ValueError(f"{self.path}: no such dashboard page or run folder (write a page with build_dashboard)")
 
     def __repr__(self) -> str:
         return f"Dashboard({str(self.path)!r})"
@@ -251,32 +261,67 @@ def _packed(a: np.ndarray) -> dict[str, Any]:
             "b64": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
-def _fit_images(frames: list[bytes], overlays: list[bytes] | None, budget: int):
-    """Re-encode the JPEGs smaller (quality 75, scaled down) until their base64 fits ``budget``."""
-    images = frames + (overlays or [])
-
-    def b64_size(blobs: list[bytes]) -> int:
-        return sum(4 * ((len(b) + 2) // 3) for b in blobs)
-
-    total = b64_size(images)
-    if total <= budget or not frames:
-        return frames, overlays
-    import cv2
-
-    decoded = [decode_jpeg(b) for b in images]
+def _still_streams(run: RunTrace, saliency, budget: int) -> tuple[dict | None, dict | None]:
+    """The frames and the saliency overlays as one VP8 WebM each, one video frame per step
+    (the page seeks to a step's frame): a video codes what stays the same from one frame to
+    the next once, where a JPEG per frame codes it every time. Encoded at ``STILL_LADDER``'s
+    first quality, then coarser and smaller until their base64 fits ``budget``."""
+    if run.num_steps == 0:
+        return None, None
+    sources = [run.frame_jpeg] + ([saliency.overlay_bytes] if saliency else [])
+    height, width = decode_jpeg(run.frame_jpeg(0)).shape[:2]
     scale = 1.0
-    for _ in range(8):  # JPEG size is not proportional to area (headers, quality): iterate
-        scale *= min(0.95, 0.95 * float(np.sqrt(budget / total)))
-        smaller = []
-        for img in decoded:
-            h, w = img.shape[:2]
-            size = (max(8, round(w * scale)), max(8, round(h * scale)))
-            smaller.append(encode_jpeg(cv2.resize(img, size, interpolation=cv2.INTER_AREA), 75))
-        total = b64_size(smaller)
+    for step, crf in enumerate(STILL_LADDER + (STILL_LADDER[-1],) * 6):
+        streams = [_still_stream(source, run.num_steps, crf, scale, (height, width)) for source in sources]
+        total = sum(len(s["b64"]) for s in streams)
         if total <= budget:
             break
-    n = len(frames)
-    return smaller[:n], (smaller[n:] if overlays else None)
+        if step >= len(STILL_LADDER) - 1:   # the coarsest quality: smaller pictures
+            scale *= min(0.95, 0.95 * float(np.sqrt(budget / total)))
+    return streams[0], (streams[1] if saliency else None)
+
+
+def _still_stream(jpeg_of_step, steps: int, crf: int, scale: float, shape: tuple[int, int]) -> dict[str, Any]:
+    """One WebM of the JPEGs ``jpeg_of_step(0..steps-1)`` (resized to ``scale`` of ``shape``, even
+    sides, as the encoder's 4:2:0 picture needs) for the page: base64, fps, size."""
+    import tempfile
+
+    import cv2
+
+    from nac_drive.io.video import WebmWriter
+
+    height, width = (max(8, 2 * round(side * scale / 2)) for side in shape)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "stills.webm"
+        with WebmWriter(path, STILL_FPS, options={"crf": str(crf), "b": "4M"}) as writer:
+            for i in range(steps):
+                img = decode_jpeg(jpeg_of_step(i))
+                if img.shape[:2] != (height, width):
+                    img = cv2.resize(img, (width, height), interpolation=cv2.INTER_AREA)
+                writer.write(img)
+        data = path.read_bytes()
+    return {"b64": base64.b64encode(data).decode("ascii"), "fps": STILL_FPS, "width": width, "height": height}
+
+
+def _fixed_point_heatmaps(figure: dict[str, Any]) -> dict[str, Any]:
+    """The heatmaps' float32 ``z`` (plotly's ``{dtype, bdata, shape}``) as int16 steps of
+    ``meta.z_step`` (NaN: ``HEATMAP_NAN``), which the page turns back into floats before
+    drawing: half the bytes of the neuron panels, the largest part of a long run's page, at
+    a step no larger than the 3 decimals their hover shows (unless ``|z|`` exceeds 32)."""
+    for trace in figure.get("data", []):
+        z = trace.get("z")
+        if trace.get("type") != "heatmap" or not (isinstance(z, dict) and z.get("dtype") == "f4"):
+            continue
+        shape = [int(n) for n in str(z.get("shape", "")).split(",") if n]
+        values = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.float32)
+        finite = np.isfinite(values)
+        top = float(np.abs(values[finite]).max()) if finite.any() else 0.0
+        step = max(1e-3, top / (np.iinfo(np.int16).max - 1))
+        ints = np.where(finite, np.round(np.nan_to_num(values) / step), HEATMAP_NAN).astype(np.int16)
+        trace["z"] = {"dtype": "i2", "bdata": base64.b64encode(ints.tobytes()).decode("ascii"),
+                      "shape": ",".join(map(str, shape or [len(values)]))}
+        trace["meta"] = {**(trace.get("meta") or {}), "z_step": step}
+    return figure
 
 
 def _video_data(path: Path, run: RunTrace) -> dict[str, Any]:
@@ -798,7 +843,8 @@ main { padding: 12px 22px 30px; display: grid; grid-template-columns: minmax(320
 .panel { background: #fff; border: 1px solid #e1e3e6; border-radius: 6px; padding: 8px; min-width: 0; }
 .wide { grid-column: 1 / -1; }
 .panel h2 { font-size: 15px; margin: 4px 6px 8px; font-weight: 600; }
-#frame, #video { width: 100%; image-rendering: pixelated; border-radius: 4px; display: block; background: #000; }
+#frame, #overlay, #video { width: 100%; image-rendering: pixelated; border-radius: 4px; display: block; background: #000; }
+#frame[hidden], #overlay[hidden] { display: none; }
 #video-box { margin-top: 10px; }
 #readout { font-size: 13px; margin: 8px 4px 0; line-height: 1.6; font-variant-numeric: tabular-nums; }
 #readout td { padding: 0 10px 0 0; }
@@ -838,7 +884,7 @@ _PAGE = """<!DOCTYPE html>
     <option value="top">top-weighted pair</option></select></label>
 </div>
 <main>
-  <section class="panel"><h2>Frame</h2><img id="frame" alt="current frame"><div id="readout"></div>
+  <section class="panel"><h2>Frame</h2><video id="frame" title="current frame" muted playsinline preload="auto"></video><video id="overlay" title="saliency overlay" muted playsinline preload="auto" hidden></video><div id="readout"></div>
     <div id="video-box" hidden><h2>Video</h2><video id="video" controls muted playsinline preload="auto"></video></div>
   </section>
   <section class="panel"><div class="fig-wrap"><div id="fig-actions"></div><div class="cursor" id="cursor-actions"></div></div></section>
@@ -871,7 +917,8 @@ _SCRIPT = r"""
   const shares = DATA.attribution ? unpack(DATA.attribution.shares) : null;
 
   const slider = document.getElementById("scrubber"), label = document.getElementById("frame-label");
-  const img = document.getElementById("frame"), readout = document.getElementById("readout");
+  const stills = {frames: document.getElementById("frame"), overlays: document.getElementById("overlay")};
+  const readout = document.getElementById("readout");
   const playBtn = document.getElementById("play"), speed = document.getElementById("speed");
   const overlayToggle = document.getElementById("overlay-toggle"), episodeSelect = document.getElementById("episode");
   const tableRows = Array.from(document.querySelectorAll("#episode-table tbody tr"));
@@ -988,13 +1035,13 @@ _SCRIPT = r"""
     slider.value = String(i - s.start);
     label.textContent = "episode " + s.id + " · step " + (i - s.start) + " / " + (s.stop - s.start - 1) +
         " · t = " + (ts[i] - ts[s.start]).toFixed(2) + " s";
-    const src = (overlayToggle.checked && DATA.overlays) ? DATA.overlays[i] : DATA.frames[i];
-    img.src = "data:image/jpeg;base64," + src;
+    const overlaid = Boolean(overlayToggle.checked && DATA.overlays);
+    stills.frames.hidden = overlaid;
+    stills.overlays.hidden = !overlaid;
+    for (const key of ["frames", "overlays"]) if (DATA[key]) seekToStep(stills[key], DATA[key].fps, i);
     renderReadout(i);
     // the video follows the scrubber (to the middle of frame i) unless it is playing
-    if (V && video.paused && Math.abs(video.currentTime - (i + 0.5) / V.fps) >= 0.5 / V.fps) {
-      video.currentTime = (i + 0.5) / V.fps;
-    }
+    if (V && video.paused) seekToStep(video, V.fps, i);
     for (const name of DATA.time_figures) if (drawn.has(name)) placeCursor(name);
     if (DATA.has_nac && drawn.has("attention_now")) renderAttention(i);
     if (shares && drawn.has("attribution_now")) renderAttribution(i);
@@ -1027,12 +1074,22 @@ _SCRIPT = r"""
     showTraces("backbone");
   }
 
+  // A WebM of one video frame per step shows step i at [i, i + 1) / fps: seek to the middle
+  // of that interval (frame-exact whatever the rounding of the container's timestamps).
+  function seekToStep(media, fps, i) {
+    if (Math.abs(media.currentTime - (i + 0.5) / fps) >= 0.5 / fps) media.currentTime = (i + 0.5) / fps;
+  }
+  function webmUrl(b64) {
+    const bin = atob(b64), bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return URL.createObjectURL(new Blob([bytes], {type: "video/webm"}));
+  }
+  for (const key of ["frames", "overlays"]) if (DATA[key]) stills[key].src = webmUrl(DATA[key].b64);
+
   // The run's video: one video frame per recorded step, so step = floor(time x fps).
   // While it plays, each frame it shows moves the scrubber (and every panel) there.
   if (V) {
-    const bin = atob(V.b64), bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    video.src = URL.createObjectURL(new Blob([bytes], {type: "video/webm"}));
+    video.src = webmUrl(V.b64);
     document.getElementById("video-box").hidden = false;
     const stepAt = (time) => Math.min(N - 1, Math.floor(time * V.fps + 1e-6));
     const follow = (now, meta) => {
@@ -1064,8 +1121,26 @@ _SCRIPT = r"""
 
   // Draw the panels one at a time, those on the first screen first; the page is
   // interactive once they are drawn, the rest follow without blocking scrubbing.
+  // A heatmap's z sent as int16 steps of meta.z_step (DATA.heatmap_nan: NaN): floats again, row by row.
+  function floatHeatmap(t) {
+    if (!t.meta || typeof t.meta.z_step !== "number" || !t.z || t.z.dtype !== "i2") return;
+    const bin = atob(t.z.bdata), ints = new Int16Array(bin.length / 2), view = new DataView(new ArrayBuffer(bin.length));
+    for (let i = 0; i < bin.length; i++) view.setUint8(i, bin.charCodeAt(i));
+    for (let i = 0; i < ints.length; i++) ints[i] = view.getInt16(2 * i, true);
+    const [rows, cols] = String(t.z.shape).split(",").map(Number), z = [];
+    for (let r = 0; r < rows; r++) {
+      const row = new Float32Array(cols || ints.length);
+      for (let c = 0; c < row.length; c++) {
+        const v = ints[r * row.length + c];
+        row[c] = v === DATA.heatmap_nan ? NaN : v * t.meta.z_step;
+      }
+      z.push(row);
+    }
+    t.z = cols ? z : z[0];
+  }
   function draw(name) {
     const fig = DATA.figures[name];
+    fig.data.forEach(floatHeatmap);
     for (const t of fig.data) t.visible = shownNow(t);   // the selected episode (and backbone mode)
     return Plotly.newPlot("fig-" + name, fig.data, fig.layout, config).then((div) => {
       drawn.add(name);
@@ -1088,7 +1163,8 @@ _SCRIPT = r"""
   const onScreen = (name) => document.getElementById("fig-" + name).getBoundingClientRect().top < window.innerHeight;
   const first = names.filter(onScreen), rest = names.filter((n) => !onScreen(n));
   window.dashboard = {data: DATA, state: state, setFrame: setFrame, setPlaying: setPlaying, drawn: drawn,
-                      showEpisode: pickEpisode, video: V ? video : null};
+                      showEpisode: pickEpisode, video: V ? video : null,
+                      stills: stills};
   if (EPISODES.length) showEpisode(0);
   first.reduce((p, name) => p.then(() => draw(name)), Promise.resolve()).then(() => {
     if (N > 0) render();

@@ -129,7 +129,8 @@ def test_payloads_show_as_text_and_run_nothing_in_chromium(runs, tmp_path):
         ticks: Array.from(document.querySelectorAll('#fig-actions .yaxislayer-above .ytick text'),
                           (e) => e.textContent),
         links: document.querySelectorAll('#fig-actions a').length,
-        images: document.querySelectorAll('img').length, iframes: document.querySelectorAll('iframe').length,
+        images: document.querySelectorAll('img').length, videos: document.querySelectorAll('video').length,
+        iframes: document.querySelectorAll('iframe').length,
         scripts: document.scripts.length, bodyShown: getComputedStyle(document.body).display !== 'none'})"""
 
     build_dashboard(continuous, tmp_path / "continuous.html")
@@ -149,7 +150,8 @@ def test_payloads_show_as_text_and_run_nothing_in_chromium(runs, tmp_path):
     assert state["titles"][:3] == names and state["links"] == 0
     assert all(f"{name} " in state["table"] for name in names)   # per-column agreement, names as text
     assert state["tableTags"] == ["TBODY", "TD", "TH", "THEAD", "TR"] and len(state["options"]) == 2
-    assert (state["images"], state["iframes"], state["scripts"]) == (1, 0, 3) and state["bodyShown"]
+    # the frame, the overlay and the run's video: the pictures are videos, never an <img>
+    assert (state["images"], state["videos"], state["iframes"], state["scripts"]) == (0, 3, 0, 3) and state["bodyShown"]
 
     # inline in a notebook: the page in an iframe's srcdoc, still text only
     notebook = tmp_path / "notebook.html"
@@ -175,4 +177,5 @@ def test_payloads_show_as_text_and_run_nothing_in_chromium(runs, tmp_path):
     assert all(f"{p} {p}" in state["summary"] for p in PAYLOADS)      # metadata {payload: payload}
     assert "same action on 16.7% of steps" in state["summary"] and "16.7% of steps" in state["table"]
     assert state["summaryTags"] == ["B", "SPAN"] and state["links"] == 0
-    assert (state["images"], state["iframes"], state["scripts"]) == (1, 0, 3) and state["bodyShown"]
+    # the frame, the overlay and the run's video: the pictures are videos, never an <img>
+    assert (state["images"], state["videos"], state["iframes"], state["scripts"]) == (0, 3, 0, 3) and state["bodyShown"]

@@ -42,6 +42,12 @@ def test_ids_are_namespaced_and_versioned_and_minari_loads_them(root):
     assert metadata["code_permalink"].startswith("nac-drive ")
     np.testing.assert_array_equal(next(dataset.iterate_episodes()).observations,
                                   synthetic_episodes(2, 10)[0]["observations"])   # lossless
+    import h5py
+
+    with h5py.File(root / "nac_drive/teacher/seeds-100000-100001-v1/data/main_data.hdf5", "r") as f:
+        episodes = [f[name] for name in f if isinstance(f[name], h5py.Group)]
+        assert len(episodes) == 2 and all(ep["observations"].compression == "gzip" for ep in episodes)
+        assert all(ep["actions"].compression is None and dict(ep.attrs) for ep in episodes)   # the rest as Minari wrote it
 
 
 def test_recovered_envs_are_the_task_and_the_recording_env(root):

@@ -57,11 +57,13 @@ class WebmWriter:
     so a second core takes the encoder off the caller's loop); at most ``QUEUE_FRAMES`` wait
     for it, so a slow encoder slows :meth:`write` rather than filling memory. An error in the
     encoder thread is raised in the caller by the next :meth:`write` or by :meth:`close`,
-    which waits for every frame written to be encoded."""
+    which waits for every frame written to be encoded. ``options``: libvpx settings over
+    ``ENCODER_OPTIONS`` (the dashboard's frame stream trades quality for size with ``crf``)."""
 
-    def __init__(self, path: str | os.PathLike, fps: float, scale: int = 1):
+    def __init__(self, path: str | os.PathLike, fps: float, scale: int = 1, options: dict[str, str] | None = None):
         self.path = check_video_path(path)
         self.fps, self.scale = fps, scale
+        self.options = {**ENCODER_OPTIONS, **(options or {})}   # libvpx's, over ENCODER_OPTIONS
         self.frames = 0            # frames written so far
         self._shape = None         # [H, W, 3] of the first frame, which every frame must have
         self._writer = None
@@ -103,7 +105,7 @@ class WebmWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = av.open(str(self.path), "w", format="webm")
         self._stream = self._writer.add_stream("libvpx", rate=Fraction(self.fps).limit_denominator(1001),
-                                               options=ENCODER_OPTIONS)
+                                               options=self.options)
         self._stream.width, self._stream.height = width * self.scale, height * self.scale
         self._stream.pix_fmt = "yuv420p"
         self._stream.codec_context.thread_count = 1   # the encoder thread is the one core it takes

@@ -26,6 +26,22 @@ def unpacked(p: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(p["b64"]), dtype=np.dtype(p["dtype"])).reshape(p["shape"])
 
 
+def still_pictures(stream: dict) -> list[np.ndarray]:
+    """The pictures of one of the page's frame / overlay videos (``{b64, fps, ...}``),
+    decoded by PyAV: uint8 RGB ``[H, W, 3]`` each, in step order."""
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(base64.b64decode(stream["b64"]))) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+
+
+def nearest_step(picture: np.ndarray, candidates: dict[int, np.ndarray]) -> int:
+    """The step whose picture ``picture`` is closest to (mean absolute difference)."""
+    return min(candidates, key=lambda i: np.abs(picture.astype(float) - candidates[i]).mean())
+
+
 def write_window_attribution(run_dir: Path, window: int = 6, seed: int = 0, trace_sha256: str | None = None,
                              method: str = "integrated gradients") -> np.ndarray:
     """Write ``RUN_DIR/window_attribution.npz`` for the run's trace (or one naming

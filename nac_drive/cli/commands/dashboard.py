@@ -23,8 +23,8 @@ class DashboardArgs:
     video: str | None = arg(None, "the run's video (drive --video), played beside the traces (default: "
                                   "RUN_DIR/video.webm if present)", metavar="WEBM", group=HTML)
     title: str | None = arg(None, "page title (default: the run directory's name)", group=HTML)
-    image_budget_mb: float = arg(20.0, "frames + overlays above this many MB (base64) are re-encoded smaller",
-                                 above=0, group=HTML)
+    image_budget_mb: float = arg(12.0, "frame + overlay videos above this many MB (base64) are encoded coarser, then "
+                                       "smaller", above=0, group=HTML)
 
     def __post_init__(self):
         check_fields(self)
