@@ -239,3 +239,45 @@ def test_the_dashboard_draws_no_more_fig4_heads_than_the_trace_holds(tmp_path):
     assert "explain_fig4" not in run_data(page)["figures"]
     assert (f"its &#x27;fig4&#x27; section claims {trace_heads + 20} heads, the trace holds {trace_heads}; "
             "not shown") in page
+
+
+def test_a_killed_explain_goes_on_from_its_last_finished_section(tmp_path, monkeypatch):
+    """A killed explain once redid everything, its drive included, into RUN_DIR-2."""
+    from dataclasses import replace
+
+    import torch
+
+    import nac_drive.pipeline.drive as drive_module
+    import nac_drive.pipeline.explain as module
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    torch.manual_seed(0)
+    gru = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8, window=4))).save_pretrained(
+        tmp_path / "gru")
+    run = tmp_path / "explain"
+    args = ExplainArgs(policy=str(gru), episodes=1, max_steps=30, saliency_frames=4, window_method="ablation",
+                       closed_loop_tracks=0, out=str(run))
+    real_mirror = module.mirror_section
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "mirror_section", killed)
+    with pytest.raises(KeyboardInterrupt):
+        module.explain(args, progress=False)
+    partial = json.loads((run / module.PARTIAL_FILE).read_text())["report"]
+    assert partial["saliency"] and partial["window"] and "mirror" not in partial
+    assert not (run / EXPLAIN_FILE).exists()
+
+    with pytest.raises(ValueError, match="was explained with other --seed; give the flags it was run with"):
+        module.explain(replace(args, resume=str(run), seed=1), progress=False)
+    monkeypatch.setattr(module, "mirror_section", real_mirror)
+    monkeypatch.setattr(module, "saliency_section", lambda *a, **k: pytest.fail("saliency computed again"))
+    monkeypatch.setattr(drive_module, "drive_carracing", lambda *a, **k: pytest.fail("driven again"))
+    report = module.explain(replace(args, resume=str(run)), progress=False)
+    assert report["saliency"] == partial["saliency"] and report["mirror"]["frames"] > 0
+    assert json.loads((run / EXPLAIN_FILE).read_text()) == report and not (run / module.PARTIAL_FILE).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["explain", "gru"]   # no explain-2
+    with pytest.raises(ValueError, match="no explain was killed there \\(it finished"):
+        module.explain(replace(args, resume=str(run)), progress=False)

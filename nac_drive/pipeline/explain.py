@@ -28,7 +28,7 @@ turned off by its argument; empty when every section ran). NaN is written as nul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,7 @@ DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_
 
 
 MEASURES = "measurements"
+PARTIAL_FILE = "explain.partial.json"   # the sections finished so far; removed once explain.json is written
 
 
 @dataclass
@@ -97,16 +98,19 @@ class ExplainArgs:
                              choices=("integrated_gradients", "ablation", "none"), group=MEASURES)
     seed: int = arg(0, "seed of the random neurons, the random maps and the random keys", min=0, group=MEASURES,
                     max=MAX_SEED)
+    resume: str | None = arg(None, "go on with the explain killed in this run folder: its drive and the sections "
+                                   "it finished are kept (give the flags it was run with)", metavar="RUN_DIR")
 
     def __post_init__(self):
         check_fields(self)
 
     def ignored(self) -> dict[str, str]:
         """The fields this run would not use, each with why."""
+        idle = {"out": "--resume goes on in the run folder it names"} if self.resume else {}
         if self.closed_loop_tracks:
-            return {}
-        return {name: "only with a closed-loop check (--closed-loop-tracks 0 skips it)"
-                for name in ("closed_loop_top", "closed_loop_random")}
+            return idle
+        return {**idle, **{name: "only with a closed-loop check (--closed-loop-tracks 0 skips it)"
+                           for name in ("closed_loop_top", "closed_loop_random")}}
 
 
 def explain(args: ExplainArgs, progress: bool = True) -> dict:
@@ -124,10 +128,13 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     (``top``) and ``random`` others (seeded by ``seed``) drive ``tracks`` held-out tracks
     clamped (0 tracks: skipped). ``saliency_frames``: frames scored for saliency faithfulness
     (0: skipped); ``window_method``: how the window attribution is computed ("none": skipped).
+
+    Each finished section is saved to ``RUN_DIR/explain.partial.json`` (:data:`PARTIAL_FILE`),
+    so ``resume`` (a killed explain's run folder) keeps its drive and those sections; one
+    explain writes a run folder at a time.
     """
+    from nac_drive.io.atomic import one_writer
     from nac_drive.policy.loading import load_driving_policy
-    from nac_drive.interpret.trace import load_trace
-    from nac_drive.pipeline.drive import DriveArgs, drive_carracing, drive_udacity_emulator, udacity_eval_tracks
 
     policy_path, task, seed, seed_base, max_steps = args.policy, args.task, args.seed, args.seed_base, args.max_steps
     policy = load_driving_policy(policy_path, task=task or "carracing")
@@ -141,6 +148,66 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     if args.speed is not None and config.task != "udacity":
         raise ValueError(f"--speed: only a Udacity policy drives at a set speed, this is a {config.task!r} policy")
     speed = UDACITY_SPEED if args.speed is None else args.speed
+    if args.resume:
+        run_dir, run, report = _resumed(args)
+    else:
+        run_dir, run, report = _driven(args, policy_path, config, speed, progress)
+    sections = {
+        "fig4": lambda: fig4_section(run),
+        "scenes": lambda: scenes_section(run, seed),
+        "atlas": lambda: atlas_section(run, policy, args.frames, progress),
+        "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
+        "window": lambda: window_section(run_dir, policy, args.window_method, progress),
+        "mirror": lambda: mirror_section(run, policy, args.frames),
+        "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
+                                                   args.closed_loop_top, args.closed_loop_random, seed, seed_base,
+                                                   max_steps, progress, speed),
+    }
+    with one_writer(run_dir, "nac-drive explain"):
+        for name in NAC_STATES_NEEDED:
+            if name in report:   # finished before a kill (--resume)
+                continue
+            report[name] = None if name in report["skipped"] else sections[name]()
+            write_report(run_dir / PARTIAL_FILE, {"args": _recorded(args), "report": report})
+        write_report(run_dir / EXPLAIN_FILE, report)
+        (run_dir / PARTIAL_FILE).unlink()
+    return jsonable(report)
+
+
+def _recorded(args: ExplainArgs) -> dict:
+    """What a resumed explain must be run with again: every flag but ``--out`` and ``--resume``."""
+    return {k: v for k, v in asdict(args).items() if k not in ("out", "resume")}
+
+
+def _resumed(args: ExplainArgs):
+    """(run folder, its trace, the report so far) of the explain killed in ``args.resume``."""
+    from nac_drive.interpret.trace import load_trace
+    from nac_drive.io.checkpoint import read_json
+
+    run_dir = Path(args.resume)
+    partial = run_dir / PARTIAL_FILE
+    if not partial.is_file():
+        done = " (it finished: explain.json is there)" if (run_dir / EXPLAIN_FILE).is_file() else ""
+        raise ValueError(f"--resume: {run_dir} has no {PARTIAL_FILE}: no explain was killed there{done}")
+    saved = read_json(partial)
+    if not isinstance(saved, dict) or not isinstance(saved.get("report"), dict) or "args" not in saved:
+        raise ValueError(f"--resume: {partial} is not an explain's record")
+    differ = sorted(k for k, v in _recorded(args).items() if saved["args"].get(k) != v)
+    if differ:
+        raise ValueError(f"--resume: {run_dir} was explained with other {', '.join('--' + k.replace('_', '-') for k in differ)}"
+                         f"; give the flags it was run with")
+    run = load_trace(run_dir)
+    if run.sha256 != saved["report"].get("trace_sha256"):
+        raise ValueError(f"--resume: {run_dir}'s trace is not the one its explain began on")
+    return run_dir, run, saved["report"]
+
+
+def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool):
+    """(run folder, its trace, the report's head) of a new drive with a trace into ``args.out``."""
+    from nac_drive.interpret.trace import load_trace
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing, drive_udacity_emulator, udacity_eval_tracks
+
+    seed_base, max_steps = args.seed_base, args.max_steps
     if config.task == "udacity":
         drive = drive_udacity_emulator(policy_path, udacity_eval_tracks(args.episodes, seed_base),
                                        max_steps or UDACITY_FRAMES, trace_dir=args.out, speed=speed, progress=progress)
@@ -153,25 +220,10 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     if not run.has_scene:
         skipped.setdefault("scenes", "the road's scene is read from CarRacing's track only (the Udacity emulator's "
                                      "is not recorded)")
-    report = {
+    return run_dir, run, {
         "task": config.task, "core": config.core.core, "run": str(run_dir), "policy": drive["policy"],
         "trace_sha256": run.sha256, "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]}, "skipped": skipped,
     }
-    sections = {
-        "fig4": lambda: fig4_section(run),
-        "scenes": lambda: scenes_section(run, seed),
-        "atlas": lambda: atlas_section(run, policy, args.frames, progress),
-        "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
-        "window": lambda: window_section(run_dir, policy, args.window_method, progress),
-        "mirror": lambda: mirror_section(run, policy, args.frames),
-        "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
-                                                   args.closed_loop_top, args.closed_loop_random, seed, seed_base,
-                                                   max_steps, progress, speed),
-    }
-    for name in NAC_STATES_NEEDED:
-        report[name] = None if name in skipped else sections[name]()
-    write_report(run_dir / EXPLAIN_FILE, report)
-    return jsonable(report)
 
 
 def skipped_sections(core: str, args: ExplainArgs | None = None) -> dict[str, str]:
