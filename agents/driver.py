@@ -58,6 +58,7 @@ class PolicyDriver:
         self.dropped: list[int] = []
         self._env = None
         self._pending: dict[str, Any] = {}
+        self.trace_failure: str | None = None   # why the trace stopped being written (a full disk)
         self._saliency = None
         self._frame, self._action = 0, None
 
@@ -143,4 +144,8 @@ class PolicyDriver:
         if self.live is not None:   # (the live view shows no scene)
             self.live.add(saliency=self._saliency, **{k: v for k, v in step.items() if k != "scene"})
         if self.recorder is not None:
-            self.recorder.add(**step)
+            try:
+                self.recorder.add(**step)
+            except OSError as e:   # a trace that cannot be written ends; the drive goes on (the caller reports it)
+                self.sinks = [s for s in self.sinks if s is not self.recorder]
+                self.trace_failure, self.recorder = str(e), None

@@ -683,6 +683,10 @@ class RunRecorder:
                 self._delete_earlier_recording()
                 arrays.update(self.wiring)
             write_archive(chunk_path(self.path, index), arrays, meta)
+        except OSError as e:   # a full disk, a file-size limit: say where, in one line
+            self._error = OSError(f"{self.path}: chunk {index} could not be written ({e.strerror or e}); the {index} "
+                                  "chunk(s) before it are whole")
+            self._error.errno = e.errno
         except BaseException as e:   # noqa: BLE001 -- raised in the caller's thread (_check_writer)
             self._error = e
 

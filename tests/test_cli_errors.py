@@ -191,3 +191,25 @@ def test_a_fifo_as_the_recording_is_refused_before_any_work(tmp_path, argv):
     assert out.stderr.strip().splitlines()[-1].endswith(f"{fifo} is not a regular file (a FIFO or a device); a "
                                                         "recording is written to a file of its own")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["live.rrd"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE stands in for a full disk")
+def test_a_trace_that_cannot_be_written_ends_in_one_line_after_the_drives_summary(tmp_path):
+    """A full disk while a trace was written ended the drive at once, "[Errno 27] File too large",
+    naming no path, the summary lost. Here the file-size limit makes the chunk writer fail as a
+    full disk does."""
+    import resource
+    import signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG) instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    out = subprocess.run([sys.executable, "-m", "nac_drive.cli", "drive", "carracing", "--episodes", "1",
+                          "--max-steps", "600", "--trace", "run"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, preexec_fn=small_files, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        "nac-drive drive: error: --trace: run/trace: chunk 0 could not be written (File too large); the 0 chunk(s) "
+        "before it are whole")
+    assert "seed 900000: return" in out.stdout and "frames  600" in out.stdout   # the whole drive, summary first

@@ -97,13 +97,18 @@ def drive_carracing(args: DriveArgs, live: LiveOptions | None = None, progress: 
     with live_view(live, policy, raise_failure=False) as view:
         driver = PolicyDriver(policy, recorder=recorder, oracle=oracle, live=view, drops=frame_drops(args.perturb))
         summary = _drive_and_score(policy, driver, args, progress, recorded)
-    if recorder is not None:
+    if recorder is not None and driver.trace_failure is None:
         recorder.metadata["laps"] = summary["laps"][:len(summary["laps"]) if recorded is None else recorded]
-        recorder.save()   # the laps of the traced episodes: the dashboard's episode table shows them
+        try:
+            recorder.save()   # the laps of the traced episodes: the dashboard's episode table shows them
+        except OSError as e:
+            driver.trace_failure = str(e)
     summary.update(policy=str(policy_path or "shipped"), core=policy.config.core.core,
                    perturbation=perturbation_record(args.perturb))
     if recorder is not None:
         summary["trace"] = str(recorder.run_dir)
+        if driver.trace_failure is not None:   # the caller reports it after the summary
+            summary["trace_failure"] = driver.trace_failure
     if view is not None:
         summary["rerun"] = view.where
         if view.failure is not None:   # the caller reports it after the summary

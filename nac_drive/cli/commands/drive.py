@@ -68,8 +68,9 @@ def run_carracing(namespace: argparse.Namespace) -> int:
         video = f" --video {args.video}" if args.video else ""
         print(f"trace: {trace}/trace/ (open it with: nac-drive dashboard {trace}{video} -o dashboard.html)")
     output.emit(summary)
-    if "rerun_failure" in summary:   # after the summary: the drive itself finished
-        raise OSError(f"--rerun: {summary['rerun_failure']}")
+    for flag in ("trace", "rerun"):   # after the summary: the drive itself finished
+        if f"{flag}_failure" in summary:
+            raise OSError(f"--{flag}: {summary[f'{flag}_failure']}")
     return 0
 
 
