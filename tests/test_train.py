@@ -184,7 +184,8 @@ def test_training_alone_uses_every_core_and_gives_the_caller_its_threads_back(mo
     from nac_drive.pipeline import train as train_module
 
     seen = []
-    monkeypatch.setattr(train_module, "_train", lambda args, held: seen.append(torch.get_num_threads()) or Path("run"))
+    monkeypatch.setattr(train_module, "_train",
+                        lambda args, held, device: seen.append(torch.get_num_threads()) or Path("run"))
     monkeypatch.setattr(train_module, "available_cores", lambda: 3)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert train(TrainArgs()) == Path("run")
