@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from nac_drive.fields import arg
@@ -51,10 +52,18 @@ def ray_session(address: str) -> Iterator[Any]:
         raise ValueError(f"--ray runs on Ray, the 'cluster' extra, which is not installed: {EXTRA_HINT}") from None
     from nac_drive.torch_threads import available_cores
 
-    if address == LOCAL:
-        ray.init(address=LOCAL, num_cpus=available_cores(), include_dashboard=False, log_to_driver=False)
-    else:
-        ray.init(address=address, log_to_driver=False)
+    # Ray puts the driver's working folder first on its workers' path, where a checkout's own
+    # nac_drive/ (run from the repository root) would shadow the installed package and its mapped
+    # folders: the folder that holds the nac_drive this process imported goes there instead.
+    here = os.getcwd()
+    os.chdir(Path(sys.modules["nac_drive"].__file__).resolve().parents[1])
+    try:
+        if address == LOCAL:
+            ray.init(address=LOCAL, num_cpus=available_cores(), include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    finally:
+        os.chdir(here)
     try:
         yield ray
     finally:
