@@ -156,6 +156,19 @@ def test_a_bug_is_one_line_and_exit_1_unless_a_traceback_is_asked_for(monkeypatc
         cli.run_verb(args)
 
 
+def test_a_librarys_terminal_colours_never_reach_the_one_line_error(capsys):
+    """A failed Ray task's error once printed as "[36mray::_run_job()[39m ..." in the one line."""
+    from nac_drive import cli
+
+    def coloured(args):
+        raise ValueError("\x1b[36mray::_run_job()\x1b[39m (pid=1) \x1b[1;31mbad\x1b[0m input")
+
+    args = cli.build_parser().parse_args(["dashboard", "somewhere"])
+    args.func = coloured
+    assert cli.run_verb(args) == 2
+    assert capsys.readouterr().err == "nac-drive dashboard: error: ray::_run_job() (pid=1) bad input\n"
+
+
 def test_argument_dataclasses_check_their_bounds_in_python_too():
     with pytest.raises(ValueError, match="--val-fraction: must be < 1, got 1.5"):
         TrainArgs(val_fraction=1.5)

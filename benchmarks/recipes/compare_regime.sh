@@ -20,9 +20,10 @@
 # behaviour cloning on the planner's gas-1.0 demonstrations no policy drives yet, so the search
 # would choose on noise.
 #
-# Time on the 2-core CPU machine: the tune lanes ~2 hours (a trial 1.5-4 min on one core, measured
-# 2026-11-29); the comparison ~6 hours with --workers 2 (a BC run ~8 min, a DAgger round ~3 min,
-# 20 tracks ~3 min a share), so three 3-hour sessions. Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
+# Time on the 2-core CPU machine: the tune lanes ~2.5-3 hours (a trial 2.2-12.2 min on one core, median
+# ~3.5, beside other jobs, 2026-11-29; d_model 128 trials take 8-12); the comparison ~6 hours with
+# --workers 2 (a BC run ~8 min, a DAgger round ~3 min, 20 tracks ~3 min a share), so three 3-hour
+# sessions. Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
 # comparison's finished runs in OUT/compare/results).
 # What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
 # table goes there once it has.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -20,6 +21,7 @@ import threading
 # Exit codes: 0 done, 1 a bug (an unexpected exception), 2 bad input or an unusable file,
 # folder or port (argparse uses 2 for bad flags too), 130 interrupted (Ctrl-C), 143 terminated.
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")   # terminal colours some libraries put in their errors (Ray's)
 
 
 class Terminated(KeyboardInterrupt):
@@ -89,7 +91,7 @@ def run_verb(args: argparse.Namespace) -> int:
     except Exception as e:
         if os.environ.get("NAC_DRIVE_TRACEBACK") == "1":
             raise
-        message = " ".join(str(e).split()) or type(e).__name__
+        message = " ".join(ANSI_ESCAPE.sub("", str(e)).split()) or type(e).__name__   # a library's colours, gone
         if isinstance(e, (ValueError, OSError)):
             print(f"{name}: error: {message}", file=sys.stderr)
             return EXIT_BAD_INPUT
