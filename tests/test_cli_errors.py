@@ -226,3 +226,13 @@ def test_a_trace_that_cannot_be_written_ends_in_one_line_after_the_drives_summar
         "nac-drive drive: error: --trace: run/trace: chunk 0 could not be written (File too large); the 0 chunk(s) "
         "before it are whole")
     assert "seed 900000: return" in out.stdout and "frames  600" in out.stdout   # the whole drive, summary first
+
+    out = subprocess.run([sys.executable, "-m", "nac_drive.cli", "explain", "--episodes", "1", "--max-steps", "600",
+                          "--closed-loop-tracks", "0", "--saliency-frames", "0", "--window-method", "none", "--out",
+                          "explained"], capture_output=True, text=True, timeout=300, cwd=tmp_path, preexec_fn=small_files,
+                         env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert out.returncode == 2, out.stderr[-2000:]   # explain measures no trace cut short
+    assert out.stderr.strip().splitlines()[-1] == (
+        "nac-drive explain: error: --out: explained/trace: chunk 0 could not be written (File too large); the 0 "
+        "chunk(s) before it are whole")
+    assert not (tmp_path / "explained" / "explain.json").exists()

@@ -254,6 +254,7 @@ def test_compare_in_the_shipped_regime_runs_dagger_rounds_on_its_own_data_and_dr
 
     before = contents(dataset)
     out = tmp_path / "cmp"
+    (out / "runs" / "gru__s0-dagger-r0").mkdir(parents=True)   # a killed attempt's round: started again in its place
     code, printed = run_cli(["compare", "--data", str(dataset), "--out", str(out), "--variants", "gru", "--seeds", "0",
                              "--episodes", "1", "--max-steps", "25", "--dagger-rounds", "2", "--dagger-episodes", "1",
                              "--dagger-epochs", "1", "--dagger-windows-per-epoch", "32", "--curve-episodes", "1",
@@ -267,6 +268,7 @@ def test_compare_in_the_shipped_regime_runs_dagger_rounds_on_its_own_data_and_dr
     assert {p.parents[2].name for p in data.rglob("main_data.hdf5")} >= {"dagger-r0-s0", "dagger-r1-s0"}
     result = json.loads((out / "results" / "gru__s0.json").read_text())
     assert result["run_dir"].endswith("gru__s0-dagger-r1")   # the last round's checkpoint drove
+    assert not any(p.name.endswith("-2") for p in (out / "runs").iterdir())   # no round trained again beside it
     assert json.loads((out / "runs" / "gru__s0-dagger-r1" / "closed_loop.json").read_text())["seeds"] == [900000]
     curve = result["curve"]
     assert [p["stage"] for p in curve] == ["behaviour cloning", "dagger round 0", "dagger round 1"]

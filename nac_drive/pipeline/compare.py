@@ -29,7 +29,7 @@ Results go to ``OUT/compare.json`` and ``OUT/compare.md``; each (variant, seed) 
 run folder under ``OUT/runs`` and its result in ``OUT/results``, so a killed comparison
 starts again where it stopped (with the same data and budget: a result of another is
 refused): a finished pair is kept, a pair's behaviour cloning goes on from its last epoch,
-its DAgger rounds start again. ``--workers N`` trains and drives N runs at once, one process each with one
+its DAgger rounds start again (in their own folders). ``--workers N`` trains and drives N runs at once, one process each with one
 torch thread (on 2 cores, two workers finish about twice as fast as one process); ``--ray
 [ADDRESS]`` runs every (variant, seed) as a Ray task instead, on this machine or a cluster whose
 nodes see ``--data`` and ``--out`` at the same paths (a shared filesystem). TensorBoard's HParams table (``tensorboard --logdir OUT/runs``) shows the same
@@ -355,7 +355,8 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
 
     name = f"{variant}__s{seed}"
     data = out / RUNS / f"{name}-data"
-    for left in (data, out / RUNS / f"{name}-curve"):   # a killed attempt's rounds: this one starts them again
+    rounds = (out / RUNS).glob(f"{name}-dagger-r*")   # their run folders, never trained again into <run>-2
+    for left in (data, out / RUNS / f"{name}-curve", *rounds):   # a killed attempt's rounds: this one starts them again
         shutil.rmtree(left, ignore_errors=True)
     link_tree(Path(args.data), data)
     frames = sum(len(episode) for episode in load_episodes(args.data))

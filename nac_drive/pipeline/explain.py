@@ -215,6 +215,8 @@ def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool
         drive = drive_carracing(DriveArgs(policy=policy_path, episodes=args.episodes, seed_base=seed_base,
                                           max_steps=max_steps, trace=args.out), progress=progress)
     run_dir = Path(drive["trace"])
+    if drive.get("trace_failure"):   # never measure a trace cut short by a full disk
+        raise OSError(f"--out: {drive['trace_failure']}")
     run = load_trace(run_dir)
     skipped = skipped_sections(config.core.core, args)
     if not run.has_scene:
