@@ -49,7 +49,11 @@ class Proc:
         while time.time() < end:
             if sum(text in line for line in list(sink)) >= count:
                 return
-            if self.p.poll() is not None:
+            if self.p.poll() is not None:   # it ended: its last lines may still be in the pipe
+                for thread in self._drains:
+                    thread.join(5.0)
+                if sum(text in line for line in list(sink)) >= count:
+                    return
                 break
             time.sleep(0.05)
         raise RuntimeError(f"{text!r} not seen (exit {self.p.poll()}):\n{''.join(self.err)[-3000:]}")
