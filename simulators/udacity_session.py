@@ -8,9 +8,9 @@ the other, after checking the server's libraries (the ``udacity`` extra) are the
 
 from __future__ import annotations
 
-import json
 import sys
 
+from nac_drive.io import strict_json
 from nac_drive.simulators.udacity_bridge import MissingUdacityExtra, UdacityBridge
 
 
@@ -43,8 +43,8 @@ def _run(bridge: UdacityBridge, serve, host: str, port: int, json_out: bool, exi
     finally:
         bridge.close()
         summary = {**bridge.stats.summary(), **(report() if report is not None else {})}
-        if json_out:
-            print(json.dumps(summary), flush=True)
+        if json_out:   # strict, as every verb's --json line
+            print(strict_json.dumps(summary), flush=True)
         else:
             print("udacity bridge summary:", flush=True)
             for k, v in summary.items():
