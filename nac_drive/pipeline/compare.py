@@ -330,9 +330,9 @@ def _killed_before(bc: TrainArgs) -> bool:
     if not (run_dir / "last" / "train_state.json").is_file():
         return False
     recorded, asked = read_json(run_dir / "train_args.json"), asdict(bc)
-    same_place = lambda a, b: a is not None and b is not None and Path(a).resolve() == Path(b).resolve()   # noqa: E731
-    differ = sorted(k for k in asked if k not in ("progress", "resume", "device", "out")
-                    and recorded.get(k) != asked[k] and not (k == "data" and same_place(recorded.get(k), asked[k])))
+    for args in (recorded, asked):   # one folder, however it was named (a Ray worker's are absolute)
+        args["data"] = str(Path(str(args.get("data"))).resolve())
+    differ = sorted(k for k in asked if k not in ("progress", "resume", "device", "out") and recorded.get(k) != asked[k])
     if differ:
         raise ValueError(f"{run_dir}: a killed comparison trained it with other {', '.join(differ)}; give another "
                          "--out")
