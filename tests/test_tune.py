@@ -87,7 +87,7 @@ def test_tune_drives_validation_tracks_only_resumes_and_reruns_a_trial_cut_off(d
         tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=4, **{**TINY, "epochs": 2}))
 
 
-def test_the_val_loss_objective_drives_nothing_and_keeps_the_lowest_loss(dataset, tmp_path, driven):
+def test_the_val_loss_objective_drives_nothing_and_keeps_the_lowest_loss(dataset, tmp_path, driven, capsys):
     args = TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=2, objective="val-loss", **TINY)
     best = tune(args)
     assert driven == []   # no track at all, held out or not
@@ -96,6 +96,13 @@ def test_the_val_loss_objective_drives_nothing_and_keeps_the_lowest_loss(dataset
     assert [t.user_attrs["value"] for t in done] == losses and len(set(losses)) == 2
     assert best["metric"] == "val_loss" and best["value"] == min(losses)   # lowest, not highest
     assert best["train_args"] == {"core": "gru", **done[losses.index(min(losses))].params}
+    # the CLI's summary (the study is complete: no trial more) names what scored, not tracks it never drove
+    assert main(["tune", "--data", str(dataset), "--variant", "gru", "--out", str(tmp_path), "--trials", "2",
+                 "--objective", "val-loss", "--window", "4", "--epochs", "1", "--windows-per-epoch", "32",
+                 "--no-progress"]) == 0
+    summary = capsys.readouterr().out
+    assert f"val_loss {min(losses):.3f} on the validation episodes of the data" in summary
+    assert "tracks" not in summary
     with pytest.raises(ValueError, match="give another --out"):   # a study scored one way takes no trials scored another
         tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=3, **TINY))
 

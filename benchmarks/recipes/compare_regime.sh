@@ -3,6 +3,8 @@
 # the shipped regime (behaviour cloning, then DAgger rounds with the same oracle and random-action
 # bursts), driven on the held-out tracks at frame-drop 0, 0.25 and 0.5. Cores: the paper's NAC
 # (nac-exact), the two variants beyond the paper (nac-scaled, nac-qk), cfc, gru, lstm, mha.
+# CarRacing first, then Udacity, where the shipped policy is made by behaviour cloning alone
+# (benchmarks/recipes/udacity_policy.sh): that half tunes and trains the same way, without DAgger.
 #
 #   bash benchmarks/recipes/compare_regime.sh [OUT]    # OUT: a new folder (default runs/recipe-regime)
 #
@@ -14,6 +16,10 @@
 #   DAgger rounds of 4 episodes (the planner labels; bursts 0.02 x 8 frames), each fine-tuned 3 x
 #   3072 windows at lr 2e-4; the last round's checkpoint drives the 20 held-out tracks 900000-900019
 #   at each frame-drop share; the learning curve drives 5 held-out tracks after each stage.
+# - Udacity: the scripted driver's 1000 frames on each of 7 emulator tracks (as compare_cores.sh
+#   records them); tune as above; compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048 windows
+#   with the tuned values, each policy drives the 5 held-out emulator tracks for 2700 frames (a
+#   lap) at each frame-drop share.
 #
 # Why the search scores the loss: its first driven trials (nac-exact, 2026-11-29, --objective
 # drive, 3 of 12) scored 17.8, 126.2 and 14.3 on validation tracks: at a trial's budget of
@@ -23,7 +29,8 @@
 # Time on the 2-core CPU machine: the tune lanes ~2.5-3 hours (a trial 2.2-12.2 min on one core, median
 # ~3.5, beside other jobs, 2026-11-29; d_model 128 trials take 8-12); the comparison ~6 hours with
 # --workers 2 (a BC run ~8 min, a DAgger round ~3 min, 20 tracks ~3 min a share), so three 3-hour
-# sessions. Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
+# sessions; the Udacity half about as long again (not measured yet: a PilotNet trial and a pair of
+# runs take about twice CarRacing's). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
 # comparison's finished runs in OUT/compare/results).
 # What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
 # table goes there once it has.
@@ -36,17 +43,37 @@ V="nac-exact nac-scaled nac-qk cfc gru lstm mha"
 
 [ -d "$OUT/demos" ] || nac-drive collect carracing --expert planner-discrete --gas 1.0 --episodes 30 --out "$OUT/demos" \
   --name planner --workers 2
-lane() {   # lane CORE VARIANT...: tune each variant in turn on one core (taskset where there is one)
-  local pin=(); command -v taskset >/dev/null && pin=(taskset -c "$1"); shift
+lane() {   # lane CORE DATA TUNE VARIANT...: tune each variant in turn on one core (taskset where there is one)
+  local pin=(); command -v taskset >/dev/null && pin=(taskset -c "$1")
+  local data=$2 tune=$3; shift 3
   for v in "$@"; do
-    "${pin[@]}" nac-drive tune --data "$OUT/demos" --variant "$v" --objective val-loss --trials 12 --epochs 4 \
-      --windows-per-epoch 2048 --out "$OUT/tune" --json
+    "${pin[@]}" nac-drive tune --data "$data" --variant "$v" --objective val-loss --trials 12 --epochs 4 \
+      --windows-per-epoch 2048 --out "$tune" --json
   done
 }
-lane 0 nac-exact nac-qk gru mha & a=$!
-lane 1 nac-scaled cfc lstm & b=$!
-wait $a; wait $b
+tune_all() {   # tune_all DATA TUNE: every variant, in two lanes
+  lane 0 "$1" "$2" nac-exact nac-qk gru mha & local a=$!
+  lane 1 "$1" "$2" nac-scaled cfc lstm & local b=$!
+  wait $a; wait $b
+}
+tune_all "$OUT/demos" "$OUT/tune"
 nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds 0 1 2 --tuned "$OUT/tune" \
   --epochs 10 --windows-per-epoch 4096 --dagger-rounds 5 --dagger-episodes 4 --oracle planner --disturb-rate 0.02 \
   --disturb-frames 8 --dagger-epochs 3 --dagger-windows-per-epoch 3072 --dagger-lr 2e-4 --curve-episodes 5 \
   --episodes 20 --frame-drops 0 0.25 0.5 --workers 2 --json
+
+UDA="$OUT/udacity-data"
+if [ ! -d "$UDA" ]; then   # recorded whole into a scratch folder, then renamed: a killed run records again
+  rm -rf "$UDA.partial"
+  for track in gentle lakeside canyon; do
+    nac-drive collect udacity --driver scripted --out "$UDA.partial/$track" --track "$track" --frames 1000 --seed 1
+  done
+  for track in random-11 random-12 random-13 random-14; do
+    nac-drive collect udacity --driver scripted --out "$UDA.partial/$track" --track "$track" --frames 1000 --seed 2 \
+      --noise 0.5
+  done
+  mv "$UDA.partial" "$UDA"
+fi
+tune_all "$UDA" "$OUT/tune-udacity"
+nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --variants $V --seeds 0 1 2 --tuned "$OUT/tune-udacity" \
+  --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json

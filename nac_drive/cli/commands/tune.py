@@ -22,8 +22,10 @@ def run(namespace) -> int:
     args, output = from_namespace(TuneArgs, namespace), from_namespace(JsonOutput, namespace)
     best = tune(args)
     settings = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["train_args"].items())
+    scored_on = ("the validation episodes of the data" if args.objective == "val-loss"
+                 else f"{args.episodes} validation tracks")
     print(f"{args.variant}: best of {best['trials']} trials is trial {best['trial']}, {best['metric']} "
-          f"{best['value']:.3f} on {args.episodes} validation tracks: {settings}")
+          f"{best['value']:.3f} on {scored_on}: {settings}")
     print(f"written: {args.out}/{args.variant}/{BEST} (nac-drive train --tuned / compare --tuned {args.out})")
     output.emit(best)
     return 0
