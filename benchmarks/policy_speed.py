@@ -10,6 +10,7 @@
   (gloo), as ``torchrun --nproc-per-node 2`` trains.
 
     python benchmarks/policy_speed.py --breakdown    # where the shipped policy's select_action spends it
+    python benchmarks/policy_speed.py --paired 7     # training frames/s, NAC against MHA, 7 alternating rounds
 
 * breakdown: the shipped CarRacing policy's ``select_action`` and each part of it run alone on
   the same inputs (the frame's checks and conversion, the encoder, the NAC's ``step``, the head),
@@ -134,13 +135,35 @@ def breakdown(frames: int = 500) -> None:
     print(f"| the rest (Python between the parts) | {rest:.3f} |")
 
 
+def paired_training(rounds: int, steps: int = 4) -> None:
+    """The whole policy's training frames/s (encoder, core, head, AdamW), NAC against MHA: one process,
+    one thread, the two alternating round by round, so a machine whose load drifts slows both alike;
+    the table gives each core's median and range over rounds and the per-round ratio NAC / MHA."""
+    torch.set_num_threads(1)
+    policies = {core: make_policy(core).train() for core in ("nac", "mha")}
+    fps = {core: [] for core in policies}
+    for _ in range(rounds):
+        for core, policy in policies.items():
+            fps[core].append(_train_steps(policy, policy, steps))
+    ratios = sorted(n / m for n, m in zip(fps["nac"], fps["mha"]))
+    print(f"| core | train frames/s, 1 thread: median [min, max] of {rounds} rounds |\n|---|---|")
+    for core, values in fps.items():
+        print(f"| {core} | {statistics.median(values):.0f} [{min(values):.0f}, {max(values):.0f}] |")
+    print(f"| NAC / MHA, per round | {statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}] |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores", nargs="*", default=list(CORES))
     parser.add_argument("--breakdown", action="store_true", help="only the shipped policy's select_action, part by part")
+    parser.add_argument("--paired", type=int, metavar="ROUNDS",
+                        help="only the training frames/s of NAC against MHA, alternating for ROUNDS rounds")
     args = parser.parse_args()
     if args.breakdown:
         breakdown()
+        return
+    if args.paired:
+        paired_training(args.paired)
         return
     cores = available_cores()
     print(f"| core | select_action ms / frame (p50, 1 thread) | train frames/s, 1 process, 1 thread | "

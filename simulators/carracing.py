@@ -38,9 +38,11 @@ NOOP, RIGHT, LEFT, GAS, BRAKE = 0, 1, 2, 3, 4
 ACTION_NAMES = ("noop", "right", "left", "gas", "brake")
 
 # Seed ranges (disjoint): expert training and its checkpoint selection use
-# [0, 100_000); demonstrations [100_000, 900_000); held-out evaluation >= 900_000.
+# [0, 100_000); demonstrations [100_000, 800_000); validation (tune, choosing a checkpoint)
+# [800_000, 900_000); held-out evaluation >= 900_000.
 EXPERT_TRAIN_SEED_BASE = 0
 COLLECT_SEED_BASE = 100_000
+VALIDATION_SEED_BASE = 800_000
 EVAL_SEED_BASE = 900_000
 NUM_EVAL_TRACKS = 20  # by default the held-out tracks are EVAL_SEED_BASE .. EVAL_SEED_BASE + 19
 # Headline figures: `--episodes 100`, the held-out tracks EVAL_SEED_BASE .. EVAL_SEED_BASE + 99.

@@ -27,7 +27,7 @@ NONSENSE = [
     (["train", "--data", MISSING], MISSING),
     (["collect", "carracing", "--episodes", "0"], "--episodes: must be >= 1"),
     (["collect", "carracing", "--max-steps", "0"], "--max-steps: must be >= 1"),
-    (["collect", "carracing", "--seed", "-1"], "--seed: must be >= 0"),
+    (["collect", "carracing", "--seed-base", "-1"], "--seed-base: must be >= 0"),
     (["collect", "carracing", "--expert", MISSING + ".zip", "--episodes", "1"], MISSING),
     (["dagger", "--policy", MISSING, "--rounds", "0"], "--rounds: must be >= 1"),
     (["dagger", "--policy", MISSING, "--disturb-rate", "1.5"], "--disturb-rate: must be <= 1"),
@@ -80,7 +80,9 @@ NONSENSE = [
     # caps checked before any work: --episodes 1e9 once allocated 23 GB (dagger) before failing, a seed of
     # 10**30 reached HDF5 (exit 1 after a folder was made), --speed 1e308 went to the car
     (["collect", "carracing", "--episodes", "1000000000"], "--episodes: must be <= 100000"),
-    (["collect", "carracing", "--seed", str(10**30)], "--seed: must be <= 1000000000"),
+    (["collect", "carracing", "--seed-base", str(10**30)], "--seed-base: must be <= 1000000000"),
+    (["collect", "carracing", "--seed-base", "799990", "--episodes", "20"],
+     "--seed-base: tracks 799990..800009 reach the validation and held-out tracks (800000-)"),
     (["dagger", "--policy", MISSING, "--episodes", "1000000000"], "--episodes: must be <= 100000"),
     (["train", "--seed", str(10**10)], "--seed: must be <= 1000000000"),
     (["expert", "kickstart", "--episodes", "1000000000"], "--episodes: must be <= 100000"),

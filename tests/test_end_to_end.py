@@ -167,7 +167,7 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
 
     # gymnasium's env: a policy of gas 0.5 neither fine-tunes on its data nor joins it in DAgger
     stock = tmp_path / "stock"
-    collect_carracing(CollectArgs(expert="teacher-discrete", episodes=1, seed=5, out=str(stock), max_steps=20),
+    collect_carracing(CollectArgs(expert="teacher-discrete", episodes=1, seed_base=100_005, out=str(stock), max_steps=20),
                       progress=False)
     tiny = dict(out=str(train_dir), window=8, epochs=1, windows_per_epoch=16, batch_size=16, val_fraction=0,
                 progress=False)
@@ -177,7 +177,7 @@ def test_a_stronger_gas_runs_through_demonstrations_policy_driving_and_dagger(tm
                                          r"presses 0.2, not 0.5"):
         dagger(DaggerArgs(policy=str(best), rounds=1, episodes=1), TrainArgs(data=str(stock), seed=1, **tiny))
     assert {e.seed for e in load_episodes(stock)} == {100_005}   # refused before any round was driven
-    collect_carracing(CollectArgs(expert="teacher-discrete", episodes=1, seed=5, out=str(demos), max_steps=20),
+    collect_carracing(CollectArgs(expert="teacher-discrete", episodes=1, seed_base=100_005, out=str(demos), max_steps=20),
                       progress=False)
     with pytest.raises(ValueError, match=r"GAS presses \[0.2, 0.5\] \(e.g. .*seeds-100005-100005-v1.*: 0.2, "
                                          r".*: 0.5\)"):

@@ -172,7 +172,7 @@ def test_a_gas_the_expert_cannot_drive_is_refused_before_collecting(tmp_path, ca
     # a dataset name already holding gymnasium's env: more tracks at gas 0.4 would never train with them
     write_dataset(tmp_path, "carracing-teacher-discrete", synthetic_episodes(1, 10), make_carracing(), expert="x",
                   description="")
-    assert main(["collect", "carracing", "--expert", "teacher-discrete", "--gas", "0.4", "--seed", "9",
+    assert main(["collect", "carracing", "--expert", "teacher-discrete", "--gas", "0.4", "--seed-base", "100009",
                  "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--name: " in err and "seeds-100000-100000-v1 was recorded in an env whose GAS presses 0.2, not 0.4" in err

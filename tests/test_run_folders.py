@@ -268,7 +268,7 @@ def test_a_collect_overlapping_a_running_one_is_refused_at_start_and_a_killed_on
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-        second = ["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "2", "--seed", "39",
+        second = ["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "2", "--seed-base", "100039",
                   "--max-steps", "5", "--out", str(tmp_path), "--name", "x"]
         assert main(second) == 2
         err = capsys.readouterr().err.strip().splitlines()

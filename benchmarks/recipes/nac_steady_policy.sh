@@ -15,7 +15,7 @@ set -euo pipefail
 OUT=${1:-runs/recipe-nac-steady}
 if [ -e "$OUT" ]; then echo "$OUT exists: give a new folder" >&2; exit 1; fi
 
-nac-drive collect carracing --expert ppo --episodes 30 --seed 0 --out "$OUT/demos" --name steady-s0 --workers 2
+nac-drive collect carracing --expert ppo --episodes 30 --out "$OUT/demos" --name steady-s0 --workers 2
 nac-drive train --data "$OUT/demos" --core nac --mode steady --epochs 10 --windows-per-epoch 4096 --seed 0 \
   --out "$OUT/train" --run-name bc-steady
 nac-drive dagger --policy "$OUT/train/bc-steady/best" --data "$OUT/demos" --rounds 10 --episodes 4 \

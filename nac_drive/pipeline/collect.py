@@ -1,9 +1,9 @@
 """Collection: experts drive CarRacing tracks, their episodes become a Minari dataset.
 
-Track seeds are ``COLLECT_SEED_BASE + seed + i`` (the collection range: never used by
-expert training, nor by evaluation, which starts at 900000). Every frame stores the raw RGB
-observation the student will see and the expert's action, in the env the expert drives (a
-PPO zip's gas, which the dataset's env spec keeps). ``workers`` processes drive
+Track seeds are ``seed_base + i``, from ``COLLECT_SEED_BASE`` (100000) by default: the collection
+range, never used by expert training; validation (800000-) and held-out (900000-) tracks are
+refused. Every frame stores the raw RGB observation the student will see and the expert's
+action, in the env the expert drives (a PPO zip's gas, which the dataset's env spec keeps). ``workers`` processes drive
 consecutive runs of the tracks, one shard each (``nac_drive/<name>/seeds-<first>-<last>-v1``);
 with ``ray``, the same runs are Ray tasks (:mod:`~nac_drive.pipeline.ray_tasks`), on this
 machine or a cluster, and this process writes the shards they drove.
@@ -17,6 +17,7 @@ from typing import Any
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.pipeline.ray_tasks import ray_arg
+from nac_drive.simulators.carracing import COLLECT_SEED_BASE, VALIDATION_SEED_BASE
 from nac_drive.torch_threads import check_workers
 
 
@@ -27,7 +28,8 @@ class CollectArgs:
     expert: str = arg("ppo", "'ppo' (the shipped PPO expert), a PPO zip path, 'teacher', 'teacher-discrete', "
                              "'planner' or 'planner-discrete'")
     episodes: int = arg(20, "episodes (one track each)", min=1, max=MAX_EPISODES)
-    seed: int = arg(0, "first track is 100000 + SEED", min=0, max=MAX_SEED)
+    seed_base: int = arg(COLLECT_SEED_BASE, f"seed of the first track (below {VALIDATION_SEED_BASE}: the validation and "
+                                            "held-out tracks are never recorded)", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)
     gas: float | None = arg(None, "teacher-, planner- and random-discrete: what the GAS action presses (default 0.2, "
                                   "gymnasium's discrete env); a PPO zip records its own", above=0, max=1)
@@ -39,6 +41,10 @@ class CollectArgs:
 
     def __post_init__(self):
         check_fields(self)
+        last = self.seed_base + self.episodes - 1
+        if last >= VALIDATION_SEED_BASE:
+            raise ValueError(f"--seed-base: tracks {self.seed_base}..{last} reach the validation and held-out tracks "
+                             f"({VALIDATION_SEED_BASE}-); demonstrations end below {VALIDATION_SEED_BASE}")
         if self.ray is None:
             check_workers(self.workers)
 
@@ -52,11 +58,11 @@ def collect_carracing(args: CollectArgs, progress: bool = True):
     from nac_drive.data_collection.carracing_dataset import (claim_tracks, dataset_folder, ensure_namespace,
                                                              refuse_existing, refuse_other_gas)
     from nac_drive.pipeline.processes import record_in_processes, split_runs
-    from nac_drive.simulators.carracing import COLLECT_SEED_BASE, EpisodeResults, actor_gas
+    from nac_drive.simulators.carracing import EpisodeResults, actor_gas
 
     actor, _ = load_expert(args.expert, gas=args.gas)   # a bad expert or gas fails here, before any process
     name = args.name or f"carracing-{actor.name.replace(':', '-').replace('/', '-')}"
-    runs = split_runs([COLLECT_SEED_BASE + args.seed + i for i in range(args.episodes)], args.workers)
+    runs = split_runs([args.seed_base + i for i in range(args.episodes)], args.workers)
     for run in runs:   # before driving: a shard that is taken would waste the collection
         refuse_existing(args.out, name, run)
     refuse_other_gas(dataset_folder(args.out, name), actor_gas(actor), "--name")

@@ -177,13 +177,15 @@ def _make_policy(args: QuickstartArgs, out: Path, progress: bool, stage_seconds:
     from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.train_args import TrainArgs
+    from nac_drive.simulators.carracing import COLLECT_SEED_BASE
     from nac_drive.torch_threads import available_cores
 
     sizes = args.stages()
     demos = out / "demos"
     print(f"collecting {sizes.collect_episodes} episodes with the {args.expert} expert ...", flush=True)
     with _timed(stage_seconds, "collect"):
-        _, results = collect_carracing(CollectArgs(expert=args.expert, episodes=sizes.collect_episodes, seed=args.seed,
+        _, results = collect_carracing(CollectArgs(expert=args.expert, episodes=sizes.collect_episodes,
+                                                   seed_base=COLLECT_SEED_BASE + args.seed,
                                                    out=str(demos), max_steps=args.max_steps,
                                                    name=f"quickstart-s{args.seed}", workers=available_cores()),
                                        progress=progress)

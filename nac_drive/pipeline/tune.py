@@ -35,8 +35,8 @@ from typing import Any
 from nac_drive.devices import device_arg, resolve_device
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
 from nac_drive.pipeline.variants import VARIANTS
+from nac_drive.simulators.carracing import VALIDATION_SEED_BASE
 
-VALIDATION_SEED_BASE = 800_000   # tracks 800000-: validation; 900000-: held out (never driven by tune)
 BEST, STUDY = "best.json", "study.db"
 OBJECTIVES = ("drive", "val-loss")
 

@@ -1,6 +1,6 @@
 """``nac-drive collect``: record demonstrations, from CarRacing or the Udacity simulator.
 
-    nac-drive collect carracing --expert ppo --episodes 20 --seed 0 --out runs/demos
+    nac-drive collect carracing --expert ppo --episodes 20 --seed-base 100000 --out runs/demos
     nac-drive collect carracing --expert teacher-discrete --episodes 200 --workers 2   # one process per core
     nac-drive collect carracing --expert teacher-discrete --gas 0.4        # the teacher, GAS pressing 0.4
     nac-drive collect udacity --out runs/udacity/my_drive                  # you drive the Udacity simulator
@@ -21,15 +21,15 @@ HUMAN, SCRIPTED = "--driver human", "--driver scripted"
 
 CARRACING = """Record an expert's CarRacing-v3 episodes as a Minari dataset.
 
-Track seeds are ``100000 + seed + i`` (the collection range: never used by expert
-training, nor by evaluation, which starts at 900000). Every frame stores the raw RGB
+Tracks ``--seed-base`` + i, from 100000 by default (the collection range: never used by expert
+training; the validation tracks from 800000 and the held-out ones from 900000 are refused). Every frame stores the raw RGB
 observation the student will see and the expert's action, in the env the expert drives (a
 PPO zip whose GAS presses another gas than gymnasium's 0.2 drives DiscreteActions, which
 the dataset's env spec keeps, and the policy trained on it learns).
 
 The dataset ``--name`` is a Minari namespace ``nac_drive/<name>`` of shards, one per
 worker, each named by its tracks (``seeds-<first>-<last>-v1``). Machines that collect
-other ``--seed`` ranges under the same name write shards that never collide: copy their
+other ``--seed-base`` ranges under the same name write shards that never collide: copy their
 ``nac_drive/<name>`` folders into one and train on it. A shard whose tracks are already
 in the dataset is refused before driving, and so is a collect started while another one
 records some of its tracks into the same ``--out`` and ``--name``.
