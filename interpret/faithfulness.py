@@ -59,6 +59,7 @@ import copy
 import math
 import os
 import time
+import warnings
 from contextlib import contextmanager
 from functools import partial
 from typing import Callable, Mapping, Sequence
@@ -340,24 +341,17 @@ def deletion_insertion(frame_model: nn.Module, frames: torch.Tensor, maps: np.nd
 
 
 # ----------------------------------------------------------------- sanity check
-def rank(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n of a flat array, ties given their average rank (float64)."""
-    values = np.asarray(values).reshape(-1)
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    last = np.cumsum(counts)                             # rank of each distinct value's last copy
-    return ((last - (counts - 1) / 2.0)[inverse]).astype(np.float64)
-
-
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation of two arrays of the same size (ties averaged); NaN if
-    either is constant."""
+    """Spearman rank correlation of two arrays of the same size, flattened (scipy's
+    ``spearmanr``: ties averaged); NaN if either is constant."""
+    from scipy.stats import ConstantInputWarning, spearmanr
+
     a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
     if a.shape != b.shape:
         raise ValueError(f"a, b: expected the same number of values, got {a.size} and {b.size}")
-    ra, rb = rank(a), rank(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = np.sqrt((ra * ra).sum() * (rb * rb).sum())
-    return float((ra * rb).sum() / denominator) if denominator > 0 else float("nan")
+    with warnings.catch_warnings():   # a constant map has no ranking: NaN is the answer, not a warning
+        warnings.simplefilter("ignore", ConstantInputWarning)
+        return float(spearmanr(a, b).statistic)
 
 
 def randomized_policy(policy: nn.Module, stage: str, seed: int = 0) -> nn.Module:
@@ -378,19 +372,6 @@ def randomized_policy(policy: nn.Module, stage: str, seed: int = 0) -> nn.Module
 
 
 # ----------------------------------------------------------------- a whole run
-def bootstrap_ci(values: np.ndarray, seed: int = 0, resamples: int = 1000, level: float = 0.95) -> list:
-    """``[low, high]``: the percentile bootstrap interval of the mean of the finite ``values``
-    (``[None, None]`` if there are none), each value resampled on its own: right for
-    independent values only (the reports use :func:`frame_blocks`' block bootstrap)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return [None, None]
-    means = v[np.random.default_rng(seed).integers(0, v.size, (resamples, v.size))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    return [float(x) for x in np.percentile(means, [tail, 100 - tail])]
-
-
 def frame_blocks(episodes: np.ndarray, block_frames: int | None = None) -> tuple[np.ndarray, dict]:
     """The blocks a bootstrap resamples, for frames in time order whose episodes are
     ``episodes`` ``[n]``: ``(labels [n] int64, rule)``.

@@ -191,10 +191,12 @@ def _stack_nac_steps(traces) -> dict[str, np.ndarray]:
 
 
 def attention_entropy(weights: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """weights, valid ``[..., K]`` -> ``[...]`` entropy / log(valid keys) (NaN below 2 keys)."""
-    w = np.where(valid, weights, 0.0).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        entropy = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=-1)
+    """weights, valid ``[..., K]`` -> ``[...]`` entropy / log(valid keys) (NaN below 2 keys);
+    each key's -w log w by scipy's ``special.entr`` (0 for a weight of 0)."""
+    from scipy.special import entr
+
+    entropy = entr(np.where(valid, weights, 0.0).astype(np.float64)).sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):   # below 2 keys it divides by log 1 or log 0
         return np.where(valid.sum(axis=-1) >= 2, entropy / np.log(valid.sum(axis=-1)), np.nan)
 
 

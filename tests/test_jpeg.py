@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from support.hostile_jpegs import encode, giant
+from support.hostile_jpegs import claiming, encode, giant
 
 from nac_drive.io.jpeg import jpeg_size
 
@@ -37,9 +37,11 @@ def test_fill_bytes_and_segments_before_the_frame_header():
     b"\xff\xd8\x00\x00\x00\x00",               # no marker where one must be
     b"\xff\xd8\xff\xe0\x00\x01",               # a segment length below its own two bytes
     b"\xff\xd8\xff\xc0\x00\x11\x08\x00",       # frame header cut short
+    claiming(encode(), 0, 320),                # a height left for a later DNL marker
+    claiming(encode(), 160, 0),                # no width
 ])
 def test_not_a_jpeg_or_cut_before_its_size_raises(data):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a readable JPEG header"):
         jpeg_size(data)
 
 
