@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
 from nac_drive.io.strict_json import jsonable, write_report   # noqa: F401 (explain.json's writer, also compare's)
@@ -80,6 +81,7 @@ class ExplainArgs:
                                       "second)", min=1)
     speed: float | None = arg(None, "Udacity only: the set speed in mph of the bridge's speed controller "
                                     "(default 9)", above=0)
+    device: str = device_arg()
     frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons and mirroring "
                                    "frames (default all)",
                              min=1, group=MEASURES)
@@ -137,7 +139,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     from nac_drive.policy.loading import load_driving_policy
 
     policy_path, task, seed, seed_base, max_steps = args.policy, args.task, args.seed, args.seed_base, args.max_steps
-    policy = load_driving_policy(policy_path, task=task or "carracing")
+    policy = load_driving_policy(policy_path, task=task or "carracing", device=args.device)
     config = policy.config
     if (config.task, config.action) not in EXPLAINABLE:
         raise ValueError(f"policy: explain needs a CarRacing policy with discrete actions or a Udacity policy "
@@ -175,8 +177,9 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
 
 
 def _recorded(args: ExplainArgs) -> dict:
-    """What a resumed explain must be run with again: every flag but ``--out`` and ``--resume``."""
-    return {k: v for k, v in asdict(args).items() if k not in ("out", "resume")}
+    """What a resumed explain must be run with again: every flag but ``--out``, ``--resume`` and
+    where it runs (``--device``)."""
+    return {k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device")}
 
 
 def _resumed(args: ExplainArgs):
@@ -210,10 +213,11 @@ def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool
     seed_base, max_steps = args.seed_base, args.max_steps
     if config.task == "udacity":
         drive = drive_udacity_emulator(policy_path, udacity_eval_tracks(args.episodes, seed_base),
-                                       max_steps or UDACITY_FRAMES, trace_dir=args.out, speed=speed, progress=progress)
+                                       max_steps or UDACITY_FRAMES, trace_dir=args.out, speed=speed, progress=progress,
+                                       device=args.device)
     else:
         drive = drive_carracing(DriveArgs(policy=policy_path, episodes=args.episodes, seed_base=seed_base,
-                                          max_steps=max_steps, trace=args.out), progress=progress)
+                                          max_steps=max_steps, trace=args.out, device=args.device), progress=progress)
     run_dir = Path(drive["trace"])
     if drive.get("trace_failure"):   # never measure a trace cut short by a full disk
         raise OSError(f"--out: {drive['trace_failure']}")
