@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from nac_drive.cli.main import main
 from nac_drive.data_collection.carracing_dataset import load_episodes, write_dataset
@@ -78,6 +79,34 @@ def test_compare_on_a_two_node_ray_gives_the_table_of_the_process_pool(cluster, 
     # --workers says how many run at once in a pool: with --ray the cluster does
     assert main([*common, "--out", str(tmp_path / "again"), "--ray", cluster, "--workers", "2"]) == 2
     assert "--workers" in capsys.readouterr().err
+
+
+@two_cores
+@pytest.mark.slow
+def test_dagger_on_a_two_node_ray_records_and_fine_tunes_as_the_process_pool(cluster, tmp_path, capsys):
+    """Each round's runs of tracks as Ray tasks (one Ray session for both rounds): the same shards,
+    episodes and labels as the worker processes record, so the same fine-tuned weights."""
+    from safetensors.torch import load_file
+
+    from nac_drive.policy.loading import shipped_policy_path
+
+    common = ["dagger", "--policy", str(shipped_policy_path()), "--rounds", "2", "--episodes", "3", "--max-steps", "20",
+              "--workers", "2", "--disturb-rate", "0.1", "--disturb-frames", "5", "--window", "8", "--epochs", "1",
+              "--windows-per-epoch", "16", "--batch-size", "16", "--val-fraction", "0", "--no-progress"]
+    for side, ray in (("pool", []), ("ray", ["--ray", cluster])):
+        assert main([*common, "--data", str(tmp_path / side / "data"), "--out", str(tmp_path / side / "runs"),
+                     *ray]) == 0
+    assert "ray: 4 tasks on 2 nodes, none retried" in capsys.readouterr().err
+    for r in (0, 1):
+        shards = [sorted(p.name for p in (tmp_path / side / "data" / "nac_drive" / f"dagger-r{r}-s0").iterdir()
+                         if p.is_dir()) for side in ("pool", "ray")]
+        assert shards[0] == shards[1] and len(shards[0]) == 2
+    pool, ray_side = episode_hashes(tmp_path / "pool" / "data"), episode_hashes(tmp_path / "ray" / "data")
+    assert len(pool) == 6 and ray_side == pool
+    weights = [load_file(tmp_path / side / "runs" / "dagger-r1" / "best" / "model.safetensors")
+               for side in ("pool", "ray")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 def test_a_task_whose_worker_dies_runs_again_and_is_counted(tmp_path, capfd):
