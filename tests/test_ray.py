@@ -109,6 +109,34 @@ def test_dagger_on_a_two_node_ray_records_and_fine_tunes_as_the_process_pool(clu
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+@two_cores
+@pytest.mark.slow
+def test_tune_on_a_two_node_ray_draws_and_scores_the_trials_of_the_process_pool(cluster, tmp_path, capsys):
+    """Trials asked two at a time, trained and driven as Ray tasks (both batches in one Ray
+    session): the same values drawn and the same scores as in worker processes; only this
+    process writes the study."""
+    import optuna
+
+    write_dataset(tmp_path / "demos", "synthetic", synthetic_episodes(), "CarRacing-v3", expert="bands",
+                  description="test")
+    common = ["tune", "--data", str(tmp_path / "demos"), "--variant", "gru", "--trials", "3", "--workers", "2",
+              "--episodes", "1", "--max-steps", "10", "--window", "4", "--epochs", "1", "--windows-per-epoch", "32",
+              "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "pool")]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
+    assert "ray: 3 tasks on 2 nodes, none retried" in capsys.readouterr().err
+    trials = {}
+    for side in ("pool", "ray"):
+        study = optuna.load_study(study_name="gru", storage=f"sqlite:///{tmp_path / side / 'gru' / 'study.db'}")
+        trials[side] = [(t.number, t.state, t.params, t.user_attrs["value"], t.user_attrs["seeds"]) for t in study.trials]
+    assert [state for _, state, *_ in trials["pool"]] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert trials["ray"] == trials["pool"]
+    assert len({str(params) for _, _, params, *_ in trials["pool"]}) == 3   # three draws, not one thrice
+    best = [json.loads((tmp_path / side / "gru" / "best.json").read_text()) for side in ("pool", "ray")]
+    assert best[0] == best[1]
+    assert sorted(p.name for p in (tmp_path / "ray" / "gru" / "runs").iterdir()) == ["trial-0", "trial-1", "trial-2"]
+
+
 def test_a_task_whose_worker_dies_runs_again_and_is_counted(tmp_path, capfd):
     pytest.importorskip("ray")
     marker = tmp_path / "died-once"
