@@ -137,6 +137,22 @@ def test_tune_on_a_two_node_ray_draws_and_scores_the_trials_of_the_process_pool(
     assert sorted(p.name for p in (tmp_path / "ray" / "gru" / "runs").iterdir()) == ["trial-0", "trial-1", "trial-2"]
 
 
+@pytest.mark.slow
+def test_explains_closed_loop_on_a_two_node_ray_gives_the_figures_of_one_process(cluster, tmp_path, capsys):
+    """Each closed-loop drive (intact, each neuron clamped, each attention part replaced) as a Ray
+    task that loads the policy itself: the same returns, changes and intervals as in-process."""
+    common = ["explain", "--episodes", "1", "--max-steps", "40", "--frames", "40", "--saliency-frames", "0",
+              "--window-method", "none", "--closed-loop-tracks", "2", "--closed-loop-top", "1",
+              "--closed-loop-random", "1"]
+    assert main([*common, "--out", str(tmp_path / "here")]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
+    assert "ray: 7 tasks on 2 nodes, none retried" in capsys.readouterr().err   # 1 intact + 2 neurons + 4 parts
+    here, ray_side = (json.loads((tmp_path / side / "explain.json").read_text())["closed_loop"]
+                      for side in ("here", "ray"))
+    assert len(here["intact"]["returns"]) == 2 and len(here["neurons"]) == 2 and len(here["attention"]) == 4
+    assert ray_side == here
+
+
 def test_a_task_whose_worker_dies_runs_again_and_is_counted(tmp_path, capfd):
     pytest.importorskip("ray")
     marker = tmp_path / "died-once"
