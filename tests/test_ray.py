@@ -1,5 +1,6 @@
-"""--ray [ADDRESS]: collect's and compare's jobs as Ray tasks give what the process pool gives;
-a task whose worker dies runs again and is counted; nothing phones home; no Ray without --ray."""
+"""--ray [ADDRESS]: collect's, compare's, tune's, dagger's and explain's jobs as Ray tasks give what
+this machine's processes (or one process) give; a task whose worker dies runs again and is counted;
+nothing phones home; no Ray without --ray."""
 
 import ast
 import hashlib
@@ -14,7 +15,7 @@ import torch
 
 from nac_drive.cli.main import main
 from nac_drive.data_collection.carracing_dataset import load_episodes, write_dataset
-from nac_drive.pipeline.ray_tasks import EXTRA_HINT, LOCAL, tasks_on_ray
+from nac_drive.pipeline.ray_tasks import EXTRA_HINT, LOCAL, ray_jobs, tasks_on_ray
 from nac_drive.torch_threads import available_cores
 from support.demos import synthetic_episodes
 
@@ -189,6 +190,29 @@ def test_a_local_ray_reports_nothing_and_listens_on_the_loopback():
     assert enabled == "False"
 
 
+def test_rounds_in_one_ray_session_keep_their_order_and_are_counted_together(capfd):
+    pytest.importorskip("ray")
+    with ray_jobs(LOCAL) as jobs:
+        assert jobs.results(lambda job: 10 * job, [3, 1, 2]) == [30, 10, 20]
+        assert jobs.results(lambda job: -job, [5]) == [-5]
+    assert "ray: 4 tasks on 1 node, none retried" in capfd.readouterr().err   # one line for the session
+    with ray_jobs(None) as none:   # no address: nothing started, the verb runs its jobs here
+        assert none is None
+
+
+def test_flags_ray_would_not_use_or_workers_beyond_the_cores_are_refused_in_one_line(tmp_path, capsys):
+    def refused(*argv) -> str:
+        assert main([*argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        return err[0]
+
+    assert "--ray: only with a closed-loop check" in refused("explain", "--closed-loop-tracks", "0", "--ray")
+    too_many = str(available_cores() + 1)
+    assert "--workers" in refused("tune", "--data", str(tmp_path), "--workers", too_many)
+    assert "--workers" in refused("dagger", "--policy", str(tmp_path), "--workers", too_many)
+
+
 def test_a_job_that_fails_raises_its_own_error(tmp_path):
     pytest.importorskip("ray")
 
@@ -210,7 +234,9 @@ def test_without_the_extra_ray_is_refused_in_one_line_naming_it(tmp_path, monkey
 def test_nac_drive_never_imports_ray_without_the_flag():
     script = ("import sys; from nac_drive.cli.main import main\n"
               "import nac_drive.pipeline.collect, nac_drive.pipeline.compare, nac_drive.pipeline.ray_tasks\n"
-              "try:\n    main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
+              "import nac_drive.pipeline.tune, nac_drive.pipeline.dagger, nac_drive.pipeline.explain\n"
+              "for verb in ('compare', 'tune', 'dagger', 'explain'):\n"
+              "    try:\n        main([verb, '--help'])\n    except SystemExit:\n        pass\n"
               "print('ray' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"
