@@ -35,10 +35,10 @@ import numpy as np
 
 from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
-from nac_drive.pipeline.ray_tasks import ray_arg
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
 from nac_drive.io.strict_json import jsonable, write_report   # noqa: F401 (explain.json's writer, also compare's)
 from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
+from nac_drive.pipeline.ray_tasks import ray_arg
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 # (task, action) of the policies explain can explain, whatever their core
@@ -364,20 +364,19 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     bar = {"desc": "closed loop", "unit": "run"}
     with ray_jobs(ray) as jobs:
         if jobs is None:
-            figures = [drive(policy, clamp) for clamp in tqdm(clamps, disable=not progress, **bar)]
+            driven = [drive(policy, clamp) for clamp in tqdm(clamps, disable=not progress, **bar)]
         else:
             path = None if policy_path is None else everywhere(policy_path)
-            figures = jobs.results(partial(_loaded_drive, drive, path, task), clamps, **(bar if progress else {}))
-    intact, per_track = figures[0], "mean_abs_cte_m" if task == "udacity" else "returns"
+            driven = jobs.results(partial(_loaded_drive, drive, path, task), clamps, **(bar if progress else {}))
+    intact, per_track = driven[0], "mean_abs_cte_m" if task == "udacity" else "returns"
 
     def against_intact(figures: dict) -> dict:   # the change is the paired one's mean, so it sits in its interval
         paired = paired_change(intact[per_track], figures[per_track])
         return {**figures, change: paired["mean"], "paired": paired}
 
     out = [{"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"], **against_intact(figures)}
-           for (row, why), figures in zip(chosen, figures[1:])]
-    attention = [{"name": name, **against_intact(figures)}
-                 for name, figures in zip(parts, figures[1 + len(chosen):])]
+           for (row, why), figures in zip(chosen, driven[1:])]
+    attention = [{"name": name, **against_intact(figures)} for name, figures in zip(parts, driven[1 + len(chosen):])]
     where = {"track_names": udacity_eval_tracks(tracks, seed_base), "speed_mph": speed} if task == "udacity" else {}
     return jsonable({"tracks": tracks, "seeds": seeds, **where, "seed": seed, "metric": metric, "intact": intact,
                      "neurons": out, "attention": attention})
