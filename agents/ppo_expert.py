@@ -58,14 +58,19 @@ class PPOExpert:
 
     Loading reads only the zip's JSON ``data`` and its ``policy.pth`` weights (with
     ``torch.load(weights_only=True)``): nothing pickled in the zip is executed, and no
-    env is needed.
+    env is needed. ``device``: where its network runs (:func:`~nac_drive.devices.resolve_device`);
+    its actions come back to the CPU.
     """
 
-    def __init__(self, path: str | Path | None = None):
+    def __init__(self, path: str | Path | None = None, device: str = "cpu"):
         import torch
 
+        from nac_drive.devices import resolve_device
+
+        self.device = resolve_device(device)   # before the zip is read
         self.path = Path(path) if path is not None else shipped_expert_path()
         self.policy, self.continuous, self.preprocessing = load_expert_zip(self.path)
+        self.policy.to(self.device)
         self.action_repeat = self.preprocessing.action_repeat
         self.gas = self.preprocessing.gas
         self.name = f"ppo:{self.path.stem}"
@@ -100,8 +105,8 @@ class PPOExpert:
         """The policy's most likely action for a frame stack ``uint8 [frame_stack, size, size]``."""
         torch = self._torch
         with torch.no_grad():
-            x = torch.as_tensor(stack[None])  # [1, stack, size, size]; SB3 scales by 1/255
-            action = self.policy.get_distribution(x).get_actions(deterministic=True)[0].numpy()
+            x = torch.as_tensor(stack[None], device=self.device)  # [1, stack, size, size]; SB3 scales by 1/255
+            action = self.policy.get_distribution(x).get_actions(deterministic=True)[0].cpu().numpy()
         if self.continuous:
             space = self.policy.action_space
             return np.clip(action, space.low, space.high).astype(np.float32)

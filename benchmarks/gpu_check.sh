@@ -2,7 +2,10 @@
 # --device on a machine with an NVIDIA GPU (issue 55 item 1): one epoch of behaviour cloning with
 # --device cuda and with --device cpu from the same seed, the CUDA checkpoint driven for one
 # episode on the GPU, the two first-epoch losses checked against each other, and the training
-# speed of each printed. Not run by the tests (they have no GPU).
+# speed of each printed; then the other verbs that run a network, each on CUDA on small sizes
+# (saliency of the drive's trace, explain, export with its onnxruntime check against torch on
+# CUDA, expert eval): a tensor left on the wrong device fails outright. Not run by the tests
+# (they have no GPU).
 #
 #   bash benchmarks/gpu_check.sh [OUT]     # OUT: a new folder (default runs/gpu-check); from a checkout
 #
@@ -41,7 +44,13 @@ PY
 TRAIN=(--data "$DATA" --out "$OUT/runs" --epochs 1 --windows-per-epoch 2048 --batch-size 32 --seed 0 --no-progress)
 nac-drive train "${TRAIN[@]}" --run-name cuda --device cuda
 nac-drive train "${TRAIN[@]}" --run-name cpu --device cpu
-nac-drive drive carracing --policy "$OUT/runs/cuda/best" --device cuda --episodes 1 --max-steps 300
+nac-drive drive carracing --policy "$OUT/runs/cuda/best" --device cuda --episodes 1 --max-steps 300 \
+  --trace "$OUT/drive"
+nac-drive saliency --policy "$OUT/runs/cuda/best" --run "$OUT/drive" --device cuda
+nac-drive explain --device cuda --episodes 1 --max-steps 150 --frames 150 --saliency-frames 4 \
+  --closed-loop-tracks 1 --closed-loop-top 1 --closed-loop-random 1 --out "$OUT/explain"
+nac-drive export --device cuda "$OUT/policy.onnx"   # prints onnxruntime vs torch on CUDA
+nac-drive expert eval --device cuda --episodes 1 --max-steps 300
 
 python - "$OUT/runs/cuda/metrics.csv" "$OUT/runs/cpu/metrics.csv" <<'PY'
 import csv

@@ -91,22 +91,23 @@ COMPLETENESS_ATOL = 1e-6    # an error this small is float rounding, whatever th
 # ----------------------------------------------------------------------- targets
 def resolve_target(outputs: torch.Tensor, target: int | str, steer_index: int = 0
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A target spec for outputs ``[B, A]`` -> (index ``[B]`` long, sign ``[B]`` float): the
-    scalar explained for sample b is ``sign[b] * outputs[b, index[b]]``."""
+    """A target spec for outputs ``[B, A]`` -> (index ``[B]`` long, sign ``[B]`` float), on the
+    outputs' device: the scalar explained for sample b is ``sign[b] * outputs[b, index[b]]``."""
     B, A = outputs.shape
+    where = outputs.device
     if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
         if not 0 <= target < A:
             raise ValueError(f"target: action {target} is out of range for {A} outputs")
-        return torch.full((B,), int(target), dtype=torch.long), torch.ones(B)
+        return torch.full((B,), int(target), dtype=torch.long, device=where), torch.ones(B, device=where)
     if target == "predicted":
-        return outputs.argmax(dim=1), torch.ones(B)
+        return outputs.argmax(dim=1), torch.ones(B, device=where)
     if target in STEER_TARGETS:
         if not 0 <= steer_index < A:
             raise ValueError(f"steer_index: {steer_index} is out of range for {A} outputs")
-        index = torch.full((B,), steer_index, dtype=torch.long)
+        index = torch.full((B,), steer_index, dtype=torch.long, device=where)
         if target == "steer":
             return index, torch.where(outputs[:, steer_index] >= 0, 1.0, -1.0)
-        return index, torch.full((B,), 1.0 if target == "steer+" else -1.0)
+        return index, torch.full((B,), 1.0 if target == "steer+" else -1.0, device=where)
     raise ValueError(f"target: expected an action index, 'predicted', 'steer+', 'steer-' or 'steer', got {target!r}")
 
 
@@ -248,14 +249,14 @@ def complete_integrated_gradients(forward: Callable[..., torch.Tensor], inputs: 
                          f"{max_steps!r}")
     with torch.no_grad():
         difference = (forward(inputs, *additional_forward_args)
-                      - forward(baselines, *additional_forward_args)).abs().double().numpy()
+                      - forward(baselines, *additional_forward_args)).abs().double().cpu().numpy()
     ig = IntegratedGradients(forward)
     steps = first_steps
     while True:
         attr, delta = ig.attribute(inputs, baselines=baselines, additional_forward_args=additional_forward_args,
                                    n_steps=steps, return_convergence_delta=True,
                                    internal_batch_size=IG_STEPS_PER_BATCH * len(inputs))
-        error = delta.detach().abs().double().numpy()
+        error = delta.detach().abs().double().cpu().numpy()
         complete = bool(np.all(error <= tolerance * difference + COMPLETENESS_ATOL))
         if complete or 2 * steps > max_steps:
             return attr.detach(), {"steps": steps, "error": error, "difference": difference, "complete": complete}

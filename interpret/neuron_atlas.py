@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nac_drive.devices import module_device
 from nac_drive.interpret.fig4 import left_right_auroc, sides_of, steer_deadband, steering_sides
 from nac_drive.interpret.trace import BACKBONE_GROUPS
 from nac_drive.nac import Clamp
@@ -147,7 +148,8 @@ class PolicyReplay:
     causal, windowed ``NAC.forward`` over a whole episode gives at every position what
     ``step`` gives there (tests hold them equal). The encoder runs once per frame; each
     call of :meth:`outputs` runs only the temporal core and the head, all episodes in one
-    batch (padded at the end, which no earlier step sees).
+    batch (padded at the end, which no earlier step sees), on the policy's device; the
+    outputs come back to the CPU.
 
     Args:
         policy: a :class:`~nac_drive.policy.DrivingPolicy` with a NAC core: discrete actions,
@@ -175,13 +177,14 @@ class PolicyReplay:
         starts = [0] + [i for i in range(1, n) if run.episode[i] != run.episode[i - 1]] + [n]
         self.segments = [(a, b) for a, b in zip(starts[:-1], starts[1:])]               # episodes (or their start)
         longest = max(b - a for a, b in self.segments)
+        device = module_device(policy)
         features = []
         with torch.inference_mode():
             for a, b in self.segments:
-                x = torch.zeros(longest, policy.config.feature_dim)
+                x = torch.zeros(longest, policy.config.feature_dim, device=device)
                 for c in range(a, b, ENCODE_CHUNK):
                     frames = [policy.observation_to_frame(run.frame(i))[0] for i in range(c, min(c + ENCODE_CHUNK, b))]
-                    x[c - a:c - a + len(frames)] = policy.encoder(torch.stack(frames))
+                    x[c - a:c - a + len(frames)] = policy.encoder(torch.stack(frames).to(device))
                 features.append(x)
         self.features = torch.stack(features)                                            # [S, T, F]
         # each frame at its recorded time from its episode's first, as the policy saw it (frames
@@ -191,14 +194,14 @@ class PolicyReplay:
         for s, (a, b) in enumerate(self.segments):
             self.valid[s, :b - a] = True
             self.times[s, :b - a] = torch.from_numpy(run.timestamp[a:b] - run.timestamp[a])
-        self.times = self.times.float()
+        self.times, self.valid = self.times.float().to(device), self.valid.to(device)
 
     @torch.inference_mode()
     def outputs(self, clamp: Clamp | None = None) -> np.ndarray:
         """``[n, num_outputs]`` the head's output at every replayed step, under ``clamp``."""
         with self.nac.clamped(clamp):
             y = self.policy.head(self.policy.core(self.features, self.times))           # [S, T, A]
-        return y[self.valid].numpy()
+        return y[self.valid].cpu().numpy()
 
     def actions(self, clamp: Clamp | None = None) -> np.ndarray:
         """``[n]`` the action chosen at every replayed step, under ``clamp``: the output's
@@ -231,7 +234,7 @@ class PolicyReplay:
             self.outputs()
         finally:
             hook.remove()
-        return seen[0][self.valid].view(-1, self.nac.num_heads, self.nac.depth).numpy()
+        return seen[0][self.valid].view(-1, self.nac.num_heads, self.nac.depth).cpu().numpy()
 
     def head_push(self, towards: int, against: int | None = None) -> np.ndarray:
         """``[n, H]`` each head's direct share of the head's output ``towards - against``
@@ -241,7 +244,7 @@ class PolicyReplay:
         w_head, w_out = self.policy.head[-1].weight, self.nac.out_proj.weight           # [A, D], [D, D]
         with torch.no_grad():
             row = w_head[towards] - (w_head[against] if against is not None else 0.0)
-            direction = (row @ w_out).view(self.nac.num_heads, -1).numpy()
+            direction = (row @ w_out).view(self.nac.num_heads, -1).cpu().numpy()
         return np.einsum("nhd,hd->nh", self.head_outputs(), direction)
 
 

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nac_drive.devices import module_device
 from nac_drive.interpret.archive import METADATA_MEMBER, ArchiveReader, write_archive
 from nac_drive.interpret.faithfulness import (COMPLETENESS_ATOL, IG_MAX_STEPS, IG_TOLERANCE,
                                               complete_integrated_gradients, eval_mode, resolve_target)
@@ -109,12 +110,12 @@ def frame_shares(policy, frames: torch.Tensor, t: torch.Tensor, target: int | st
                                                                args, n_steps, max_steps, tolerance)
         else:   # a frame's features replaced by a black frame's = the frame replaced (the encoder is per frame)
             x = features[None]
-            mask = torch.arange(x.shape[1]).view(1, -1, 1).expand_as(x)
+            mask = torch.arange(x.shape[1], device=x.device).view(1, -1, 1).expand_as(x)
             with torch.no_grad():
                 attr = FeatureAblation(partial(_features_output, policy)).attribute(
                     x, baselines=black.expand_as(features)[None], feature_mask=mask, additional_forward_args=args,
                     perturbations_per_eval=x.shape[1])
-    per_frame = attr.detach()[0].abs().flatten(1).sum(dim=1).double().numpy()
+    per_frame = attr.detach()[0].abs().flatten(1).sum(dim=1).double().cpu().numpy()
     total = per_frame.sum()
     return (per_frame / total if total > 0 else np.zeros_like(per_frame)), completeness
 
@@ -159,6 +160,7 @@ def window_attribution(policy, run: RunTrace | str | os.PathLike, method: str = 
     W, dt = policy.config.core.window, policy.config.frame_dt
     discrete = policy.config.action == "discrete"
     policy.eval()
+    device = module_device(policy)      # the window runs there; the streamed output comes back to the CPU
     replay = Replay(policy, run)        # its model_input; the policy itself streams the run below
     shares = np.full((run.num_steps, W), np.nan, dtype=np.float32)
     frames: list[torch.Tensor] = []
@@ -170,14 +172,14 @@ def window_attribution(policy, run: RunTrace | str | os.PathLike, method: str = 
             policy.reset()
             frames, features, first, steps = [], [], i, n_steps
         frame = run.frame(i)
-        x = replay.model_input(frame)
+        x = replay.model_input(frame).to(device)
         with torch.no_grad():
             frames, features = (frames + [x])[-W:], (features + [policy.encoder(x[None])[0]])[-W:]
         streamed = policy.step_output(frame)
         window = torch.stack(frames)
-        t = torch.arange(i - len(frames) + 1 - first, i + 1 - first, dtype=torch.float32) * dt
+        t = torch.arange(i - len(frames) + 1 - first, i + 1 - first, dtype=torch.float32, device=device) * dt
         with eval_mode(policy), torch.no_grad():
-            forward = policy(window[None], t[None])[0, -1]
+            forward = policy(window[None], t[None])[0, -1].cpu()
         worst = max(worst, float((forward - streamed).abs().max() / max(1.0, float(streamed.abs().max()))))
         target = int(streamed.argmax()) if discrete else ("steer+" if float(streamed[0]) >= 0 else "steer-")
         share, completeness = frame_shares(policy, window, t, target, method, steps, torch.stack(features),

@@ -7,6 +7,7 @@ on PyTorch's "meta" device, which no code path moves a tensor to unless told."""
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from support.cli_parsers import verb_parsers
@@ -23,6 +24,11 @@ DEVICE_VERBS = {
     "nac-drive drive udacity": ["drive", "udacity"],
     "nac-drive expert train": ["expert", "train"],
     "nac-drive expert kickstart": ["expert", "kickstart"],
+    "nac-drive expert eval": ["expert", "eval"],
+    "nac-drive expert compare": ["expert", "compare", "/nonexistent/expert.zip"],
+    "nac-drive explain": ["explain"],
+    "nac-drive saliency": ["saliency", "--run", "/nonexistent/run"],
+    "nac-drive export": ["export", "policy.onnx"],
 }
 NO_CUDA = not torch.cuda.is_available()
 
@@ -199,3 +205,155 @@ def test_the_ppo_expert_is_made_on_the_asked_device(monkeypatch):
     with pytest.raises(Reached):
         kickstart.new_model(kickstart.KickstartArgs(device="cuda:1"))
     assert made["device"] == "resolved cuda:1"
+
+
+def on_meta(monkeypatch) -> list:
+    """Every --device resolves to "meta" (through nac_drive.devices); the specs asked, in order."""
+    import nac_drive.devices as devices
+
+    asked = []
+    monkeypatch.setattr(devices, "resolve_device", lambda spec: asked.append(spec) or torch.device("meta"))
+    return asked
+
+
+def test_saliency_computes_its_maps_with_the_policy_on_the_device(monkeypatch):
+    import nac_drive.interpret.policy_saliency as policy_saliency
+    from nac_drive.cli.main import main
+
+    asked, seen = on_meta(monkeypatch), {}
+
+    def recording(policy, run, method):
+        seen.update(parameters={p.device.type for p in policy.parameters()}, run=run)
+        raise Reached
+
+    monkeypatch.setattr(policy_saliency, "policy_saliency", recording)
+    monkeypatch.setenv("NAC_DRIVE_TRACEBACK", "1")
+    with pytest.raises(Reached):
+        main(["saliency", "--run", "runs/x", "--device", "cuda:1"])
+    assert asked == ["cuda:1"] and seen == {"parameters": {"meta"}, "run": "runs/x"}
+
+
+def test_a_frame_model_gives_its_outputs_on_the_frames_device():
+    """Attribution methods build their inputs on the CPU: the frame model (Grad-CAM's and
+    captum's model) takes them to the policy's device and its outputs back (here both the CPU,
+    and the output still differentiable through the move)."""
+    from nac_drive.policy.loading import load_driving_policy
+
+    policy = load_driving_policy()
+    frames = torch.rand(2, 3, 96, 96, requires_grad=True)
+    out = policy.frame_model()(frames)
+    assert out.device == frames.device and out.shape == (2, 5)
+    out.sum().backward()
+    assert frames.grad is not None and frames.grad.abs().sum() > 0
+
+
+def test_export_traces_a_cpu_copy_and_checks_it_on_the_device(tmp_path, monkeypatch):
+    """export --device D: onnxruntime's file is traced from the policy on the CPU, and the torch
+    outputs it is checked against are computed by a copy of the policy on D."""
+    pytest.importorskip("onnxscript")
+    import nac_drive.policy.onnx_export as onnx_export
+    from nac_drive.cli.main import main
+
+    asked, moved, traced = [], [], {}
+    monkeypatch.setattr(onnx_export, "resolve_device", lambda spec: asked.append(spec) or torch.device("meta"))
+    real_on = onnx_export._on
+
+    def recording_on(policy, device):
+        copy = real_on(policy, device)
+        moved.append((device.type, {p.device.type for p in copy.parameters()}))
+        return copy
+
+    def recording_export(module, args, **kwargs):
+        traced.update(parameters={p.device.type for p in module.parameters()}, inputs={a.device.type for a in args})
+        raise Reached
+
+    monkeypatch.setattr(onnx_export, "_on", recording_on)
+    monkeypatch.setattr(torch.onnx, "export", recording_export)
+    monkeypatch.setenv("NAC_DRIVE_TRACEBACK", "1")
+    with pytest.raises(Reached):
+        main(["export", str(tmp_path / "policy.onnx"), "--device", "cuda"])
+    assert asked == ["cuda"]
+    assert moved == [("meta", {"meta"}), ("cpu", {"cpu"})]   # the reference on the device, the trace on the CPU
+    assert traced == {"parameters": {"cpu"}, "inputs": {"cpu"}}
+
+
+def test_expert_eval_runs_the_ppo_experts_network_on_the_device(monkeypatch):
+    from nac_drive.agents.experts import load_expert
+
+    asked, seen = on_meta(monkeypatch), {}
+    expert, _ = load_expert("ppo", device="cuda")
+    assert asked == ["cuda"] and {p.device.type for p in expert.policy.parameters()} == {"meta"}
+
+    def recording(x):
+        seen["frames"] = x.device.type
+        raise Reached
+
+    monkeypatch.setattr(expert.policy, "get_distribution", recording)
+    with pytest.raises(Reached):
+        expert.act(np.zeros((96, 96, 3), dtype=np.uint8))
+    assert seen == {"frames": "meta"}
+
+
+def test_expert_eval_refuses_device_for_an_expert_that_runs_no_network(capsys):
+    from nac_drive.cli.main import main
+
+    assert main(["expert", "eval", "--expert", "teacher", "--device", "cpu", "--episodes", "1"]) == 2
+    assert "--device: teacher runs no network" in capsys.readouterr().err
+
+
+def test_expert_compare_scores_each_zip_with_its_network_on_the_device(monkeypatch):
+    from stable_baselines3.common.policies import ActorCriticCnnPolicy
+
+    import nac_drive.agents.ppo_lab.training as training
+    from nac_drive.agents.ppo_expert import shipped_expert_path
+
+    seen = {}
+    monkeypatch.setattr(training, "resolve_device", lambda spec: seen.update(asked=spec) or torch.device("meta"))
+
+    def recording_predict(policy, obs, deterministic=False):
+        seen["parameters"] = {p.device.type for p in policy.parameters()}
+        raise Reached
+
+    monkeypatch.setattr(ActorCriticCnnPolicy, "predict", recording_predict)
+    with pytest.raises(Reached):
+        training.score_checkpoint(shipped_expert_path(), 1, 70_000, device="cuda:2")
+    assert seen == {"asked": "cuda:2", "parameters": {"meta"}}
+
+
+def test_explain_loads_its_policy_and_drives_its_trace_on_the_device(tmp_path, monkeypatch):
+    import nac_drive.pipeline.drive as drive
+    import nac_drive.policy.loading as loading
+    from nac_drive.pipeline.explain import ExplainArgs, explain
+
+    asked, seen = on_meta(monkeypatch), {}
+    real_load = loading.load_driving_policy
+
+    def recording_load(*args, **kwargs):
+        policy = real_load(*args, **kwargs)
+        seen["parameters"] = {p.device.type for p in policy.parameters()}
+        return policy
+
+    def recording_drive(args, progress=True):
+        seen["drive"] = args.device
+        raise Reached
+
+    monkeypatch.setattr(loading, "load_driving_policy", recording_load)
+    monkeypatch.setattr(drive, "drive_carracing", recording_drive)
+    with pytest.raises(Reached):
+        explain(ExplainArgs(out=str(tmp_path / "explain"), device="cuda"), progress=False)
+    assert asked == ["cuda"] and seen == {"parameters": {"meta"}, "drive": "cuda"}
+
+
+def test_explains_replay_encodes_and_batches_the_run_on_the_policy_device(tmp_path):
+    """The atlas's replay (its neurons silenced on the run's frames) keeps its features, times and
+    mask where the policy is, so the core never meets a CPU tensor."""
+    from support.steering_policy import record_policy_run, road_episodes
+
+    from nac_drive.interpret.neuron_atlas import PolicyReplay
+    from nac_drive.policy.loading import load_driving_policy
+
+    policy = load_driving_policy()
+    run = record_policy_run(policy, road_episodes(episodes=1, steps=6), tmp_path / "run")
+    replay = PolicyReplay(policy.to("meta"), run)
+    assert {replay.features.device.type, replay.times.device.type, replay.valid.device.type} == {"meta"}
+    assert replay.features.shape == (1, 6, policy.config.feature_dim)

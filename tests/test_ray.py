@@ -1,5 +1,6 @@
-"""--ray [ADDRESS]: collect's and compare's jobs as Ray tasks give what the process pool gives;
-a task whose worker dies runs again and is counted; nothing phones home; no Ray without --ray."""
+"""--ray [ADDRESS]: collect's, compare's, tune's, dagger's and explain's jobs as Ray tasks give what
+this machine's processes (or one process) give; a task whose worker dies runs again and is counted;
+nothing phones home; no Ray without --ray."""
 
 import ast
 import hashlib
@@ -10,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from nac_drive.cli.main import main
 from nac_drive.data_collection.carracing_dataset import load_episodes, write_dataset
-from nac_drive.pipeline.ray_tasks import EXTRA_HINT, LOCAL, tasks_on_ray
+from nac_drive.pipeline.ray_tasks import EXTRA_HINT, LOCAL, ray_jobs, tasks_on_ray
 from nac_drive.torch_threads import available_cores
 from support.demos import synthetic_episodes
 
@@ -80,6 +82,78 @@ def test_compare_on_a_two_node_ray_gives_the_table_of_the_process_pool(cluster, 
     assert "--workers" in capsys.readouterr().err
 
 
+@two_cores
+@pytest.mark.slow
+def test_dagger_on_a_two_node_ray_records_and_fine_tunes_as_the_process_pool(cluster, tmp_path, capsys):
+    """Each round's runs of tracks as Ray tasks (one Ray session for both rounds): the same shards,
+    episodes and labels as the worker processes record, so the same fine-tuned weights."""
+    from safetensors.torch import load_file
+
+    from nac_drive.policy.loading import shipped_policy_path
+
+    common = ["dagger", "--policy", str(shipped_policy_path()), "--rounds", "2", "--episodes", "3", "--max-steps", "20",
+              "--workers", "2", "--disturb-rate", "0.1", "--disturb-frames", "5", "--window", "8", "--epochs", "1",
+              "--windows-per-epoch", "16", "--batch-size", "16", "--val-fraction", "0", "--no-progress"]
+    for side, ray in (("pool", []), ("ray", ["--ray", cluster])):
+        assert main([*common, "--data", str(tmp_path / side / "data"), "--out", str(tmp_path / side / "runs"),
+                     *ray]) == 0
+    assert "ray: 4 tasks on 2 nodes, none retried" in capsys.readouterr().err
+    for r in (0, 1):
+        shards = [sorted(p.name for p in (tmp_path / side / "data" / "nac_drive" / f"dagger-r{r}-s0").iterdir()
+                         if p.is_dir()) for side in ("pool", "ray")]
+        assert shards[0] == shards[1] and len(shards[0]) == 2
+    pool, ray_side = episode_hashes(tmp_path / "pool" / "data"), episode_hashes(tmp_path / "ray" / "data")
+    assert len(pool) == 6 and ray_side == pool
+    weights = [load_file(tmp_path / side / "runs" / "dagger-r1" / "best" / "model.safetensors")
+               for side in ("pool", "ray")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@two_cores
+@pytest.mark.slow
+def test_tune_on_a_two_node_ray_draws_and_scores_the_trials_of_the_process_pool(cluster, tmp_path, capsys):
+    """Trials asked two at a time, trained and driven as Ray tasks (both batches in one Ray
+    session): the same values drawn and the same scores as in worker processes; only this
+    process writes the study."""
+    import optuna
+
+    write_dataset(tmp_path / "demos", "synthetic", synthetic_episodes(), "CarRacing-v3", expert="bands",
+                  description="test")
+    common = ["tune", "--data", str(tmp_path / "demos"), "--variant", "gru", "--trials", "3", "--workers", "2",
+              "--episodes", "1", "--max-steps", "10", "--window", "4", "--epochs", "1", "--windows-per-epoch", "32",
+              "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "pool")]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
+    assert "ray: 3 tasks on 2 nodes, none retried" in capsys.readouterr().err
+    trials = {}
+    for side in ("pool", "ray"):
+        study = optuna.load_study(study_name="gru", storage=f"sqlite:///{tmp_path / side / 'gru' / 'study.db'}")
+        trials[side] = [(t.number, t.state, t.params, t.user_attrs["value"], t.user_attrs["seeds"]) for t in study.trials]
+    assert [state for _, state, *_ in trials["pool"]] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert trials["ray"] == trials["pool"]
+    assert len({str(params) for _, _, params, *_ in trials["pool"]}) == 3   # three draws, not one thrice
+    best = [json.loads((tmp_path / side / "gru" / "best.json").read_text()) for side in ("pool", "ray")]
+    assert best[0] == best[1]
+    assert sorted(p.name for p in (tmp_path / "ray" / "gru" / "runs").iterdir()) == ["trial-0", "trial-1", "trial-2"]
+
+
+@pytest.mark.slow
+def test_explains_closed_loop_on_a_two_node_ray_gives_the_figures_of_one_process(cluster, tmp_path, capsys):
+    """Each closed-loop drive (intact, each neuron clamped, each attention part replaced) as a Ray
+    task that loads the policy itself: the same returns, changes and intervals as in-process."""
+    common = ["explain", "--episodes", "1", "--max-steps", "40", "--frames", "40", "--saliency-frames", "0",
+              "--window-method", "none", "--closed-loop-tracks", "2", "--closed-loop-top", "1",
+              "--closed-loop-random", "1"]
+    assert main([*common, "--out", str(tmp_path / "here")]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
+    assert "ray: 7 tasks on 2 nodes, none retried" in capsys.readouterr().err   # 1 intact + 2 neurons + 4 parts
+    here, ray_side = (json.loads((tmp_path / side / "explain.json").read_text())["closed_loop"]
+                      for side in ("here", "ray"))
+    assert len(here["intact"]["returns"]) == 2 and len(here["neurons"]) == 2 and len(here["attention"]) == 4
+    assert ray_side == here
+
+
 def test_a_task_whose_worker_dies_runs_again_and_is_counted(tmp_path, capfd):
     pytest.importorskip("ray")
     marker = tmp_path / "died-once"
@@ -116,6 +190,29 @@ def test_a_local_ray_reports_nothing_and_listens_on_the_loopback():
     assert enabled == "False"
 
 
+def test_rounds_in_one_ray_session_keep_their_order_and_are_counted_together(capfd):
+    pytest.importorskip("ray")
+    with ray_jobs(LOCAL) as jobs:
+        assert jobs.results(lambda job: 10 * job, [3, 1, 2]) == [30, 10, 20]
+        assert jobs.results(lambda job: -job, [5]) == [-5]
+    assert "ray: 4 tasks on 1 node, none retried" in capfd.readouterr().err   # one line for the session
+    with ray_jobs(None) as none:   # no address: nothing started, the verb runs its jobs here
+        assert none is None
+
+
+def test_flags_ray_would_not_use_or_workers_beyond_the_cores_are_refused_in_one_line(tmp_path, capsys):
+    def refused(*argv) -> str:
+        assert main([*argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        return err[0]
+
+    assert "--ray: only with a closed-loop check" in refused("explain", "--closed-loop-tracks", "0", "--ray")
+    too_many = str(available_cores() + 1)
+    assert "--workers" in refused("tune", "--data", str(tmp_path), "--workers", too_many)
+    assert "--workers" in refused("dagger", "--policy", str(tmp_path), "--workers", too_many)
+
+
 def test_a_job_that_fails_raises_its_own_error(tmp_path):
     pytest.importorskip("ray")
 
@@ -137,7 +234,9 @@ def test_without_the_extra_ray_is_refused_in_one_line_naming_it(tmp_path, monkey
 def test_nac_drive_never_imports_ray_without_the_flag():
     script = ("import sys; from nac_drive.cli.main import main\n"
               "import nac_drive.pipeline.collect, nac_drive.pipeline.compare, nac_drive.pipeline.ray_tasks\n"
-              "try:\n    main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
+              "import nac_drive.pipeline.tune, nac_drive.pipeline.dagger, nac_drive.pipeline.explain\n"
+              "for verb in ('compare', 'tune', 'dagger', 'explain'):\n"
+              "    try:\n        main([verb, '--help'])\n    except SystemExit:\n        pass\n"
               "print('ray' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"

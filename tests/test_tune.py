@@ -142,3 +142,21 @@ def test_flags_a_best_json_sets_or_its_core_ignores_are_refused(tmp_path, capsys
     (tmp_path / "t" / "gru" / "best.json").write_text(best.read_text())
     assert main(["compare", "--data", "x", "--tuned", str(tmp_path / "t"), "--variants", "gru", "--d-model", "32"]) == 2
     assert "--d-model: --tuned sets each variant's own" in capsys.readouterr().err
+
+
+def test_a_trial_that_errs_fails_and_is_not_run_again_while_a_killed_one_is(dataset, tmp_path, monkeypatch):
+    import nac_drive.pipeline.tune as tune_module
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the trial's training broke")
+
+    monkeypatch.setattr(tune_module, "_trial", broken)
+    args = TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=1, objective="val-loss", **TINY)
+    with pytest.raises(RuntimeError, match="broke"):
+        tune(args)
+    study, _ = completed(tmp_path / "gru")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL]   # not left RUNNING for a rerun
+    monkeypatch.undo()
+    tune(args)
+    study, done = completed(tmp_path / "gru")
+    assert len(study.trials) == 2 and len(done) == 1   # one new trial; the failed one was not enqueued again

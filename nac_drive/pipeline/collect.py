@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.pipeline.ray_tasks import ray_arg
@@ -54,10 +53,12 @@ def collect_carracing(args: CollectArgs, progress: bool = True):
     tasks, ``args.ray``); returns
     (dataset folder, EpisodeResults over all tracks in seed order). ``gas``: the teacher's or
     random actions' (see :func:`~nac_drive.agents.experts.load_expert`)."""
-    from nac_drive.agents.experts import load_expert
+    from nac_drive.agents.experts import NAMED, load_expert
     from nac_drive.data_collection.carracing_dataset import (claim_tracks, dataset_folder, ensure_namespace,
                                                              refuse_existing, refuse_other_gas)
-    from nac_drive.pipeline.processes import record_in_processes, split_runs
+    from nac_drive.pipeline.processes import split_runs
+    from nac_drive.pipeline.ray_tasks import everywhere, ray_jobs
+    from nac_drive.pipeline.shards import record_shards
     from nac_drive.simulators.carracing import EpisodeResults, actor_gas
 
     actor, _ = load_expert(args.expert, gas=args.gas)   # a bad expert or gas fails here, before any process
@@ -69,69 +70,27 @@ def collect_carracing(args: CollectArgs, progress: bool = True):
     results = EpisodeResults()
     with claim_tracks(args.out, name, [seed for run in runs for seed in run]):   # a concurrent collect: refused
         ensure_namespace(args.out, name)
-        drive = partial(_drive_shard, expert=args.expert, max_steps=args.max_steps, gas=args.gas)
-        parts = (_record_on_ray(drive, runs, args.ray, args.out, name, progress) if args.ray else
-                 record_in_processes(_collect_shard, runs, progress, root=args.out, driver=drive, name=name))
-        for part in parts:
-            results.extend(part)
+        expert = args.expert if args.expert in NAMED else everywhere(args.expert)   # as a Ray worker names it
+        drive = partial(_drive_shard, expert=expert, max_steps=args.max_steps, gas=args.gas)
+        with ray_jobs(args.ray) as ray:
+            for part in record_shards(drive, runs, root=args.out, name=name, progress=progress, ray=ray):
+                results.extend(part)
     return dataset_folder(args.out, name), results
 
 
-@dataclass
-class DrivenShard:
-    """A run of tracks driven and recorded, not yet written: what a Ray task hands back."""
-
-    results: Any            # EpisodeResults
-    episodes: list[dict]    # RecordEpisodes' episodes
-    env_spec: Any           # the recorded env's gymnasium EnvSpec
-    expert: str             # the actor's name
-
-    def stage(self, root: str, name: str, owner: int | None = None):
-        """Write it as one shard, staged for ``owner`` to commit (:func:`stage_shard`)."""
-        from nac_drive.data_collection.carracing_dataset import stage_shard
-
-        seeds = [ep["seed"] for ep in self.episodes]
-        return stage_shard(root, name, self.episodes, self.env_spec, expert=self.expert, owner=owner,
-                           description=f"CarRacing-v3 demonstrations by {self.expert}, tracks {seeds[0]}..{seeds[-1]}")
-
-
 def _drive_shard(seeds: list[int], *, expert: str, max_steps: int | None, gas: float | None,
-                 progress: bool = False) -> DrivenShard:
-    """Drive ``expert`` on ``seeds``, recording every frame."""
+                 progress: bool = False):
+    """Drive ``expert`` on ``seeds``, recording every frame: a :class:`~nac_drive.pipeline.shards.DrivenShard`."""
     from nac_drive.agents.experts import load_expert
     from nac_drive.data_collection.episode_recorder import RecordEpisodes
+    from nac_drive.pipeline.shards import DrivenShard
     from nac_drive.simulators.carracing import FPS, actor_gas, make_carracing, run_episodes
 
     actor, continuous = load_expert(expert, gas=gas)
     env = RecordEpisodes(make_carracing(continuous=continuous, gas=actor_gas(actor)), fps=FPS)
     try:
         results = run_episodes(actor, seeds, continuous=continuous, max_steps=max_steps, env=env, progress=progress)
-        return DrivenShard(results, env.take_episodes(), env.env.spec, actor.name)
+        description = f"CarRacing-v3 demonstrations by {actor.name}, tracks {seeds[0]}..{seeds[-1]}"
+        return DrivenShard(results, env.take_episodes(), env.env.spec, actor.name, description)
     finally:
         env.close()
-
-
-def _collect_shard(seeds: list[int], *, driver, root: str, name: str, owner: int, progress: bool):
-    """A process's run: ``driver(seeds)`` staged as one shard for ``owner`` to commit;
-    returns (EpisodeResults, the staged shard)."""
-    shard = driver(seeds, progress=progress)
-    return shard.results, shard.stage(root, name, owner)
-
-
-def _record_on_ray(drive, runs: list[list[int]], address: str, root: str, name: str, progress: bool) -> list:
-    """Every run driven as a Ray task; each staged here as it comes back, all committed once
-    every run has succeeded (none if one fails). The EpisodeResults in the order of ``runs``."""
-    from nac_drive.data_collection.carracing_dataset import commit_shards, discard_shards
-    from nac_drive.pipeline.ray_tasks import tasks_on_ray
-
-    results, staged = [None] * len(runs), []
-    try:
-        for i, shard in tasks_on_ray(drive, runs, address, desc="episodes" if progress else None, unit="ep",
-                                     size=len):
-            results[i] = shard.results
-            staged.append(shard.stage(root, name))
-    except BaseException:
-        discard_shards(staged)
-        raise
-    commit_shards(staged)
-    return results

@@ -15,6 +15,12 @@ how to recover, a state a good student rarely reaches by itself.
     nac-drive dagger --policy runs/train/<run>/best --data runs/demos --rounds 3 --episodes 5
     nac-drive dagger ... --disturb-rate 0.01 --disturb-frames 10
     nac-drive dagger ... --oracle ppo          # or --oracle path/to/expert.zip
+    nac-drive dagger ... --workers 8 --ray     # each round's 8 shards as Ray tasks (or --ray HEAD:6379)
+
+With ``--ray`` each round's runs of tracks are driven and labelled as Ray tasks, on this
+machine or a cluster, split as the worker processes split them (the same shards); their
+episodes come back to this process, which writes them and fine-tunes. The nodes must see
+``--policy``, ``--out`` (each round's checkpoint) and a zip ``--oracle`` at the same paths.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nac_drive.fields import MAX_EPISODES, REQUIRED, arg, check_fields
+from nac_drive.pipeline.ray_tasks import ray_arg
 from nac_drive.pipeline.train_args import TrainArgs
 from nac_drive.policy.tasks import DISCRETE_GAS
 from nac_drive.torch_threads import check_workers
@@ -45,16 +52,17 @@ class DaggerArgs:
                                    "student's, so the teacher labels recoveries (after DART; 0: none)", min=0, max=1)
     disturb_frames: int = arg(10, "frames per disturbance burst", min=1)
     workers: int | None = arg(None, "processes that drive a round's tracks, one shard each (default: one per core; "
-                                    "at most the cores)", min=1)
+                                    "at most the cores; with --ray, the Ray tasks of a round)", min=1)
     oracle: str = arg("teacher", "who labels: 'teacher' (privileged pure pursuit), 'planner' (the privileged "
                                  "minimum-time planner), 'ppo' (the shipped PPO expert, from the frames the student "
                                  "sees) or the path of a PPO expert zip; a PPO oracle must drive the student's env "
                                  "(the same gas)")
+    ray: str | None = ray_arg()
 
     def __post_init__(self):
         check_fields(self)
         check_oracle(self.oracle)
-        if self.workers is not None:
+        if self.workers is not None and self.ray is None:
             check_workers(self.workers)
 
     def ignored(self) -> dict[str, str]:
@@ -71,8 +79,9 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     env in :class:`ActionBursts` (the chance per undisturbed frame that a
     ``disturb_frames``-frame burst of one random action starts). ``oracle``: who labels, see
     :func:`make_oracle`. Each round's tracks are driven in ``workers`` processes (default:
-    one per core), one shard of the round's dataset each. ``threads``: the fine-tuning's torch
-    threads (:func:`~nac_drive.pipeline.train.train`'s). ``on_round(r, checkpoint, results)``,
+    one per core), one shard of the round's dataset each, or with ``ray`` as that many Ray tasks
+    (:func:`~nac_drive.pipeline.ray_tasks.ray_jobs`; the same shards). ``threads``: the
+    fine-tuning's torch threads (:func:`~nac_drive.pipeline.train.train`'s). ``on_round(r, checkpoint, results)``,
     if given, is called after each round with its fine-tuned checkpoint and the student's
     EpisodeResults of that round's drive (the frames it added).
 
@@ -84,6 +93,7 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     from nac_drive.data_collection.carracing_dataset import refuse_existing, refuse_other_gas
     from nac_drive.devices import resolve_device
     from nac_drive.pipeline.processes import split_runs
+    from nac_drive.pipeline.ray_tasks import everywhere, ray_jobs
     from nac_drive.pipeline.train import train
     from nac_drive.pipeline.run_log import log_closed_loop
     from nac_drive.torch_threads import available_cores
@@ -96,56 +106,62 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
         for run in runs[r]:
             refuse_existing(data, dataset_name(r, seed), run)
     policy_path = Path(checkpoint_folder(args.policy))   # a run folder: its best/, before anything is driven
+    oracle = args.oracle if args.oracle in ORACLES else everywhere(args.oracle)   # as a Ray worker names it
     config = load_driving_policy(policy_path).config
     teacher = make_oracle(args.oracle, config.action == "continuous", gas=config.gas)   # fails before any driving
     refuse_other_gas(data, config.gas, "--data")
     rate, frames = args.disturb_rate, args.disturb_frames
     bursts = f", random-action bursts of {frames} frames at rate {rate}/frame" if rate else ""
     disturbed = " (with random-action bursts)" if rate else ""
-    for r in range(args.rounds):
-        results = drive_round(runs[r], policy_path=policy_path, oracle=args.oracle, data=data,
-                              name=dataset_name(r, seed), max_steps=args.max_steps, disturb_rate=rate,
-                              disturb_frames=frames, progress=progress,
-                              description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled{bursts}")
-        print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
-        run_dir = train(dataclasses.replace(fine_tune, init_from=str(policy_path),
-                                            run_name=f"{fine_tune.run_name or 'dagger'}-r{r}"), threads=threads)
-        log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
-        policy_path = run_dir / "best"
-        if on_round is not None:
-            on_round(r, policy_path, results)
+    with ray_jobs(args.ray) as ray:
+        for r in range(args.rounds):
+            results = drive_round(runs[r], policy_path=everywhere(policy_path), oracle=oracle, data=data,
+                                  name=dataset_name(r, seed), max_steps=args.max_steps, disturb_rate=rate,
+                                  disturb_frames=frames, progress=progress, ray=ray,
+                                  description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled{bursts}")
+            print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
+            run_dir = train(dataclasses.replace(fine_tune, init_from=str(policy_path),
+                                                run_name=f"{fine_tune.run_name or 'dagger'}-r{r}"), threads=threads)
+            log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
+            policy_path = run_dir / "best"
+            if on_round is not None:
+                on_round(r, policy_path, results)
     return policy_path
 
 
 def drive_round(runs: list[list[int]], *, policy_path: str | Path, oracle: str, data: str | Path, name: str,
-                max_steps: int | None, disturb_rate: float, disturb_frames: int, description: str, progress: bool):
+                max_steps: int | None, disturb_rate: float, disturb_frames: int, description: str, progress: bool,
+                ray=None):
     """One round's drive: the student at ``policy_path`` drives each run of track seeds in a
-    process of its own (:func:`~nac_drive.pipeline.processes.drive_in_processes`) while
-    ``oracle`` labels; each run becomes one shard of dataset ``name`` in ``data``. Returns the
-    student's EpisodeResults over all runs. The bursts of an episode depend on the round's
-    first track and its own, not on how the round is split."""
+    process of its own, or with ``ray`` (an open :class:`~nac_drive.pipeline.ray_tasks.RayJobs`)
+    as a Ray task (:func:`~nac_drive.pipeline.shards.record_shards`), while ``oracle`` labels;
+    each run becomes one shard of dataset ``name`` in ``data``. Returns the student's
+    EpisodeResults over all runs. The bursts of an episode depend on the round's first track and
+    its own, not on how the round is split nor where it runs."""
+    from functools import partial
+
     from nac_drive.data_collection.carracing_dataset import ensure_namespace
-    from nac_drive.pipeline.processes import record_in_processes
+    from nac_drive.pipeline.shards import record_shards
     from nac_drive.simulators.carracing import EpisodeResults
 
     ensure_namespace(data, name)   # before the workers, which would race to create it
+    drive = partial(_drive_shard, policy_path=str(policy_path), oracle=oracle, max_steps=max_steps,
+                    disturb_rate=disturb_rate, disturb_frames=disturb_frames, burst_seed=runs[0][0],
+                    description=description)
     results = EpisodeResults()
-    for part in record_in_processes(_drive_shard, runs, progress, root=str(data), policy_path=str(policy_path),
-                                    oracle=oracle, name=name, max_steps=max_steps, disturb_rate=disturb_rate,
-                                    disturb_frames=disturb_frames, burst_seed=runs[0][0], description=description):
+    for part in record_shards(drive, runs, root=str(data), name=name, progress=progress, ray=ray):
         results.extend(part)
     return results
 
 
-def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, root: str, name: str, max_steps: int | None,
-                 disturb_rate: float, disturb_frames: int, burst_seed: int, description: str, owner: int,
-                 progress: bool):
-    """One process's part of :func:`drive_round`: the student drives ``seeds``, the episodes
-    become one shard of dataset ``name``, staged for ``owner`` to commit; returns (the
-    student's EpisodeResults, the staged shard)."""
+def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, max_steps: int | None, disturb_rate: float,
+                 disturb_frames: int, burst_seed: int, description: str, progress: bool = False):
+    """One run of :func:`drive_round`: the student drives ``seeds`` while the oracle labels; a
+    :class:`~nac_drive.pipeline.shards.DrivenShard` of the student's EpisodeResults and the
+    labelled episodes."""
     from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.pipeline.shards import DrivenShard
     from nac_drive.policy.loading import load_driving_policy
-    from nac_drive.data_collection.carracing_dataset import stage_shard
     from nac_drive.simulators.carracing import run_episodes
 
     policy = load_driving_policy(policy_path)
@@ -156,11 +172,9 @@ def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, root: str, 
     try:
         results = run_episodes(PolicyDriver(policy), seeds, continuous=continuous, max_steps=max_steps, env=env,
                                progress=progress)
-        shard = stage_shard(root, name, env.take_episodes(), env.env, expert=teacher.name, description=description,
-                            owner=owner)
+        return DrivenShard(results, env.take_episodes(), env.env.spec, teacher.name, description)
     finally:
         env.close()
-    return results, shard
 
 
 def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:

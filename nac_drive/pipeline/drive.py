@@ -234,12 +234,12 @@ def udacity_summary(results: list[dict]) -> dict:
 
 def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, frames: int = UDACITY_FRAMES,
                            trace_dir=None, speed: float = UDACITY_SPEED, progress: bool = True,
-                           perturb: str | None = None) -> dict:
+                           perturb: str | None = None, device: str = "cpu") -> dict:
     """A Udacity policy (default: the shipped one) drives ``tracks`` (default: the first 3
     held-out ones, :func:`udacity_eval_tracks`) of the headless emulator in-process, through
     :class:`~nac_drive.agents.driver.PolicyDriver` as the bridge feeds it, the throttle from
     the bridge's speed controller at ``speed`` mph (:func:`udacity_emulator_episodes`);
-    ``perturb``: ``frame-drop[=P]`` or None.
+    ``perturb``: ``frame-drop[=P]`` or None; ``device``: where the policy's network runs.
 
     ``trace_dir``: record the run for the dashboard (``trace_dir`` or, if that exists,
     ``trace_dir-2``, ...). Returns the summary: ``tracks``, ``seeds`` (each track's), the
@@ -255,7 +255,7 @@ def drive_udacity_emulator(policy_path=None, tracks: list[str] | None = None, fr
     if not tracks or frames < 1:
         raise ValueError(f"tracks and frames: expected at least one track and frames >= 1, got {tracks} and {frames}")
     seeds = [track_spec(t).seed for t in tracks]   # a bad name fails here, before any folder exists
-    policy = task_policy(policy_path, "udacity")
+    policy = task_policy(policy_path, "udacity", device)
     recorder = None
     if trace_dir is not None:
         recorder = policy_recorder(trace_dir, policy, policy_path, ENV_ID, ["steering"], perturb)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 from nac_drive.simulators.perturbations import check_perturb_flag, perturb_arg
@@ -27,10 +28,17 @@ class ExpertEvalArgs:
                                   "('compare --gas' drives it with another)", above=0, max=1)
     video: str | None = arg(None, "write the episodes to a WebM (VP8) video", metavar="WEBM")
     perturb: str | None = perturb_arg()
+    device: str = device_arg()
 
     def __post_init__(self):
         check_fields(self)
         check_perturb_flag(self.perturb)
+
+    def ignored(self) -> dict[str, str]:
+        """The fields this evaluation would not use, each with why."""
+        from nac_drive.agents.experts import runs_network
+
+        return {} if runs_network(self.expert) else {"device": f"{self.expert} runs no network (a PPO expert does)"}
 
 
 @dataclass
@@ -43,6 +51,7 @@ class ExpertCompareArgs:
                                  "training and validation tracks)", min=0, max=MAX_SEED)
     gas: float | None = arg(None, "drive every zip with the GAS action pressing this instead of the gas its zip "
                                   "records (discrete experts; see 'ship --gas')", above=0, max=1)
+    device: str = device_arg()
 
     def __post_init__(self):
         check_fields(self)
@@ -56,7 +65,7 @@ def evaluate_expert(args: ExpertEvalArgs, progress: bool = True):
     from nac_drive.agents.experts import load_expert
     from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
-    actor, continuous = load_expert(args.expert, gas=args.gas)
+    actor, continuous = load_expert(args.expert, gas=args.gas, device=args.device)
     seeds = eval_seeds(args.episodes, base=args.seed_base)
     results = run_episodes(actor, seeds, continuous=continuous, max_steps=args.max_steps, video_path=args.video,
                            progress=progress, perturb=args.perturb)
@@ -67,17 +76,19 @@ def compare_experts(args: ExpertCompareArgs, progress: bool = True) -> dict:
     """Score PPO zips on the same tracks in the training's evaluation env (only the frames
     the expert sees are drawn; same returns as :func:`evaluate_expert`). Every zip is
     checked before any drives; one line per zip as it finishes, and with ``progress`` a bar.
-    ``gas``: every zip drives with GAS pressing it instead of its own. Returns
-    {path: EpisodeResults}."""
+    ``gas``: every zip drives with GAS pressing it instead of its own; ``device``: where their
+    networks run. Returns {path: EpisodeResults}."""
     from tqdm import tqdm
 
     from nac_drive.agents.ppo_lab.training import score_checkpoint
     from nac_drive.agents.ppo_lab.expert_zip import load_expert_zip
+    from nac_drive.devices import resolve_device
 
+    resolve_device(args.device)   # a device this machine lacks is refused before any zip is read
     for path in args.zips:
         load_expert_zip(path, args.gas)   # a bad zip fails before any other is driven
     scored = {}
     for path in tqdm(args.zips, desc="zips", unit="zip", disable=not progress):
-        scored[path] = score_checkpoint(path, args.episodes, args.seed_base, args.gas)
+        scored[path] = score_checkpoint(path, args.episodes, args.seed_base, args.gas, args.device)
         tqdm.write(f"{path}: {scored[path].format()}")
     return scored

@@ -33,10 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
 from nac_drive.io.strict_json import jsonable, write_report   # noqa: F401 (explain.json's writer, also compare's)
 from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
+from nac_drive.pipeline.ray_tasks import ray_arg
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 # (task, action) of the policies explain can explain, whatever their core
@@ -80,6 +82,8 @@ class ExplainArgs:
                                       "second)", min=1)
     speed: float | None = arg(None, "Udacity only: the set speed in mph of the bridge's speed controller "
                                     "(default 9)", above=0)
+    device: str = device_arg()
+    ray: str | None = ray_arg()   # the closed loop's drives as Ray tasks
     frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons and mirroring "
                                    "frames (default all)",
                              min=1, group=MEASURES)
@@ -110,7 +114,7 @@ class ExplainArgs:
         if self.closed_loop_tracks:
             return idle
         return {**idle, **{name: "only with a closed-loop check (--closed-loop-tracks 0 skips it)"
-                           for name in ("closed_loop_top", "closed_loop_random")}}
+                           for name in ("closed_loop_top", "closed_loop_random", "ray")}}
 
 
 def explain(args: ExplainArgs, progress: bool = True) -> dict:
@@ -137,7 +141,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     from nac_drive.policy.loading import load_driving_policy
 
     policy_path, task, seed, seed_base, max_steps = args.policy, args.task, args.seed, args.seed_base, args.max_steps
-    policy = load_driving_policy(policy_path, task=task or "carracing")
+    policy = load_driving_policy(policy_path, task=task or "carracing", device=args.device)
     config = policy.config
     if (config.task, config.action) not in EXPLAINABLE:
         raise ValueError(f"policy: explain needs a CarRacing policy with discrete actions or a Udacity policy "
@@ -161,7 +165,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "mirror": lambda: mirror_section(run, policy, args.frames),
         "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
                                                    args.closed_loop_top, args.closed_loop_random, seed, seed_base,
-                                                   max_steps, progress, speed),
+                                                   max_steps, progress, speed, args.ray, policy_path),
     }
     with one_writer(run_dir, "nac-drive explain"):
         for name in NAC_STATES_NEEDED:
@@ -175,8 +179,9 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
 
 
 def _recorded(args: ExplainArgs) -> dict:
-    """What a resumed explain must be run with again: every flag but ``--out`` and ``--resume``."""
-    return {k: v for k, v in asdict(args).items() if k not in ("out", "resume")}
+    """What a resumed explain must be run with again: every flag but ``--out``, ``--resume`` and
+    where it runs (``--device``, ``--ray``)."""
+    return {k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device", "ray")}
 
 
 def _resumed(args: ExplainArgs):
@@ -210,10 +215,11 @@ def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool
     seed_base, max_steps = args.seed_base, args.max_steps
     if config.task == "udacity":
         drive = drive_udacity_emulator(policy_path, udacity_eval_tracks(args.episodes, seed_base),
-                                       max_steps or UDACITY_FRAMES, trace_dir=args.out, speed=speed, progress=progress)
+                                       max_steps or UDACITY_FRAMES, trace_dir=args.out, speed=speed, progress=progress,
+                                       device=args.device)
     else:
         drive = drive_carracing(DriveArgs(policy=policy_path, episodes=args.episodes, seed_base=seed_base,
-                                          max_steps=max_steps, trace=args.out), progress=progress)
+                                          max_steps=max_steps, trace=args.out, device=args.device), progress=progress)
     run_dir = Path(drive["trace"])
     if drive.get("trace_failure"):   # never measure a trace cut short by a full disk
         raise OSError(f"--out: {drive['trace_failure']}")
@@ -312,11 +318,14 @@ def window_section(run_dir: Path, policy, method: str = "integrated_gradients", 
 
 def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,
                         seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None, progress: bool = False,
-                        speed: float = UDACITY_SPEED) -> dict:
+                        speed: float = UDACITY_SPEED, ray: str | None = None, policy_path: str | None = None) -> dict:
     """The policy drives ``tracks`` held-out tracks intact, then with each chosen neuron of
     ``atlas`` (:func:`atlas_section`) clamped to its mean (the ``top`` whose silencing costs
     most agreement and ``random`` others drawn with ``seed``), then with each part of its
-    attention replaced (:func:`attention_parts`).
+    attention replaced (:func:`attention_parts`): one :func:`clamped_drive` each, in this
+    process, or with ``ray`` (an address, :func:`~nac_drive.pipeline.ray_tasks.ray_jobs`) each
+    a Ray task that loads the policy from ``policy_path`` (None: the shipped one of its task) on
+    the CPU. The figures are the same either way.
 
     Returns the seeds, ``metric`` and, intact, per neuron (``neurons``) and per attention part
     (``attention``), the drive's figures, the change of the metric from intact and ``paired``:
@@ -328,13 +337,18 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     track mean |cte|, laps, off-road, ...) and ``cte_change`` (the mean over tracks of each
     track's change of its mean |cte|, in metres: positive = the clamp drives further from the
     centre line; a track left early weighs as much as one driven whole)."""
-    from nac_drive.agents.driver import PolicyDriver
+    from functools import partial
+
+    from tqdm import tqdm
+
     from nac_drive.interpret.neuron_atlas import traced_neurons
+    from nac_drive.pipeline.drive import udacity_eval_tracks
+    from nac_drive.pipeline.ray_tasks import everywhere, ray_jobs
     from nac_drive.simulators.carracing import eval_seeds
     from nac_drive.simulators.episode_stats import paired_change
 
-    udacity = policy.config.task == "udacity"
-    metric, change = ("mean_abs_cte", "cte_change") if udacity else ("return", "return_change")
+    task = policy.config.task
+    metric, change = ("mean_abs_cte", "cte_change") if task == "udacity" else ("return", "return_change")
     rows = atlas["neurons"]
     chosen = [(row, "top") for row in rows[:top]]
     rest = rows[top:]
@@ -345,61 +359,64 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     neurons = {n.name: n for n in traced_neurons(run)}
     parts = attention_parts(run, policy.core.nac, seed)
     seeds = eval_seeds(tracks, base=seed_base)
-    nac = policy.core.nac
-    if udacity:
-        from nac_drive.pipeline.drive import (udacity_emulator_env, udacity_emulator_episodes, udacity_eval_tracks,
-                                              udacity_summary)
-
-        names = udacity_eval_tracks(tracks, seed_base)
-        envs = [udacity_emulator_env(name, speed) for name in names]
-
-        def episodes() -> dict:
-            return udacity_summary(udacity_emulator_episodes(PolicyDriver(policy), envs, max_steps or UDACITY_FRAMES))
-
-        def close():
-            for env in envs:
-                env.close()
-        per_track = "mean_abs_cte_m"
-    else:
-        from nac_drive.simulators.carracing import make_carracing, run_episodes
-
-        env = make_carracing(gas=policy.config.gas)
-
-        def episodes() -> dict:
-            returns = [float(r) for r in run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env).returns]
-            return {"returns": returns, "mean_return": float(np.mean(returns))}
-        close, per_track = env.close, "returns"
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(chosen) + len(parts) + 1, desc="closed loop", unit="run")
-
-    def drive(clamp) -> dict:
-        with nac.clamped(clamp):
-            figures = episodes()
-        if bar:
-            bar.update(1)
-        return figures
+    clamps = [None] + [neurons[row["name"]].clamp(row["mean"]) for row, _ in chosen] + list(parts.values())
+    drive = partial(clamped_drive, task=task, seeds=seeds, max_steps=max_steps, speed=speed)
+    bar = {"desc": "closed loop", "unit": "run"}
+    with ray_jobs(ray) as jobs:
+        if jobs is None:
+            driven = [drive(policy, clamp) for clamp in tqdm(clamps, disable=not progress, **bar)]
+        else:
+            path = None if policy_path is None else everywhere(policy_path)
+            driven = jobs.results(partial(_loaded_drive, drive, path, task), clamps, **(bar if progress else {}))
+    intact, per_track = driven[0], "mean_abs_cte_m" if task == "udacity" else "returns"
 
     def against_intact(figures: dict) -> dict:   # the change is the paired one's mean, so it sits in its interval
         paired = paired_change(intact[per_track], figures[per_track])
         return {**figures, change: paired["mean"], "paired": paired}
 
-    try:
-        intact = drive(None)
-        out = []
-        for row, why in chosen:
-            figures = drive(neurons[row["name"]].clamp(row["mean"]))
-            out.append({"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
-                        **against_intact(figures)})
-        attention = [{"name": name, **against_intact(drive(clamp))} for name, clamp in parts.items()]
-    finally:
-        close()
-        if bar:
-            bar.close()
-    where = {"track_names": names, "speed_mph": speed} if udacity else {}
+    out = [{"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"], **against_intact(figures)}
+           for (row, why), figures in zip(chosen, driven[1:])]
+    attention = [{"name": name, **against_intact(figures)} for name, figures in zip(parts, driven[1 + len(chosen):])]
+    where = {"track_names": udacity_eval_tracks(tracks, seed_base), "speed_mph": speed} if task == "udacity" else {}
     return jsonable({"tracks": tracks, "seeds": seeds, **where, "seed": seed, "metric": metric, "intact": intact,
                      "neurons": out, "attention": attention})
+
+
+def clamped_drive(policy, clamp, *, task: str, seeds: list[int], max_steps: int | None = None,
+                  speed: float = UDACITY_SPEED) -> dict:
+    """``policy`` drives the held-out tracks of ``seeds`` with ``clamp`` on its NAC (None:
+    intact), in envs of its own: CarRacing's tracks (``returns``, ``mean_return``), or the
+    Udacity emulator's ``random-<seed>`` at ``speed`` mph (the figures of
+    :func:`~nac_drive.pipeline.drive.udacity_summary`)."""
+    from nac_drive.agents.driver import PolicyDriver
+
+    with policy.core.nac.clamped(clamp):
+        if task == "udacity":
+            from nac_drive.pipeline.drive import (udacity_emulator_env, udacity_emulator_episodes,
+                                                  udacity_eval_tracks, udacity_summary)
+
+            envs = [udacity_emulator_env(name, speed) for name in udacity_eval_tracks(len(seeds), seeds[0])]
+            try:
+                return udacity_summary(udacity_emulator_episodes(PolicyDriver(policy), envs,
+                                                                 max_steps or UDACITY_FRAMES))
+            finally:
+                for env in envs:
+                    env.close()
+        from nac_drive.simulators.carracing import make_carracing, run_episodes
+
+        env = make_carracing(gas=policy.config.gas)
+        try:
+            returns = [float(r) for r in run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env).returns]
+        finally:
+            env.close()
+        return {"returns": returns, "mean_return": float(np.mean(returns))}
+
+
+def _loaded_drive(drive, policy_path: str | None, task: str, clamp) -> dict:
+    """A Ray task's ``drive`` (:func:`clamped_drive`): the policy loaded where the task runs, on the CPU."""
+    from nac_drive.policy.loading import load_driving_policy
+
+    return drive(load_driving_policy(policy_path, task=task), clamp)
 
 
 def attention_parts(run, nac, seed: int = 0) -> dict:

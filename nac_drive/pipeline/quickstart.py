@@ -235,8 +235,9 @@ def _score_expert(args: QuickstartArgs, tracks: int) -> dict:
     bar: it runs beside the drive's)."""
     from nac_drive.pipeline.evaluate import ExpertEvalArgs, evaluate_expert
 
-    name, results = evaluate_expert(ExpertEvalArgs(expert=args.expert, episodes=tracks, max_steps=args.max_steps),
-                                    progress=False)
+    # in a forked worker, which cannot use a CUDA context: the CPU (one frame at a time is its case anyway)
+    name, results = evaluate_expert(ExpertEvalArgs(expert=args.expert, episodes=tracks, max_steps=args.max_steps,
+                                                   device="cpu"), progress=False)
     return {"name": name, **results.summary()}
 
 

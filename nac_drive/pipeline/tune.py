@@ -18,9 +18,15 @@ by ``--objective``:
 
 The held-out tracks from 900000, which score the comparison, are never driven here.
 
+``--workers N`` draws N trials together (Optuna's ask, before any of them is told) and trains
+them at once, one process each with one torch thread; ``--ray [ADDRESS]`` runs those N as Ray
+tasks instead, on this machine or a cluster whose nodes see ``--data`` and ``--out`` at the same
+paths. The study stays in this process, which alone writes it: the same seed and ``--workers``
+give the same trials and values with or without Ray.
+
 The study lives in ``OUT/<variant>/study.db`` (SQLite, Optuna's own storage): run the same
 command again and it resumes; ``--trials`` is the total of finished trials, and a trial cut
-off by a kill runs again with its parameters. ``OUT/<variant>/best.json`` holds the best
+off by a kill (or an error) runs again with its parameters. ``OUT/<variant>/best.json`` holds the best
 trial's training arguments (the variant's own settings and the searched values, not the
 budget), which ``train --tuned`` and ``compare --tuned`` take
 (:func:`~nac_drive.pipeline.train_args.read_tuned`).
@@ -28,14 +34,16 @@ budget), which ``train --tuned`` and ``compare --tuned`` take
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from nac_drive.devices import device_arg, resolve_device
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, REQUIRED, arg, check_fields
+from nac_drive.pipeline.ray_tasks import ray_arg
 from nac_drive.pipeline.variants import VARIANTS
 from nac_drive.simulators.carracing import VALIDATION_SEED_BASE
+from nac_drive.torch_threads import check_workers
 
 BEST, STUDY = "best.json", "study.db"
 OBJECTIVES = ("drive", "val-loss")
@@ -68,12 +76,18 @@ class TuneArgs:
                          choices=OBJECTIVES)
     progress: bool = arg(True, "show progress bars")
     device: str = device_arg()
+    workers: int = arg(1, "trials drawn together and trained at once, one process each with one torch thread (at "
+                          "most the cores; 1: one trial after another, training on every core); with --ray, that many "
+                          "Ray tasks at a time", min=1)
+    ray: str | None = ray_arg()
     window: int = arg(16, "frames per training window (the same for every trial)", min=1, group="budget")
     epochs: int = arg(4, "training epochs of every trial", min=1, group="budget")
     windows_per_epoch: int = arg(2048, "windows sampled per epoch", min=0, group="budget")
 
     def __post_init__(self):
         check_fields(self)
+        if self.ray is None:
+            check_workers(self.workers)
 
 
 def searched(variant: str) -> dict[str, tuple]:
@@ -98,10 +112,14 @@ def sample(trial, space: dict[str, tuple]) -> dict[str, Any]:
 
 
 def tune(args: TuneArgs) -> dict:
-    """Run the trials ``args.trials`` still lacks; the best trial, also written to ``OUT/<variant>/best.json``."""
+    """Run the trials ``args.trials`` still lacks, ``args.workers`` at a time (in this process,
+    in worker processes or as Ray tasks: :func:`_scored`); the best trial, also written to
+    ``OUT/<variant>/best.json``. Only this process writes the study."""
     import optuna
+    from tqdm import tqdm
 
     from nac_drive.io.checkpoint import write_json
+    from nac_drive.pipeline.ray_tasks import ray_jobs
 
     resolve_device(args.device)   # a device this machine lacks is refused before the study exists
 
@@ -126,9 +144,29 @@ def tune(args: TuneArgs) -> dict:
         return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
     space = searched(args.variant)
-    if finished() < args.trials:
-        study.optimize(lambda trial: _objective(trial, args, space, folder, budget), n_trials=args.trials - finished(),
-                       show_progress_bar=args.progress)
+    left = finished() < args.trials   # Ray is started only for trials left to run
+    with ray_jobs(args.ray if left else None) as ray, \
+            tqdm(total=args.trials, initial=min(finished(), args.trials), desc="trials", unit="trial",
+                 disable=not args.progress) as bar:
+        while finished() < args.trials:
+            # a batch is asked before any of it is told: where it runs cannot change what is drawn
+            trials = [study.ask() for _ in range(min(args.workers, args.trials - finished()))]
+            for trial in trials:
+                trial.set_user_attr("budget", budget)
+            jobs = [(trial.number, sample(trial, space)) for trial in trials]
+            told = set()
+            try:
+                for i, (value, attrs) in _scored(args, folder, jobs, ray):
+                    for key, attr in attrs.items():
+                        trials[i].set_user_attr(key, attr)
+                    study.tell(trials[i], value)
+                    told.add(i)
+                    bar.update()
+            except Exception:   # an error, not a kill: its trials fail, as Optuna's optimize fails them, never rerun
+                for i, trial in enumerate(trials):
+                    if i not in told:
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
     best = study.best_trial
     result = {"variant": args.variant, "trial": best.number, "metric": best.user_attrs["metric"],
               "value": best.user_attrs["value"], "trials": finished(),
@@ -145,34 +183,48 @@ def _budget(args: TuneArgs) -> dict:
             "windows_per_epoch": args.windows_per_epoch, "objective": args.objective, **drive, "seed": args.seed}
 
 
-def _objective(trial, args: TuneArgs, space: dict[str, tuple], folder: Path, budget: dict) -> float:
-    """Train with the trial's values and score the run (:data:`OBJECTIVES`); the value Optuna
-    maximises (the mean return; minus the mean |cte| or the validation loss)."""
+def _scored(args: TuneArgs, folder: Path, jobs: list[tuple[int, dict]], ray):
+    """:func:`_trial` for every (trial number, values): in this process one after another
+    (``workers`` 1), in ``workers`` processes of one torch thread, or as Ray tasks (``ray``, an
+    open :class:`~nac_drive.pipeline.ray_tasks.RayJobs`); yields (the job's index, its result)."""
+    from functools import partial
+
+    from nac_drive.pipeline.processes import map_in_processes
+
+    if ray is not None:
+        where = folder.resolve()   # a worker's working folder is not this process's: every path absolute
+        remote = replace(args, data=str(Path(args.data).resolve()))
+        yield from ray.run(partial(_trial, remote, where, threads=1), jobs)
+    elif args.workers > 1:
+        yield from enumerate(map_in_processes(partial(_trial, args, folder, threads=1), jobs, args.workers))
+    else:
+        yield from ((i, _trial(args, folder, job)) for i, job in enumerate(jobs))
+
+
+def _trial(args: TuneArgs, folder: Path, job: tuple[int, dict], threads: int | None = None) -> tuple[float, dict]:
+    """Train trial ``job`` = (its number, its values) (``threads``: :func:`~nac_drive.pipeline.train.train`'s)
+    and score the run (:data:`OBJECTIVES`): (the value Optuna maximises: the mean return; minus the
+    mean |cte| or the validation loss, the trial's attributes: ``run_dir``, ``metric``, ``value``
+    and for a drive ``seeds``)."""
     from nac_drive.io.checkpoint import read_json
     from nac_drive.pipeline.drive import drive_checkpoint
     from nac_drive.pipeline.train import best_epoch, train
     from nac_drive.pipeline.train_args import TrainArgs
 
-    values = sample(trial, space)
-    trial.set_user_attr("budget", budget)
-    run_dir = train(TrainArgs(data=args.data, out=str(folder / "runs"), run_name=f"trial-{trial.number}",
+    number, values = job
+    run_dir = train(TrainArgs(data=args.data, out=str(folder / "runs"), run_name=f"trial-{number}",
                               seed=args.seed, window=args.window, epochs=args.epochs,
                               windows_per_epoch=args.windows_per_epoch, progress=False, device=args.device,
-                              **VARIANTS[args.variant], **values))
-    trial.set_user_attr("run_dir", str(run_dir))
+                              **VARIANTS[args.variant], **values), threads=threads)
     if args.objective == "val-loss":
         loss = best_epoch(run_dir / "metrics.csv")["val_loss"]
         if loss is None:
             raise ValueError(f"{args.data}: too few episodes to hold one out for validation; --objective val-loss "
                              "needs a validation set")
-        trial.set_user_attr("metric", "val_loss")
-        trial.set_user_attr("value", loss)
-        return -loss
+        return -loss, {"run_dir": str(run_dir), "metric": "val_loss", "value": loss}
     task = read_json(run_dir / "train_args.json")["data_info"]["task"]
     drive = drive_checkpoint(run_dir / "best", task, args.episodes, args.max_steps, progress=False,
                              seed_base=VALIDATION_SEED_BASE)
     metric = "mean_abs_cte" if task == "udacity" else "mean_return"
-    trial.set_user_attr("metric", metric)
-    trial.set_user_attr("value", drive[metric])
-    trial.set_user_attr("seeds", drive["seeds"])
-    return -drive[metric] if task == "udacity" else drive[metric]
+    value = -drive[metric] if task == "udacity" else drive[metric]
+    return value, {"run_dir": str(run_dir), "metric": metric, "value": drive[metric], "seeds": drive["seeds"]}

@@ -411,19 +411,23 @@ def read_policy_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class _FrameModel(nn.Module):
+    """:meth:`DrivingPolicy.frame_model`'s image model: it runs on the policy's device and
+    gives its outputs on the frames' own, so an attribution method that builds its inputs on
+    the CPU reads them there (gradients flow through the move)."""
+
     def __init__(self, policy: DrivingPolicy, state, timestamp: float):
         super().__init__()
         self.policy, self.state, self.timestamp = policy, state, timestamp
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        B, device = frames.shape[0], module_device(self.policy)
+        B, device, given = frames.shape[0], module_device(self.policy), frames.device
         frames = frames.to(device)
         core = self.policy.core
         state = core.init_state(B) if self.state is None else _repeat_batch(self.state, B)
         t0 = 0.0 if self.policy._t0 is None else self.policy._t0
         t = torch.full((B,), self.timestamp - t0, dtype=torch.float32, device=device)
         y, _ = core.step(self.policy.encoder(frames), state, t=t)
-        return self.policy.head(y)
+        return self.policy.head(y).to(given)
 
 
 def _repeat_batch(state, batch: int):

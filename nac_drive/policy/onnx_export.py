@@ -21,6 +21,7 @@ policy's config JSON, the graph, :data:`FORMAT`), so the ``.onnx`` alone drives.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import logging
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from nac_drive.devices import module_device, resolve_device
 from nac_drive.io.atomic import atomic_write, check_writable
 from nac_drive.nac import NACCache
 from nac_drive.policy.driving_policy import DrivingPolicy
@@ -101,10 +103,14 @@ def check_exportable(policy: DrivingPolicy, graph: str) -> None:
         raise ValueError(f"policy: exported in float32, this one is {next(policy.parameters()).dtype}")
 
 
-def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step") -> dict:
+def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step", device: str | None = None) -> dict:
     """Write ``policy`` as an ONNX ``graph`` to ``path`` and check it before it takes that name
     (atomically): :class:`OnnxPolicy` loads it and onnxruntime runs it on example inputs beside
-    torch; a file that fails is removed. Returns ``{"path", "graph", "max_abs_diff"}``."""
+    torch on ``device`` (``auto``, ``cpu``, ``cuda``, ...: :func:`~nac_drive.devices.resolve_device`;
+    default: where the policy is); a file that fails is removed. The graph is always traced on
+    the CPU (a CPU copy of a policy that lives elsewhere): onnxruntime runs it there, and a
+    trace would keep a GPU's device in its constants. Returns ``{"path", "graph", "max_abs_diff"}``."""
+    check_on = module_device(policy) if device is None else resolve_device(device)
     check_exportable(policy, graph)
     check_writable(path)   # before the 10-40 s of exporting
     try:
@@ -112,7 +118,8 @@ def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step") ->
         import onnxscript  # noqa: F401
     except ImportError as e:
         raise ValueError(f"export --format onnx needs the 'onnx' extra ({e.name} is missing): {EXTRA_HINT}") from None
-    policy = policy.eval()
+    reference = _on(policy.eval(), check_on)
+    policy = _on(policy, torch.device("cpu"))
     module = (StepGraph(policy) if graph == "step" else WindowGraph(policy)).eval()
     args = example_inputs(policy, graph)
     dynamic = None
@@ -134,7 +141,7 @@ def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step") ->
         Path(tmp).write_bytes(proto.SerializeToString())
         try:
             OnnxPolicy(tmp)
-            checked["max_abs_diff"] = max_abs_diff(policy, tmp, graph)
+            checked["max_abs_diff"] = max_abs_diff(reference, tmp, graph)
         except Exception as e:   # onnxruntime's errors derive from Exception only
             why = " ".join(str(e).replace(str(tmp), "the file").split())[:200]
             raise ValueError(f"{path}: the exported {graph} graph does not run on onnxruntime ({why}); "
@@ -142,6 +149,14 @@ def export_onnx(policy: DrivingPolicy, path: str | Path, graph: str = "step") ->
 
     atomic_write(path, write_and_check)
     return {"path": str(path), "graph": graph, **checked}
+
+
+def _on(policy: DrivingPolicy, device: torch.device) -> DrivingPolicy:
+    """``policy`` itself if it lives on ``device`` (``cuda`` names the current GPU), else a copy moved there."""
+    here = module_device(policy)
+    if here.type == device.type and device.index in (None, here.index):
+        return policy
+    return copy.deepcopy(policy).to(device)
 
 
 @contextmanager
@@ -160,14 +175,17 @@ def _quiet():
 
 def max_abs_diff(policy: DrivingPolicy, path: str | Path, graph: str) -> float:
     """The largest |torch - onnxruntime| of ``graph``'s outputs on its example inputs (the window
-    graph: a window of 3 frames too, so the dynamic length is checked)."""
+    graph: a window of 3 frames too, so the dynamic length is checked), torch on the policy's
+    device, onnxruntime on the CPU."""
     run = session(path)
+    device = module_device(policy)
     worst = 0.0
     for frames in ((None, 3) if graph == "window" else (None,)):
-        args = example_inputs(policy, graph, frames=frames, seed=1)
+        args = tuple(a.cpu() for a in example_inputs(policy, graph, frames=frames, seed=1))
         with torch.no_grad():
-            ref = WindowGraph(policy)(*args) if graph == "window" else StepGraph(policy)(*args)
+            module = WindowGraph(policy) if graph == "window" else StepGraph(policy)
+            ref = module(*(a.to(device) for a in args))
         got = run.run(None, dict(zip(INPUTS[graph], (a.numpy() for a in args))))
         refs = ref if isinstance(ref, tuple) else (ref,)
-        worst = max(worst, *(float(np.abs(r.numpy() - g).max()) for r, g in zip(refs, got)))
+        worst = max(worst, *(float(np.abs(r.cpu().numpy() - g).max()) for r, g in zip(refs, got)))
     return worst

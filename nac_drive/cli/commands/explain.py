@@ -2,7 +2,7 @@
 
     nac-drive explain [--policy RUN/best | --task udacity] [--episodes 3] [--out runs/explain]
                       [--frames N] [--saliency-frames 500] [--window-method integrated_gradients]
-                      [--closed-loop-tracks 10] [--json]
+                      [--closed-loop-tracks 10] [--device cuda] [--ray [ADDRESS]] [--json]
 
 The policy (default: the shipped CNN+NAC CarRacing policy; ``--task udacity``: the shipped
 PilotNet+NAC Udacity policy; a ``--policy`` checkpoint's task is read from its config.json)
@@ -42,7 +42,9 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   the policy drives, then each part of the attention replaced: Top-K by q . k by K random
   keys and by the K most recent, t_ij by its mean per head, the weights by uniform ones;
   each change from intact with a paired 95% interval over the same tracks (1 + top +
-  random + 4 runs of --closed-loop-tracks tracks each: at the defaults 250 episodes, about half an hour on 2 cores; saliency ~3 minutes, window ~3
+  random + 4 runs of --closed-loop-tracks tracks each: at the defaults 250 episodes, about
+  half an hour on 2 cores, or with --ray [ADDRESS] one Ray task per run, on this machine's
+  cores or a cluster's, the same figures; saliency ~3 minutes, window ~3
   minutes a 1000-step episode with Integrated Gradients (20 s with ablation), the rest a
   minute or two). CarRacing scores the return; Udacity the mean |cross-track error| and
   laps / off-road. Udacity with --episodes 2 --closed-loop-tracks 3 --window-method

@@ -7,7 +7,9 @@
 ``NAC.step``, the streaming cache an input and an output; ``--graph window`` is the forward
 over a window of 1 to ``window`` frames. The file holds the policy's config, so it drives
 alone. Export checks the file: onnxruntime runs it beside torch on example inputs and the
-largest difference is printed. Needs the ``onnx`` extra (``pip install 'nac-drive[onnx]'``).
+largest difference is printed: torch runs on ``--device`` (a policy trained on a GPU is checked
+there), the graph is traced on the CPU, where onnxruntime runs it. Needs the ``onnx`` extra
+(``pip install 'nac-drive[onnx]'``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import REQUIRED, arg, check_fields
 
 
@@ -27,6 +30,7 @@ class ExportArgs:
     format: str = arg("onnx", "file format", choices=("onnx",))
     graph: str = arg("step", "step: one streamed frame, the NAC cache in and out (what drive runs); window: the "
                              "forward over a window of frames", choices=("step", "window"))
+    device: str = device_arg()
 
     def __post_init__(self):
         from nac_drive.policy.onnx_policy import is_onnx_path
@@ -51,7 +55,7 @@ def run(namespace: argparse.Namespace) -> int:
     from nac_drive.policy.onnx_export import export_onnx
 
     args, output = from_namespace(ExportArgs, namespace), from_namespace(JsonOutput, namespace)
-    result = export_onnx(load_driving_policy(args.policy), args.out, graph=args.graph)
+    result = export_onnx(load_driving_policy(args.policy), args.out, graph=args.graph, device=args.device)
     print(f"wrote {result['path']} ({result['graph']} graph; onnxruntime vs torch on example inputs: "
           f"max |difference| {result['max_abs_diff']:.2g})")
     output.emit(result)

@@ -1,6 +1,6 @@
 """``nac-drive saliency``: Grad-CAM overlays for every frame of a recorded run.
 
-    nac-drive saliency --policy RUN/best --run RUN_DIR [--method gradcam]
+    nac-drive saliency --policy RUN/best --run RUN_DIR [--method gradcam] [--device cuda]
 
 Writes ``RUN_DIR/saliency.npz``; ``nac-drive dashboard RUN_DIR`` then shows the
 overlays. The run's frames are replayed through the policy, so each frame's map is
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from nac_drive.devices import device_arg
 from nac_drive.fields import REQUIRED, arg
 
 
@@ -22,6 +23,7 @@ class SaliencyArgs:
     run: str = arg(REQUIRED, "run folder holding a trace (drive --trace)", metavar="RUN_DIR")
     policy: str | None = arg(None, "checkpoint folder (default: the shipped CNN+NAC policy)")
     method: str = arg("gradcam", "CAM method: gradcam, gradcam++, eigencam, hirescam, xgradcam or layercam")
+    device: str = device_arg()
 
 
 def add_parser(subparsers) -> None:
@@ -39,7 +41,7 @@ def run(namespace: argparse.Namespace) -> int:
     from nac_drive.interpret.policy_saliency import policy_saliency
 
     args, output = from_namespace(SaliencyArgs, namespace), from_namespace(JsonOutput, namespace)
-    path = policy_saliency(load_driving_policy(args.policy), args.run, args.method)
+    path = policy_saliency(load_driving_policy(args.policy, device=args.device), args.run, args.method)
     print(f"wrote {path}")
     output.emit({"saliency": str(path), "method": args.method})
     return 0
