@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import torch
 
 from nac_drive.interpret.trace import RunTrace
 
@@ -45,6 +44,8 @@ def has_nac(policy) -> bool:
 def streamed(policy, run: RunTrace, n: int, transform: Callable[[np.ndarray], np.ndarray] | None = None) -> Streamed:
     """:class:`Streamed` at the run's first ``n`` steps, its frames streamed episode by episode
     (each frame ``[H, W, 3]`` passed through ``transform`` first, if given)."""
+    import torch
+
     captured: dict[str, list[np.ndarray]] = {"core": [], "heads": []}
 
     def capture(name: str):
