@@ -12,41 +12,11 @@ from torch import nn
 
 from nac_drive.interpret.mirror import action_mirror, mirror_check, mirrored_frame, unit_partners
 from nac_drive.interpret.trace import RunRecorder, load_trace
+from support.pass_through import PassThrough
 from nac_drive.simulators.carracing import ACTION_NAMES
 
 torch.set_num_threads(1)
 LEFT, RIGHT = ACTION_NAMES.index("left"), ACTION_NAMES.index("right")
-
-
-class HalvesDifference(nn.Module):
-    """An encoder whose feature 0 is the mean of the frame's left half minus its right half
-    (a mirror negates it); the other features are 0."""
-
-    frame_shape = (3, 96, 96)
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        half = frames.shape[-1] // 2
-        grey = frames.float().mean(1)
-        features = torch.zeros(len(frames), self.dim)
-        features[:, 0] = grey[..., :half].mean((1, 2)) - grey[..., -half:].mean((1, 2))
-        return features
-
-
-class PassThrough(nn.Module):
-    """A temporal core that outputs each frame's features as they are."""
-
-    def forward(self, x, t=None, return_trace=False):
-        return x
-
-    def init_state(self, batch: int):
-        return None
-
-    def step(self, x_t, state, t=None, return_trace=False):
-        return x_t, state
 
 
 class Halves(nn.Module):
@@ -77,13 +47,13 @@ def _policy(reads_the_image: bool):
 
     policy = DrivingPolicy(PolicyConfig(core=CoreConfig(window=4, d_model=16, num_heads=2, topk=2)))
     dim = policy.config.feature_dim
-    policy.encoder, policy.core = HalvesDifference(dim), PassThrough()
+    policy.encoder, policy.core = Halves(dim), PassThrough(dim)
     policy.head = nn.Linear(dim, len(ACTION_NAMES))
     with torch.no_grad():
         policy.head.weight.zero_()
         policy.head.bias.fill_(-10.0)
         if reads_the_image:
-            policy.head.weight[LEFT, 0], policy.head.weight[RIGHT, 0] = 100.0, -100.0
+            policy.head.weight[LEFT, 2], policy.head.weight[RIGHT, 2] = 100.0, -100.0
         else:
             policy.head.bias[LEFT] = 1.0
     return policy.eval()
@@ -141,7 +111,7 @@ def test_the_unit_report_finds_the_planted_swap_pair_and_the_symmetric_units(tmp
     from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
     policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8, window=4)))
-    policy.encoder, policy.core = Halves(policy.config.feature_dim), PassThrough()
+    policy.encoder, policy.core = Halves(policy.config.feature_dim), PassThrough(policy.config.feature_dim)
     policy.head = nn.Linear(policy.config.feature_dim, len(ACTION_NAMES))
     result = mirror_check(policy.eval(), _run(tmp_path, episodes=(30, 30)))
     core = result["units"]["core"]

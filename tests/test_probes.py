@@ -14,6 +14,7 @@ from torch import nn
 from nac_drive.interpret.probe_steering import steering
 from nac_drive.interpret.probes import block_permutation, fit_probe, held_out_groups, linear_probes
 from nac_drive.interpret.trace import RunRecorder, load_trace
+from support.pass_through import PassThrough
 
 torch.set_num_threads(1)
 GAIN = 20.0            # the steering output is -GAIN x the curve unit: a left curve (positive) steers left
@@ -38,19 +39,6 @@ class CurveAndNoise(nn.Module):
         return features
 
 
-class PassThrough(nn.Module):
-    """A temporal core that outputs each frame's features as they are."""
-
-    def forward(self, x, t=None, return_trace=False):
-        return x
-
-    def init_state(self, batch: int):
-        return None
-
-    def step(self, x_t, state, t=None, return_trace=False):
-        return x_t, state
-
-
 def steering_policy():
     """A continuous CarRacing policy (a GRU by its config: only its core output is probed)
     whose steering output is -GAIN x core unit 0."""
@@ -60,8 +48,7 @@ def steering_policy():
     policy = DrivingPolicy(PolicyConfig(action="continuous", num_outputs=3,
                                         core=CoreConfig(core="gru", d_model=8, window=4)))
     dim = policy.config.feature_dim
-    policy.encoder, policy.core = CurveAndNoise(dim), PassThrough()
-    policy.core.out_dim = dim
+    policy.encoder, policy.core = CurveAndNoise(dim), PassThrough(dim)
     policy.head = nn.Sequential(nn.Dropout(0.0), nn.Linear(dim, 3))
     with torch.no_grad():
         policy.head[-1].weight.zero_()
