@@ -257,7 +257,10 @@ def _probes_figure(probes: dict, escape):
                              error_y=_interval_bars(ys, [c.get("ci95") for c in changes])), row=1, col=3)
     for col in (1, 2, 3):
         fig.add_hline(y=0, line_color="#555", line_width=1, row=1, col=col)
-    verdict = f"; push along the curvature probe: {escape(push.get('verdict'))}" if push else ""
+    random = push.get("random_directions") or {}
+    outdone = _number(random.get("outdone"))
+    beside = "" if outdone is None else f" (beyond {outdone:.0%} of {escape(random.get('count'))} random directions)"
+    verdict = f"; push along the curvature probe: {escape(push.get('verdict'))}{beside}" if push else ""
     fig.update_layout(height=400, margin=dict(l=60, r=20, t=90, b=60), barmode="group",
                       title=dict(text=f"Linear probes, held out by {escape(probes.get('held_out'))} (95% block "
                                       f"bootstrap over {escape(probes.get('blocks'))} blocks){verdict}<br><sup>"

@@ -5,8 +5,9 @@ The probe of the curve ahead (:func:`~nac_drive.interpret.probes.fit_probe` on t
 output of every replayed step; curvature left positive) reads it along its weight vector ``w``.
 Each step's core output is moved by :data:`PUSH_SDS` standard deviations of the outputs along
 ``w``: towards a left curve (``left``: the probe reads more curvature), towards a right one
-(``right``), and as a control by as many standard deviations along a random direction
-(seeded: ``random +``, ``random -``); the head reads the moved output
+(``right``), and as a control by as many standard deviations along :data:`RANDOM_DIRECTIONS`
+random directions (seeded; the first one's pushes both ways are rows ``random +`` and
+``random -``); the head reads the moved output
 (:meth:`~nac_drive.policy.DrivingPolicy.core_shifted`). Open loop: on the frames the policy
 saw while driving, its core's outputs as it computed them; the push reaches the head alone (no
 state of the core changes), so each step is paired with itself intact.
@@ -14,8 +15,9 @@ state of the core changes), so each step is paired with itself intact.
 Steering, positive right: a discrete policy's expected steering ``P(right) - P(left)`` (the
 softmax of its head's output), a steering policy's output 0. A policy whose steering reads the
 probe's direction steers left when pushed towards a left curve: ``change`` below 0 for
-``left`` and above 0 for ``right``, beside a small change for the random direction. Each
-change is the mean over the steps with a 95% block-bootstrap interval over stretches of
+``left`` and above 0 for ``right``, and further than along most random directions (a push
+that changes the steering less than a random one says the steering does not read the
+probe's direction in particular). Each change is the mean over the steps with a 95% block-bootstrap interval over stretches of
 :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS` steps
 (:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
 """
@@ -28,6 +30,8 @@ import torch
 from nac_drive.interpret.road_scenes import BLOCK_STEPS
 
 PUSH_SDS = 2.0   # how far each push moves the core's output: standard deviations along its direction
+RANDOM_DIRECTIONS = 20
+BEYOND_RANDOM = 0.95   # the share of random directions a push must outdo for the verdict "follows"
 
 
 def steering(outputs: np.ndarray, action_names: list[str] | None) -> tuple[np.ndarray, str]:
@@ -55,7 +59,10 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
     Returns ``mode``, ``sds``, ``steering`` (what it is), ``probe`` (its ``steps`` and
     ``in_sample_r2``), ``intact_steering`` (the mean), ``pushes`` (per push: its ``norm``
     (|shift|), ``probe_change`` (how far the probe's reading moves, 1/track units),
-    ``mean_steering`` and ``change``: ``mean``, ``ci95``, ``blocks``, ``items``) and a ``verdict``."""
+    ``mean_steering`` and ``change``: ``mean``, ``ci95``, ``blocks``, ``items``),
+    ``random_directions`` (``count``, the ``median_abs_change`` and ``max_abs_change`` of the
+    mean steering change along them, and ``outdone``: the share of them whose |change| is below
+    the ``left`` push's) and a ``verdict`` (:func:`push_verdict`)."""
     from nac_drive.interpret.probes import fit_probe, probe_direction
     from nac_drive.simulators.episode_stats import episode_time_blocks, paired_block_change
 
@@ -72,36 +79,47 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
     if not np.linalg.norm(w) > 0:
         raise ValueError("curvature: the probe found no direction (its weights are 0)")
     towards_left = w / np.linalg.norm(w)
-    control = np.random.default_rng(seed).normal(size=len(w))
-    control /= np.linalg.norm(control)
+    controls = np.random.default_rng(seed).normal(size=(RANDOM_DIRECTIONS, len(w)))
+    controls /= np.linalg.norm(controls, axis=1, keepdims=True)
     policy.eval()
     y = torch.from_numpy(core).float()
     with torch.no_grad():
         intact, what = steering(policy.head(y).numpy(), action_names)
-    pushes = []
-    for name, direction in (("left", towards_left), ("right", -towards_left), ("random +", control),
-                            ("random -", -control)):
+
+    def pushed(direction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:   # (shift [units], steering [n])
         shift = sds * np.std(core @ direction) * direction
         with torch.no_grad(), policy.core_shifted(shift):
-            pushed, _ = steering(policy.head(y).numpy(), action_names)
+            return shift, steering(policy.head(y).numpy(), action_names)[0]
+
+    pushes = []
+    for name, direction in (("left", towards_left), ("right", -towards_left), ("random +", controls[0]),
+                            ("random -", -controls[0])):
+        shift, steered = pushed(direction)
         pushes.append({"push": name, "norm": float(np.linalg.norm(shift)), "probe_change": float(w @ shift),
-                       "mean_steering": float(pushed.mean()), "change": paired_block_change(intact, pushed, blocks)})
+                       "mean_steering": float(steered.mean()), "change": paired_block_change(intact, steered, blocks)})
+    random_changes = np.abs([np.mean(pushed(direction)[1] - intact) for direction in controls])
+    random = {"count": RANDOM_DIRECTIONS, "median_abs_change": float(np.median(random_changes)),
+              "max_abs_change": float(random_changes.max()),
+              "outdone": float(np.mean(random_changes < abs(pushes[0]["change"]["mean"])))}
     return {"mode": "open loop: the recorded frames' core outputs pushed, the head read again", "sds": sds,
             "steering": what, "probe": {"steps": int(known.sum()),
                                         "in_sample_r2": float(probe.score(core[known], curvature[known]))},
-            "intact_steering": float(intact.mean()), "pushes": pushes, "verdict": push_verdict(pushes)}
+            "intact_steering": float(intact.mean()), "pushes": pushes, "random_directions": random,
+            "verdict": push_verdict(pushes, random["outdone"])}
 
 
-def push_verdict(pushes: list[dict]) -> str:
+def push_verdict(pushes: list[dict], outdone: float) -> str:
     """Whether the steering follows the probe: "follows" (pushed towards a left curve it steers
-    left, towards a right one right: both intervals exclude 0 that way), "opposite" (both the
-    other way), else "no clear effect"."""
+    left, towards a right one right, both intervals excluding 0 that way, and the left push
+    moves it more than ``outdone`` >= :data:`BEYOND_RANDOM` of the random directions do),
+    "follows no more than a random direction" (the signs alone), "opposite" (both intervals
+    the other way), else "no clear effect"."""
     ci = {row["push"]: row["change"]["ci95"] for row in pushes}
     left, right = ci.get("left"), ci.get("right")
     if left is None or right is None:
         return "no clear effect"
     if left[1] < 0 < right[0]:
-        return "follows"
+        return "follows" if outdone >= BEYOND_RANDOM else "follows no more than a random direction"
     if right[1] < 0 < left[0]:
         return "opposite"
     return "no clear effect"

@@ -500,7 +500,8 @@ def _probes_and_dictionary() -> dict:
     variables = {"curvature": x[:, 0] + 0.1 * rng.normal(size=450), "speed": rng.normal(size=450)}
     episode = np.repeat([0, 1, 2], 150)
     probes = linear_probes({"core": x}, variables, episode, resamples=50)
-    probes["intervention"] = {"steering": "P(right) - P(left)", "verdict": "follows", "pushes": [
+    probes["intervention"] = {"steering": "P(right) - P(left)", "verdict": "follows",
+                              "random_directions": {"count": 20, "outdone": 0.95}, "pushes": [
         {"push": name, "change": {"mean": mean, "ci95": [mean - 0.01, mean + 0.01]}}
         for name, mean in (("left", -0.2), ("right", 0.2), ("random +", 0.01), ("random -", -0.01))]}
     return {"probes": probes, "dictionary": sparse_dictionary(x, episode, variables)}
@@ -559,6 +560,7 @@ def test_the_mirror_units_probes_and_dictionary_are_drawn_with_the_reports_figur
     assert _array(control["y"]) == pytest.approx([row["control_r2"] for row in probes["scores"]])
     assert _array(r2["y"])[0] > 0.9 and push["x"] == ["left", "right", "random +", "random -"]
     assert _array(push["y"]) == pytest.approx([-0.2, 0.2, 0.01, -0.01])
+    assert "follows (beyond 95% of 20 random directions)" in figures["explain_probes"]["layout"]["title"]["text"]
     dictionary = report["dictionary"]
     bars, pca, table = figures["explain_dictionary"]["data"]
     assert _array(bars["y"]) == pytest.approx([row["variance_explained"] for row in dictionary["by_sparsity"]])

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from nac_drive.interpret.probe_steering import steering
+from nac_drive.interpret.probe_steering import push_verdict, steering
 from nac_drive.interpret.probes import block_permutation, fit_probe, held_out_groups, linear_probes
 from nac_drive.interpret.trace import RunRecorder, load_trace
 from support.pass_through import PassThrough
@@ -98,7 +98,7 @@ def test_the_probe_finds_the_unit_the_steering_reads_and_the_steering_follows_a_
     expected = GAIN * push["sds"] * np.std(3000 / 255 * run.curvature)   # the spread of core unit 0, pushed
     assert changes["left"] < 0 < changes["right"] and changes["left"] == pytest.approx(-changes["right"])
     assert abs(changes["left"]) == pytest.approx(expected, rel=0.3)
-    assert abs(changes["random +"]) < abs(changes["left"])
+    assert abs(changes["random +"]) < abs(changes["left"]) and push["random_directions"]["outdone"] == 1.0
     left = next(row for row in push["pushes"] if row["push"] == "left")
     assert left["probe_change"] > 0 and left["change"]["ci95"][1] < 0     # the probe reads a left curve
 
@@ -139,3 +139,14 @@ def test_a_discrete_policys_steering_is_its_expected_turn():
     assert steering(outputs, None)[0].tolist() == outputs[:, 0].tolist()      # a steering policy: output 0
     with pytest.raises(ValueError, match="actions named 'left' and 'right'"):
         steering(outputs, ["a", "b", "c", "d", "e"])
+
+
+def test_a_push_that_a_random_direction_outdoes_is_not_called_followed():
+    def pushes(left, right):
+        return [{"push": "left", "change": {"ci95": left}}, {"push": "right", "change": {"ci95": right}}]
+
+    assert push_verdict(pushes([-0.3, -0.1], [0.1, 0.3]), outdone=1.0) == "follows"
+    assert push_verdict(pushes([-0.3, -0.1], [0.1, 0.3]), outdone=0.5) == "follows no more than a random direction"
+    assert push_verdict(pushes([0.1, 0.3], [-0.3, -0.1]), outdone=1.0) == "opposite"
+    assert push_verdict(pushes([-0.3, 0.1], [0.1, 0.3]), outdone=1.0) == "no clear effect"
+    assert push_verdict(pushes(None, [0.1, 0.3]), outdone=1.0) == "no clear effect"

@@ -358,6 +358,11 @@ def format_probes(probes: dict) -> list[str]:
             change = row["change"]
             lines.append(f"  {row['push']:<10} probe reads {row['probe_change']:+.4f}   steering change "
                          f"{change['mean']:+.4f} {_interval(change['ci95'], '+.4f')}")
+        random = push.get("random_directions")
+        if random:
+            lines.append(f"  along {random['count']} random directions: |steering change| median "
+                         f"{random['median_abs_change']:.4f}, max {random['max_abs_change']:.4f}; the left push "
+                         f"outdoes {random['outdone']:.0%} of them")
     elif probes.get("intervention_skipped"):
         lines.append(f"no push along the curvature probe: {probes['intervention_skipped']}")
     return lines
