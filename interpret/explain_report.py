@@ -231,7 +231,8 @@ def _probes_figure(probes: dict, escape):
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
-    rows = [r for r in probes["scores"] if r.get("representation") in REPRESENTATIONS and r.get("variable") in VARIABLES]
+    rows = [r for r in probes["scores"]   # the known names only: a crafted report cannot ask for many traces
+            if r.get("representation") in REPRESENTATIONS and r.get("variable") in VARIABLES]
     if not rows:
         return None
     variables = [v for v in VARIABLES if any(r["variable"] == v for r in rows)]
@@ -245,9 +246,9 @@ def _probes_figure(probes: dict, escape):
             continue
         for col, key in ((1, "r2"), (2, "control_r2")):
             ys = [_number(members.get(v, {}).get(key)) for v in variables]
+            intervals = [members.get(v, {}).get(f"{key}_ci95") for v in variables]
             fig.add_trace(go.Bar(x=variables, y=ys, name=rep, legendgroup=rep, showlegend=col == 1,
-                                 marker_color=REPRESENTATION_COLOURS[rep],
-                                 error_y=_interval_bars(ys, [members.get(v, {}).get(f"{key}_ci95") for v in variables])),
+                                 marker_color=REPRESENTATION_COLOURS[rep], error_y=_interval_bars(ys, intervals)),
                           row=1, col=col)
     if push.get("pushes"):
         changes = [row["change"] for row in push["pushes"]]

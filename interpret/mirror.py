@@ -10,14 +10,14 @@ others stay), a steering policy's side changes sign (left, straight within the d
 right: :func:`~nac_drive.interpret.fig4.sides_of`).
 
 A policy that reads the road turns the other way on most mirrored turns; one that ignores
-the image keeps its turn.
+the image keeps its turn. The mirror is not a perfect counterfactual: CarRacing's HUD bar
+at the bottom of the frame (speed, ABS, steering and gyroscope indicators) is not
+symmetric, so it moves, and traffic conventions (none on these tracks) would flip too.
 
 Which units swap (:func:`unit_partners`): per unit of the core's output (and of the NAC heads'
 outputs), whether on the mirrored frames it does what it did on the real ones (symmetric),
 the opposite (antisymmetric: it codes the side), what another unit did (a swap, e.g. a
-left-curve unit and a right-curve unit) or none of these. The mirror is not a perfect counterfactual: CarRacing's HUD bar
-at the bottom of the frame (speed, ABS, steering and gyroscope indicators) is not
-symmetric, so it moves, and traffic conventions (none on these tracks) would flip too.
+left-curve unit and a right-curve unit) or none of these.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ softmax of its head's output), a steering policy's output 0. A policy whose stee
 probe's direction steers left when pushed towards a left curve: ``change`` below 0 for
 ``left`` and above 0 for ``right``, and further than along most random directions (a push
 that changes the steering less than a random one says the steering does not read the
-probe's direction in particular). Each change is the mean over the steps with a 95% block-bootstrap interval over stretches of
-:data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS` steps
-(:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
+probe's direction in particular). Each change is the mean over the steps with a 95%
+block-bootstrap interval over stretches of :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS`
+steps (:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
 """
 
 from __future__ import annotations

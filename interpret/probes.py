@@ -65,10 +65,12 @@ def fit_probe(x: np.ndarray, y: np.ndarray, blocks: np.ndarray):
         scaler = StandardScaler().fit(x[train])
         seen, unseen = scaler.transform(x[train]), scaler.transform(x[test])
         for a, alpha in enumerate(ALPHAS):
-            predicted = Ridge(alpha=alpha).fit(seen, targets[train]).predict(unseen)
+            # svd: units that move together make the ridge system ill-conditioned at small penalties
+            predicted = Ridge(alpha=alpha, solver="svd").fit(seen, targets[train]).predict(unseen)
             errors[a] += ((predicted.reshape(len(test), -1) - targets[test]) ** 2).sum(axis=0)
     best = ALPHAS[errors.argmin(axis=0)]
-    return make_pipeline(StandardScaler(), Ridge(alpha=best if y.ndim > 1 else float(best[0]))).fit(x, y)
+    ridge = Ridge(alpha=best if y.ndim > 1 else float(best[0]), solver="svd")
+    return make_pipeline(StandardScaler(), ridge).fit(x, y)
 
 
 def probe_direction(probe) -> tuple[np.ndarray, float]:

@@ -331,7 +331,7 @@ def probes_section(run, policy, seed: int = 0, replayed=None) -> dict:
     result = linear_probes(found, scene_targets(run, n), run.episode[:n], seed)
     result["skipped"] = skipped
     if "curvature" in result["variables"]:
-        names = run.metadata.get("action_names") if policy.config.action == "discrete" else None
+        names = (run.metadata.get("action_names") or []) if policy.config.action == "discrete" else None
         result["intervention"] = push_steering(policy, found["core"], run.curvature[:n], run.episode[:n], names, seed)
     else:
         result["intervention"] = None

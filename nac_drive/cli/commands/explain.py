@@ -341,10 +341,12 @@ def format_probes(probes: dict) -> list[str]:
     lines = [f"Linear probes (ridge), scored on held-out {probes['held_out']} ({probes['groups']} folds' worth); "
              f"control: the same probe on targets block-permuted by {probes['block_steps']} steps; 95% block "
              f"bootstrap over {probes['blocks']} blocks",
-             f"{'representation':<16}{'variable':<19}{'R^2':>7}{'95% CI':>18}{'control':>9}{'R^2 - control 95% CI':>24}"]
+             f"{'representation':<16}{'variable':<19}{'R^2':>7}{'95% CI':>18}{'control':>9}"
+             f"{'R^2 - control 95% CI':>24}"]
     for row in probes["scores"]:
-        lines.append(f"{row['representation']:<16}{row['variable']:<19}{_num(row['r2']):>7}{_interval(row['r2_ci95']):>18}"
-                     f"{_num(row['control_r2']):>9}{_interval(row['above_control_ci95']):>24}")
+        lines.append(f"{row['representation']:<16}{row['variable']:<19}{_num(row['r2']):>7}"
+                     f"{_interval(row['r2_ci95']):>18}{_num(row['control_r2']):>9}"
+                     f"{_interval(row['above_control_ci95']):>24}")
     lines.append(probes["verdict"])
     skipped = {**probes.get("skipped", {}), **probes.get("variables_skipped", {})}
     if skipped:
