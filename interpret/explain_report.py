@@ -295,10 +295,11 @@ def _dictionary_figure(dictionary: dict, escape):
                                               [_number(f.get("correlation")) for f in atoms]],
                                       align="left", format=["", ".1%", "", "+.2f"])), row=1, col=2)
     reached = "reached" if dictionary.get("reached") else "not reached"
+    goal = "-" if target is None else format(target, ".0%")
     fig.update_layout(height=380, margin=dict(l=60, r=20, t=80, b=50), barmode="group",
                       xaxis=dict(title="atoms a step (k)"), yaxis=dict(range=[0, 1], tickformat=".0%"),
                       title=dict(text=f"Sparse dictionary of the core's output: {escape(dictionary.get('atoms'))} "
-                                      f"atoms; target {escape(target)} {reached} at k = "
+                                      f"atoms; target {goal} {reached} at k = "
                                       f"{escape(dictionary.get('sparsity'))}<br><sup>held out: "
                                       f"{escape(dictionary.get('held_out'))}</sup>", font=dict(size=13)))
     return fig
