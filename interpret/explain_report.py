@@ -1,8 +1,10 @@
 """``RUN_DIR/explain.json`` (written by ``nac-drive explain``) read back and drawn as
 dashboard panels: the sections skipped and why, the paper's Fig. 4 claim, the neuron atlas,
 saliency faithfulness (each method against the random baselines on the same frames, and its
-share on the road ahead), the mirrored frames, the window's Integrated Gradients completeness
-and the closed-loop silencing check (:data:`EXPLAIN_PANELS`).
+share on the road ahead), the mirrored frames and which units swap under the mirror, the
+linear probes beside their shuffled control and the push along the curvature probe, the sparse
+dictionary of the core's output, the window's Integrated Gradients completeness and the
+closed-loop silencing check (:data:`EXPLAIN_PANELS`).
 
 :func:`load_explain` refuses (as a note, not an error: the dashboard still builds) a report
 that does not parse, is too large, or was computed from another trace (its
@@ -16,6 +18,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from nac_drive.interpret.dictionary import SPARSITY
+from nac_drive.interpret.mirror import KINDS
+from nac_drive.interpret.representations import REPRESENTATIONS
+from nac_drive.interpret.road_scenes import VARIABLES
 from nac_drive.io import bounded_json
 from nac_drive.io.capped_read import read_capped
 
@@ -69,6 +75,9 @@ def explain_figures(report: dict[str, Any], escape: Callable[[Any], str],
                                 ("paired", "saliency", _paired_figure),
                                 ("road_share", "saliency", _road_share_figure),
                                 ("mirror", "mirror", _mirror_figure),
+                                ("mirror_units", "mirror", _mirror_units_figure),
+                                ("probes", "probes", _probes_figure),
+                                ("dictionary", "dictionary", _dictionary_figure),
                                 ("completeness", "window", _completeness_figure),
                                 ("closed_loop", "closed_loop", _closed_loop_figure)):
         if not report.get(section):
@@ -88,7 +97,11 @@ def explain_figures(report: dict[str, Any], escape: Callable[[Any], str],
 
 # the dashboard's panels of explain.json, in reading order (figure names of explain_figures)
 EXPLAIN_PANELS = ("explain_skipped", "explain_fig4", "explain_atlas", "explain_faithfulness", "explain_paired",
-                  "explain_road_share", "explain_mirror", "explain_completeness", "explain_closed_loop")
+                  "explain_road_share", "explain_mirror", "explain_mirror_units", "explain_probes",
+                  "explain_dictionary", "explain_completeness", "explain_closed_loop")
+REPRESENTATION_COLOURS = dict(zip(REPRESENTATIONS, ("#1f77b4", "#17becf", "#9467bd", "#ff7f0e", "#d62728")))
+KIND_COLOURS = dict(zip(KINDS, ("#54a24b", "#f58518", "#e45756", "#bab0ac", "#eeeeee")))
+MAX_ATOM_ROWS = 10
 
 
 def _number(x) -> float | None:
@@ -187,6 +200,108 @@ def _mirror_figure(mirror: dict, escape):
                       title=dict(text=f"Mirrored frames: {escape(mirror.get('frames'))} flipped left-right, "
                                       f"{escape(mirror.get('turn_frames'))} where the policy turned{extra}",
                                  font=dict(size=13)))
+    return fig
+
+
+def _mirror_units_figure(mirror: dict, escape):
+    """Which units swap under the mirror: per representation (the core's output, the NAC
+    heads' outputs), how many units are symmetric, antisymmetric, in a swap pair, neither or
+    constant; the swap pairs in the title."""
+    import plotly.graph_objects as go
+
+    units = mirror.get("units")
+    if not units:
+        return None
+    names = [name for name in ("core", "heads") if name in units]
+    fig = go.Figure([go.Bar(x=names, y=[_number(units[n]["counts"].get(kind)) for n in names], name=kind,
+                            marker_color=KIND_COLOURS[kind]) for kind in KINDS])
+    pairs = ", ".join(f"{escape(a)}&lt;-&gt;{escape(b)}" for n in names for a, b, *_ in units[n]["pairs"][:6])
+    match = _number(units[names[0]].get("match")) if names else None
+    fig.update_layout(height=360, margin=dict(l=60, r=20, t=70, b=60), barmode="stack", yaxis=dict(title="units"),
+                      title=dict(text=f"Units under the mirror (best partner by |correlation| over the frames, "
+                                      f"at least {'-' if match is None else format(match, 'g')})<br><sup>swap pairs: "
+                                      f"{pairs or 'none'}</sup>", font=dict(size=13)))
+    return fig
+
+
+def _probes_figure(probes: dict, escape):
+    """Held-out R^2 of each probe and of its shuffled control (95% intervals), per scene
+    variable and representation; and the steering's change as the core's output is pushed along
+    the curvature probe (and along a random direction)."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    rows = [r for r in probes["scores"]   # the known names only: a crafted report cannot ask for many traces
+            if r.get("representation") in REPRESENTATIONS and r.get("variable") in VARIABLES]
+    if not rows:
+        return None
+    variables = [v for v in VARIABLES if any(r["variable"] == v for r in rows)]
+    push = probes.get("intervention") or {}
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.4, 0.2],
+                        subplot_titles=["R^2 on held-out episodes", "the same probe, targets block-permuted",
+                                        f"steering change ({escape(push.get('steering', '-'))})"])
+    for rep in REPRESENTATIONS:
+        members = {r["variable"]: r for r in rows if r["representation"] == rep}
+        if not members:
+            continue
+        for col, key in ((1, "r2"), (2, "control_r2")):
+            ys = [_number(members.get(v, {}).get(key)) for v in variables]
+            intervals = [members.get(v, {}).get(f"{key}_ci95") for v in variables]
+            fig.add_trace(go.Bar(x=variables, y=ys, name=rep, legendgroup=rep, showlegend=col == 1,
+                                 marker_color=REPRESENTATION_COLOURS[rep], error_y=_interval_bars(ys, intervals)),
+                          row=1, col=col)
+    if push.get("pushes"):
+        changes = [row["change"] for row in push["pushes"]]
+        ys = [_number(c.get("mean")) for c in changes]
+        fig.add_trace(go.Bar(x=[escape(row["push"]) for row in push["pushes"]], y=ys, showlegend=False,
+                             marker_color=["#1f77b4", "#d62728", "#999999", "#999999"][:len(ys)],
+                             error_y=_interval_bars(ys, [c.get("ci95") for c in changes])), row=1, col=3)
+    for col in (1, 2, 3):
+        fig.add_hline(y=0, line_color="#555", line_width=1, row=1, col=col)
+    random = push.get("random_directions") or {}
+    outdone = _number(random.get("outdone"))
+    beside = "" if outdone is None else f" (beyond {outdone:.0%} of {escape(random.get('count'))} random directions)"
+    verdict = f"; push along the curvature probe: {escape(push.get('verdict'))}{beside}" if push else ""
+    fig.update_layout(height=400, margin=dict(l=60, r=20, t=90, b=60), barmode="group",
+                      title=dict(text=f"Linear probes, held out by {escape(probes.get('held_out'))} (95% block "
+                                      f"bootstrap over {escape(probes.get('blocks'))} blocks){verdict}<br><sup>"
+                                      f"{escape(probes.get('verdict'))}</sup>", font=dict(size=13)))
+    return fig
+
+
+def _dictionary_figure(dictionary: dict, escape):
+    """The sparse dictionary of the core's output: variance explained on held-out steps per
+    atoms a step (beside PCA with as many components, and the target), and its most used atoms
+    with the scene variable each follows."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    by_k = dictionary["by_sparsity"][:len(SPARSITY)]
+    ks = [str(row["k"]) for row in by_k]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], specs=[[{"type": "xy"}, {"type": "table"}]],
+                        subplot_titles=["variance explained on held-out steps", "most used atoms"])
+    for key, name, colour in (("variance_explained", "dictionary", "#4c78a8"),
+                              ("pca_variance_explained", "PCA, as many components", "#bab0ac")):
+        fig.add_trace(go.Bar(x=ks, y=[_number(row.get(key)) for row in by_k], name=name, marker_color=colour),
+                      row=1, col=1)
+    target = _number(dictionary.get("target"))
+    if target is not None:
+        fig.add_hline(y=target, line_dash="dash", line_color="#555", line_width=1, row=1, col=1)
+    atoms = dictionary["features"][:MAX_ATOM_ROWS]
+    fig.add_trace(go.Table(header=dict(values=["atom", "used on", "follows", "r"], align="left"),
+                           cells=dict(values=[[escape(f.get("atom")) for f in atoms],
+                                              [_number(f.get("usage")) for f in atoms],
+                                              [escape(f.get("label") or "-") for f in atoms],
+                                              [_number(f.get("correlation")) for f in atoms]],
+                                      align="left", format=["", ".1%", "", "+.2f"])), row=1, col=2)
+    reached = "reached" if dictionary.get("reached") else "not reached"
+    goal = "-" if target is None else format(target, ".0%")
+    fig.update_layout(height=380, margin=dict(l=60, r=20, t=80, b=50), barmode="group",
+                      xaxis=dict(title="atoms a step (k)"), yaxis=dict(range=[0, 1], tickformat=".0%"),
+                      title=dict(text=f"Sparse dictionary of the core's output: {escape(dictionary.get('atoms'))} "
+                                      f"atoms; target {goal} {reached} at k = "
+                                      f"{escape(dictionary.get('sparsity'))}<br><sup>held out: "
+                                      f"{escape(dictionary.get('held_out'))}</sup>", font=dict(size=13)))
     return fig
 
 

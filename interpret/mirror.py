@@ -13,6 +13,11 @@ A policy that reads the road turns the other way on most mirrored turns; one tha
 the image keeps its turn. The mirror is not a perfect counterfactual: CarRacing's HUD bar
 at the bottom of the frame (speed, ABS, steering and gyroscope indicators) is not
 symmetric, so it moves, and traffic conventions (none on these tracks) would flip too.
+
+Which units swap (:func:`unit_partners`): per unit of the core's output (and of the NAC heads'
+outputs), whether on the mirrored frames it does what it did on the real ones (symmetric),
+the opposite (antisymmetric: it codes the side), what another unit did (a swap, e.g. a
+left-curve unit and a right-curve unit) or none of these.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch
 
 from nac_drive.interpret.fig4 import sides_of, steer_deadband
+from nac_drive.interpret.representations import Streamed, streamed
 from nac_drive.interpret.trace import RunTrace, load_trace
 
 MIRRORED_ACTIONS = {"left": "right", "right": "left"}
+MATCH = 0.5     # the |correlation| a unit's best partner needs to count as its match
+KINDS = ("symmetric", "antisymmetric", "swap", "neither", "constant")
 
 
 def mirrored_frame(frame: np.ndarray) -> np.ndarray:
@@ -41,17 +48,66 @@ def action_mirror(action_names) -> np.ndarray:
                      else i for i, name in enumerate(names)], dtype=np.int64)
 
 
-def streamed_outputs(policy, run: RunTrace, n: int, mirror: bool = False) -> np.ndarray:
-    """``[n, num_outputs]``: the policy's raw output at each of the run's first ``n`` steps,
-    its frames streamed episode by episode (each flipped left-right if ``mirror``)."""
-    outputs = []
-    with torch.no_grad():
-        for i in range(n):
-            if i == 0 or run.episode[i] != run.episode[i - 1]:
-                policy.reset()
-            frame = run.frame(i)
-            outputs.append(policy.step_output(mirrored_frame(frame) if mirror else frame).float().numpy())
-    return np.array(outputs)
+def unit_partners(intact: np.ndarray, mirrored: np.ndarray, names: list[str], match: float = MATCH) -> dict:
+    """Which unit each unit becomes under the mirror, from its activations ``[n, U]`` on the
+    intact and on the mirrored frames (the same frames, in order).
+
+    C[u, u'] is the correlation over the frames of unit u on the mirrored frames with unit u'
+    on the intact ones; u's best partner is the u' of largest |C[u, u']|. u is ``symmetric``
+    when its best partner is itself with C > 0 (it reads a mirrored road as the real one),
+    ``antisymmetric`` when itself with C < 0 (its sign flips: it codes the side), ``swap`` when
+    another unit u' whose best partner is u (each does on the mirrored road what the other does
+    on the real one, e.g. a left-curve and a right-curve unit), ``neither`` otherwise (its best
+    |C| below ``match``, or a partner that does not return the match: units that move together
+    on the real frames are each other's near partners without swapping), ``constant`` when it
+    does not vary. Returns ``match``, ``counts`` (per kind), ``pairs`` (the swaps, ``[u, u',
+    C[u, u'], C[u', u]]``, by ``names``) and ``units`` (per unit: ``unit``, ``kind``, ``partner``
+    (its swap partner, else None), ``correlation`` (C with its best partner) and
+    ``self_correlation`` C[u, u])."""
+    intact, mirrored = np.asarray(intact, dtype=np.float64), np.asarray(mirrored, dtype=np.float64)
+    if intact.shape != mirrored.shape or intact.ndim != 2 or intact.shape[1] != len(names):
+        raise ValueError(f"intact and mirrored: expected the same [n, {len(names)}], got {list(intact.shape)} and "
+                         f"{list(mirrored.shape)}")
+
+    def standardised(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        centred, spread = a - a.mean(axis=0), a.std(axis=0)
+        varies = spread > 1e-9 * (1.0 + np.abs(a).max(axis=0))
+        return np.where(varies, centred / np.where(varies, spread, 1.0), 0.0), varies
+
+    z_mirrored, varies = standardised(mirrored)
+    z_intact, _ = standardised(intact)
+    corr = z_mirrored.T @ z_intact / max(len(intact), 1)                                 # [U, U]
+    partner = np.abs(corr).argmax(axis=1)
+    matched = varies & (np.abs(corr[np.arange(len(names)), partner]) >= match)
+    units, counts = [], dict.fromkeys(KINDS, 0)
+    for u, name in enumerate(names):
+        c, v = float(corr[u, partner[u]]), partner[u]
+        if not varies[u]:
+            kind = "constant"
+        elif matched[u] and v == u:
+            kind = "symmetric" if c > 0 else "antisymmetric"
+        elif matched[u] and matched[v] and partner[v] == u:
+            kind = "swap"
+        else:
+            kind = "neither"
+        counts[kind] += 1
+        units.append({"unit": name, "kind": kind, "partner": names[v] if kind == "swap" else None,
+                      "correlation": c if varies[u] else None,
+                      "self_correlation": float(corr[u, u]) if varies[u] else None})
+    pairs = [[names[u], names[v], float(corr[u, v]), float(corr[v, u])] for u, v in enumerate(partner)
+             if u < v and units[u]["kind"] == "swap" and partner[v] == u]
+    return {"match": match, "counts": counts, "pairs": pairs, "units": units}
+
+
+def unit_names(stream: Streamed, num_heads: int | None = None) -> dict[str, list[str]]:
+    """The names of the units of a :class:`~nac_drive.interpret.representations.Streamed` pass
+    whose partners the mirror reports: the core's output ``y[i]``, and the NAC heads' outputs
+    ``h<head>[<channel>]`` (``num_heads`` heads) where the pass has them."""
+    names = {"core": [f"y[{i}]" for i in range(stream.core.shape[1])]}
+    if stream.heads is not None:
+        depth = stream.heads.shape[1] // num_heads
+        names["heads"] = [f"h{u // depth}[{u % depth}]" for u in range(stream.heads.shape[1])]
+    return names
 
 
 def mirror_check(policy, run: RunTrace | str | os.PathLike, max_frames: int | None = None,
@@ -65,16 +121,22 @@ def mirror_check(policy, run: RunTrace | str | os.PathLike, max_frames: int | No
     other way) and ``stays`` (the share where it turns the same way); ``mirror_agreement``
     over every frame (the mirrored decision is the mirror of the intact one, straight
     staying straight); for steering also ``deadband`` and ``steering_symmetry_error``
-    (the mean |mirrored steering + intact steering|, 0 for a policy that mirrors exactly).
+    (the mean |mirrored steering + intact steering|, 0 for a policy that mirrors exactly);
+    ``units``: :func:`unit_partners` of the core's output (``core``) and, for a NAC policy, of
+    its heads' outputs (``heads``; else ``units_skipped`` says why).
     """
     run = run if isinstance(run, RunTrace) else load_trace(run)
     n = run.num_steps if max_frames is None else min(max_frames, run.num_steps)
     if n == 0:
         raise ValueError(f"run: {run.path} has no steps")
     policy.eval()
-    intact = streamed_outputs(policy, run, n)
-    mirrored = streamed_outputs(policy, run, n, mirror=True)
-    policy.reset()
+    intact_pass, mirrored_pass = streamed(policy, run, n), streamed(policy, run, n, transform=mirrored_frame)
+    intact, mirrored = intact_pass.outputs, mirrored_pass.outputs
+    heads = policy.core.nac.num_heads if intact_pass.heads is not None else None
+    units = {name: unit_partners(getattr(intact_pass, name), getattr(mirrored_pass, name), labels)
+             for name, labels in unit_names(intact_pass, heads).items()}
+    skipped = {} if "heads" in units else {"units_skipped": {
+        "heads": f"needs the NAC heads' outputs; this policy's core is {policy.config.core.core}"}}
     if policy.config.action == "continuous":
         band = steer_deadband(run, deadband)
         if band is None:
@@ -101,4 +163,4 @@ def mirror_check(policy, run: RunTrace | str | os.PathLike, max_frames: int | No
     return {"frames": n, "decision": decision, "turn_frames": turns,
             "flips": float(flipped[turning].mean()) if turns else None,
             "stays": float((mirrored_side == intact_side)[turning].mean()) if turns else None,
-            "mirror_agreement": float(flipped.mean()), **extra}
+            "mirror_agreement": float(flipped.mean()), **extra, "units": units, **skipped}

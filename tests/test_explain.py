@@ -107,6 +107,18 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
     assert "on the road ahead" in out.stdout
     assert report["window"]["window"] == 4 and report["window"]["full_window_steps"] == 30 - 3
     assert report["mirror"]["frames"] == 30 and 0 <= report["mirror"]["mirror_agreement"] <= 1
+    assert len(report["mirror"]["units"]["core"]["units"]) == 8 and "heads" in report["mirror"]["units_skipped"]
+    probes = report["probes"]   # a GRU's core output only, each other representation named with why
+    assert set(probes["skipped"]) == {"q", "k", "v", "heads"} and probes["units"] == {"core": 8}
+    assert {row["variable"] for row in probes["scores"]} == set(probes["variables"]) and probes["scores"]
+    assert probes["held_out"] == "stretches of 6 steps"
+    # the first 30 steps of track 900000 are straight: no curve to probe, so no push, and why
+    assert probes["variables_skipped"] == {"curvature": "constant on these steps"} and probes["intervention"] is None
+    assert probes["intervention_skipped"] == "needs the curve ahead: constant on these steps"
+    assert "Linear probes (ridge)" in out.stdout and "no push along the curvature probe" in out.stdout
+    dictionary = report["dictionary"]
+    assert dictionary["units"] == 8 and dictionary["held_out_steps"] + dictionary["train_steps"] == 30
+    assert "Sparse dictionary of the core's output" in out.stdout
 
     page = build_dashboard(tmp_path / "explain").read_text()
     figures = run_data(page)["figures"]
@@ -148,6 +160,13 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     assert mirror["frames"] == 120 and mirror["decision"] == "action" and 0 <= mirror["mirror_agreement"] <= 1
     assert mirror["turn_frames"] == 0 or abs(mirror["flips"] + mirror["stays"]) <= 1
     assert "Mirrored frames" in out.stdout
+    assert len(mirror["units"]["core"]["units"]) == 64 and len(mirror["units"]["heads"]["units"]) == 64
+    assert sum(mirror["units"]["heads"]["counts"].values()) == 64
+    probes = report["probes"]
+    assert probes["skipped"] == {} and probes["units"] == {"q": 64, "k": 64, "v": 64, "heads": 64, "core": 64}
+    assert {row["representation"] for row in probes["scores"]} == {"q", "k", "v", "heads", "core"}
+    assert all(row["steps"] == 120 for row in probes["scores"])
+    assert report["dictionary"]["units"] == 64 and report["dictionary"]["atoms"] == 128
     closed = report["closed_loop"]
     assert closed["seeds"] == [900000] and [n["chosen"] for n in closed["neurons"]] == ["top", "top", "random"]
     assert [n["name"] for n in closed["neurons"][:2]] == [row["name"] for row in atlas["neurons"][:2]]

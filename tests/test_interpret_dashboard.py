@@ -475,7 +475,36 @@ def _explain_report(run_dir) -> dict:
                 **{key: {"median": 0.01 * (k + 1), "max": 0.02 * (k + 1)}
                    for k, key in enumerate(("steps", "error", "difference", "ratio"))}}},
             "mirror": {"frames": 40, "decision": "action", "turn_frames": 12, "flips": 0.75, "stays": 0.25,
-                       "mirror_agreement": 0.8}}
+                       "mirror_agreement": 0.8, "units": {"core": _swapped_units()}},
+            **_probes_and_dictionary()}
+
+
+def _swapped_units() -> dict:
+    """The mirror's unit report of 4 units, units 0 and 1 swapped (unit_partners)."""
+    from nac_drive.interpret.mirror import unit_partners
+
+    rng = np.random.default_rng(0)
+    intact = rng.normal(size=(200, 4))
+    mirrored = intact[:, [1, 0, 2, 3]] * [1, 1, 1, -1]
+    return unit_partners(intact, mirrored, ["<y0>", "y1", "y2", "y3"])
+
+
+def _probes_and_dictionary() -> dict:
+    """The probes and dictionary sections (linear_probes, sparse_dictionary) of a core output
+    of 6 units over 3 episodes, whose unit 0 is the curvature; a push made up beside them."""
+    from nac_drive.interpret.dictionary import sparse_dictionary
+    from nac_drive.interpret.probes import linear_probes
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(450, 6))
+    variables = {"curvature": x[:, 0] + 0.1 * rng.normal(size=450), "speed": rng.normal(size=450)}
+    episode = np.repeat([0, 1, 2], 150)
+    probes = linear_probes({"core": x}, variables, episode, resamples=50)
+    probes["intervention"] = {"steering": "P(right) - P(left)", "verdict": "follows",
+                              "random_directions": {"count": 20, "outdone": 0.95}, "pushes": [
+        {"push": name, "change": {"mean": mean, "ci95": [mean - 0.01, mean + 0.01]}}
+        for name, mean in (("left", -0.2), ("right", 0.2), ("random +", 0.01), ("random -", -0.01))]}
+    return {"probes": probes, "dictionary": sparse_dictionary(x, episode, variables)}
 
 
 @pytest.fixture(scope="module")
@@ -489,7 +518,7 @@ def explained_run(tmp_path_factory):
 
 
 NEW_EXPLAIN_PANELS = ("explain_skipped", "explain_paired", "explain_road_share", "explain_mirror",
-                      "explain_completeness")
+                      "explain_mirror_units", "explain_probes", "explain_dictionary", "explain_completeness")
 
 
 def test_the_newer_explain_sections_are_drawn_with_the_reports_figures(explained_run):
@@ -515,6 +544,27 @@ def test_the_newer_explain_sections_are_drawn_with_the_reports_figures(explained
     complete = report["window"]["completeness"]
     assert cells[0] == ["steps", "error", "difference", "ratio"]
     assert cells[2] == pytest.approx([complete[k]["max"] for k in cells[0]])
+
+
+def test_the_mirror_units_probes_and_dictionary_are_drawn_with_the_reports_figures(explained_run):
+    run_dir, report = explained_run
+    page = (run_dir / "dashboard.html").read_text(encoding="utf-8")
+    figures = run_data(page)["figures"]
+    units = {trace["name"]: _array(trace["y"])[0] for trace in figures["explain_mirror_units"]["data"]}
+    assert units == report["mirror"]["units"]["core"]["counts"] and units["swap"] == 2
+    assert "&lt;y0&gt;&lt;-&gt;y1" in figures["explain_mirror_units"]["layout"]["title"]["text"]   # escaped
+    probes = report["probes"]
+    r2, control, push = figures["explain_probes"]["data"]
+    assert r2["name"] == "core" and r2["x"] == ["curvature", "speed"]
+    assert _array(r2["y"]) == pytest.approx([row["r2"] for row in probes["scores"]])
+    assert _array(control["y"]) == pytest.approx([row["control_r2"] for row in probes["scores"]])
+    assert _array(r2["y"])[0] > 0.9 and push["x"] == ["left", "right", "random +", "random -"]
+    assert _array(push["y"]) == pytest.approx([-0.2, 0.2, 0.01, -0.01])
+    assert "follows (beyond 95% of 20 random directions)" in figures["explain_probes"]["layout"]["title"]["text"]
+    dictionary = report["dictionary"]
+    bars, pca, table = figures["explain_dictionary"]["data"]
+    assert _array(bars["y"]) == pytest.approx([row["variance_explained"] for row in dictionary["by_sparsity"]])
+    assert table["cells"]["values"][2] == [f["label"] for f in dictionary["features"][:10]]
 
 
 @pytest.mark.browser

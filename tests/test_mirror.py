@@ -1,6 +1,7 @@
 """Mirrored frames (nac_drive.interpret.mirror): a hand-built policy that steers towards the
 brighter half of the frame turns the other way on every mirrored turn; a policy that ignores
-the image keeps its turn."""
+the image keeps its turn; in a hand-built representation of the two halves, the mirror's unit
+report finds the planted swap pair, the symmetric and the antisymmetric unit."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import pytest
 import torch
 from torch import nn
 
-from nac_drive.interpret.mirror import action_mirror, mirror_check, mirrored_frame
+from nac_drive.interpret.mirror import action_mirror, mirror_check, mirrored_frame, unit_partners
 from nac_drive.interpret.trace import RunRecorder, load_trace
+from support.pass_through import PassThrough
 from nac_drive.simulators.carracing import ACTION_NAMES
 
 torch.set_num_threads(1)
 LEFT, RIGHT = ACTION_NAMES.index("left"), ACTION_NAMES.index("right")
 
 
-class HalvesDifference(nn.Module):
-    """An encoder whose feature 0 is the mean of the frame's left half minus its right half
-    (a mirror negates it); the other features are 0."""
+class Halves(nn.Module):
+    """An encoder whose features are the mean of the frame's left half (0), of its right half
+    (1), their difference (2) and their sum (3); the others are 0. A mirror swaps 0 and 1,
+    negates 2 and keeps 3."""
 
     frame_shape = (3, 96, 96)
 
@@ -30,22 +33,10 @@ class HalvesDifference(nn.Module):
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         half = frames.shape[-1] // 2
         grey = frames.float().mean(1)
+        left, right = grey[..., :half].mean((1, 2)), grey[..., -half:].mean((1, 2))
         features = torch.zeros(len(frames), self.dim)
-        features[:, 0] = grey[..., :half].mean((1, 2)) - grey[..., -half:].mean((1, 2))
+        features[:, :4] = torch.stack([left, right, left - right, left + right], dim=1)
         return features
-
-
-class PassThrough(nn.Module):
-    """A temporal core that outputs each frame's features as they are."""
-
-    def forward(self, x, t=None, return_trace=False):
-        return x
-
-    def init_state(self, batch: int):
-        return None
-
-    def step(self, x_t, state, t=None, return_trace=False):
-        return x_t, state
 
 
 def _policy(reads_the_image: bool):
@@ -56,13 +47,13 @@ def _policy(reads_the_image: bool):
 
     policy = DrivingPolicy(PolicyConfig(core=CoreConfig(window=4, d_model=16, num_heads=2, topk=2)))
     dim = policy.config.feature_dim
-    policy.encoder, policy.core = HalvesDifference(dim), PassThrough()
+    policy.encoder, policy.core = Halves(dim), PassThrough(dim)
     policy.head = nn.Linear(dim, len(ACTION_NAMES))
     with torch.no_grad():
         policy.head.weight.zero_()
         policy.head.bias.fill_(-10.0)
         if reads_the_image:
-            policy.head.weight[LEFT, 0], policy.head.weight[RIGHT, 0] = 100.0, -100.0
+            policy.head.weight[LEFT, 2], policy.head.weight[RIGHT, 2] = 100.0, -100.0
         else:
             policy.head.bias[LEFT] = 1.0
     return policy.eval()
@@ -113,3 +104,31 @@ def test_the_mirror_check_needs_left_and_right(tmp_path):
     recorder.save()
     with pytest.raises(ValueError, match="left"):
         mirror_check(_policy(True), tmp_path)
+
+
+def test_the_unit_report_finds_the_planted_swap_pair_and_the_symmetric_units(tmp_path):
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8, window=4)))
+    policy.encoder, policy.core = Halves(policy.config.feature_dim), PassThrough(policy.config.feature_dim)
+    policy.head = nn.Linear(policy.config.feature_dim, len(ACTION_NAMES))
+    result = mirror_check(policy.eval(), _run(tmp_path, episodes=(30, 30)))
+    core = result["units"]["core"]
+    kinds = {row["unit"]: row["kind"] for row in core["units"]}
+    assert kinds["y[0]"] == kinds["y[1]"] == "swap" and kinds["y[2]"] == "antisymmetric"
+    assert kinds["y[3]"] == "symmetric" and core["counts"]["constant"] == policy.config.feature_dim - 4
+    assert [pair[:2] for pair in core["pairs"]] == [["y[0]", "y[1]"]] and min(core["pairs"][0][2:]) > 0.95
+    assert {row["unit"]: row["partner"] for row in core["units"]}["y[1]"] == "y[0]"
+    assert "heads" not in result["units"] and "core is gru" in result["units_skipped"]["heads"]
+
+
+def test_a_partner_that_does_not_return_the_match_is_no_swap():
+    rng = np.random.default_rng(0)
+    intact = rng.normal(size=(500, 3))
+    mirrored = np.stack([intact[:, 0], intact[:, 0] + 0.1 * rng.normal(size=500), -intact[:, 2]], axis=1)
+    report = unit_partners(intact, mirrored, ["a", "b", "c"])   # b becomes a, but a stays itself
+    assert [row["kind"] for row in report["units"]] == ["symmetric", "neither", "antisymmetric"]
+    assert report["pairs"] == [] and report["units"][1]["correlation"] > 0.95
+    with pytest.raises(ValueError, match="the same"):
+        unit_partners(intact, mirrored[:, :2], ["a", "b", "c"])

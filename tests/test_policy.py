@@ -289,6 +289,32 @@ def test_frame_model_at_an_irregular_time_answers_like_the_next_step_at_that_tim
     assert (one_period_on - expected).abs().max() > 1e-4   # the time reaches the output
 
 
+def test_a_core_shift_reaches_the_head_alone_while_streaming_and_in_the_forward():
+    """core_shifted moves what the head reads by the shift, in step_output and forward alike; the
+    core's streaming state is untouched, and the policy is intact after the block."""
+    policy = policy_for()
+    x = frames(5)
+    obs = [x[0, i].permute(1, 2, 0).numpy() for i in range(5)]
+    shift = torch.linspace(-1, 1, policy.core.out_dim)
+    intact = torch.stack([policy.step_output(o) for o in obs])
+    policy.reset()
+    with policy.core_shifted(shift.numpy()):
+        shifted = torch.stack([policy.step_output(o) for o in obs])
+        with torch.no_grad():
+            forward = policy(x)[0]
+    with torch.no_grad():
+        moved = policy.head[-1].weight @ shift                     # the head is linear: a constant move
+        plain = policy(x)[0]
+    torch.testing.assert_close(shifted, intact + moved, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(forward, plain + moved, atol=1e-5, rtol=1e-4)
+    assert moved.abs().max() > 0.01
+    policy.reset()
+    torch.testing.assert_close(torch.stack([policy.step_output(o) for o in obs]), intact)
+    with pytest.raises(ValueError, match=f"shift: expected {policy.core.out_dim} finite numbers"):
+        with policy.core_shifted(np.zeros(3)):
+            pass
+
+
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
 def test_encoders_convolve_channels_last_whatever_the_input_layout(encoder):
     """NCHW and HWC-permuted frames give the same features, both through channels-last convs

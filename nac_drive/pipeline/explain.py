@@ -2,7 +2,7 @@
 of :mod:`nac_drive.interpret` measure what its neurons did.
 
 Any core (NAC, lstm, gru, cfc, ltc, mha) is explained alike where a section does not need the
-NAC's states (saliency, window, mirror, the drive); :data:`NAC_STATES_NEEDED` says which do, and
+NAC's states (saliency, window, mirror, probes, dictionary, the drive); :data:`NAC_STATES_NEEDED` says which do, and
 :func:`skipped_sections` decides, in this one place, what a policy's report leaves out and why.
 
 Two kinds of policy (:data:`EXPLAINABLE`): CarRacing's discrete one drives held-out CarRacing
@@ -19,7 +19,10 @@ curvature; CarRacing only), ``atlas`` (:func:`atlas_section`, the neuron atlas),
 (:func:`saliency_section`, how faithful the saliency maps are), ``window``
 (:func:`window_section`, which past frame each decision used; also
 ``RUN_DIR/window_attribution.npz``, which the dashboard shows), ``mirror``
-(:func:`mirror_section`, whether the policy steers the other way on mirrored frames) and ``closed_loop``
+(:func:`mirror_section`, whether the policy steers the other way on mirrored frames, and which
+units swap), ``probes`` (:func:`probes_section`, which scene variables each representation holds
+linearly on held-out episodes, and the steering pushed along the curvature probe),
+``dictionary`` (:func:`dictionary_section`, a sparse dictionary of the core's output) and ``closed_loop``
 (:func:`closed_loop_section`, chosen neurons silenced while the policy drives), besides
 ``task``, ``core``, ``run``, ``policy``, ``trace_sha256``, ``drive`` (the traced drive's figures)
 and ``skipped`` (section -> why it is null: the NAC-only sections of another core, a section
@@ -29,6 +32,7 @@ turned off by its argument; empty when every section ran). NaN is written as nul
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +56,8 @@ NAC_STATES_NEEDED = {
     "saliency": None,
     "window": None,
     "mirror": None,
+    "probes": None,
+    "dictionary": None,
     "closed_loop": "the atlas's NAC neurons clamped and parts of the NAC's attention replaced while driving",
 }
 # the traced drive's figures explain.json keeps, per task
@@ -84,8 +90,8 @@ class ExplainArgs:
                                     "(default 9)", above=0)
     device: str = device_arg()
     ray: str | None = ray_arg()   # the closed loop's drives as Ray tasks
-    frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons and mirroring "
-                                   "frames (default all)",
+    frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons, mirroring "
+                                   "frames and probing representations (default all)",
                              min=1, group=MEASURES)
     closed_loop_tracks: int = arg(10, "held-out tracks the intact policy, each chosen neuron clamped and each part "
                                       "of the attention replaced drive (0: no closed-loop check); the verb's longest "
@@ -156,6 +162,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         run_dir, run, report = _resumed(args)
     else:
         run_dir, run, report = _driven(args, policy_path, config, speed, progress)
+    replayed = cache(lambda: replay_representations(run, policy, args.frames))   # probes and dictionary share it
     sections = {
         "fig4": lambda: fig4_section(run),
         "scenes": lambda: scenes_section(run, seed),
@@ -163,6 +170,8 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
         "window": lambda: window_section(run_dir, policy, args.window_method, progress),
         "mirror": lambda: mirror_section(run, policy, args.frames),
+        "probes": lambda: probes_section(run, policy, seed, replayed()),
+        "dictionary": lambda: dictionary_section(run, policy, seed, replayed()),
         "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
                                                    args.closed_loop_top, args.closed_loop_random, seed, seed_base,
                                                    max_steps, progress, speed, args.ray, policy_path),
@@ -293,6 +302,59 @@ def mirror_section(run, policy, frames: int | None = None) -> dict:
     from nac_drive.interpret.mirror import mirror_check
 
     return jsonable(mirror_check(policy, run, max_frames=frames))
+
+
+def replay_representations(run, policy, frames: int | None = None):
+    """(name -> ``[n, units]``, name -> why left out, the
+    :class:`~nac_drive.interpret.representations.Streamed` pass) of the run's first ``frames``
+    steps (default all): :func:`~nac_drive.interpret.representations.representations`."""
+    from nac_drive.interpret.representations import representations
+
+    return representations(policy, run, run.num_steps if frames is None else min(frames, run.num_steps))
+
+
+def scene_targets(run, n: int) -> dict[str, np.ndarray]:
+    """The scene variables of the run's first ``n`` steps (name -> ``[n]``, NaN where unknown):
+    :data:`~nac_drive.interpret.road_scenes.VARIABLES`."""
+    from nac_drive.interpret.road_scenes import VARIABLES
+
+    return {name: getattr(run, name)[:n] for name in VARIABLES}
+
+
+def probes_section(run, policy, seed: int = 0, replayed=None) -> dict:
+    """Which scene variables each representation holds linearly, scored on held-out episodes
+    beside a block-permuted control (:func:`~nac_drive.interpret.probes.linear_probes`;
+    ``skipped``: the representations this core lacks, each with why), and ``intervention``:
+    the steering as the core's output is pushed along the curvature probe
+    (:func:`~nac_drive.interpret.probe_steering.push_steering`; None without a recorded
+    curvature, ``intervention_skipped`` says why). ``replayed``: :func:`replay_representations`'s
+    (default: of every step)."""
+    from nac_drive.interpret.probe_steering import push_steering
+    from nac_drive.interpret.probes import linear_probes
+
+    found, skipped, stream = replayed or replay_representations(run, policy)
+    n = len(stream.outputs)
+    result = linear_probes(found, scene_targets(run, n), run.episode[:n], seed)
+    result["skipped"] = skipped
+    if "curvature" in result["variables"]:
+        names = (run.metadata.get("action_names") or []) if policy.config.action == "discrete" else None
+        result["intervention"] = push_steering(policy, found["core"], run.curvature[:n], run.episode[:n], names, seed)
+    else:
+        result["intervention"] = None
+        result["intervention_skipped"] = f"needs the curve ahead: {result['variables_skipped']['curvature']}"
+    return jsonable(result)
+
+
+def dictionary_section(run, policy, seed: int = 0, replayed=None) -> dict:
+    """A sparse dictionary of the core's output, its variance explained on held-out episodes
+    and each atom named by the scene variable it follows
+    (:func:`~nac_drive.interpret.dictionary.sparse_dictionary`). ``replayed``:
+    :func:`replay_representations`'s (default: of every step)."""
+    from nac_drive.interpret.dictionary import sparse_dictionary
+
+    found, _, stream = replayed or replay_representations(run, policy)
+    n = len(stream.outputs)
+    return jsonable(sparse_dictionary(found["core"], run.episode[:n], scene_targets(run, n), seed))
 
 
 def window_section(run_dir: Path, policy, method: str = "integrated_gradients", progress: bool = False) -> dict:

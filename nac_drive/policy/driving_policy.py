@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,6 +313,26 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
         if timestamp is None:
             timestamp = (self._t0 or 0.0) + self._frames_seen * self.config.frame_dt
         return _FrameModel(self, self._state, _finite_seconds(timestamp))
+
+    # ---------------------------------------------------------------- interventions
+    @contextmanager
+    def core_shifted(self, shift):
+        """Inside this block the core's output reaches the head moved by ``shift``
+        ``[core.out_dim]``: the head reads ``y + shift`` wherever it runs (:meth:`forward`,
+        :meth:`step_output`, :meth:`frame_model`), while the core, its streaming state
+        included, computes as before. None: intact. (:mod:`nac_drive.interpret.probe_steering`.)"""
+        if shift is None:
+            yield
+            return
+        shift = torch.as_tensor(shift, dtype=torch.float32, device=module_device(self))
+        if tuple(shift.shape) != (self.core.out_dim,) or not torch.isfinite(shift).all():
+            raise ValueError(f"shift: expected {self.core.out_dim} finite numbers (the core's output), got "
+                             f"shape {list(shift.shape)}")
+        hook = self.head.register_forward_pre_hook(lambda head, args: (args[0] + shift.to(args[0].dtype),))
+        try:
+            yield
+        finally:
+            hook.remove()
 
     # ---------------------------------------------------------------- checkpoints
     def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,

@@ -37,7 +37,17 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   window, or one frame removed at a time), written to RUN_DIR/window_attribution.npz for
   the dashboard;
 * mirror: each frame flipped left-right, how often the policy then turns the other way
-  where it turned (CarRacing's left and right actions swap; Udacity's steering changes sign);
+  where it turned (CarRacing's left and right actions swap; Udacity's steering changes sign),
+  and which units of the core's output (and of the NAC heads' outputs) swap with another, keep
+  their value or change sign;
+* probes: ridge probes of the scene variables (curvature ahead, cross-track error, heading
+  error, speed; Udacity: the cross-track error) from q, k, v, the NAC heads' outputs and the
+  core's output, scored by R^2 on held-out episodes beside the same probe on block-permuted
+  targets, with block-bootstrap intervals; then the core's output pushed along the curvature
+  probe (open loop, on the recorded frames) and the steering's change;
+* dictionary: a sparse dictionary of the core's output (scikit-learn), its variance explained
+  on held-out episodes at 1-16 atoms a step against the 90% target, each atom named by the
+  scene variable it follows best;
 * closed_loop: the neurons whose silencing costs most and some random ones, clamped while
   the policy drives, then each part of the attention replaced: Top-K by q . k by K random
   keys and by the K most recent, t_ij by its mean per head, the weights by uniform ones;
@@ -52,7 +62,8 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   PilotNet frames would add about 7 minutes a 1000-frame track.
 
 A policy of another core (lstm, gru, cfc, ltc, mha) gets the sections that need no NAC states
-(saliency, window, mirror, the drive); fig4, atlas and closed_loop are skipped, and the report's
+(saliency, window, mirror, probes and dictionary on its core's output, the drive); fig4, atlas
+and closed_loop are skipped, and the report's
 "skipped" says so. A CarRacing report's saliency also gives each method's share of saliency on
 the road ahead of the car (road_share), a proxy for the paper's Fig. 6 claim.
 
@@ -116,6 +127,12 @@ def run(namespace: argparse.Namespace) -> int:
     if report.get("mirror"):
         print()
         print("\n".join(format_mirror(report["mirror"])))
+    if report.get("probes"):
+        print()
+        print("\n".join(format_probes(report["probes"])))
+    if report.get("dictionary"):
+        print()
+        print("\n".join(format_dictionary(report["dictionary"])))
     if report["closed_loop"] and report["closed_loop"]["neurons"]:
         print()
         print("\n".join(format_closed_loop(report["closed_loop"])))
@@ -308,6 +325,67 @@ def format_mirror(mirror: dict) -> list[str]:
              f"mirror of the intact one on {_num(mirror['mirror_agreement'], '.1%')} of all frames"]
     if mirror.get("steering_symmetry_error") is not None:
         lines.append(f"  mean |mirrored steering + intact steering|: {mirror['steering_symmetry_error']:.4f}")
+    for name, units in (mirror.get("units") or {}).items():
+        pairs = ", ".join(f"{a}<->{b}" for a, b, *_ in units["pairs"][:8])
+        lines.append(f"  {name} units under the mirror (|correlation| >= {units['match']:g}): "
+                     + ", ".join(f"{kind} {count}" for kind, count in units["counts"].items())
+                     + (f"; swap pairs: {pairs}" if pairs else ""))
+    return lines
+
+
+def _interval(ci, spec: str = ".3f") -> str:
+    return "-" if ci is None else f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
+
+
+def format_probes(probes: dict) -> list[str]:
+    """The probes section as text lines: R^2 on held-out steps beside the shuffled control per
+    representation and variable, then the push along the curvature probe."""
+    lines = [f"Linear probes (ridge), scored on held-out {probes['held_out']} ({probes['groups']} folds' worth); "
+             f"control: the same probe on targets block-permuted by {probes['block_steps']} steps; 95% block "
+             f"bootstrap over {probes['blocks']} blocks",
+             f"{'representation':<16}{'variable':<19}{'R^2':>7}{'95% CI':>18}{'control':>9}"
+             f"{'R^2 - control 95% CI':>24}"]
+    for row in probes["scores"]:
+        lines.append(f"{row['representation']:<16}{row['variable']:<19}{_num(row['r2']):>7}"
+                     f"{_interval(row['r2_ci95']):>18}{_num(row['control_r2']):>9}"
+                     f"{_interval(row['above_control_ci95']):>24}")
+    lines.append(probes["verdict"])
+    skipped = {**probes.get("skipped", {}), **probes.get("variables_skipped", {})}
+    if skipped:
+        lines.append("not probed: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
+    push = probes.get("intervention")
+    if push:
+        lines.append(f"Pushed along the curvature probe ({push['mode']}; {push['sds']:g} SD of the core's output along "
+                     f"each direction; steering = {push['steering']}, intact mean {push['intact_steering']:+.4f}): "
+                     f"{push['verdict']}")
+        for row in push["pushes"]:
+            change = row["change"]
+            lines.append(f"  {row['push']:<10} probe reads {row['probe_change']:+.4f}   steering change "
+                         f"{change['mean']:+.4f} {_interval(change['ci95'], '+.4f')}")
+        random = push.get("random_directions")
+        if random:
+            lines.append(f"  along {random['count']} random directions: |steering change| median "
+                         f"{random['median_abs_change']:.4f}, max {random['max_abs_change']:.4f}; the left push "
+                         f"outdoes {random['outdone']:.0%} of them")
+    elif probes.get("intervention_skipped"):
+        lines.append(f"no push along the curvature probe: {probes['intervention_skipped']}")
+    return lines
+
+
+def format_dictionary(dictionary: dict) -> list[str]:
+    """The dictionary section as text lines: variance explained per sparsity against PCA, then
+    the most used atoms and the scene variable each follows."""
+    reached = "reached" if dictionary["reached"] else "NOT reached"
+    lines = [f"Sparse dictionary of the core's output ({dictionary['atoms']} atoms of {dictionary['units']} units, "
+             f"learnt on {dictionary['train_steps']} steps, scored on {dictionary['held_out']}: "
+             f"{dictionary['held_out_steps']} steps): target {dictionary['target']:.0%} {reached} at "
+             f"{dictionary['sparsity']} atoms a step ({_num(dictionary['variance_explained'], '.1%')})",
+             "  atoms a step: " + "   ".join(f"{row['k']}: {_num(row['variance_explained'], '.1%')} (PCA "
+                                             f"{_num(row['pca_variance_explained'], '.1%')})"
+                                             for row in dictionary["by_sparsity"])]
+    for feature in dictionary["features"][:8]:
+        lines.append(f"  atom {feature['atom']:>3}: used on {feature['usage']:.1%} of steps, follows "
+                     f"{feature['label'] or '-'} (r {_num(feature['correlation'], '+.2f')})")
     return lines
 
 

@@ -1,0 +1,125 @@
+"""Pushing the core's output along the curvature probe: does the steering follow what the
+probe reads?
+
+The probe of the curve ahead (:func:`~nac_drive.interpret.probes.fit_probe` on the core's
+output of every replayed step; curvature left positive) reads it along its weight vector ``w``.
+Each step's core output is moved by :data:`PUSH_SDS` standard deviations of the outputs along
+``w``: towards a left curve (``left``: the probe reads more curvature), towards a right one
+(``right``), and as a control by as many standard deviations along :data:`RANDOM_DIRECTIONS`
+random directions (seeded; the first one's pushes both ways are rows ``random +`` and
+``random -``); the head reads the moved output
+(:meth:`~nac_drive.policy.DrivingPolicy.core_shifted`). Open loop: on the frames the policy
+saw while driving, its core's outputs as it computed them; the push reaches the head alone (no
+state of the core changes), so each step is paired with itself intact.
+
+Steering, positive right: a discrete policy's expected steering ``P(right) - P(left)`` (the
+softmax of its head's output), a steering policy's output 0. A policy whose steering reads the
+probe's direction steers left when pushed towards a left curve: ``change`` below 0 for
+``left`` and above 0 for ``right``, and further than along most random directions (a push
+that changes the steering less than a random one says the steering does not read the
+probe's direction in particular). Each change is the mean over the steps with a 95%
+block-bootstrap interval over stretches of :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS`
+steps (:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from nac_drive.interpret.road_scenes import BLOCK_STEPS
+
+PUSH_SDS = 2.0   # how far each push moves the core's output: standard deviations along its direction
+RANDOM_DIRECTIONS = 20
+BEYOND_RANDOM = 0.95   # the share of random directions a push must outdo for the verdict "follows"
+
+
+def steering(outputs: np.ndarray, action_names: list[str] | None) -> tuple[np.ndarray, str]:
+    """(``[n]`` the steering of the head's outputs ``[n, A]``, positive right, what it is): a
+    discrete policy's (its ``action_names``, which must hold ``left`` and ``right``) expected
+    steering P(right) - P(left); a steering policy's (``action_names`` None) output 0."""
+    if action_names is not None:
+        names = list(action_names)
+        if "left" not in names or "right" not in names:
+            raise ValueError(f"action_names: a discrete policy's steering needs actions named 'left' and 'right', "
+                             f"got {names}")
+        logits = outputs - outputs.max(axis=1, keepdims=True)
+        p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        return p[:, names.index("right")] - p[:, names.index("left")], "P(right) - P(left)"
+    return outputs[:, 0], "steering output (positive right)"
+
+
+def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.ndarray,
+                  action_names: list[str] | None, seed: int = 0, sds: float = PUSH_SDS) -> dict:
+    """The pushes of the module docstring, on ``core`` ``[n, units]`` (the core's outputs at
+    the run's steps) with the probe of ``curvature`` ``[n]`` (NaN where unknown; left
+    positive) fitted on them, the steps of episodes ``episode`` ``[n]``; ``action_names``: a
+    discrete policy's (None: a steering policy, :func:`steering`).
+
+    Returns ``mode``, ``sds``, ``steering`` (what it is), ``probe`` (its ``steps`` and
+    ``in_sample_r2``), ``intact_steering`` (the mean), ``pushes`` (per push: its ``norm``
+    (|shift|), ``probe_change`` (how far the probe's reading moves, 1/track units),
+    ``mean_steering`` and ``change``: ``mean``, ``ci95``, ``blocks``, ``items``),
+    ``random_directions`` (``count``, the ``median_abs_change`` and ``max_abs_change`` of the
+    mean steering change along them, and ``outdone``: the share of them whose |change| is below
+    the ``left`` push's) and a ``verdict`` (:func:`push_verdict`)."""
+    from nac_drive.interpret.probes import fit_probe, probe_direction
+    from nac_drive.simulators.episode_stats import episode_time_blocks, paired_block_change
+
+    core, curvature = np.asarray(core, dtype=np.float64), np.asarray(curvature, dtype=np.float64)
+    if core.ndim != 2 or len(core) != len(curvature) or len(core) != len(episode):
+        raise ValueError(f"core [n, units], curvature [n] and episode [n]: got {list(core.shape)}, "
+                         f"{list(curvature.shape)} and {len(episode)}")
+    if not sds > 0:
+        raise ValueError(f"sds: must be > 0, got {sds}")
+    blocks = episode_time_blocks(episode, BLOCK_STEPS)
+    known = np.isfinite(curvature) & np.isfinite(core).all(axis=1)
+    probe = fit_probe(core[known], curvature[known], blocks[known])
+    w, _ = probe_direction(probe)
+    if not np.linalg.norm(w) > 0:
+        raise ValueError("curvature: the probe found no direction (its weights are 0)")
+    towards_left = w / np.linalg.norm(w)
+    controls = np.random.default_rng(seed).normal(size=(RANDOM_DIRECTIONS, len(w)))
+    controls /= np.linalg.norm(controls, axis=1, keepdims=True)
+    policy.eval()
+    y = torch.from_numpy(core).float()
+    with torch.no_grad():
+        intact, what = steering(policy.head(y).numpy(), action_names)
+
+    def pushed(direction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:   # (shift [units], steering [n])
+        shift = sds * np.std(core @ direction) * direction
+        with torch.no_grad(), policy.core_shifted(shift):
+            return shift, steering(policy.head(y).numpy(), action_names)[0]
+
+    pushes = []
+    for name, direction in (("left", towards_left), ("right", -towards_left), ("random +", controls[0]),
+                            ("random -", -controls[0])):
+        shift, steered = pushed(direction)
+        pushes.append({"push": name, "norm": float(np.linalg.norm(shift)), "probe_change": float(w @ shift),
+                       "mean_steering": float(steered.mean()), "change": paired_block_change(intact, steered, blocks)})
+    random_changes = np.abs([np.mean(pushed(direction)[1] - intact) for direction in controls])
+    random = {"count": RANDOM_DIRECTIONS, "median_abs_change": float(np.median(random_changes)),
+              "max_abs_change": float(random_changes.max()),
+              "outdone": float(np.mean(random_changes < abs(pushes[0]["change"]["mean"])))}
+    return {"mode": "open loop: the recorded frames' core outputs pushed, the head read again", "sds": sds,
+            "steering": what, "probe": {"steps": int(known.sum()),
+                                        "in_sample_r2": float(probe.score(core[known], curvature[known]))},
+            "intact_steering": float(intact.mean()), "pushes": pushes, "random_directions": random,
+            "verdict": push_verdict(pushes, random["outdone"])}
+
+
+def push_verdict(pushes: list[dict], outdone: float) -> str:
+    """Whether the steering follows the probe: "follows" (pushed towards a left curve it steers
+    left, towards a right one right, both intervals excluding 0 that way, and the left push
+    moves it more than ``outdone`` >= :data:`BEYOND_RANDOM` of the random directions do),
+    "follows no more than a random direction" (the signs alone), "opposite" (both intervals
+    the other way), else "no clear effect"."""
+    ci = {row["push"]: row["change"]["ci95"] for row in pushes}
+    left, right = ci.get("left"), ci.get("right")
+    if left is None or right is None:
+        return "no clear effect"
+    if left[1] < 0 < right[0]:
+        return "follows" if outdone >= BEYOND_RANDOM else "follows no more than a random direction"
+    if right[1] < 0 < left[0]:
+        return "opposite"
+    return "no clear effect"

@@ -1,0 +1,62 @@
+"""The sparse dictionary of the core's output (nac_drive.interpret.dictionary): a signal made
+of a few sparse atoms reaches the variance target on held-out episodes with few atoms per step,
+where PCA with as many components does not, and the atom that carries a scene variable is
+named after it; noise without structure does not reach the target."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nac_drive.interpret.dictionary import TARGET, held_out_steps, sparse_dictionary, variance_explained
+
+
+def sparse_signal(n=900, units=24, atoms=6, seed=0):
+    """(``[n, units]``, ``[n]``): each step the sum of 2 of ``atoms`` random unit directions,
+    each weighted +-1 to 3 at random, plus noise; and atom 0's weight at each step (0 where unused)."""
+    rng = np.random.default_rng(seed)
+    directions = rng.normal(size=(atoms, units))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    codes = np.zeros((n, atoms))
+    for i in range(n):
+        codes[i, rng.choice(atoms, size=2, replace=False)] = rng.uniform(1, 3, size=2) * rng.choice([-1, 1], size=2)
+    return codes @ directions + 0.02 * rng.normal(size=(n, units)), codes[:, 0]
+
+
+def test_a_signal_of_few_sparse_atoms_reaches_the_target_and_its_atoms_are_named():
+    x, speed = sparse_signal()
+    episode = np.repeat([0, 1, 2], 300)
+    noise = np.random.default_rng(5).normal(size=900)
+    result = sparse_dictionary(x, episode, {"speed": speed, "noise": noise}, seed=0)
+    assert result["held_out"] == "the last 1 of 3 episodes" and result["held_out_steps"] == 300
+    assert result["reached"] and result["sparsity"] <= 2 and result["variance_explained"] >= TARGET
+    by_k = {row["k"]: row for row in result["by_sparsity"]}
+    assert by_k[2]["variance_explained"] > by_k[2]["pca_variance_explained"] + 0.1   # 6 directions, 2 a step
+    assert by_k[16]["pca_variance_explained"] is not None and result["atoms"] == 48
+    # atom 0's weight is shared by the learnt atoms close to it (an overcomplete dictionary
+    # learns near copies), so its best atom follows it in part, the noise in none
+    best = max(result["features"], key=lambda f: abs(f["correlations"]["speed"]))
+    assert best["label"] == "speed" and abs(best["correlation"]) > 0.3
+    assert all(abs(f["correlations"]["noise"]) < 0.15 for f in result["features"])
+    assert sum(f["usage"] for f in result["features"]) <= result["sparsity"] + 1e-9
+
+
+def test_noise_without_structure_does_not_reach_the_target_and_says_so():
+    rng = np.random.default_rng(2)
+    result = sparse_dictionary(rng.normal(size=(600, 48)), np.repeat([0, 1], 300), {}, seed=0)
+    assert not result["reached"] and result["sparsity"] == 16            # the largest tried
+    assert result["by_sparsity"][0]["variance_explained"] < 0.3
+    assert all(f["label"] is None for f in result["features"])
+
+
+def test_the_held_out_steps_and_the_variance_explained_are_as_defined():
+    held, which = held_out_steps(np.repeat([4, 2, 9], 10))
+    assert which == "the last 1 of 3 episodes" and held.tolist() == [False] * 20 + [True] * 10
+    held, which = held_out_steps(np.zeros(600, int))
+    assert which == "the last 2 of 6 stretches of 100 steps" and held.sum() == 200
+    x = np.arange(12.0).reshape(6, 2)
+    assert variance_explained(x, x) == 1.0 and variance_explained(x, np.tile(x.mean(0), (6, 1))) == 0.0
+    with pytest.raises(ValueError, match="the dictionary needs 2 stretches of 1 steps or more"):
+        held_out_steps(np.zeros(1, int))
+    with pytest.raises(ValueError, match="expected finite"):
+        sparse_dictionary(np.full((10, 2), np.nan), np.repeat([0, 1], 5), {})
