@@ -46,7 +46,7 @@ nac-drive train "${TRAIN[@]}" --run-name cuda --device cuda
 nac-drive train "${TRAIN[@]}" --run-name cpu --device cpu
 nac-drive drive carracing --policy "$OUT/runs/cuda/best" --device cuda --episodes 1 --max-steps 300 \
   --trace "$OUT/drive"
-nac-drive saliency --policy "$OUT/runs/cuda/best" --run "$OUT/drive" --device cuda
+nac-drive saliency "$OUT/drive" --policy "$OUT/runs/cuda/best" --device cuda
 nac-drive explain --device cuda --episodes 1 --max-steps 150 --frames 150 --saliency-frames 4 \
   --closed-loop-tracks 1 --closed-loop-top 1 --closed-loop-random 1 --out "$OUT/explain"
 nac-drive export --device cuda "$OUT/policy.onnx"   # prints onnxruntime vs torch on CUDA

@@ -60,7 +60,7 @@ NONSENSE = [
     (["quickstart", "--full", "--core", "transformer"], "--core: must be one of"),
     (["quickstart", "--full", "--expert", "random-discrete"], "random actions cannot label DAgger rounds"),
     (["quickstart", "--full", "--expert", MISSING + ".zip"], MISSING),
-    (["saliency", "--run", MISSING], MISSING),
+    (["saliency", MISSING], MISSING),
     (["dashboard", MISSING], MISSING),
     (["dashboard", MISSING, "--image-budget-mb", "0"], "--image-budget-mb: must be > 0"),
     (["dashboard", MISSING, "--rrd", "run.txt"], "--rrd: expected a file name ending in .rrd"),

@@ -97,7 +97,7 @@ RUNS = {
     "expert eval": (lambda out, fixture: ["expert", "eval", "--expert", "random", "--episodes", "1",
                                           "--max-steps", "10"],
                     {"mean_return": "return", "expert": "random: "}),
-    "saliency": (lambda out, fixture: ["saliency", "--run", str(fixture("traced_run"))], {"saliency": "wrote "}),
+    "saliency": (lambda out, fixture: ["saliency", str(fixture("traced_run"))], {"saliency": "wrote "}),
     "dashboard": (lambda out, fixture: ["dashboard", str(fixture("traced_run")), "-o", str(out / "d.html")],
                   {"written": "wrote "}),
     "export": (lambda out, fixture: ["export", str(out / "policy.onnx")],

@@ -27,7 +27,7 @@ DEVICE_VERBS = {
     "nac-drive expert eval": ["expert", "eval"],
     "nac-drive expert compare": ["expert", "compare", "/nonexistent/expert.zip"],
     "nac-drive explain": ["explain"],
-    "nac-drive saliency": ["saliency", "--run", "/nonexistent/run"],
+    "nac-drive saliency": ["saliency", "/nonexistent/run"],
     "nac-drive export": ["export", "policy.onnx"],
 }
 NO_CUDA = not torch.cuda.is_available()
@@ -229,7 +229,7 @@ def test_saliency_computes_its_maps_with_the_policy_on_the_device(monkeypatch):
     monkeypatch.setattr(policy_saliency, "policy_saliency", recording)
     monkeypatch.setenv("NAC_DRIVE_TRACEBACK", "1")
     with pytest.raises(Reached):
-        main(["saliency", "--run", "runs/x", "--device", "cuda:1"])
+        main(["saliency", "runs/x", "--device", "cuda:1"])
     assert asked == ["cuda:1"] and seen == {"parameters": {"meta"}, "run": "runs/x"}
 
 

@@ -256,7 +256,7 @@ def test_policy_checkpoint_with_a_crafted_file(canary, tmp_path, capsys, demos, 
         with pytest.raises(CheckpointError, match=f"last/{name}"):
             DrivingPolicy.from_pretrained(run / "last")
         for argv in (["drive", "carracing", "--policy", run / "last", "--episodes", "1"],
-                     ["saliency", "--policy", run / "last", "--run", tmp_path / "nowhere"],
+                     ["saliency", tmp_path / "nowhere", "--policy", run / "last"],
                      ["dagger", "--policy", run / "last", "--data", tmp_path / "dg", "--rounds", "1"],
                      ["train", "--data", demos, "--out", tmp_path / "ft", "--init-from", run / "last", "--window", "4",
                       "--no-progress"]):   # no architecture flag: --init-from takes the checkpoint's
@@ -316,7 +316,7 @@ def test_run_archive_with_a_crafted_member(canary, tmp_path, capsys, recorded_ru
         loader(run)
     assert why in one_line_error(capsys, "dashboard", run)
     if archive == FIRST_CHUNK:
-        assert why in one_line_error(capsys, "saliency", "--run", run)
+        assert why in one_line_error(capsys, "saliency", run)
 
 
 def test_a_saliency_file_of_another_trace_is_refused(tmp_path, capsys):
@@ -476,7 +476,7 @@ def test_a_trace_frame_claiming_gigapixels_is_never_decoded(tmp_path, capsys, re
     write_archive(run / FIRST_CHUNK, arrays, meta)
     claim = "a JPEG claiming 30000x30000 pixels"
     assert claim in one_line_error(capsys, "dashboard", run, "--image-budget-mb", "0.001")
-    assert main(["saliency", "--run", str(run)]) == 2     # (after its progress bar)
+    assert main(["saliency", str(run)]) == 2     # (after its progress bar)
     assert f"field 'frames_jpeg': frame 0: {claim}" in capsys.readouterr().err.strip().splitlines()[-1]
 
 

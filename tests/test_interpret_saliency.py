@@ -270,7 +270,7 @@ def _saliency_refused_before_computing(run_dir, monkeypatch, capsys) -> str:
 
     monkeypatch.setattr(saliency, "saliency_maps",
                         lambda *a, **k: pytest.fail("saliency was computed for an output it cannot write"))
-    assert main(["saliency", "--run", str(run_dir)]) == 2
+    assert main(["saliency", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     return err[0]

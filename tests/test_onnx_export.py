@@ -195,7 +195,7 @@ def test_what_cannot_be_exported_or_done_with_an_onnx_policy_is_refused_in_one_l
     assert "--trace and --rerun need its checkpoint folder" in one_line_error(
         capsys, "drive", "carracing", "--policy", step, "--episodes", "1", "--trace", tmp_path / "run")
     assert not (tmp_path / "run").exists()   # refused before the run folder is made
-    assert "only drives" in one_line_error(capsys, "saliency", "--policy", step, "--run", tmp_path)
+    assert "only drives" in one_line_error(capsys, "saliency", tmp_path, "--policy", step)
 
 
 def with_weight(source, path, name, value):

@@ -1,6 +1,6 @@
 """``nac-drive saliency``: Grad-CAM overlays for every frame of a recorded run.
 
-    nac-drive saliency --policy RUN/best --run RUN_DIR [--method gradcam] [--device cuda]
+    nac-drive saliency RUN_DIR --policy RUN/best [--method gradcam] [--device cuda]
 
 Writes ``RUN_DIR/saliency.npz``; ``nac-drive dashboard RUN_DIR`` then shows the
 overlays. The run's frames are replayed through the policy, so each frame's map is
@@ -20,7 +20,7 @@ from nac_drive.fields import REQUIRED, arg
 class SaliencyArgs:
     """Arguments of ``nac-drive saliency``."""
 
-    run: str = arg(REQUIRED, "run folder holding a trace (drive --trace)", metavar="RUN_DIR")
+    run: str = arg(REQUIRED, "run folder holding a trace (drive --trace)", positional=True, metavar="RUN_DIR")
     policy: str | None = arg(None, "checkpoint folder (default: the shipped CNN+NAC policy)")
     method: str = arg("gradcam", "CAM method: gradcam, gradcam++, eigencam, hirescam, xgradcam or layercam")
     device: str = device_arg()
