@@ -160,6 +160,15 @@ def test_every_flag_of_a_recipe_is_one_its_verb_accepts(recipe):
     assert [flag for command in found for flag in unknown_flags(command)] == []
 
 
+def test_the_functions_recipes_share_parse_and_use_flags_their_verbs_accept():
+    lib = ROOT / "benchmarks" / "recipes" / "lib.bash"
+    users = [recipe.name for recipe in RECIPES if 'source "$(dirname "$0")/lib.bash"' in recipe.read_text()]
+    assert {"compare_cores.sh", "compare_regime.sh"} <= set(users)
+    assert subprocess.run(["bash", "-n", str(lib)], capture_output=True).returncode == 0
+    found = recipe_commands(lib)
+    assert len(found) == 2 and [flag for command in found for flag in unknown_flags(command)] == []
+
+
 def test_every_flag_of_a_report_command_is_one_its_verb_accepts():
     found = commands(REPORT.read_text().splitlines())
     assert len(found) >= 15

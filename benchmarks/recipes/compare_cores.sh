@@ -19,6 +19,7 @@
 # What it should score: the figures of BENCHMARKS.md §11, within their intervals; they are means
 # over 3 seeds, and one seed of a run on other hardware or another torch build trains differently.
 set -euo pipefail
+source "$(dirname "$0")/lib.bash"
 
 OUT=${1:-runs/recipe-compare}
 if [ -e "$OUT" ]; then echo "$OUT exists: give a new folder" >&2; exit 1; fi
@@ -30,12 +31,6 @@ V="nac-exact nac-euler nac-steady nac-pw nac-2k nac-02s nac-09s lstm gru cfc ltc
 nac-drive compare --data "$CAR" --out "$OUT/compare-carracing" --epochs 5 --windows-per-epoch 4096 \
   --episodes 20 --workers 2 --variants $V --json
 
-for track in gentle lakeside canyon; do
-  nac-drive collect udacity --driver scripted --out "$UDA/$track" --track "$track" --frames 1000 --seed 1
-done
-for track in random-11 random-12 random-13 random-14; do
-  nac-drive collect udacity --driver scripted --out "$UDA/$track" --track "$track" --frames 1000 --seed 2 \
-    --noise 0.5
-done
+record_udacity_tracks "$UDA"
 nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --epochs 4 --windows-per-epoch 2048 \
   --episodes 5 --max-steps 2700 --workers 2 --variants $V --json

@@ -16,7 +16,7 @@
 #   DAgger rounds of 4 episodes (the planner labels; bursts 0.02 x 8 frames), each fine-tuned 3 x
 #   3072 windows at lr 2e-4; the last round's checkpoint drives the 20 held-out tracks 900000-900019
 #   at each frame-drop share; the learning curve drives 5 held-out tracks after each stage.
-# - Udacity: the scripted driver's 1000 frames on each of 7 emulator tracks (as compare_cores.sh
+# - Udacity: the scripted driver's 1000 frames on each of 7 emulator tracks (lib.bash, as compare_cores.sh
 #   records them); tune as above; compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048 windows
 #   with the tuned values, each policy drives the 5 held-out emulator tracks for 2700 frames (a
 #   lap) at each frame-drop share.
@@ -35,6 +35,7 @@
 # What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
 # table goes there once it has.
 set -euo pipefail
+source "$(dirname "$0")/lib.bash"
 
 OUT=${1:-runs/recipe-regime}
 if [ -e "$OUT" ] && [ ! -f "$OUT/.recipe" ]; then echo "$OUT exists and is not this recipe's: give a new folder" >&2; exit 1; fi
@@ -63,17 +64,7 @@ nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds
   --episodes 20 --frame-drops 0 0.25 0.5 --workers 2 --json
 
 UDA="$OUT/udacity-data"
-if [ ! -d "$UDA" ]; then   # recorded whole into a scratch folder, then renamed: a killed run records again
-  rm -rf "$UDA.partial"
-  for track in gentle lakeside canyon; do
-    nac-drive collect udacity --driver scripted --out "$UDA.partial/$track" --track "$track" --frames 1000 --seed 1
-  done
-  for track in random-11 random-12 random-13 random-14; do
-    nac-drive collect udacity --driver scripted --out "$UDA.partial/$track" --track "$track" --frames 1000 --seed 2 \
-      --noise 0.5
-  done
-  mv "$UDA.partial" "$UDA"
-fi
+record_udacity_tracks "$UDA"
 tune_all "$UDA" "$OUT/tune-udacity"
 nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --variants $V --seeds 0 1 2 --tuned "$OUT/tune-udacity" \
   --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json
