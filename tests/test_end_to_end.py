@@ -27,7 +27,7 @@ def cli(*args, timeout=900):
 def test_collect_train_drive(tmp_path):
     demos, train_dir, run = tmp_path / "demos", tmp_path / "train", tmp_path / "run"
     cli("collect", "carracing", "--expert", "teacher-discrete", "--episodes", "2", "--max-steps", "150",
-        "--seed", "7", "--out", str(demos))
+        "--seed-base", "100007", "--out", str(demos))
     episodes = load_episodes(demos)
     assert [len(e) for e in episodes] == [150, 150]
     assert [e.seed for e in episodes] == [100_007, 100_008] and episodes[0].expert == "teacher-discrete"

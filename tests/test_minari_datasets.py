@@ -184,7 +184,7 @@ def test_two_workers_write_the_episodes_of_one_and_their_shards_combine(tmp_path
     one, two = tmp_path / "one", tmp_path / "two"
     for out, workers in ((one, "1"), (two, "2")):
         assert main(["collect", "carracing", "--expert", "teacher-discrete", "--episodes", "3", "--max-steps", "30",
-                     "--seed", "5", "--out", str(out), "--workers", workers]) == 0
+                     "--seed-base", "100005", "--out", str(out), "--workers", workers]) == 0
     assert sorted(p.name for p in (two / "nac_drive" / "carracing-teacher-discrete").iterdir() if p.is_dir()) == [
         "seeds-100005-100006-v1", "seeds-100007-100007-v1"]
     alone, parallel = load_episodes(one), load_episodes(two)
