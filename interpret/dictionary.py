@@ -7,7 +7,8 @@ steps' outputs, centred by their mean and scaled to a mean squared norm of 1. Th
 steps (the last third of the episodes, at least one; from a single episode, of its stretches of
 :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS` steps) are then coded by orthogonal
 matching pursuit with at most ``k`` atoms each, for ``k`` in :data:`SPARSITY`, and
-``variance_explained`` = 1 - sum |x - reconstruction|^2 / sum |x - their mean|^2 over them.
+``variance_explained`` = 1 - sum |x - reconstruction|^2 / sum |x - their mean|^2 over them
+(:func:`~nac_drive.interpret.probes.r2`).
 The sparsest ``k`` reaching :data:`TARGET` is the one reported (if none does, the largest
 tried, and ``reached`` is false); beside each ``k``, PCA with ``k`` components fitted on the
 same training steps: what ``k`` directions shared by every step explain.
@@ -23,6 +24,8 @@ import warnings
 
 import numpy as np
 
+from nac_drive.interpret.probes import held_out_groups, r2
+
 ATOMS_PER_UNIT = 2
 ALPHA = 0.1               # L1 penalty on the codes while learning the atoms (outputs scaled to norm ~1)
 SPARSITY = (1, 2, 4, 8, 16)
@@ -35,8 +38,6 @@ def held_out_steps(episode: np.ndarray) -> tuple[np.ndarray, str]:
     """(``[n]`` bool: the steps held out, what they are): the last third of the episodes (at
     least one), or from a single episode the last third of its stretches
     (:func:`~nac_drive.interpret.probes.held_out_groups`)."""
-    from nac_drive.interpret.probes import held_out_groups
-
     groups, kind = held_out_groups(episode)
     order = list(dict.fromkeys(groups.tolist()))   # in the run's order
     if len(order) < 2:
@@ -44,12 +45,6 @@ def held_out_steps(episode: np.ndarray) -> tuple[np.ndarray, str]:
                          f"got {len(order)}")
     held = order[-max(1, len(order) // 3):]
     return np.isin(groups, held), f"the last {len(held)} of {len(order)} {kind}"
-
-
-def variance_explained(x: np.ndarray, reconstruction: np.ndarray) -> float:
-    """1 - sum |x - reconstruction|^2 / sum |x - x's mean|^2 over the rows of ``x`` ``[n, units]``."""
-    total = np.sum((x - x.mean(axis=0)) ** 2)
-    return float(1.0 - np.sum((x - reconstruction) ** 2) / total) if total > 0 else float("nan")
 
 
 def correlations(codes: np.ndarray, variables: dict[str, np.ndarray]) -> np.ndarray:
@@ -105,8 +100,8 @@ def sparse_dictionary(x: np.ndarray, episode: np.ndarray, variables: dict[str, n
         pca = None
         if k <= min(x.shape[1], len(train)):
             fitted = PCA(k, random_state=seed).fit(train)
-            pca = variance_explained(test, fitted.inverse_transform(fitted.transform(test)))
-        by_sparsity.append({"k": k, "variance_explained": variance_explained(test, rebuilt),
+            pca = r2(test, fitted.inverse_transform(fitted.transform(test)))
+        by_sparsity.append({"k": k, "variance_explained": r2(test, rebuilt),
                             "pca_variance_explained": pca})
     reaching = [row for row in by_sparsity if row["variance_explained"] >= TARGET]
     chosen = reaching[0] if reaching else by_sparsity[-1]

@@ -43,8 +43,9 @@ def steering(outputs: np.ndarray, action_names: list[str] | None) -> tuple[np.nd
         if "left" not in names or "right" not in names:
             raise ValueError(f"action_names: a discrete policy's steering needs actions named 'left' and 'right', "
                              f"got {names}")
-        logits = outputs - outputs.max(axis=1, keepdims=True)
-        p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        from scipy.special import softmax
+
+        p = softmax(outputs, axis=1)
         return p[:, names.index("right")] - p[:, names.index("left")], "P(right) - P(left)"
     return outputs[:, 0], "steering output (positive right)"
 

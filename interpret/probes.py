@@ -103,9 +103,10 @@ def block_permutation(blocks: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def r2(y: np.ndarray, prediction: np.ndarray) -> float:
-    """R^2 of ``prediction`` ``[n]`` against ``y`` ``[n]`` (1 - SSE / SST around y's mean);
-    NaN without spread."""
-    sst = np.sum((y - y.mean()) ** 2)
+    """R^2 of ``prediction`` against ``y``, both ``[n]`` or ``[n, units]``: 1 - SSE / SST, the
+    squares summed over every entry, SST around each column's mean (for ``[n, units]``, the share
+    of the rows' variance explained); NaN without spread."""
+    sst = np.sum((y - y.mean(axis=0)) ** 2)
     return float(1.0 - np.sum((y - prediction) ** 2) / sst) if len(y) and sst > 0 else float("nan")
 
 

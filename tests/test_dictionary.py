@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nac_drive.interpret.dictionary import TARGET, held_out_steps, sparse_dictionary, variance_explained
+from nac_drive.interpret.dictionary import TARGET, held_out_steps, sparse_dictionary
+from nac_drive.interpret.probes import r2 as variance_explained   # of a [n, units] reconstruction
 
 
 def sparse_signal(n=900, units=24, atoms=6, seed=0):
