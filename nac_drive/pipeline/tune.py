@@ -26,7 +26,8 @@ give the same trials and values with or without Ray.
 
 The study lives in ``OUT/<variant>/study.db`` (SQLite, Optuna's own storage): run the same
 command again and it resumes; ``--trials`` is the total of finished trials, and a trial cut
-off by a kill (or an error) runs again with its parameters. ``OUT/<variant>/best.json`` holds the best
+off by a kill runs again with its parameters (one that raised an error fails, and is not run
+again). ``OUT/<variant>/best.json`` holds the best
 trial's training arguments (the variant's own settings and the searched values, not the
 budget), which ``train --tuned`` and ``compare --tuned`` take
 (:func:`~nac_drive.pipeline.train_args.read_tuned`).
