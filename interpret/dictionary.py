@@ -13,9 +13,16 @@ The sparsest ``k`` reaching :data:`TARGET` is the one reported (if none does, th
 tried, and ``reached`` is false); beside each ``k``, PCA with ``k`` components fitted on the
 same training steps: what ``k`` directions shared by every step explain.
 
-Each atom used at that ``k``: its ``usage`` (the share of all steps whose code uses it) and the
-scene variable its code follows best by |Pearson correlation| over all steps (``label``, and
-``correlation`` with its sign).
+Each atom used at that ``k``, as two features that are never negative, the atom and its
+negative (a coefficient's two signs stand for opposite directions of the output): each one's
+``usage`` (the share of all steps whose code uses it) and the scene variable that tells the
+steps using it from the others best (``label``): the largest |AUROC - 0.5| of the variable's
+values on those steps against the rest (``auroc``: above 0.5, the variable is higher where the
+feature is used), over all steps, for a feature used on at least
+:data:`~nac_drive.interpret.fig4.MIN_STEPS` steps and not on at least as many. A feature used
+one at a time acts as a prototype that the step is near: its coefficient (its Pearson
+``correlation`` with each variable, also reported) is 0 on most steps, and whether it is used
+says what it stands for.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import warnings
 
 import numpy as np
 
+from nac_drive.interpret.fig4 import MIN_STEPS, auroc
 from nac_drive.interpret.probes import held_out_groups, r2
 
 ATOMS_PER_UNIT = 2
@@ -61,6 +69,21 @@ def correlations(codes: np.ndarray, variables: dict[str, np.ndarray]) -> np.ndar
     return out
 
 
+def used_aurocs(codes: np.ndarray, variables: dict[str, np.ndarray]) -> np.ndarray:
+    """``[atoms, variables]`` AUROC of each variable ``[n]`` (over the steps where it is known)
+    separating the steps whose code ``codes`` ``[n, atoms]`` uses the atom (is not 0) from the
+    other steps;
+    NaN where either group has fewer than :data:`~nac_drive.interpret.fig4.MIN_STEPS` steps."""
+    out = np.full((codes.shape[1], len(variables)), np.nan)
+    for j, values in enumerate(variables.values()):
+        y = np.asarray(values, dtype=np.float64)
+        known = np.isfinite(y)
+        used = codes[known] != 0
+        for a in np.flatnonzero(np.minimum(used.sum(axis=0), (~used).sum(axis=0)) >= MIN_STEPS):
+            out[a, j] = auroc(y[known], used[:, a])
+    return out
+
+
 def sparse_dictionary(x: np.ndarray, episode: np.ndarray, variables: dict[str, np.ndarray], seed: int = 0) -> dict:
     """The dictionary of the module docstring, of ``x`` ``[n, units]`` (the core's outputs at
     steps of episodes ``episode`` ``[n]``), its atoms named after ``variables`` (name -> ``[n]``,
@@ -69,8 +92,10 @@ def sparse_dictionary(x: np.ndarray, episode: np.ndarray, variables: dict[str, n
     Returns ``atoms``, ``units``, ``alpha``, ``seed``, ``held_out`` (which steps), ``train_steps``,
     ``held_out_steps``, ``target``, ``by_sparsity`` (per ``k``: ``variance_explained`` and
     ``pca_variance_explained``, None past the units), ``sparsity`` (the ``k`` reported),
-    ``variance_explained``, ``reached`` and ``features`` (per atom used, most used first:
-    ``atom``, ``usage``, ``label``, ``correlation``, ``correlations`` with every variable)."""
+    ``variance_explained``, ``reached`` and ``features`` (per atom and ``sign`` of its
+    coefficient used, most used first: ``atom``, ``sign``, ``usage``, ``label``, its ``auroc``
+    and ``correlation`` (of the coefficient's size), and ``aurocs`` and ``correlations`` with
+    every variable)."""
     from sklearn.decomposition import PCA, MiniBatchDictionaryLearning
     from sklearn.exceptions import ConvergenceWarning
 
@@ -106,19 +131,24 @@ def sparse_dictionary(x: np.ndarray, episode: np.ndarray, variables: dict[str, n
     reaching = [row for row in by_sparsity if row["variance_explained"] >= TARGET]
     chosen = reaching[0] if reaching else by_sparsity[-1]
     codes = coded(x, chosen["k"])                                                        # [n, atoms]
-    usage = (codes != 0).mean(axis=0)
+    # each atom and its negative, as two features that are >= 0: a signed coefficient's two
+    # signs stand for opposite directions of the output
+    parts = np.concatenate([codes.clip(min=0), (-codes).clip(min=0)], axis=1)           # [n, 2 atoms]
+    usage = (parts != 0).mean(axis=0)
     names = list(variables)
-    corr = correlations(codes, variables) if names else np.zeros((atoms, 0))
+    corr, separation = correlations(parts, variables), used_aurocs(parts, variables)   # [2 atoms, variables]
     features = []
-    for a in np.argsort(-usage, kind="stable"):
-        if usage[a] == 0:
+    for c in np.argsort(-usage, kind="stable"):
+        if usage[c] == 0:
             break
-        finite = np.isfinite(corr[a])
-        best = int(np.argmax(np.where(finite, np.abs(corr[a]), -1.0))) if finite.any() else None
-        features.append({"atom": int(a), "usage": float(usage[a]),
-                         "label": names[best] if best is not None else None,
-                         "correlation": float(corr[a, best]) if best is not None else None,
-                         "correlations": {name: float(corr[a, j]) for j, name in enumerate(names)}})
+        finite = np.isfinite(separation[c])
+        best = int(np.argmax(np.where(finite, np.abs(separation[c] - 0.5), -1.0))) if finite.any() else None
+        features.append({"atom": int(c % atoms), "sign": "+" if c < atoms else "-", "usage": float(usage[c]),
+                         "label": None if best is None else names[best],
+                         "auroc": None if best is None else float(separation[c, best]),
+                         "correlation": None if best is None else float(corr[c, best]),
+                         "aurocs": {name: float(separation[c, j]) for j, name in enumerate(names)},
+                         "correlations": {name: float(corr[c, j]) for j, name in enumerate(names)}})
     return {"atoms": atoms, "units": x.shape[1], "alpha": ALPHA, "seed": seed, "held_out": which,
             "train_steps": int((~held).sum()), "held_out_steps": int(held.sum()), "target": TARGET,
             "by_sparsity": by_sparsity, "sparsity": chosen["k"], "variance_explained": chosen["variance_explained"],

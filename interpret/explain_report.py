@@ -288,12 +288,13 @@ def _dictionary_figure(dictionary: dict, escape):
     if target is not None:
         fig.add_hline(y=target, line_dash="dash", line_color="#555", line_width=1, row=1, col=1)
     atoms = dictionary["features"][:MAX_ATOM_ROWS]
-    fig.add_trace(go.Table(header=dict(values=["atom", "used on", "follows", "r"], align="left"),
+    fig.add_trace(go.Table(header=dict(values=["atom", "used on", "follows", "AUROC", "r"], align="left"),
                            cells=dict(values=[[escape(f.get("atom")) for f in atoms],
                                               [_number(f.get("usage")) for f in atoms],
                                               [escape(f.get("label") or "-") for f in atoms],
+                                              [_number(f.get("auroc")) for f in atoms],
                                               [_number(f.get("correlation")) for f in atoms]],
-                                      align="left", format=["", ".1%", "", "+.2f"])), row=1, col=2)
+                                      align="left", format=["", ".1%", "", ".2f", "+.2f"])), row=1, col=2)
     reached = "reached" if dictionary.get("reached") else "not reached"
     goal = "-" if target is None else format(target, ".0%")
     fig.update_layout(height=380, margin=dict(l=60, r=20, t=80, b=50), barmode="group",

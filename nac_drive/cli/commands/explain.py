@@ -385,7 +385,8 @@ def format_dictionary(dictionary: dict) -> list[str]:
                                              for row in dictionary["by_sparsity"])]
     for feature in dictionary["features"][:8]:
         lines.append(f"  atom {feature['atom']:>3}: used on {feature['usage']:.1%} of steps, follows "
-                     f"{feature['label'] or '-'} (r {_num(feature['correlation'], '+.2f')})")
+                     f"{feature['label'] or '-'} (AUROC {_num(feature['auroc'], '.2f')}, its coefficient's "
+                     f"r {_num(feature['correlation'], '+.2f')})")
     return lines
 
 
