@@ -118,10 +118,12 @@ class PolicyDriver:
         """The expert's action, the cross-track error and the road's scene for the state the
         policy acts in: from the oracle (CarRacing's teacher reads the env's track, and with it
         :func:`~nac_drive.simulators.carracing_scene.scene_variables`), or the observation's
-        ``cte`` (what the Udacity emulator reports through the bridge; no scene)."""
+        ``cte`` and ``scene`` (what the Udacity emulator reports: its ``cte`` through the bridge
+        too, its scene in-process only, :func:`~nac_drive.pipeline.drive.udacity_emulator_episodes`;
+        the Unity simulator sends neither)."""
         if self.oracle is None or self._env is None:
-            cte = obs.get("cte") if isinstance(obs, dict) else None
-            return {"expert_action": None, "cross_track_error": cte, "scene": None}
+            known = obs if isinstance(obs, dict) else {}
+            return {"expert_action": None, "cross_track_error": known.get("cte"), "scene": known.get("scene")}
         scene = None
         if hasattr(self.oracle, "locate"):   # it reads CarRacing's track
             from nac_drive.simulators.carracing_scene import scene_variables

@@ -5,10 +5,10 @@ scikit-learn's ``MiniBatchDictionaryLearning`` (:data:`ATOMS_PER_UNIT` atoms per
 output, an L1 penalty :data:`ALPHA` on the codes, seeded) learns the atoms from the training
 steps' outputs, centred by their mean and scaled to a mean squared norm of 1. The held-out
 steps (the last third of the episodes, at least one; from a single episode, of its stretches of
-:data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS` steps) are then coded by orthogonal
-matching pursuit with at most ``k`` atoms each, for ``k`` in :data:`SPARSITY`, and
-``variance_explained`` = 1 - sum |x - reconstruction|^2 / sum |x - their mean|^2 over them
-(:func:`~nac_drive.interpret.probes.r2`).
+the task's ``block_steps`` steps, :attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`)
+are then coded by orthogonal matching pursuit with at most ``k`` atoms each, for ``k`` in
+:data:`SPARSITY`, and ``variance_explained`` = 1 - sum |x - reconstruction|^2 / sum |x - their
+mean|^2 over them (:func:`~nac_drive.interpret.probes.r2`).
 The sparsest ``k`` reaching :data:`TARGET` is the one reported (if none does, the largest
 tried, and ``reached`` is false); beside each ``k``, PCA with ``k`` components fitted on the
 same training steps: what ``k`` directions shared by every step explain.
@@ -33,6 +33,7 @@ import numpy as np
 
 from nac_drive.interpret.fig4 import MIN_STEPS, auroc
 from nac_drive.interpret.probes import held_out_groups, r2
+from nac_drive.interpret.road_scenes import BLOCK_STEPS
 
 ATOMS_PER_UNIT = 2
 ALPHA = 0.1               # L1 penalty on the codes while learning the atoms (outputs scaled to norm ~1)
@@ -42,11 +43,11 @@ EPOCHS = 30               # passes over the training steps at most (it stops ear
 BATCH = 256
 
 
-def held_out_steps(episode: np.ndarray) -> tuple[np.ndarray, str]:
+def held_out_steps(episode: np.ndarray, block_steps: int = BLOCK_STEPS) -> tuple[np.ndarray, str]:
     """(``[n]`` bool: the steps held out, what they are): the last third of the episodes (at
     least one), or from a single episode the last third of its stretches
     (:func:`~nac_drive.interpret.probes.held_out_groups`)."""
-    groups, kind = held_out_groups(episode)
+    groups, kind = held_out_groups(episode, block_steps)
     order = list(dict.fromkeys(groups.tolist()))   # in the run's order
     if len(order) < 2:
         raise ValueError(f"episode: the dictionary needs 2 {kind} or more (one to learn from, one to score), "
@@ -84,7 +85,8 @@ def used_aurocs(codes: np.ndarray, variables: dict[str, np.ndarray]) -> np.ndarr
     return out
 
 
-def sparse_dictionary(x: np.ndarray, episode: np.ndarray, variables: dict[str, np.ndarray], seed: int = 0) -> dict:
+def sparse_dictionary(x: np.ndarray, episode: np.ndarray, variables: dict[str, np.ndarray], seed: int = 0,
+                      block_steps: int = BLOCK_STEPS) -> dict:
     """The dictionary of the module docstring, of ``x`` ``[n, units]`` (the core's outputs at
     steps of episodes ``episode`` ``[n]``), its atoms named after ``variables`` (name -> ``[n]``,
     NaN where unknown).
@@ -102,7 +104,7 @@ def sparse_dictionary(x: np.ndarray, episode: np.ndarray, variables: dict[str, n
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or len(x) != len(episode) or not np.isfinite(x).all():
         raise ValueError(f"x: expected finite [n={len(episode)}, units], got {list(x.shape)}")
-    held, which = held_out_steps(np.asarray(episode))
+    held, which = held_out_steps(np.asarray(episode), block_steps)
     train, test = x[~held], x[held]
     mean = train.mean(axis=0)
     scale = np.sqrt(np.mean(np.sum((train - mean) ** 2, axis=1))) or 1.0

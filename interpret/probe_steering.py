@@ -18,8 +18,9 @@ probe's direction steers left when pushed towards a left curve: ``change`` below
 ``left`` and above 0 for ``right``, and further than along most random directions (a push
 that changes the steering less than a random one says the steering does not read the
 probe's direction in particular). Each change is the mean over the steps with a 95%
-block-bootstrap interval over stretches of :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS`
-steps (:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
+block-bootstrap interval over stretches of the task's ``block_steps`` steps
+(:attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`;
+:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def steering(outputs: np.ndarray, action_names: list[str] | None) -> tuple[np.nd
 
 
 def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.ndarray,
-                  action_names: list[str] | None, seed: int = 0, sds: float = PUSH_SDS) -> dict:
+                  action_names: list[str] | None, seed: int = 0, sds: float = PUSH_SDS,
+                  block_steps: int = BLOCK_STEPS) -> dict:
     """The pushes of the module docstring, on ``core`` ``[n, units]`` (the core's outputs at
     the run's steps) with the probe of ``curvature`` ``[n]`` (NaN where unknown; left
     positive) fitted on them, the steps of episodes ``episode`` ``[n]``; ``action_names``: a
@@ -59,7 +61,7 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
 
     Returns ``mode``, ``sds``, ``steering`` (what it is), ``probe`` (its ``steps`` and
     ``in_sample_r2``), ``intact_steering`` (the mean), ``pushes`` (per push: its ``norm``
-    (|shift|), ``probe_change`` (how far the probe's reading moves, 1/track units),
+    (|shift|), ``probe_change`` (how far the probe's reading moves, 1/length unit),
     ``mean_steering`` and ``change``: ``mean``, ``ci95``, ``blocks``, ``items``),
     ``random_directions`` (``count``, the ``median_abs_change`` and ``max_abs_change`` of the
     mean steering change along them, and ``outdone``: the share of them whose |change| is below
@@ -73,7 +75,7 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
                          f"{list(curvature.shape)} and {len(episode)}")
     if not sds > 0:
         raise ValueError(f"sds: must be > 0, got {sds}")
-    blocks = episode_time_blocks(episode, BLOCK_STEPS)
+    blocks = episode_time_blocks(episode, block_steps)
     known = np.isfinite(curvature) & np.isfinite(core).all(axis=1)
     probe = fit_probe(core[known], curvature[known], blocks[known])
     w, _ = probe_direction(probe)

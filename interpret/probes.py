@@ -7,16 +7,18 @@ k, v, the NAC heads' outputs, the core's output) and each scene variable recorde
 heading error, speed), a ridge regression (scikit-learn; features standardised, its penalty
 chosen among :data:`ALPHAS` by an inner cross-validation over stretches of the training steps)
 is cross-fitted over folds of whole episodes: every step is predicted by a probe that never
-saw its episode (with one episode only, stretches of :data:`BLOCK_STEPS` steps stand for the
+saw its episode (with one episode only, stretches of ``block_steps`` steps stand for the
 episodes), and ``r2`` is the R^2 of those held-out predictions. The variables are fitted together
 (one ridge, a penalty each) on the steps where all of them are known.
 
 Control: the same probe on the targets block-permuted (:func:`block_permutation`: stretches of
-:data:`BLOCK_STEPS` steps moved whole to other places of the run, so the targets keep their
+``block_steps`` steps moved whole to other places of the run, so the targets keep their
 autocorrelation but lose their link with the representation); ``control_r2`` is near 0 or
 below. Intervals: 95% block bootstrap over those stretches
 (:func:`~nac_drive.simulators.episode_stats.block_bootstrap_interval`) of ``r2``,
 ``control_r2`` and ``above_control`` (their difference), the fitted probes held fixed.
+``block_steps``: the task's (:attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`;
+default CarRacing's :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS`).
 """
 
 from __future__ import annotations
@@ -32,16 +34,16 @@ RESAMPLES = 999
 MIN_GROUPS = 2                    # episodes (or stretches) a probe needs: one to train on, one to score
 
 
-def held_out_groups(episode: np.ndarray) -> tuple[np.ndarray, str]:
+def held_out_groups(episode: np.ndarray, block_steps: int = BLOCK_STEPS) -> tuple[np.ndarray, str]:
     """(``[n]`` the group each step is held out with, what the groups are): its episode, or
-    with a single episode its stretch of :data:`BLOCK_STEPS` steps (shorter stretches, at
-    least :data:`FOLDS` of them, in a short one)."""
+    with a single episode its stretch of ``block_steps`` steps (shorter stretches, at least
+    :data:`FOLDS` of them, in a short one)."""
     from nac_drive.simulators.episode_stats import episode_time_blocks
 
     episode = np.asarray(episode)
     if np.unique(episode).size >= 2:
         return episode, "episodes"
-    steps = max(1, min(BLOCK_STEPS, -(-len(episode) // FOLDS)))
+    steps = max(1, min(block_steps, -(-len(episode) // FOLDS)))
     return episode_time_blocks(episode, steps), f"stretches of {steps} steps"
 
 
@@ -111,7 +113,7 @@ def r2(y: np.ndarray, prediction: np.ndarray) -> float:
 
 
 def linear_probes(representations: dict[str, np.ndarray], variables: dict[str, np.ndarray], episode: np.ndarray,
-                  seed: int = 0, resamples: int = RESAMPLES) -> dict:
+                  seed: int = 0, resamples: int = RESAMPLES, block_steps: int = BLOCK_STEPS) -> dict:
     """Probes of every variable (name -> ``[n]``, NaN where unknown) from every representation
     (name -> ``[n, units]``) on the same ``n`` steps of episodes ``episode`` ``[n]`` (module
     docstring), on the steps where every variable probed is known.
@@ -128,8 +130,8 @@ def linear_probes(representations: dict[str, np.ndarray], variables: dict[str, n
     for name, x in representations.items():
         if x.ndim != 2 or len(x) != n:
             raise ValueError(f"representations[{name!r}]: expected [{n}, units], got {list(x.shape)}")
-    groups, held_out = held_out_groups(episode)
-    blocks = episode_time_blocks(episode, BLOCK_STEPS)
+    groups, held_out = held_out_groups(episode, block_steps)
+    blocks = episode_time_blocks(episode, block_steps)
     probed, skipped = {}, {}
     for name, values in variables.items():
         y = np.asarray(values, dtype=np.float64)
@@ -175,7 +177,7 @@ def linear_probes(representations: dict[str, np.ndarray], variables: dict[str, n
             for key, value, ci in zip(("r2", "control_r2", "above_control"), figures, cis):
                 row[key] = float(value)
                 row[f"{key}_ci95"] = [float(ci[0]), float(ci[1])] if np.isfinite(ci).all() else None
-    return {"held_out": held_out, "groups": int(np.unique(groups).size), "block_steps": BLOCK_STEPS,
+    return {"held_out": held_out, "groups": int(np.unique(groups).size), "block_steps": block_steps,
             "blocks": int(np.unique(blocks).size), "resamples": resamples, "seed": seed,
             "units": {rep: int(x.shape[1]) for rep, x in representations.items()},
             "variables": {name: {"steps": int(np.isfinite(y).sum()), "std": float(np.nanstd(y))}

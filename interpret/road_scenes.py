@@ -1,11 +1,12 @@
 """The Fig. 4 claim on scenes read from the road, not from the policy's actions.
 
-:mod:`nac_drive.interpret.fig4` classes steps by what the policy chose to do; here a CarRacing
-trace's scene members (:mod:`nac_drive.simulators.carracing_scene`, recorded while driving)
-class them by the road: the centre line's mean curvature over the
-:data:`~nac_drive.simulators.carracing_scene.CURVE_AHEAD` track units ahead is a left curve at
-``+CURVE`` (1/units) or more, a right curve at ``-CURVE`` or less, straight within
-``+-STRAIGHT``; the steps in between (gentle bends) are in no class.
+:mod:`nac_drive.interpret.fig4` classes steps by what the policy chose to do; here a trace's
+scene members (recorded while driving: :mod:`nac_drive.simulators.carracing_scene`,
+:mod:`nac_drive.simulators.udacity_scene`) class them by the road: the centre line's mean
+curvature over a distance ahead is a left curve at ``+curve`` (1/length unit) or more, a
+right curve at ``-curve`` or less, straight within ``+-straight``; the steps in between
+(gentle bends) are in no class. Those figures are the task's :class:`RoadScale`
+(:data:`ROAD_SCALES`): CarRacing's in track units, the Udacity emulator's in metres.
 
 Two readings, each with its verdict line:
 
@@ -15,26 +16,57 @@ Two readings, each with its verdict line:
 * ``qualitative``: whether a head's value tells the road's classes apart at all, whichever its
   direction: per head and quantity the AUROC of right curves against left curves (and of each
   curve against straights), ``effect`` = |AUROC - 0.5| (0 = no separation, 0.5 = perfect),
-  each with a 95% interval by a block bootstrap over stretches of :data:`BLOCK_STEPS` steps of
-  an episode (:func:`~nac_drive.simulators.episode_stats.block_bootstrap_interval`): a bend
-  lasts many frames, so neighbouring steps are one piece of evidence, not many.
+  each with a 95% interval by a block bootstrap over stretches of the task's ``block_steps``
+  steps of an episode (:func:`~nac_drive.simulators.episode_stats.block_bootstrap_interval`): a
+  bend lasts many frames, so neighbouring steps are one piece of evidence, not many.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from nac_drive.interpret.fig4 import MIN_STEPS, QUANTITIES, SCENES, auroc, claim_on_scenes, head_values, quantiles
-from nac_drive.simulators.carracing_scene import CURVE_AHEAD
+from nac_drive.simulators import carracing_scene, udacity_scene
 
+# CarRacing's, in track units (its road is ~13 wide)
 CURVE = 0.01         # 1/units: radius <= 100 units (~7.5 road widths) is a curve
-STRAIGHT = 0.003     # 1/units: radius >= ~333 units is straight
+STRAIGHT = 0.003     # 1/units: radius >= ~333 units (~25 road widths) is straight
 BLOCK_STEPS = 100    # steps of an episode resampled together (~ one bend's length at the policy's speed)
 RESAMPLES = 999
 # (name, positive class, negative class) of each AUROC; right_vs_left > 0.5 is the paper's direction
 COMPARISONS = (("right_vs_left", "right", "left"), ("left_vs_straight", "left", "straight"),
                ("right_vs_straight", "right", "straight"))
 VARIABLES = ("curvature", "cross_track_error", "heading_error", "speed")
+
+
+@dataclass(frozen=True)
+class RoadScale:
+    """What a curve, a straight and a bend's duration are in one task's units."""
+
+    curvature_ahead: float   # length units ahead over which the recorded curvature is averaged
+    length_unit: str
+    curve: float             # 1/length unit: |curvature| at or above it is a curve
+    straight: float          # 1/length unit: |curvature| at or below it is straight
+    block_steps: int         # steps of an episode resampled together (~ one bend's length at the policy's speed)
+
+
+ROAD_SCALES = {
+    "carracing": RoadScale(carracing_scene.CURVE_AHEAD, "track units", CURVE, STRAIGHT, BLOCK_STEPS),
+    # The emulator's road is 8 m wide: a curve is radius <= 60 m and straight >= 200 m, as many road widths as
+    # CarRacing's. Its turns reach 18 m (TrackSpec.min_turn_radius) and its loops (mean radius 75-110 m, driven
+    # counter-clockwise) bend left by ~1/90 m on average, so right curves are rarer than left ones. A curve's
+    # stretch is ~40 m (median over random-900000..9): ~150 steps at 9 mph and 15 Hz.
+    "udacity": RoadScale(udacity_scene.CURVE_AHEAD, "m", 1 / 60, 1 / 200, 150),
+}
+
+
+def road_scale(task: str) -> RoadScale:
+    """The :class:`RoadScale` of ``task`` ("carracing" or "udacity")."""
+    if task not in ROAD_SCALES:
+        raise ValueError(f"task: the road's scale is known for {sorted(ROAD_SCALES)}, not {task!r}")
+    return ROAD_SCALES[task]
 
 
 def road_sides(curvature: np.ndarray, curve: float = CURVE) -> np.ndarray:
@@ -70,10 +102,12 @@ def _heads(label: str, heads: list[int]) -> str:
     return f"{label} {', '.join(map(str, heads))}" if heads else ""
 
 
-def road_scenes(run, min_steps: int = MIN_STEPS, resamples: int = RESAMPLES, seed: int = 0) -> dict:
-    """The Fig. 4 claim on the road's scenes of a CarRacing trace with scene members (module
-    docstring). Returns ``thresholds`` (``curvature_ahead_units``, ``curve``, ``straight``),
-    ``block_steps``, ``blocks``, ``classes`` (traced steps per class), ``variables`` (the range
+def road_scenes(run, min_steps: int = MIN_STEPS, resamples: int = RESAMPLES, seed: int = 0,
+                task: str = "carracing") -> dict:
+    """The Fig. 4 claim on the road's scenes of a trace with scene members (module docstring),
+    driven on ``task`` (its :class:`RoadScale`). Returns ``task``, ``thresholds``
+    (``curvature_ahead``, ``length_unit``, ``curve``, ``straight``), ``block_steps``,
+    ``blocks``, ``classes`` (traced steps per class), ``variables`` (the range
     of each scene variable, :func:`~nac_drive.interpret.fig4.quantiles`), ``literal``
     (:func:`~nac_drive.interpret.fig4.claim_on_scenes` and its ``verdict`` line), ``effects``
     (per comparison, quantity and head: ``auroc``, ``auroc_ci95``, ``effect``,
@@ -82,11 +116,14 @@ def road_scenes(run, min_steps: int = MIN_STEPS, resamples: int = RESAMPLES, see
     ``verdict`` line)."""
     from nac_drive.simulators.episode_stats import block_bootstrap_interval, episode_time_blocks
 
+    scale = road_scale(task)
     if not run.has_scene:
-        raise ValueError(f"{run.path}: the trace has no scene (a CarRacing drive traced by this version records it)")
+        raise ValueError(f"{run.path}: the trace has no scene (a CarRacing drive, or a Udacity emulator drive "
+                         "in-process, traced by this version records it)")
     if not run.has_nac.any():
         raise ValueError(f"{run.path}: the run has no NAC trace (drive a NAC policy with --trace)")
-    classes, sides = road_classes(run.curvature), road_sides(run.curvature)
+    classes = road_classes(run.curvature, scale.curve, scale.straight)
+    sides = road_sides(run.curvature, scale.curve)
     traced = run.has_nac
     literal = claim_on_scenes(run, classes, sides, min_steps)
     literal["verdict"] = "literal thresholds on the road's scenes: " + "; ".join(
@@ -110,7 +147,7 @@ def road_scenes(run, min_steps: int = MIN_STEPS, resamples: int = RESAMPLES, see
                     out.append(auroc(x[finite], labels[finite]))
         return np.array(out)
 
-    blocks = episode_time_blocks(run.episode, BLOCK_STEPS)
+    blocks = episode_time_blocks(run.episode, scale.block_steps)
     point = aurocs(np.arange(run.num_steps)).reshape(len(COMPARISONS), len(QUANTITIES), heads)
     intervals = block_bootstrap_interval(aurocs, blocks, resamples, seed).reshape(len(COMPARISONS), len(QUANTITIES),
                                                                                   heads, 2)
@@ -142,8 +179,9 @@ def road_scenes(run, min_steps: int = MIN_STEPS, resamples: int = RESAMPLES, see
         qualitative[quantity] = {"verdict": verdict, "heads_separating": separating, "heads_paper_direction": paper_way}
     verdict = ("qualitative, left vs right curves (95% block-bootstrap interval of |AUROC - 0.5| above 0): "
                + "; ".join(f"{q} {v['verdict']}" for q, v in qualitative.items()))
-    return {"thresholds": {"curvature_ahead_units": CURVE_AHEAD, "curve": CURVE, "straight": STRAIGHT},
-            "block_steps": BLOCK_STEPS, "blocks": int(np.unique(blocks[traced]).size) if traced.any() else 0,
+    return {"task": task, "thresholds": {"curvature_ahead": scale.curvature_ahead, "length_unit": scale.length_unit,
+                                         "curve": scale.curve, "straight": scale.straight},
+            "block_steps": scale.block_steps, "blocks": int(np.unique(blocks[traced]).size) if traced.any() else 0,
             "resamples": resamples,
             "classes": {s: int((traced & (classes == SCENES.index(s))).sum()) for s in ("left", "straight", "right")},
             "variables": {name: quantiles(getattr(run, name)) for name in VARIABLES},

@@ -30,9 +30,10 @@ expert_action          float32     [N, E] expert / teacher action, NaN where unk
 reward                 float32     [N] NaN where unknown
 cross_track_error      float32     [N] NaN where unknown
 curvature              float32     [N] optional: the scene from the simulator's track
-heading_error                      (:mod:`nac_drive.simulators.carracing_scene`: curvature
+heading_error                      (:mod:`nac_drive.simulators.centre_line`: curvature
 speed                              ahead 1/units, left +; heading error radians, left +;
-                                   speed units/s), NaN where unknown
+                                   speed units/s; units: CarRacing's track units, the
+                                   Udacity emulator's metres), NaN where unknown
 has_nac                bool        [N] the step came with a NAC trace
 nac_step               int64       [N] the layer's step index of the query (-1: no trace)
 q, k, v                float32     [N, D] sensory gate activations
@@ -269,7 +270,8 @@ class RunTrace:
 
     @property
     def has_scene(self) -> bool:
-        """Whether any step has the road's scene (:data:`SCENE_FIELDS`; a CarRacing drive's)."""
+        """Whether any step has the road's scene (:data:`SCENE_FIELDS`; a CarRacing drive's, or
+        a Udacity emulator drive's in-process)."""
         return bool(np.isfinite(self.curvature).any())
 
     def frame_jpeg(self, i: int) -> bytes:
@@ -597,7 +599,7 @@ class RunRecorder:
         nac_trace: the :class:`NACTrace` of :meth:`NAC.step` (batch 1). nac_step: the
         layer's step index of this query; by default the number of traces recorded
         since the last :meth:`new_episode`. timestamp: seconds (default: wall clock).
-        scene: the road's scene at this step (:func:`~nac_drive.simulators.carracing_scene.scene_variables`;
+        scene: the road's scene at this step (:func:`~nac_drive.simulators.centre_line.centre_line_scene`;
         its :data:`SCENE_FIELDS` are kept, a missing one is NaN).
         """
         self._check_writer()

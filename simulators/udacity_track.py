@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nac_drive.simulators.centre_line import segments
+
 MAX_STEER_DEG = 25.0
 MPH_PER_MPS = 2.2369363
 
@@ -60,7 +62,9 @@ class Track:
     """A closed centre line sampled every ~0.5 m, with tangents, curvature and a painted texture.
 
     Attributes: points [N, 2], tangents [N, 2] (unit), normals [N, 2] (unit, to the left),
-    curvature [N] (1/m, positive = left curve), s [N] (arc length), length (m).
+    curvature [N] (1/m, positive = left curve), s [N] (arc length), length (m), and the
+    segments from point i to point i + 1 (:func:`~nac_drive.simulators.centre_line.segments`):
+    segment_headings [N] (radians), segment_lengths [N] (m).
     """
 
     def __init__(self, spec: TrackSpec, spacing: float = 0.5):
@@ -96,6 +100,7 @@ class Track:
         heading = np.unwrap(np.arctan2(self.tangents[:, 1], self.tangents[:, 0]))
         dh = np.gradient(np.concatenate([heading[-2:] - 2 * math.pi, heading, heading[:2] + 2 * math.pi]))[2:-2]
         self.curvature = dh / (self.length / n)
+        self.segment_headings, self.segment_lengths = segments(self.points)
 
     # ---- geometry -------------------------------------------------------------------
     def pose_at(self, s: float) -> tuple[float, float, float]:

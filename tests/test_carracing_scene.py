@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from nac_drive.agents.teacher import PurePursuitTeacher
-from nac_drive.simulators.carracing_scene import curvature_ahead, scene_variables, wrap_angle
+from nac_drive.simulators.carracing_scene import scene_variables
+from nac_drive.simulators.centre_line import curvature_ahead, wrap_angle
 
 
 class _Vec(SimpleNamespace):

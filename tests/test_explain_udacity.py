@@ -162,6 +162,65 @@ def test_the_emulator_drive_feeds_what_the_bridge_feeds_and_stops_off_the_road()
     assert straight.resets == 1 and len(seen) == 30 and seen[0]["shape"] == (160, 320, 3)
     assert [s["timestamp"] for s in seen] == pytest.approx([i / 15 for i in range(30)])
     assert seen[0]["speed"] == 0.0 and 0 < seen[-1]["speed"] < 9.5 and seen[0]["cte"] == 0.0   # the speed controller
+    # and the road's scene, which only the emulator in-process knows (m/s, the telemetry's speed is in mph)
+    assert all(s["scene"]["cross_track_error"] == s["cte"] for s in seen)
+    assert seen[-1]["scene"]["speed"] == pytest.approx(seen[-1]["speed"] / 2.2369363)
+
+
+# ------------------------------------------------------------------ the road's scene
+def test_explain_of_a_small_udacity_policy_reads_the_road_from_the_emulator(tmp_path):
+    """In-process, a small untrained PilotNet+NAC policy on one held-out track: the drive records
+    the emulator's scene, so the scenes section runs in metres and the probes and their push
+    have all four variables."""
+    from nac_drive.cli.commands.explain import format_scenes
+    from nac_drive.interpret.road_scenes import VARIABLES
+    from nac_drive.pipeline.explain import ExplainArgs, explain
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    torch.manual_seed(0)
+    small = PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1, feature_dim=8,
+                         frame_dt=1 / 15, core=CoreConfig(window=4, d_model=8, num_heads=2, topk=2, backbone_units=6))
+    checkpoint = DrivingPolicy(small).save_pretrained(tmp_path / "policy")
+    report = explain(ExplainArgs(policy=str(checkpoint), episodes=1, max_steps=150, saliency_frames=0,
+                                 window_method="none", closed_loop_tracks=0, out=str(tmp_path / "explain")),
+                     progress=False)
+    steps = report["drive"]["lengths"][0]
+    assert steps > 100 and "scenes" not in report["skipped"]
+    scenes = report["scenes"]
+    assert scenes["task"] == "udacity" and scenes["block_steps"] == 150
+    assert scenes["thresholds"] == {"curvature_ahead": 24.0, "length_unit": "m", "curve": 1 / 60, "straight": 1 / 200}
+    assert scenes["variables"]["curvature"]["count"] == steps and sum(scenes["classes"].values()) <= steps
+    text = format_scenes(scenes)[0]
+    assert "curvature over 24 m ahead, 1/m: a curve at |curvature| >= 0.0167 (radius <= 60 m)" in text
+    probes = report["probes"]
+    assert set(probes["variables"]) == set(VARIABLES) and probes["variables_skipped"] == {}
+    assert {row["variable"] for row in probes["scores"]} == set(VARIABLES) and probes["block_steps"] == 150
+    push = probes["intervention"]
+    assert push is not None and push["probe"]["steps"] == steps
+    assert push["steering"] == "steering output (positive right)"
+    run = load_trace(tmp_path / "explain")
+    assert run.has_scene and np.isfinite(run.curvature).all() and np.isfinite(run.heading_error).all()
+
+
+def test_a_trace_without_the_scene_loads_and_explain_names_why_it_skips_the_scenes(tmp_path):
+    """What the bridge records from the Unity simulator, which sends no cte and no scene."""
+    from nac_drive.interpret.road_scenes import road_scenes
+    from nac_drive.interpret.trace import SCENE_FIELDS
+    from nac_drive.pipeline.explain import NO_SCENE, probes_section, skipped_sections
+
+    episodes = road_episodes(episodes=2, steps=20, size=(160, 320))
+    policy = one_neuron_steering_policy([f for e in episodes for f in e])
+    run = record_udacity_run(policy, episodes, tmp_path / "run", cte=None)
+    assert run.num_steps == 40 and not run.has_scene
+    assert all(np.isnan(getattr(run, name)).all() for name in (*SCENE_FIELDS, "cross_track_error"))
+    assert skipped_sections("nac", run=run) == {"scenes": NO_SCENE} and "the Unity simulator sends none" in NO_SCENE
+    with pytest.raises(ValueError, match="no scene"):
+        road_scenes(run, task="udacity")
+    probes = probes_section(run, policy)
+    assert set(probes["variables_skipped"]) == {"curvature", "cross_track_error", "heading_error", "speed"}
+    assert probes["scores"] == [] and probes["intervention"] is None
+    assert probes["intervention_skipped"] == "needs the curve ahead: not recorded in this trace"
 
 
 # ------------------------------------------------------------------ the dashboard
@@ -195,6 +254,7 @@ def test_explain_a_udacity_policy_end_to_end(tmp_path):
     assert report["task"] == "udacity" and set(report) >= {"run", "policy", "trace_sha256", "drive", "fig4", "atlas",
                                                            "saliency", "window", "mirror", "closed_loop"}
     assert report["mirror"]["decision"] == "steering side" and report["mirror"]["steering_symmetry_error"] >= 0
+    assert report["scenes"]["task"] == "udacity" and report["probes"]["intervention"] is not None   # the emulator's road
 
     drive = report["drive"]
     assert drive["tracks"] == ["random-900000"] and drive["seeds"] == [900000] and drive["lengths"] == [120]

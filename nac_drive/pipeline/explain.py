@@ -15,7 +15,7 @@ closed loop scores the mean |cross-track error| instead of the return.
 :func:`explain` writes ``RUN_DIR/explain.json``, one key per analysis section, each made by
 one function here that returns a JSON-able dict: ``fig4`` (:func:`fig4_section`, the paper's
 Fig. 4 claim), ``scenes`` (:func:`scenes_section`, the same claim on classes read from the road's
-curvature; CarRacing only), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
+curvature, in the task's units), ``atlas`` (:func:`atlas_section`, the neuron atlas), ``saliency``
 (:func:`saliency_section`, how faithful the saliency maps are), ``window``
 (:func:`window_section`, which past frame each decision used; also
 ``RUN_DIR/window_attribution.npz``, which the dashboard shows), ``mirror``
@@ -26,7 +26,8 @@ linearly on held-out episodes, and the steering pushed along the curvature probe
 (:func:`closed_loop_section`, chosen neurons silenced while the policy drives), besides
 ``task``, ``core``, ``run``, ``policy``, ``trace_sha256``, ``drive`` (the traced drive's figures)
 and ``skipped`` (section -> why it is null: the NAC-only sections of another core, a section
-turned off by its argument; empty when every section ran). NaN is written as null.
+turned off by its argument, ``scenes`` of a trace without the road's scene; empty when every
+section ran). NaN is written as null.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_
 
 MEASURES = "measurements"
 PARTIAL_FILE = "explain.partial.json"   # the sections finished so far; removed once explain.json is written
+NO_SCENE = ("the trace records no road scene (curvature ahead): a CarRacing drive and a Udacity emulator drive "
+            "in-process record it, the Unity simulator sends none")
 
 
 @dataclass
@@ -165,7 +168,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     replayed = cache(lambda: replay_representations(run, policy, args.frames))   # probes and dictionary share it
     sections = {
         "fig4": lambda: fig4_section(run),
-        "scenes": lambda: scenes_section(run, seed),
+        "scenes": lambda: scenes_section(run, config.task, seed),
         "atlas": lambda: atlas_section(run, policy, args.frames, progress),
         "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
         "window": lambda: window_section(run_dir, policy, args.window_method, progress),
@@ -233,20 +236,19 @@ def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool
     if drive.get("trace_failure"):   # never measure a trace cut short by a full disk
         raise OSError(f"--out: {drive['trace_failure']}")
     run = load_trace(run_dir)
-    skipped = skipped_sections(config.core.core, args)
-    if not run.has_scene:
-        skipped.setdefault("scenes", "the road's scene is read from CarRacing's track only (the Udacity emulator's "
-                                     "is not recorded)")
+    skipped = skipped_sections(config.core.core, args, run)
     return run_dir, run, {
         "task": config.task, "core": config.core.core, "run": str(run_dir), "policy": drive["policy"],
         "trace_sha256": run.sha256, "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]}, "skipped": skipped,
     }
 
 
-def skipped_sections(core: str, args: ExplainArgs | None = None) -> dict[str, str]:
-    """The sections of explain.json a policy with this ``core`` (and these ``args``) leaves
-    null, each with why: those needing the NAC's states (:data:`NAC_STATES_NEEDED`) for any
-    other core, and those ``args`` turn off (``--saliency-frames 0``, ``--window-method none``)."""
+def skipped_sections(core: str, args: ExplainArgs | None = None, run=None) -> dict[str, str]:
+    """The sections of explain.json a policy with this ``core`` (and these ``args``, on this
+    ``run``'s trace) leaves null, each with why: those needing the NAC's states
+    (:data:`NAC_STATES_NEEDED`) for any other core, those ``args`` turn off
+    (``--saliency-frames 0``, ``--window-method none``) and ``scenes`` when the trace has no
+    road scene (:data:`NO_SCENE`)."""
     skipped = {} if core == "nac" else {
         section: f"needs {needs}; this policy's core is {core}"
         for section, needs in NAC_STATES_NEEDED.items() if needs is not None}
@@ -254,6 +256,8 @@ def skipped_sections(core: str, args: ExplainArgs | None = None) -> dict[str, st
         skipped.setdefault("saliency", "--saliency-frames 0")
     if args is not None and args.window_method == "none":
         skipped.setdefault("window", "--window-method none")
+    if run is not None and not run.has_scene:
+        skipped.setdefault("scenes", NO_SCENE)
     return skipped
 
 
@@ -264,12 +268,12 @@ def fig4_section(run) -> dict:
     return jsonable(fig4_claim(run))
 
 
-def scenes_section(run, seed: int = 0) -> dict:
-    """The Fig. 4 claim on the road's scenes (curvature ahead from the track, recorded in a
-    CarRacing trace): :func:`~nac_drive.interpret.road_scenes.road_scenes`."""
+def scenes_section(run, task: str = "carracing", seed: int = 0) -> dict:
+    """The Fig. 4 claim on the road's scenes (curvature ahead from the track, recorded while
+    driving), in ``task``'s units: :func:`~nac_drive.interpret.road_scenes.road_scenes`."""
     from nac_drive.interpret.road_scenes import road_scenes
 
-    return jsonable(road_scenes(run, seed=seed))
+    return jsonable(road_scenes(run, seed=seed, task=task))
 
 
 def atlas_section(run, policy, frames: int | None = None, progress: bool = False) -> dict:
@@ -327,18 +331,22 @@ def probes_section(run, policy, seed: int = 0, replayed=None) -> dict:
     ``skipped``: the representations this core lacks, each with why), and ``intervention``:
     the steering as the core's output is pushed along the curvature probe
     (:func:`~nac_drive.interpret.probe_steering.push_steering`; None without a recorded
-    curvature, ``intervention_skipped`` says why). ``replayed``: :func:`replay_representations`'s
-    (default: of every step)."""
+    curvature, ``intervention_skipped`` says why); blocks of the policy's task's
+    :attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`. ``replayed``:
+    :func:`replay_representations`'s (default: of every step)."""
     from nac_drive.interpret.probe_steering import push_steering
     from nac_drive.interpret.probes import linear_probes
+    from nac_drive.interpret.road_scenes import road_scale
 
     found, skipped, stream = replayed or replay_representations(run, policy)
     n = len(stream.outputs)
-    result = linear_probes(found, scene_targets(run, n), run.episode[:n], seed)
+    block_steps = road_scale(policy.config.task).block_steps
+    result = linear_probes(found, scene_targets(run, n), run.episode[:n], seed, block_steps=block_steps)
     result["skipped"] = skipped
     if "curvature" in result["variables"]:
         names = (run.metadata.get("action_names") or []) if policy.config.action == "discrete" else None
-        result["intervention"] = push_steering(policy, found["core"], run.curvature[:n], run.episode[:n], names, seed)
+        result["intervention"] = push_steering(policy, found["core"], run.curvature[:n], run.episode[:n], names, seed,
+                                               block_steps=block_steps)
     else:
         result["intervention"] = None
         result["intervention_skipped"] = f"needs the curve ahead: {result['variables_skipped']['curvature']}"
@@ -348,13 +356,16 @@ def probes_section(run, policy, seed: int = 0, replayed=None) -> dict:
 def dictionary_section(run, policy, seed: int = 0, replayed=None) -> dict:
     """A sparse dictionary of the core's output, its variance explained on held-out episodes
     and each atom named by the scene variable it follows
-    (:func:`~nac_drive.interpret.dictionary.sparse_dictionary`). ``replayed``:
-    :func:`replay_representations`'s (default: of every step)."""
+    (:func:`~nac_drive.interpret.dictionary.sparse_dictionary`; a single episode's stretches of
+    the policy's task's :attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`).
+    ``replayed``: :func:`replay_representations`'s (default: of every step)."""
     from nac_drive.interpret.dictionary import sparse_dictionary
+    from nac_drive.interpret.road_scenes import road_scale
 
     found, _, stream = replayed or replay_representations(run, policy)
     n = len(stream.outputs)
-    return jsonable(sparse_dictionary(found["core"], run.episode[:n], scene_targets(run, n), seed))
+    return jsonable(sparse_dictionary(found["core"], run.episode[:n], scene_targets(run, n), seed,
+                                      block_steps=road_scale(policy.config.task).block_steps))
 
 
 def window_section(run_dir: Path, policy, method: str = "integrated_gradients", progress: bool = False) -> dict:

@@ -89,15 +89,17 @@ def _value_unit_passed_on(policy: DrivingPolicy, frames: list[np.ndarray], unit:
     return policy
 
 
-def record_udacity_run(policy: DrivingPolicy, episodes: list[list[np.ndarray]], run_dir: str | os.PathLike):
+def record_udacity_run(policy: DrivingPolicy, episodes: list[list[np.ndarray]], run_dir: str | os.PathLike,
+                       cte: float | None = 0.0):
     """Drive a Udacity ``policy`` over the frames of each episode as the bridge feeds it
-    (observations ``{"image", "timestamp", "speed", "cte"}``, 15 Hz) and return the loaded run."""
+    (observations ``{"image", "timestamp", "speed", "cte"}``, 15 Hz, no scene; ``cte`` None:
+    as from the Unity simulator, which sends none) and return the loaded run."""
     recorder = RunRecorder(run_dir, nac=policy.core.nac, action_names=["steering"])
     driver = PolicyDriver(policy, recorder=recorder)
     for frames in episodes:
         driver.reset()
         for i, frame in enumerate(frames):
-            driver.act({"image": frame, "timestamp": i / 15, "speed": 9.0, "cte": 0.0})
+            driver.act({"image": frame, "timestamp": i / 15, "speed": 9.0, "cte": cte})
     recorder.save()
     return load_trace(run_dir)
 

@@ -14,9 +14,9 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   right; logits below 0.6 left, above 0.65 right), per head, stated as reproduced or not;
   scenes from the chosen actions, or for Udacity the steering's sign outside a deadband of
   0.05 (1.25 degrees);
-* scenes: the same claim on classes read from the road (CarRacing's track curvature ahead):
-  the literal thresholds, and a direction-free AUROC of left vs right curves per head with a
-  block-bootstrap interval, each with a verdict line;
+* scenes: the same claim on classes read from the road (the track's curvature ahead, from
+  CarRacing's track or the emulator's): the literal thresholds, and a direction-free AUROC of
+  left vs right curves per head with a block-bootstrap interval, each with a verdict line;
 * atlas: for every traced neuron (q/k/v units, each head's inter/command/motor neurons)
   and each head, the AUROC with which it separates right from left steps, its mutual
   information with the chosen action (Udacity: the steering's side, left/straight/right),
@@ -41,10 +41,10 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   and which units of the core's output (and of the NAC heads' outputs) swap with another, keep
   their value or change sign;
 * probes: ridge probes of the scene variables (curvature ahead, cross-track error, heading
-  error, speed; Udacity: the cross-track error) from q, k, v, the NAC heads' outputs and the
-  core's output, scored by R^2 on held-out episodes beside the same probe on block-permuted
-  targets, with block-bootstrap intervals; then the core's output pushed along the curvature
-  probe (open loop, on the recorded frames) and the steering's change;
+  error, speed) from q, k, v, the NAC heads' outputs and the core's output, scored by R^2 on
+  held-out episodes beside the same probe on block-permuted targets, with block-bootstrap
+  intervals; then the core's output pushed along the curvature probe (open loop, on the
+  recorded frames) and the steering's change;
 * dictionary: a sparse dictionary of the core's output (scikit-learn), its variance explained
   on held-out episodes at 1-16 atoms a step against the 90% target, each atom named by the
   scene variable it follows best;
@@ -162,9 +162,11 @@ def format_scenes(scenes: dict) -> list[str]:
     """The scenes section as text lines: the road's classes, AUROC right vs left curves per head
     with its interval, then the literal and the qualitative verdict lines."""
     limits = scenes["thresholds"]
+    unit = limits["length_unit"]
     classes = ", ".join(f"{s} {n}" for s, n in scenes["classes"].items())
-    lines = [f"Fig. 4 on the road's scenes (curvature over {limits['curvature_ahead_units']:g} track units ahead: "
-             f"a curve at |curvature| >= {limits['curve']:g}, straight <= {limits['straight']:g}; left positive). "
+    lines = [f"Fig. 4 on the road's scenes (curvature over {limits['curvature_ahead']:g} {unit} ahead, 1/{unit}: "
+             f"a curve at |curvature| >= {limits['curve']:.3g} (radius <= {1 / limits['curve']:.0f} {unit}), "
+             f"straight <= {limits['straight']:.3g} (radius >= {1 / limits['straight']:.0f} {unit}); left positive). "
              f"Traced steps: {classes}",
              f"{'head':>4} {'quantity':<14}{'AUROC R>L':>11}{'95% CI':>16}   (block bootstrap, "
              f"{scenes['blocks']} blocks of {scenes['block_steps']} steps)"]
