@@ -21,7 +21,6 @@ import math
 from nac_drive.simulators.centre_line import centre_line_scene
 
 CURVE_AHEAD = 40.0   # track units (~3 road widths, ~11 segments): the road the policy's frame shows ahead
-SCENE_FIELDS = ("curvature", "cross_track_error", "heading_error", "speed")
 
 
 def scene_variables(env, reader, distance: float = CURVE_AHEAD) -> dict[str, float]:
