@@ -20,9 +20,19 @@ that changes the steering less than a random one says the steering does not read
 probe's direction in particular). Each change is the mean over the steps with a 95%
 block-bootstrap interval over stretches of :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS`
 steps (:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
+
+Closed loop (explain's ``push`` section, :func:`~nac_drive.pipeline.explain.push_section`): the
+policy drives held-out tracks intact, then with every step's core output moved by the same
+``left`` and ``right`` shifts and by those of the first :data:`CLOSED_LOOP_RANDOM` random
+directions (the control); what it then steers changes what it sees next. Each change is the
+mean over the tracks of each track's change of its mean steering, paired with the same track
+driven intact, with a 95% BCa interval (:func:`~nac_drive.simulators.episode_stats.paired_change`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -31,7 +41,14 @@ from nac_drive.interpret.road_scenes import BLOCK_STEPS
 
 PUSH_SDS = 2.0   # how far each push moves the core's output: standard deviations along its direction
 RANDOM_DIRECTIONS = 20
+CLOSED_LOOP_RANDOM = 4   # of them driven in the closed loop (each a drive of every track)
 BEYOND_RANDOM = 0.95   # the share of random directions a push must outdo for the verdict "follows"
+
+
+def steering_values(action_names: list[str] | None, outputs: np.ndarray) -> np.ndarray:
+    """:func:`steering`'s values alone, ``[n]``; ``action_names`` first, so that
+    ``partial(steering_values, names)`` reads the head's outputs (and pickles: a Ray task takes it)."""
+    return steering(outputs, action_names)[0]
 
 
 def steering(outputs: np.ndarray, action_names: list[str] | None) -> tuple[np.ndarray, str]:
@@ -50,22 +67,18 @@ def steering(outputs: np.ndarray, action_names: list[str] | None) -> tuple[np.nd
     return outputs[:, 0], "steering output (positive right)"
 
 
-def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.ndarray,
-                  action_names: list[str] | None, seed: int = 0, sds: float = PUSH_SDS) -> dict:
-    """The pushes of the module docstring, on ``core`` ``[n, units]`` (the core's outputs at
-    the run's steps) with the probe of ``curvature`` ``[n]`` (NaN where unknown; left
-    positive) fitted on them, the steps of episodes ``episode`` ``[n]``; ``action_names``: a
-    discrete policy's (None: a steering policy, :func:`steering`).
+def curvature_pushes(core: np.ndarray, curvature: np.ndarray, episode: np.ndarray, seed: int = 0,
+                     sds: float = PUSH_SDS) -> dict:
+    """The probe of ``curvature`` ``[n]`` (NaN where unknown; left positive) fitted on ``core``
+    ``[n, units]`` (the core's outputs at the run's steps, of episodes ``episode`` ``[n]``), and the
+    shifts of the core's output it gives (the module docstring).
 
-    Returns ``mode``, ``sds``, ``steering`` (what it is), ``probe`` (its ``steps`` and
-    ``in_sample_r2``), ``intact_steering`` (the mean), ``pushes`` (per push: its ``norm``
-    (|shift|), ``probe_change`` (how far the probe's reading moves, 1/track units),
-    ``mean_steering`` and ``change``: ``mean``, ``ci95``, ``blocks``, ``items``),
-    ``random_directions`` (``count``, the ``median_abs_change`` and ``max_abs_change`` of the
-    mean steering change along them, and ``outdone``: the share of them whose |change| is below
-    the ``left`` push's) and a ``verdict`` (:func:`push_verdict`)."""
+    Returns ``probe`` (its ``steps`` and ``in_sample_r2``), ``reads`` (``[units]`` its weights
+    ``w``: it reads ``core @ w`` plus a constant), ``blocks`` (``[n]`` the steps' stretches of
+    :data:`~nac_drive.interpret.road_scenes.BLOCK_STEPS`) and ``shifts`` (name -> ``[units]``:
+    ``left``, ``right``, then ``random 1`` ... ``random`` :data:`RANDOM_DIRECTIONS`, seeded)."""
     from nac_drive.interpret.probes import fit_probe, probe_direction
-    from nac_drive.simulators.episode_stats import episode_time_blocks, paired_block_change
+    from nac_drive.simulators.episode_stats import episode_time_blocks
 
     core, curvature = np.asarray(core, dtype=np.float64), np.asarray(curvature, dtype=np.float64)
     if core.ndim != 2 or len(core) != len(curvature) or len(core) != len(episode):
@@ -82,31 +95,69 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
     towards_left = w / np.linalg.norm(w)
     controls = np.random.default_rng(seed).normal(size=(RANDOM_DIRECTIONS, len(w)))
     controls /= np.linalg.norm(controls, axis=1, keepdims=True)
-    policy.eval()
-    y = torch.from_numpy(core).float()
-    with torch.no_grad():
-        intact, what = steering(policy.head(y).numpy(), action_names)
+    directions = {"left": towards_left, "right": -towards_left,
+                  **{f"random {i + 1}": direction for i, direction in enumerate(controls)}}
+    return {"probe": {"steps": int(known.sum()), "in_sample_r2": float(probe.score(core[known], curvature[known]))},
+            "reads": w, "blocks": blocks,
+            "shifts": {name: sds * np.std(core @ d) * d for name, d in directions.items()}}
 
-    def pushed(direction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:   # (shift [units], steering [n])
-        shift = sds * np.std(core @ direction) * direction
-        with torch.no_grad(), policy.core_shifted(shift):
-            return shift, steering(policy.head(y).numpy(), action_names)[0]
 
-    pushes = []
-    for name, direction in (("left", towards_left), ("right", -towards_left), ("random +", controls[0]),
-                            ("random -", -controls[0])):
-        shift, steered = pushed(direction)
-        pushes.append({"push": name, "norm": float(np.linalg.norm(shift)), "probe_change": float(w @ shift),
-                       "mean_steering": float(steered.mean()), "change": paired_block_change(intact, steered, blocks)})
-    random_changes = np.abs([np.mean(pushed(direction)[1] - intact) for direction in controls])
-    random = {"count": RANDOM_DIRECTIONS, "median_abs_change": float(np.median(random_changes)),
-              "max_abs_change": float(random_changes.max()),
-              "outdone": float(np.mean(random_changes < abs(pushes[0]["change"]["mean"])))}
-    return {"mode": "open loop: the recorded frames' core outputs pushed, the head read again", "sds": sds,
-            "steering": what, "probe": {"steps": int(known.sum()),
-                                        "in_sample_r2": float(probe.score(core[known], curvature[known]))},
-            "intact_steering": float(intact.mean()), "pushes": pushes, "random_directions": random,
+def compare_pushes(shifts: dict[str, np.ndarray], steered: dict[str, np.ndarray], intact: np.ndarray,
+                   reads: np.ndarray, change: Callable[[np.ndarray, np.ndarray], dict], rows: list[str],
+                   controls: list[str]) -> dict:
+    """The steering under each push beside ``intact`` ``[m]`` (per step, or per track): ``shifts``
+    (name -> ``[units]``) and ``steered`` (name -> ``[m]``, the steering under it); ``reads``: the
+    probe's weights; ``change(intact, steered)``: the paired change (``mean``, ``ci95``, ...).
+
+    Returns ``intact_steering`` (the mean), ``pushes`` (per name of ``rows``: its ``norm``
+    (|shift|), ``probe_change`` (how far the probe's reading moves, 1/track units),
+    ``mean_steering`` and ``change``), ``random_directions`` over the pushes named in ``controls``
+    (``count``, the ``median_abs_change`` and ``max_abs_change`` of the mean steering change along
+    them, and ``outdone``: the share of them whose |change| is below the ``left`` push's) and a
+    ``verdict`` (:func:`push_verdict`)."""
+    pushes = [{"push": name, "norm": float(np.linalg.norm(shifts[name])), "probe_change": float(reads @ shifts[name]),
+               "mean_steering": float(np.mean(steered[name])), "change": change(intact, steered[name])}
+              for name in rows]
+    random_changes = np.abs([np.mean(steered[name] - intact) for name in controls])
+    left = abs(float(np.mean(steered["left"] - intact)))
+    random = {"count": len(controls), "median_abs_change": float(np.median(random_changes)),
+              "max_abs_change": float(random_changes.max()), "outdone": float(np.mean(random_changes < left))}
+    return {"intact_steering": float(np.mean(intact)), "pushes": pushes, "random_directions": random,
             "verdict": push_verdict(pushes, random["outdone"])}
+
+
+def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.ndarray,
+                  action_names: list[str] | None, seed: int = 0, sds: float = PUSH_SDS) -> dict:
+    """The open-loop pushes of the module docstring, on ``core`` ``[n, units]`` (the core's
+    outputs at the run's steps) with the probe of ``curvature`` ``[n]`` (NaN where unknown; left
+    positive) fitted on them, the steps of episodes ``episode`` ``[n]``
+    (:func:`curvature_pushes`); ``action_names``: a discrete policy's (None: a steering policy,
+    :func:`steering`).
+
+    Returns ``mode``, ``sds``, ``steering`` (what it is), ``probe`` (its ``steps`` and
+    ``in_sample_r2``) and :func:`compare_pushes`'s figures: each push's ``change`` per step
+    (``mean``, ``ci95``, ``blocks``, ``items``: a block bootstrap), pushes ``left``, ``right``,
+    ``random +`` and ``random -`` (the first random direction both ways), and all
+    :data:`RANDOM_DIRECTIONS` random directions as the control."""
+    from nac_drive.simulators.episode_stats import paired_block_change
+
+    pushed = curvature_pushes(core, curvature, episode, seed, sds)
+    shifts = pushed["shifts"]
+    shifts = {**shifts, "random +": shifts["random 1"], "random -": -shifts["random 1"]}
+    policy.eval()
+    y = torch.from_numpy(np.asarray(core, dtype=np.float64)).float()
+
+    def steered(shift: np.ndarray | None) -> tuple[np.ndarray, str]:   # ([n] steering, what it is)
+        with torch.no_grad(), policy.core_shifted(shift):
+            return steering(policy.head(y).numpy(), action_names)
+
+    intact, what = steered(None)
+    rows = ["left", "right", "random +", "random -"]
+    controls = [f"random {i + 1}" for i in range(RANDOM_DIRECTIONS)]
+    compared = compare_pushes(shifts, {name: steered(shifts[name])[0] for name in rows + controls}, intact,
+                              pushed["reads"], partial(paired_block_change, blocks=pushed["blocks"]), rows, controls)
+    return {"mode": "open loop: the recorded frames' core outputs pushed, the head read again", "sds": sds,
+            "steering": what, "probe": pushed["probe"], **compared}
 
 
 def push_verdict(pushes: list[dict], outdone: float) -> str:
