@@ -23,8 +23,8 @@ steps (:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
 
 Closed loop (explain's ``push`` section, :func:`~nac_drive.pipeline.explain.push_section`): the
 policy drives held-out tracks intact, then with every step's core output moved by the same
-``left`` and ``right`` shifts and by those of the first :data:`CLOSED_LOOP_RANDOM` random
-directions (the control); what it then steers changes what it sees next. Each change is the
+``left`` and ``right`` shifts and by those of the first few random directions (the control;
+:data:`~nac_drive.pipeline.explain.PUSH_RANDOM`); what it then steers changes what it sees next. Each change is the
 mean over the tracks of each track's change of its mean steering, paired with the same track
 driven intact, with a 95% BCa interval (:func:`~nac_drive.simulators.episode_stats.paired_change`).
 """
@@ -41,7 +41,6 @@ from nac_drive.interpret.road_scenes import BLOCK_STEPS
 
 PUSH_SDS = 2.0   # how far each push moves the core's output: standard deviations along its direction
 RANDOM_DIRECTIONS = 20
-CLOSED_LOOP_RANDOM = 4   # of them driven in the closed loop (each a drive of every track)
 BEYOND_RANDOM = 0.95   # the share of random directions a push must outdo for the verdict "follows"
 
 
@@ -63,8 +62,13 @@ def steering(outputs: np.ndarray, action_names: list[str] | None) -> tuple[np.nd
         from scipy.special import softmax
 
         p = softmax(outputs, axis=1)
-        return p[:, names.index("right")] - p[:, names.index("left")], "P(right) - P(left)"
-    return outputs[:, 0], "steering output (positive right)"
+        return p[:, names.index("right")] - p[:, names.index("left")], steering_kind(names)
+    return outputs[:, 0], steering_kind(None)
+
+
+def steering_kind(action_names: list[str] | None) -> str:
+    """What :func:`steering` reads with these ``action_names``."""
+    return "steering output (positive right)" if action_names is None else "P(right) - P(left)"
 
 
 def curvature_pushes(core: np.ndarray, curvature: np.ndarray, episode: np.ndarray, seed: int = 0,

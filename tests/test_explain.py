@@ -66,8 +66,9 @@ def test_one_table_decides_which_sections_a_core_skips():
     for core in set(CORES) - {"nac"}:
         skipped = skipped_sections(core)
         assert set(skipped) == nac_only and all(f"core is {core}" in why for why in skipped.values())
-    off = skipped_sections("nac", ExplainArgs(saliency_frames=0, window_method="none"))
-    assert off == {"saliency": "--saliency-frames 0", "window": "--window-method none"}
+    off = skipped_sections("nac", ExplainArgs(saliency_frames=0, window_method="none", closed_loop_tracks=0))
+    assert off == {"saliency": "--saliency-frames 0", "window": "--window-method none",
+                   "push": "--closed-loop-tracks 0"}
     assert set(skipped_sections("gru", ExplainArgs(saliency_frames=0))) == nac_only | {"saliency"}
 
 
@@ -75,7 +76,7 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
     """A small untrained GRU policy (the sections read its frames and outputs, whatever it
     learnt): saliency with its paired statistics and road share, the window, the mirror and the
     drive run; fig4, the atlas and the closed loop are skipped, each named with why, in
-    explain.json, the text and the dashboard."""
+    explain.json, the text and the dashboard, and so is the push, its track straight on these steps."""
     import torch
 
     from nac_drive.interpret.dashboard import build_dashboard
@@ -92,8 +93,9 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == json.loads((tmp_path / "explain" / EXPLAIN_FILE).read_text())
     assert report["core"] == "gru" and report["drive"]["lengths"] == [30]
-    assert set(report["skipped"]) == {"fig4", "scenes", "atlas", "closed_loop"}
+    assert set(report["skipped"]) == {"fig4", "scenes", "atlas", "closed_loop", "push"}
     assert {name for name in NAC_STATES_NEEDED if report[name] is None} == set(report["skipped"])
+    assert report["skipped"]["push"] == "needs the curve ahead: constant on these steps"
     assert "Skipped:" in out.stdout and report["skipped"]["atlas"] in out.stdout
     assert "Fig. 4 claim" not in out.stdout and "Neuron atlas" not in out.stdout
 
