@@ -17,6 +17,7 @@ from support.curve_runs import GAIN, curve_run, steering_policy, turning_policy
 
 torch.set_num_threads(1)
 
+
 def test_the_probe_finds_the_unit_the_steering_reads_and_the_steering_follows_a_push(tmp_path):
     from nac_drive.pipeline.explain import probes_section
 
