@@ -179,6 +179,11 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
         assert row["paired"]["mean"] == pytest.approx(row["returns"][0] - closed["intact"]["returns"][0])
         assert row["paired"]["ci95"] is None and row["return_change"] == pytest.approx(row["paired"]["mean"])
     assert "keys: most recent K" in out.stdout
+    push = report["push"]   # the same track driven pushed along the curvature probe
+    assert push["seeds"] == [900000] and push["probe"]["steps"] == 120
+    assert [row["push"] for row in push["pushes"]] == ["left", "right", "random 1", "random 2", "random 3", "random 4"]
+    assert all(row["change"]["ci95"] is None and row["paired"]["ci95"] is None for row in push["pushes"])
+    assert push["verdict"] == "no clear effect" and "Pushed along the curvature probe while driving" in out.stdout
     run = load_trace(tmp_path / "explain")
     assert run.num_steps == 150 and report["trace_sha256"] == run.sha256
 
@@ -205,7 +210,8 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
 
     data = run_data(build_dashboard(tmp_path / "explain").read_text())
     figures = data["figures"]
-    assert {"explain_fig4", "explain_atlas", "explain_faithfulness", "explain_closed_loop", "attribution"} <= set(figures)
+    assert {"explain_fig4", "explain_atlas", "explain_faithfulness", "explain_closed_loop", "explain_push",
+            "attribution"} <= set(figures)
     q_points = next(t for t in figures["explain_atlas"]["data"] if t["name"] == "q")
     q_rows = [row for row in atlas["neurons"] if row["group"] == "q"]
     assert q_points["text"] == [row["name"] for row in q_rows]

@@ -161,3 +161,32 @@ def test_a_drive_with_no_intervention_is_the_plain_drive():
     read = drive(None, steering_of=partial(steering_values, list(ACTION_NAMES)))
     assert intact["returns"] == zero["returns"] == read["returns"] == plain and "track_steering" not in intact
     assert len(read["track_steering"]) == 2 and all(-1 <= s <= 1 for s in read["track_steering"])
+
+
+def test_a_udacity_drive_reads_the_steering_output_and_is_otherwise_the_plain_drive():
+    """The emulator's tracks: reading the steering (output 0) changes nothing of the drive, and
+    a shift of the core's output that the head turns into steering shows in it."""
+    from functools import partial
+
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.interpret.probe_steering import steering_values
+    from nac_drive.pipeline.drive import udacity_emulator_env, udacity_emulator_episodes, udacity_summary
+    from nac_drive.pipeline.explain import intervened_drive
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    torch.manual_seed(0)
+    policy = DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                                        frame_dt=1 / 15, core=CoreConfig(core="gru", d_model=8, window=4))).eval()
+    env = udacity_emulator_env("random-900000")
+    try:
+        plain = udacity_summary(udacity_emulator_episodes(PolicyDriver(policy), [env], frames=20))
+    finally:
+        env.close()
+    drive = partial(intervened_drive, policy, task="udacity", seeds=[900000], max_steps=20,
+                    steering_of=partial(steering_values, None))
+    read = drive(None)
+    assert {k: v for k, v in read.items() if k != "track_steering"} == plain and len(read["track_steering"]) == 1
+    towards = policy.head[-1].weight[0].detach().numpy()   # the shift the head reads as steering right
+    pushed = drive(0.05 * towards / np.linalg.norm(towards))
+    assert pushed["track_steering"][0] > read["track_steering"][0]

@@ -77,6 +77,9 @@ DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_
 
 MEASURES = "measurements"
 PUSH_RANDOM = 4   # random directions the push drives beside the probe's (each a drive of every track)
+# task -> (the closed loop's and the push's metric, its change's key, the per-track figure it is paired on)
+METRIC_BY_TASK = {"carracing": ("return", "return_change", "returns"),
+                  "udacity": ("mean_abs_cte", "cte_change", "mean_abs_cte_m")}
 PARTIAL_FILE = "explain.partial.json"   # the sections finished so far; removed once explain.json is written
 
 
@@ -131,6 +134,11 @@ class ExplainArgs:
             return idle
         return {**idle, **{name: "only with a closed-loop check (--closed-loop-tracks 0 skips it)"
                            for name in ("closed_loop_top", "closed_loop_random", "ray")}}
+
+
+class SectionSkipped(Exception):
+    """A section found, once it ran, nothing to measure: explain.json holds it null and its
+    message in ``skipped``."""
 
 
 def explain(args: ExplainArgs, progress: bool = True) -> dict:
@@ -419,7 +427,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     from nac_drive.simulators.carracing import eval_seeds
 
     task = policy.config.task
-    metric = CLOSED_LOOP_METRICS[task][0]
+    metric = METRIC_BY_TASK[task][0]
     rows = atlas["neurons"]
     chosen = [(row, "top") for row in rows[:top]]
     rest = rows[top:]
@@ -484,17 +492,7 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     return jsonable({"mode": "closed loop: the core's output pushed at every step while the policy drives",
                      **tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "sds": PUSH_SDS,
                      "steering": steering_kind(action_names),
-                     "metric": CLOSED_LOOP_METRICS[task][0], "probe": pushed["probe"], "intact": intact, **compared})
-
-
-# task -> (the closed loop's metric, the change's key, the per-track figure it is paired on)
-CLOSED_LOOP_METRICS = {"carracing": ("return", "return_change", "returns"),
-                       "udacity": ("mean_abs_cte", "cte_change", "mean_abs_cte_m")}
-
-
-class SectionSkipped(Exception):
-    """A section found, once it ran, nothing to measure: explain.json holds it null and its
-    message in ``skipped``."""
+                     "metric": METRIC_BY_TASK[task][0], "probe": pushed["probe"], "intact": intact, **compared})
 
 
 def against_intact(intact: dict, figures: dict, task: str) -> dict:
@@ -503,7 +501,7 @@ def against_intact(intact: dict, figures: dict, task: str) -> dict:
     it sits in its interval) and ``paired`` (:func:`~nac_drive.simulators.episode_stats.paired_change`)."""
     from nac_drive.simulators.episode_stats import paired_change
 
-    _, change, per_track = CLOSED_LOOP_METRICS[task]
+    _, change, per_track = METRIC_BY_TASK[task]
     paired = paired_change(intact[per_track], figures[per_track])
     return {**figures, change: paired["mean"], "paired": paired}
 
