@@ -23,10 +23,13 @@ steps (:func:`~nac_drive.simulators.episode_stats.paired_block_change`).
 
 Closed loop (explain's ``push`` section, :func:`~nac_drive.pipeline.explain.push_section`): the
 policy drives held-out tracks intact, then with every step's core output moved by the same
-``left`` and ``right`` shifts and by those of the first few random directions (the control;
-:data:`~nac_drive.pipeline.explain.PUSH_RANDOM`); what it then steers changes what it sees next. Each change is the
-mean over the tracks of each track's change of its mean steering, paired with the same track
-driven intact, with a 95% BCa interval (:func:`~nac_drive.simulators.episode_stats.paired_change`).
+``left`` and ``right`` shifts and, as the control, along the first few of the random directions
+(:data:`~nac_drive.pipeline.explain.PUSH_RANDOM`) by shifts as long as the probe's: a push of
+the same size whatever the outputs' spread along it (the probe's direction may have far less
+spread than a random one, and SDs would then make the control many times larger). What it then
+steers changes what it sees next. Each change is the mean over the tracks of each track's change
+of its mean steering, paired with the same track driven intact, with a 95% BCa interval
+(:func:`~nac_drive.simulators.episode_stats.paired_change`).
 """
 
 from __future__ import annotations
@@ -72,10 +75,11 @@ def steering_kind(action_names: list[str] | None) -> str:
 
 
 def curvature_pushes(core: np.ndarray, curvature: np.ndarray, episode: np.ndarray, seed: int = 0,
-                     sds: float = PUSH_SDS) -> dict:
+                     sds: float = PUSH_SDS, equal_norm: bool = False) -> dict:
     """The probe of ``curvature`` ``[n]`` (NaN where unknown; left positive) fitted on ``core``
     ``[n, units]`` (the core's outputs at the run's steps, of episodes ``episode`` ``[n]``), and the
-    shifts of the core's output it gives (the module docstring).
+    shifts of the core's output it gives (the module docstring): ``sds`` standard deviations of
+    ``core`` along each direction, or with ``equal_norm`` each random one as long as the probe's.
 
     Returns ``probe`` (its ``steps`` and ``in_sample_r2``), ``reads`` (``[units]`` its weights
     ``w``: it reads ``core @ w`` plus a constant), ``blocks`` (``[n]`` the steps' stretches of
@@ -101,9 +105,12 @@ def curvature_pushes(core: np.ndarray, curvature: np.ndarray, episode: np.ndarra
     controls /= np.linalg.norm(controls, axis=1, keepdims=True)
     directions = {"left": towards_left, "right": -towards_left,
                   **{f"random {i + 1}": direction for i, direction in enumerate(controls)}}
+    shifts = {name: sds * np.std(core @ d) * d for name, d in directions.items()}
+    if equal_norm:
+        length = np.linalg.norm(shifts["left"])
+        shifts.update({name: length * d for name, d in directions.items() if name.startswith("random")})
     return {"probe": {"steps": int(known.sum()), "in_sample_r2": float(probe.score(core[known], curvature[known]))},
-            "reads": w, "blocks": blocks,
-            "shifts": {name: sds * np.std(core @ d) * d for name, d in directions.items()}}
+            "reads": w, "blocks": blocks, "shifts": shifts}
 
 
 def compare_pushes(shifts: dict[str, np.ndarray], steered: dict[str, np.ndarray], intact: np.ndarray,

@@ -454,12 +454,13 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
                  ray: str | None = None, policy_path: str | None = None, replayed=None) -> dict:
     """The push along the curvature probe in a closed loop (:mod:`~nac_drive.interpret.probe_steering`):
     the policy drives ``tracks`` (>= 1) held-out tracks intact, then with its core's output moved
-    towards a left curve, towards a right one and as far along :data:`PUSH_RANDOM` random
-    directions (the probe of ``probes``, :func:`probes_section`'s, fitted again on ``replayed``,
+    towards a left curve, towards a right one and as far (the same norm) along :data:`PUSH_RANDOM`
+    random directions (the probe of ``probes``, :func:`probes_section`'s, fitted again on ``replayed``,
     default every step: :func:`replay_representations`), one :func:`intervened_drive` each, in
     this process or as Ray tasks (:func:`intervened_drives`). Any core: it needs no NAC state.
 
-    Returns the tracks driven as :func:`closed_loop_section` names them, ``seed``, ``sds``,
+    Returns the tracks driven as :func:`closed_loop_section` names them, ``seed``, ``sds``, ``control``
+    (how long the random pushes are),
     ``steering`` (what it is), ``metric``, ``probe`` (its ``steps`` and ``in_sample_r2``),
     ``intact`` (the drive's figures, ``track_steering`` among them: each track's mean
     steering), per push (``pushes``: ``left``, ``right``, ``random 1`` ...) its ``norm``,
@@ -478,7 +479,7 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
                                                                           "curvature probe")
     found, _, stream = replayed or replay_representations(run, policy)
     n = len(stream.outputs)
-    pushed = curvature_pushes(found["core"], run.curvature[:n], run.episode[:n], seed)
+    pushed = curvature_pushes(found["core"], run.curvature[:n], run.episode[:n], seed, equal_norm=True)
     names = ["left", "right"] + [f"random {i + 1}" for i in range(PUSH_RANDOM)]
     shifts = {name: pushed["shifts"][name] for name in names}
     task, seeds, action_names = policy.config.task, eval_seeds(tracks, base=seed_base), steering_names(run, policy)
@@ -491,6 +492,7 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
         row.update(against_intact(intact, by_push[row["push"]], task))
     return jsonable({"mode": "closed loop: the core's output pushed at every step while the policy drives",
                      **tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "sds": PUSH_SDS,
+                     "control": "random directions, each push as long as the probe's (the same |shift|)",
                      "steering": steering_kind(action_names),
                      "metric": METRIC_BY_TASK[task][0], "probe": pushed["probe"], "intact": intact, **compared})
 

@@ -61,8 +61,8 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   ablation: about 11 minutes on 2 busy cores; Integrated Gradients over the window of its
   PilotNet frames would add about 7 minutes a 1000-frame track;
 * push: the core's output pushed towards a left curve, towards a right one (2 SD along the
-  curvature probe, as the probes' open-loop push) and as far along 4 random directions (the
-  control), each while the policy drives the --closed-loop-tracks tracks; per push the change of
+  curvature probe, as the probes' open-loop push) and as far (the same norm) along 4 random
+  directions (the control), each while the policy drives the --closed-loop-tracks tracks; per push the change of
   each track's mean steering and of the return (Udacity: mean |cte|), paired with the same
   tracks driven intact, with 95% intervals, and a verdict ("follows": left steers left, right
   steers right, both intervals clear of 0, the left push further than every random direction); 7 runs of
