@@ -379,8 +379,8 @@ def format_push(push: dict) -> list[str]:
     of the metric (the return, or the mean |cte| in metres), each with its paired 95% interval."""
     change, spec = ("cte_change", "+.3f") if push["metric"] == "mean_abs_cte" else ("return_change", "+.1f")
     lines = [f"Pushed along the curvature probe while driving {push['tracks']} held-out tracks ({push['sds']:g} SD "
-             f"of the core's output along each direction; steering = {push['steering']}, intact mean "
-             f"{push['intact_steering']:+.4f}): {push['verdict']}"]
+             f"of the core's output along the probe; control: {push['control']}; steering = {push['steering']}, "
+             f"intact mean {push['intact_steering']:+.4f}): {push['verdict']}"]
     lines += [f"{_push_line(row)}   {push['metric']} change {row[change]:{spec}} "
               f"{_interval(row['paired']['ci95'], spec)}" for row in push["pushes"]]
     return lines + _random_directions_lines(push)
