@@ -4,7 +4,8 @@ saliency faithfulness (each method against the random baselines on the same fram
 share on the road ahead), the mirrored frames and which units swap under the mirror, the
 linear probes beside their shuffled control and the push along the curvature probe, the sparse
 dictionary of the core's output, the window's Integrated Gradients completeness and the
-closed-loop silencing check (:data:`EXPLAIN_PANELS`).
+closed-loop silencing check, and the push along the curvature probe while the policy drives
+(:data:`EXPLAIN_PANELS`).
 
 :func:`load_explain` refuses (as a note, not an error: the dashboard still builds) a report
 that does not parse, is too large, or was computed from another trace (its
@@ -79,7 +80,8 @@ def explain_figures(report: dict[str, Any], escape: Callable[[Any], str],
                                 ("probes", "probes", _probes_figure),
                                 ("dictionary", "dictionary", _dictionary_figure),
                                 ("completeness", "window", _completeness_figure),
-                                ("closed_loop", "closed_loop", _closed_loop_figure)):
+                                ("closed_loop", "closed_loop", _closed_loop_figure),
+                                ("push", "push", _push_figure)):
         if not report.get(section):
             continue
         try:
@@ -98,7 +100,7 @@ def explain_figures(report: dict[str, Any], escape: Callable[[Any], str],
 # the dashboard's panels of explain.json, in reading order (figure names of explain_figures)
 EXPLAIN_PANELS = ("explain_skipped", "explain_fig4", "explain_atlas", "explain_faithfulness", "explain_paired",
                   "explain_road_share", "explain_mirror", "explain_mirror_units", "explain_probes",
-                  "explain_dictionary", "explain_completeness", "explain_closed_loop")
+                  "explain_dictionary", "explain_completeness", "explain_closed_loop", "explain_push")
 REPRESENTATION_COLOURS = dict(zip(REPRESENTATIONS, ("#1f77b4", "#17becf", "#9467bd", "#ff7f0e", "#d62728")))
 KIND_COLOURS = dict(zip(KINDS, ("#54a24b", "#f58518", "#e45756", "#bab0ac", "#eeeeee")))
 MAX_ATOM_ROWS = 10
@@ -450,4 +452,37 @@ def _closed_loop_figure(closed: dict, escape):
                                       f"(intact: {'-' if intact is None else format(intact, spec)}; red: the "
                                       f"costliest neurons in the atlas, grey: random ones, blue: attention parts "
                                       f"replaced; bars: paired 95% intervals)", font=dict(size=13)))
+    return fig
+
+
+def _push_figure(push: dict, escape):
+    """The push along the curvature probe while the policy drives, as a table: per push how far
+    the probe's reading moves, the change of the tracks' mean steering and of the closed loop's
+    metric (:data:`CLOSED_LOOP_METRICS`), each with its paired 95% interval."""
+    import plotly.graph_objects as go
+
+    rows = push["pushes"]
+    if not rows:
+        return None
+    change, _, title, spec = CLOSED_LOOP_METRICS[push.get("metric", "return")]
+
+    def interval(ci, fmt: str) -> str:
+        low, high = (_number(x) for x in (ci or [None, None]))
+        return "-" if low is None or high is None else f"[{low:{fmt}}, {high:{fmt}}]"
+
+    columns = [[escape(r["push"]) for r in rows], [_number(r.get("probe_change")) for r in rows],
+               [_number(r["change"].get("mean")) for r in rows],
+               [interval(r["change"].get("ci95"), "+.4f") for r in rows], [_number(r.get(change)) for r in rows],
+               [interval((r.get("paired") or {}).get("ci95"), f"+{spec}") for r in rows]]
+    fig = go.Figure(go.Table(header=dict(values=["push", "probe reads", "steering change", "95% CI", title, "95% CI"],
+                                         align="left"),
+                             cells=dict(values=columns, align="left", format=["", "+.4f", "+.4f", "", f"+{spec}", ""])))
+    random = push.get("random_directions") or {}
+    outdone = _number(random.get("outdone"))
+    beside = "" if outdone is None else f" (the left push beyond {outdone:.0%} of {escape(random.get('count'))} random)"
+    fig.update_layout(height=120 + 30 * len(rows), margin=dict(l=20, r=20, t=60, b=10),
+                      title=dict(text=f"Pushed along the curvature probe while driving {escape(push.get('tracks'))} "
+                                      f"held-out tracks: {escape(push.get('verdict'))}{beside}<br><sup>steering = "
+                                      f"{escape(push.get('steering'))}; changes paired per track with the intact "
+                                      f"drive</sup>", font=dict(size=13)))
     return fig

@@ -66,8 +66,9 @@ def test_one_table_decides_which_sections_a_core_skips():
     for core in set(CORES) - {"nac"}:
         skipped = skipped_sections(core)
         assert set(skipped) == nac_only and all(f"core is {core}" in why for why in skipped.values())
-    off = skipped_sections("nac", ExplainArgs(saliency_frames=0, window_method="none"))
-    assert off == {"saliency": "--saliency-frames 0", "window": "--window-method none"}
+    off = skipped_sections("nac", ExplainArgs(saliency_frames=0, window_method="none", closed_loop_tracks=0))
+    assert off == {"saliency": "--saliency-frames 0", "window": "--window-method none",
+                   "push": "--closed-loop-tracks 0"}
     assert set(skipped_sections("gru", ExplainArgs(saliency_frames=0))) == nac_only | {"saliency"}
 
 
@@ -75,7 +76,7 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
     """A small untrained GRU policy (the sections read its frames and outputs, whatever it
     learnt): saliency with its paired statistics and road share, the window, the mirror and the
     drive run; fig4, the atlas and the closed loop are skipped, each named with why, in
-    explain.json, the text and the dashboard."""
+    explain.json, the text and the dashboard, and so is the push, its track straight on these steps."""
     import torch
 
     from nac_drive.interpret.dashboard import build_dashboard
@@ -92,8 +93,9 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == json.loads((tmp_path / "explain" / EXPLAIN_FILE).read_text())
     assert report["core"] == "gru" and report["drive"]["lengths"] == [30]
-    assert set(report["skipped"]) == {"fig4", "scenes", "atlas", "closed_loop"}
+    assert set(report["skipped"]) == {"fig4", "scenes", "atlas", "closed_loop", "push"}
     assert {name for name in NAC_STATES_NEEDED if report[name] is None} == set(report["skipped"])
+    assert report["skipped"]["push"] == "needs the curve ahead: constant on these steps"
     assert "Skipped:" in out.stdout and report["skipped"]["atlas"] in out.stdout
     assert "Fig. 4 claim" not in out.stdout and "Neuron atlas" not in out.stdout
 
@@ -177,6 +179,11 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
         assert row["paired"]["mean"] == pytest.approx(row["returns"][0] - closed["intact"]["returns"][0])
         assert row["paired"]["ci95"] is None and row["return_change"] == pytest.approx(row["paired"]["mean"])
     assert "keys: most recent K" in out.stdout
+    push = report["push"]   # the same track driven pushed along the curvature probe
+    assert push["seeds"] == [900000] and push["probe"]["steps"] == 120
+    assert [row["push"] for row in push["pushes"]] == ["left", "right", "random 1", "random 2", "random 3", "random 4"]
+    assert all(row["change"]["ci95"] is None and row["paired"]["ci95"] is None for row in push["pushes"])
+    assert push["verdict"] == "no clear effect" and "Pushed along the curvature probe while driving" in out.stdout
     run = load_trace(tmp_path / "explain")
     assert run.num_steps == 150 and report["trace_sha256"] == run.sha256
 
@@ -203,7 +210,8 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
 
     data = run_data(build_dashboard(tmp_path / "explain").read_text())
     figures = data["figures"]
-    assert {"explain_fig4", "explain_atlas", "explain_faithfulness", "explain_closed_loop", "attribution"} <= set(figures)
+    assert {"explain_fig4", "explain_atlas", "explain_faithfulness", "explain_closed_loop", "explain_push",
+            "attribution"} <= set(figures)
     q_points = next(t for t in figures["explain_atlas"]["data"] if t["name"] == "q")
     q_rows = [row for row in atlas["neurons"] if row["group"] == "q"]
     assert q_points["text"] == [row["name"] for row in q_rows]

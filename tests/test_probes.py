@@ -1,79 +1,21 @@
-"""Linear probes and the push along a probe (nac_drive.interpret.probes, probe_steering): a
-hand-built policy whose core output carries the curve ahead in one unit, and whose steering
-reads that unit, is found by the curvature probe on held-out episodes (far above the shuffled
-control, which stays near 0), and its steering follows a push along the probe with the sign
-and size the head's weight gives; a variable the frames do not show is not found."""
+"""Linear probes and the push along a probe (nac_drive.interpret.probes, probe_steering, explain's
+push section): a hand-built policy whose core output carries the curve ahead in one unit, and
+whose steering reads that unit, is found by the curvature probe on held-out episodes (far above
+the shuffled control, which stays near 0), and its steering follows a push along the probe with
+the sign and size the head's weight gives, open loop and while it drives, where a policy that
+steers by another unit does not; a variable the frames do not show is not found."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from nac_drive.interpret.probe_steering import push_verdict, steering
 from nac_drive.interpret.probes import block_permutation, fit_probe, held_out_groups, linear_probes
-from nac_drive.interpret.trace import RunRecorder, load_trace
-from support.pass_through import PassThrough
+from support.curve_runs import GAIN, curve_run, steering_policy, turning_policy
 
 torch.set_num_threads(1)
-GAIN = 20.0            # the steering output is -GAIN x the curve unit: a left curve (positive) steers left
-CURVES = (-0.03, -0.01, 0.0, 0.01, 0.03)
-
-
-class CurveAndNoise(nn.Module):
-    """An encoder whose feature 0 is the frame's centre brightness (which the run's frames set
-    from the curve ahead) and feature 1 its corner's brightness (noise); the others are 0."""
-
-    frame_shape = (3, 96, 96)
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        grey = frames.float().mean(1) / 255.0
-        features = torch.zeros(len(frames), self.dim)
-        features[:, 0] = grey[:, 32:64, 32:64].mean((1, 2))
-        features[:, 1] = grey[:, :16, :16].mean((1, 2))
-        return features
-
-
-def steering_policy():
-    """A continuous CarRacing policy (a GRU by its config: only its core output is probed)
-    whose steering output is -GAIN x core unit 0."""
-    from nac_drive.policy.cores import CoreConfig
-    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
-
-    policy = DrivingPolicy(PolicyConfig(action="continuous", num_outputs=3,
-                                        core=CoreConfig(core="gru", d_model=8, window=4)))
-    dim = policy.config.feature_dim
-    policy.encoder, policy.core = CurveAndNoise(dim), PassThrough(dim)
-    policy.head = nn.Sequential(nn.Dropout(0.0), nn.Linear(dim, 3))
-    with torch.no_grad():
-        policy.head[-1].weight.zero_()
-        policy.head[-1].bias.zero_()
-        policy.head[-1].weight[0, 0] = -GAIN
-    return policy.eval()
-
-
-def curve_run(run_dir, episodes=3, steps=240, stretch=30, seed=0):
-    """Episodes whose curve ahead changes every ``stretch`` steps; each frame's centre shows the
-    curve as its brightness, its corner random brightness; speed is random, unseen in the frames."""
-    rng = np.random.default_rng(seed)
-    recorder = RunRecorder(run_dir, action_names=["steer", "gas", "brake"])
-    for _ in range(episodes):
-        recorder.new_episode()
-        curves = np.repeat(rng.choice(CURVES, size=steps // stretch), stretch) + rng.normal(0, 0.002, steps)
-        speeds = np.repeat(rng.uniform(20, 80, size=steps // stretch), stretch)
-        for step, (curve, speed) in enumerate(zip(curves, speeds)):
-            frame = np.full((96, 96, 3), 128, np.uint8)
-            frame[32:64, 32:64] = np.uint8(np.clip(128 + 3000 * curve, 0, 255))
-            frame[:16, :16] = np.uint8(rng.integers(0, 256))
-            recorder.add(frame, policy_action=np.zeros(3), timestamp=0.02 * step,
-                         scene={"curvature": curve, "speed": speed, "heading_error": np.nan})
-    recorder.save()
-    return load_trace(run_dir)
 
 
 def test_the_probe_finds_the_unit_the_steering_reads_and_the_steering_follows_a_push(tmp_path):
@@ -148,5 +90,105 @@ def test_a_push_that_a_random_direction_outdoes_is_not_called_followed():
     assert push_verdict(pushes([-0.3, -0.1], [0.1, 0.3]), outdone=1.0) == "follows"
     assert push_verdict(pushes([-0.3, -0.1], [0.1, 0.3]), outdone=0.5) == "follows no more than a random direction"
     assert push_verdict(pushes([0.1, 0.3], [-0.3, -0.1]), outdone=1.0) == "opposite"
+    assert push_verdict(pushes([0.1, 0.3], [-0.3, -0.1]), outdone=0.5) == "opposite no more than a random direction"
     assert push_verdict(pushes([-0.3, 0.1], [0.1, 0.3]), outdone=1.0) == "no clear effect"
     assert push_verdict(pushes(None, [0.1, 0.3]), outdone=1.0) == "no clear effect"
+
+
+def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp_path):
+    """Closed loop: each push driven on the same 3 short CarRacing tracks as the intact policy,
+    paired per track. The policy that turns by the curve unit follows it (left steers left,
+    right steers right, both intervals clear of 0, beyond every random direction); one that
+    turns by the corner's noise unit does not (the probe hardly reads that unit)."""
+    from nac_drive.pipeline.explain import PUSH_RANDOM, push_section, replay_representations
+    from nac_drive.simulators.carracing import ACTION_NAMES
+
+    run = curve_run(tmp_path, action_names=ACTION_NAMES)
+    follows, ignores = turning_policy(0), turning_policy(1)
+    replayed = replay_representations(run, follows)   # the same core outputs for both: only the heads differ
+    probes = {"intervention": {"verdict": "follows"}}   # all the push asks of probes_section: it pushed open loop
+    push = push_section(run, follows, probes, tracks=3, max_steps=40, replayed=replayed)
+    assert push["seeds"] == [900000, 900001, 900002] and push["metric"] == "return"
+    assert push["steering"] == "P(right) - P(left)" and len(push["intact"]["track_steering"]) == 3
+    assert [row["push"] for row in push["pushes"]] == ["left", "right"] + [f"random {i + 1}" for i in range(PUSH_RANDOM)]
+    rows = {row["push"]: row for row in push["pushes"]}
+    left, right = rows["left"]["change"], rows["right"]["change"]
+    assert left["ci95"][1] < 0 < right["ci95"][0] and rows["left"]["probe_change"] > 0
+    random = push["random_directions"]
+    assert random["count"] == PUSH_RANDOM and random["outdone"] == 1.0
+    assert random["max_abs_change"] < min(abs(left["mean"]), abs(right["mean"])) / 4
+    assert [row["norm"] for row in push["pushes"]] == pytest.approx([rows["left"]["norm"]] * (2 + PUSH_RANDOM))
+    assert push["verdict"] == "follows"
+    for row in push["pushes"]:   # each track's return paired with its intact drive
+        assert row["paired"]["mean"] == pytest.approx(np.mean(row["returns"]) - np.mean(push["intact"]["returns"]))
+        assert row["return_change"] == row["paired"]["mean"] and len(row["track_steering"]) == 3
+        assert row["change"]["mean"] == pytest.approx(row["mean_steering"] - push["intact_steering"])
+
+    other = push_section(run, ignores, probes, tracks=3, max_steps=40, replayed=replayed)
+    assert other["verdict"] != "follows"
+    assert abs(other["pushes"][0]["change"]["mean"]) < abs(left["mean"]) / 10
+
+    from nac_drive.cli.commands.explain import format_push
+    from nac_drive.interpret.dashboard import build_dashboard
+    from nac_drive.pipeline.explain import EXPLAIN_FILE, write_report
+    from support.dashboard_pages import run_data
+
+    text = format_push(push)
+    assert text[0].endswith(": follows") and text[1].startswith("  left") and "return change" in text[1]
+    assert len(text) == 1 + len(push["pushes"]) + 1 and "random directions" in text[-1]
+    write_report(tmp_path / EXPLAIN_FILE, {"trace_sha256": run.sha256, "push": push})
+    table = run_data(build_dashboard(tmp_path).read_text())["figures"]["explain_push"]["data"][0]
+    assert table["cells"]["values"][0] == [row["push"] for row in push["pushes"]]
+    assert table["cells"]["values"][2] == pytest.approx([row["change"]["mean"] for row in push["pushes"]])
+
+
+def test_a_drive_with_no_intervention_is_the_plain_drive():
+    """intervened_drive intact, reading the steering or not, or under a zero shift of the core's
+    output: the returns of the plain drive (PolicyDriver on run_episodes)."""
+    from functools import partial
+
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.interpret.probe_steering import steering_values
+    from nac_drive.pipeline.explain import intervened_drive
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+    from nac_drive.simulators.carracing import ACTION_NAMES, run_episodes
+
+    torch.manual_seed(0)
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8, window=4))).eval()
+    seeds = [900000, 900001]
+    plain = [float(r) for r in run_episodes(PolicyDriver(policy), seeds, max_steps=40).returns]
+    drive = partial(intervened_drive, policy, task="carracing", seeds=seeds, max_steps=40)
+    intact, zero = drive(None), drive(np.zeros(policy.core.out_dim))
+    read = drive(None, steering_of=partial(steering_values, list(ACTION_NAMES)))
+    assert intact["returns"] == zero["returns"] == read["returns"] == plain and "track_steering" not in intact
+    assert len(read["track_steering"]) == 2 and all(-1 <= s <= 1 for s in read["track_steering"])
+
+
+def test_a_udacity_drive_reads_the_steering_output_and_is_otherwise_the_plain_drive():
+    """The emulator's tracks: reading the steering (output 0) changes nothing of the drive, and
+    a shift of the core's output that the head turns into steering shows in it."""
+    from functools import partial
+
+    from nac_drive.agents.driver import PolicyDriver
+    from nac_drive.interpret.probe_steering import steering_values
+    from nac_drive.pipeline.drive import udacity_emulator_env, udacity_emulator_episodes, udacity_summary
+    from nac_drive.pipeline.explain import intervened_drive
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    torch.manual_seed(0)
+    policy = DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                                        frame_dt=1 / 15, core=CoreConfig(core="gru", d_model=8, window=4))).eval()
+    env = udacity_emulator_env("random-900000")
+    try:
+        plain = udacity_summary(udacity_emulator_episodes(PolicyDriver(policy), [env], frames=20))
+    finally:
+        env.close()
+    drive = partial(intervened_drive, policy, task="udacity", seeds=[900000], max_steps=20,
+                    steering_of=partial(steering_values, None))
+    read = drive(None)
+    assert {k: v for k, v in read.items() if k != "track_steering"} == plain and len(read["track_steering"]) == 1
+    towards = policy.head[-1].weight[0].detach().numpy()   # the shift the head reads as steering right
+    pushed = drive(0.05 * towards / np.linalg.norm(towards))
+    assert pushed["track_steering"][0] > read["track_steering"][0]

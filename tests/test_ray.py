@@ -154,6 +154,31 @@ def test_explains_closed_loop_on_a_two_node_ray_gives_the_figures_of_one_process
     assert ray_side == here
 
 
+@pytest.mark.slow
+def test_the_push_on_a_two_node_ray_gives_the_figures_of_one_process(cluster, tmp_path, capsys):
+    """Each drive of the push (intact, towards a left and a right curve, the random directions)
+    as a Ray task that loads the policy itself and shifts its core's output: the same returns,
+    steering and intervals as in-process."""
+    from nac_drive.pipeline.explain import PUSH_RANDOM, push_section
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+    from nac_drive.policy.loading import load_driving_policy
+    from nac_drive.simulators.carracing import ACTION_NAMES
+    from support.curve_runs import curve_run
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)   # as a Ray task runs
+    saved = str(DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8, window=4))).save_pretrained(
+        tmp_path / "gru"))
+    run = curve_run(tmp_path / "run", action_names=ACTION_NAMES)
+    probes = {"intervention": {"verdict": "-"}}   # all the push asks of probes_section: it pushed open loop
+    here, ray_side = (push_section(run, load_driving_policy(saved), probes, tracks=2, max_steps=20, ray=ray,
+                                   policy_path=saved) for ray in (None, cluster))
+    assert f"ray: {1 + 2 + PUSH_RANDOM} tasks on 2 nodes, none retried" in capsys.readouterr().err
+    assert len(here["intact"]["track_steering"]) == 2 and len(here["pushes"]) == 2 + PUSH_RANDOM
+    assert ray_side == here
+
+
 def test_a_task_whose_worker_dies_runs_again_and_is_counted(tmp_path, capfd):
     pytest.importorskip("ray")
     marker = tmp_path / "died-once"

@@ -2,8 +2,9 @@
 of :mod:`nac_drive.interpret` measure what its neurons did.
 
 Any core (NAC, lstm, gru, cfc, ltc, mha) is explained alike where a section does not need the
-NAC's states (saliency, window, mirror, probes, dictionary, the drive); :data:`NAC_STATES_NEEDED` says which do, and
-:func:`skipped_sections` decides, in this one place, what a policy's report leaves out and why.
+NAC's states (saliency, window, mirror, probes, dictionary, push, the drive);
+:data:`NAC_STATES_NEEDED` says which do, and :func:`skipped_sections` decides, in this one place,
+what a policy's report leaves out and why.
 
 Two kinds of policy (:data:`EXPLAINABLE`): CarRacing's discrete one drives held-out CarRacing
 tracks (:func:`~nac_drive.pipeline.drive.drive_carracing`), Udacity's steering regression
@@ -22,22 +23,28 @@ curvature, in the task's units), ``atlas`` (:func:`atlas_section`, the neuron at
 (:func:`mirror_section`, whether the policy steers the other way on mirrored frames, and which
 units swap), ``probes`` (:func:`probes_section`, which scene variables each representation holds
 linearly on held-out episodes, and the steering pushed along the curvature probe),
-``dictionary`` (:func:`dictionary_section`, a sparse dictionary of the core's output) and ``closed_loop``
-(:func:`closed_loop_section`, chosen neurons silenced while the policy drives), besides
+``dictionary`` (:func:`dictionary_section`, a sparse dictionary of the core's output), ``closed_loop``
+(:func:`closed_loop_section`, chosen neurons silenced while the policy drives) and ``push``
+(:func:`push_section`, the core's output pushed along the curvature probe while the policy
+drives), besides
 ``task``, ``core``, ``run``, ``policy``, ``trace_sha256``, ``drive`` (the traced drive's figures)
 and ``skipped`` (section -> why it is null: the NAC-only sections of another core, a section
-turned off by its argument, ``scenes`` of a trace without the road's scene; empty when every
-section ran). NaN is written as null.
+turned off by its argument, ``scenes`` of a trace without the road's scene, a section that found
+nothing to measure; empty when every section ran). NaN is written as null. The closed loop's and
+the push's drives are one function, :func:`intervened_drive`, under either kind of intervention
+(:func:`intervened`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
 
+from nac_drive.agents.driver import PolicyDriver
 from nac_drive.devices import device_arg
 from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
@@ -60,6 +67,7 @@ NAC_STATES_NEEDED = {
     "probes": None,
     "dictionary": None,
     "closed_loop": "the atlas's NAC neurons clamped and parts of the NAC's attention replaced while driving",
+    "push": None,
 }
 # the traced drive's figures explain.json keeps, per task
 DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_finished"),
@@ -69,6 +77,10 @@ DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_
 
 
 MEASURES = "measurements"
+PUSH_RANDOM = 4   # random directions the push drives beside the probe's (each a drive of every track)
+# task -> (the closed loop's and the push's metric, its change's key, the per-track figure it is paired on)
+METRIC_BY_TASK = {"carracing": ("return", "return_change", "returns"),
+                  "udacity": ("mean_abs_cte", "cte_change", "mean_abs_cte_m")}
 PARTIAL_FILE = "explain.partial.json"   # the sections finished so far; removed once explain.json is written
 NO_SCENE = ("the trace records no road scene (curvature ahead): a CarRacing drive and a Udacity emulator drive "
             "in-process record it, the Unity simulator sends none")
@@ -96,10 +108,11 @@ class ExplainArgs:
     frames: int | None = arg(None, "replay at most this many recorded frames when silencing neurons, mirroring "
                                    "frames and probing representations (default all)",
                              min=1, group=MEASURES)
-    closed_loop_tracks: int = arg(10, "held-out tracks the intact policy, each chosen neuron clamped and each part "
-                                      "of the attention replaced drive (0: no closed-loop check); the verb's longest "
-                                      "part: about 9 s a track on a 2-core CPU", min=0, max=MAX_EPISODES,
-                                  group=MEASURES)
+    closed_loop_tracks: int = arg(10, "held-out tracks the intact policy, each chosen neuron clamped, each part "
+                                      "of the attention replaced and each push along the curvature probe (and "
+                                      f"{PUSH_RANDOM} random directions) drive (0: no closed-loop check, no push); "
+                                      "the verb's longest part: about 9 s a track on a 2-core CPU", min=0,
+                                  max=MAX_EPISODES, group=MEASURES)
     closed_loop_top: int = arg(10, "neurons whose silencing costs most agreement, driven clamped", min=0,
                                group=MEASURES)
     closed_loop_random: int = arg(10, "other neurons drawn at random (seeded by --seed), driven clamped", min=0,
@@ -124,6 +137,11 @@ class ExplainArgs:
             return idle
         return {**idle, **{name: "only with a closed-loop check (--closed-loop-tracks 0 skips it)"
                            for name in ("closed_loop_top", "closed_loop_random", "ray")}}
+
+
+class SectionSkipped(Exception):
+    """A section found, once it ran, nothing to measure: explain.json holds it null and its
+    message in ``skipped``."""
 
 
 def explain(args: ExplainArgs, progress: bool = True) -> dict:
@@ -178,12 +196,17 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
                                                    args.closed_loop_top, args.closed_loop_random, seed, seed_base,
                                                    max_steps, progress, speed, args.ray, policy_path),
+        "push": lambda: push_section(run, policy, report["probes"], args.closed_loop_tracks, seed, seed_base, max_steps,
+                                     progress, speed, args.ray, policy_path, replayed()),
     }
     with one_writer(run_dir, "nac-drive explain"):
         for name in NAC_STATES_NEEDED:
             if name in report:   # finished before a kill (--resume)
                 continue
-            report[name] = None if name in report["skipped"] else sections[name]()
+            try:
+                report[name] = None if name in report["skipped"] else sections[name]()
+            except SectionSkipped as why:
+                report[name], report["skipped"][name] = None, str(why)
             write_report(run_dir / PARTIAL_FILE, {"args": _recorded(args), "report": report})
         write_report(run_dir / EXPLAIN_FILE, report)
         (run_dir / PARTIAL_FILE).unlink()
@@ -247,8 +270,8 @@ def skipped_sections(core: str, args: ExplainArgs | None = None, run=None) -> di
     """The sections of explain.json a policy with this ``core`` (and these ``args``, on this
     ``run``'s trace) leaves null, each with why: those needing the NAC's states
     (:data:`NAC_STATES_NEEDED`) for any other core, those ``args`` turn off
-    (``--saliency-frames 0``, ``--window-method none``) and ``scenes`` when the trace has no
-    road scene (:data:`NO_SCENE`)."""
+    (``--saliency-frames 0``, ``--window-method none``, ``--closed-loop-tracks 0``: the push)
+    and ``scenes`` when the trace has no road scene (:data:`NO_SCENE`)."""
     skipped = {} if core == "nac" else {
         section: f"needs {needs}; this policy's core is {core}"
         for section, needs in NAC_STATES_NEEDED.items() if needs is not None}
@@ -256,6 +279,8 @@ def skipped_sections(core: str, args: ExplainArgs | None = None, run=None) -> di
         skipped.setdefault("saliency", "--saliency-frames 0")
     if args is not None and args.window_method == "none":
         skipped.setdefault("window", "--window-method none")
+    if args is not None and not args.closed_loop_tracks:
+        skipped.setdefault("push", "--closed-loop-tracks 0")
     if run is not None and not run.has_scene:
         skipped.setdefault("scenes", NO_SCENE)
     return skipped
@@ -395,10 +420,8 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     """The policy drives ``tracks`` held-out tracks intact, then with each chosen neuron of
     ``atlas`` (:func:`atlas_section`) clamped to its mean (the ``top`` whose silencing costs
     most agreement and ``random`` others drawn with ``seed``), then with each part of its
-    attention replaced (:func:`attention_parts`): one :func:`clamped_drive` each, in this
-    process, or with ``ray`` (an address, :func:`~nac_drive.pipeline.ray_tasks.ray_jobs`) each
-    a Ray task that loads the policy from ``policy_path`` (None: the shipped one of its task) on
-    the CPU. The figures are the same either way.
+    attention replaced (:func:`attention_parts`): one :func:`intervened_drive` each, in this
+    process, or with ``ray`` each a Ray task (:func:`intervened_drives`).
 
     Returns the seeds, ``metric`` and, intact, per neuron (``neurons``) and per attention part
     (``attention``), the drive's figures, the change of the metric from intact and ``paired``:
@@ -410,18 +433,11 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     track mean |cte|, laps, off-road, ...) and ``cte_change`` (the mean over tracks of each
     track's change of its mean |cte|, in metres: positive = the clamp drives further from the
     centre line; a track left early weighs as much as one driven whole)."""
-    from functools import partial
-
-    from tqdm import tqdm
-
     from nac_drive.interpret.neuron_atlas import traced_neurons
-    from nac_drive.pipeline.drive import udacity_eval_tracks
-    from nac_drive.pipeline.ray_tasks import everywhere, ray_jobs
     from nac_drive.simulators.carracing import eval_seeds
-    from nac_drive.simulators.episode_stats import paired_change
 
     task = policy.config.task
-    metric, change = ("mean_abs_cte", "cte_change") if task == "udacity" else ("return", "return_change")
+    metric = METRIC_BY_TASK[task][0]
     rows = atlas["neurons"]
     chosen = [(row, "top") for row in rows[:top]]
     rest = rows[top:]
@@ -433,63 +449,182 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     parts = attention_parts(run, policy.core.nac, seed)
     seeds = eval_seeds(tracks, base=seed_base)
     clamps = [None] + [neurons[row["name"]].clamp(row["mean"]) for row, _ in chosen] + list(parts.values())
-    drive = partial(clamped_drive, task=task, seeds=seeds, max_steps=max_steps, speed=speed)
-    bar = {"desc": "closed loop", "unit": "run"}
+    driven = intervened_drives(policy, clamps, seeds, max_steps, speed, ray, policy_path, progress, "closed loop")
+    intact = driven[0]
+    out = [{"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
+            **against_intact(intact, figures, task)} for (row, why), figures in zip(chosen, driven[1:])]
+    attention = [{"name": name, **against_intact(intact, figures, task)}
+                 for name, figures in zip(parts, driven[1 + len(chosen):])]
+    return jsonable({**tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "metric": metric,
+                     "intact": intact, "neurons": out, "attention": attention})
+
+
+def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, seed_base: int = EVAL_SEED_BASE,
+                 max_steps: int | None = None, progress: bool = False, speed: float = UDACITY_SPEED,
+                 ray: str | None = None, policy_path: str | None = None, replayed=None) -> dict:
+    """The push along the curvature probe in a closed loop (:mod:`~nac_drive.interpret.probe_steering`):
+    the policy drives ``tracks`` (>= 1) held-out tracks intact, then with its core's output moved
+    towards a left curve, towards a right one and as far (the same norm) along :data:`PUSH_RANDOM`
+    random directions (the probe of ``probes``, :func:`probes_section`'s, fitted again on ``replayed``,
+    default every step: :func:`replay_representations`), one :func:`intervened_drive` each, in
+    this process or as Ray tasks (:func:`intervened_drives`). Any core: it needs no NAC state.
+
+    Returns the tracks driven as :func:`closed_loop_section` names them, ``seed``, ``sds``, ``control``
+    (how long the random pushes are),
+    ``steering`` (what it is), ``metric``, ``probe`` (its ``steps`` and ``in_sample_r2``),
+    ``intact`` (the drive's figures, ``track_steering`` among them: each track's mean
+    steering), per push (``pushes``: ``left``, ``right``, ``random 1`` ...) its ``norm``,
+    ``probe_change``, the drive's figures, ``mean_steering``, ``change`` (the steering's, paired
+    per track with a 95% BCa interval) and the metric's change (``return_change`` or
+    ``cte_change``, and ``paired``, as a clamp's in :func:`closed_loop_section`), then
+    ``random_directions`` and the ``verdict`` (:func:`~nac_drive.interpret.probe_steering.compare_pushes`).
+    Without the probes' push (no curve ahead recorded, or constant): :class:`SectionSkipped`."""
+    from nac_drive.interpret.probe_steering import (PUSH_SDS, compare_pushes, curvature_pushes, steering_kind,
+                                                    steering_values)
+    from nac_drive.interpret.road_scenes import road_scale
+    from nac_drive.simulators.carracing import eval_seeds
+    from nac_drive.simulators.episode_stats import paired_change
+
+    if not (probes or {}).get("intervention"):
+        raise SectionSkipped((probes or {}).get("intervention_skipped") or "needs the probes' push along the "
+                                                                          "curvature probe")
+    found, _, stream = replayed or replay_representations(run, policy)
+    n, task = len(stream.outputs), policy.config.task
+    pushed = curvature_pushes(found["core"], run.curvature[:n], run.episode[:n], seed,
+                              block_steps=road_scale(task).block_steps)
+    names = ["left", "right"] + [f"random {i + 1}" for i in range(PUSH_RANDOM)]
+    shifts = {name: pushed["shifts"][name] for name in names}
+    seeds, action_names = eval_seeds(tracks, base=seed_base), steering_names(run, policy)
+    driven = intervened_drives(policy, [None, *shifts.values()], seeds, max_steps, speed, ray, policy_path, progress,
+                               "push", steering_of=partial(steering_values, action_names))
+    intact, by_push = driven[0], dict(zip(names, driven[1:]))
+    compared = compare_pushes(shifts, {name: np.array(by_push[name]["track_steering"]) for name in names},
+                              np.array(intact["track_steering"]), pushed["reads"], paired_change, names, names[2:])
+    for row in compared["pushes"]:
+        row.update(against_intact(intact, by_push[row["push"]], task))
+    return jsonable({"mode": "closed loop: the core's output pushed at every step while the policy drives",
+                     **tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "sds": PUSH_SDS,
+                     "control": "random directions, each push as long as the probe's (the same |shift|)",
+                     "steering": steering_kind(action_names),
+                     "metric": METRIC_BY_TASK[task][0], "probe": pushed["probe"], "intact": intact, **compared})
+
+
+def against_intact(intact: dict, figures: dict, task: str) -> dict:
+    """A drive's ``figures`` with the change of the closed loop's metric from ``intact`` (the
+    same tracks driven intact): ``return_change`` or ``cte_change`` (the paired one's mean, so
+    it sits in its interval) and ``paired`` (:func:`~nac_drive.simulators.episode_stats.paired_change`)."""
+    from nac_drive.simulators.episode_stats import paired_change
+
+    _, change, per_track = METRIC_BY_TASK[task]
+    paired = paired_change(intact[per_track], figures[per_track])
+    return {**figures, change: paired["mean"], "paired": paired}
+
+
+def tracks_driven(task: str, tracks: int, seeds: list[int], seed_base: int, speed: float) -> dict:
+    """``tracks`` and ``seeds`` of a closed loop; Udacity's also its ``track_names`` and ``speed_mph``."""
+    from nac_drive.pipeline.drive import udacity_eval_tracks
+
+    where = {"track_names": udacity_eval_tracks(tracks, seed_base), "speed_mph": speed} if task == "udacity" else {}
+    return {"tracks": tracks, "seeds": seeds, **where}
+
+
+def steering_names(run, policy) -> list[str] | None:
+    """The action names a discrete policy's steering is read from (its run's), None for a
+    steering policy (:func:`~nac_drive.interpret.probe_steering.steering`)."""
+    return (run.metadata.get("action_names") or []) if policy.config.action == "discrete" else None
+
+
+def intervened_drives(policy, interventions: list, seeds: list[int], max_steps: int | None, speed: float,
+                      ray: str | None, policy_path: str | None, progress: bool, desc: str,
+                      steering_of: Callable[[np.ndarray], np.ndarray] | None = None) -> list[dict]:
+    """:func:`intervened_drive`'s figures of each of ``interventions``, in their order: in this
+    process, or with ``ray`` (an address, :func:`~nac_drive.pipeline.ray_tasks.ray_jobs`) each a
+    Ray task that loads the policy from ``policy_path`` (None: the shipped one of its task) on the
+    CPU. The figures are the same either way."""
+    from tqdm import tqdm
+
+    from nac_drive.pipeline.ray_tasks import everywhere, ray_jobs
+
+    task = policy.config.task
+    drive = partial(intervened_drive, task=task, seeds=seeds, max_steps=max_steps, speed=speed,
+                    steering_of=steering_of)
+    bar = {"desc": desc, "unit": "run"}
     with ray_jobs(ray) as jobs:
         if jobs is None:
-            driven = [drive(policy, clamp) for clamp in tqdm(clamps, disable=not progress, **bar)]
-        else:
-            path = None if policy_path is None else everywhere(policy_path)
-            driven = jobs.results(partial(_loaded_drive, drive, path, task), clamps, **(bar if progress else {}))
-    intact, per_track = driven[0], "mean_abs_cte_m" if task == "udacity" else "returns"
-
-    def against_intact(figures: dict) -> dict:   # the change is the paired one's mean, so it sits in its interval
-        paired = paired_change(intact[per_track], figures[per_track])
-        return {**figures, change: paired["mean"], "paired": paired}
-
-    out = [{"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"], **against_intact(figures)}
-           for (row, why), figures in zip(chosen, driven[1:])]
-    attention = [{"name": name, **against_intact(figures)} for name, figures in zip(parts, driven[1 + len(chosen):])]
-    where = {"track_names": udacity_eval_tracks(tracks, seed_base), "speed_mph": speed} if task == "udacity" else {}
-    return jsonable({"tracks": tracks, "seeds": seeds, **where, "seed": seed, "metric": metric, "intact": intact,
-                     "neurons": out, "attention": attention})
+            return [drive(policy, intervention) for intervention in tqdm(interventions, disable=not progress, **bar)]
+        path = None if policy_path is None else everywhere(policy_path)
+        return jobs.results(partial(_loaded_drive, drive, path, task), interventions, **(bar if progress else {}))
 
 
-def clamped_drive(policy, clamp, *, task: str, seeds: list[int], max_steps: int | None = None,
-                  speed: float = UDACITY_SPEED) -> dict:
-    """``policy`` drives the held-out tracks of ``seeds`` with ``clamp`` on its NAC (None:
-    intact), in envs of its own: CarRacing's tracks (``returns``, ``mean_return``), or the
+def intervened(policy, intervention):
+    """The block in which ``policy`` drives under ``intervention``: a
+    :class:`~nac_drive.nac.Clamp` on its NAC's units, a shift ``[core.out_dim]`` of its core's
+    output (:meth:`~nac_drive.policy.DrivingPolicy.core_shifted`), or None (intact). Both
+    pickle: a Ray task takes either."""
+    from nac_drive.nac import Clamp
+
+    if isinstance(intervention, Clamp):
+        return policy.core.nac.clamped(intervention)
+    return policy.core_shifted(intervention)
+
+
+def intervened_drive(policy, intervention, *, task: str, seeds: list[int], max_steps: int | None = None,
+                     speed: float = UDACITY_SPEED,
+                     steering_of: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
+    """``policy`` drives the held-out tracks of ``seeds`` under ``intervention`` (:func:`intervened`;
+    None: intact), in envs of its own: CarRacing's tracks (``returns``, ``mean_return``), or the
     Udacity emulator's ``random-<seed>`` at ``speed`` mph (the figures of
-    :func:`~nac_drive.pipeline.drive.udacity_summary`)."""
-    from nac_drive.agents.driver import PolicyDriver
-
-    with policy.core.nac.clamped(clamp):
+    :func:`~nac_drive.pipeline.drive.udacity_summary`). With ``steering_of`` (the head's outputs
+    ``[n, A]`` -> the steering ``[n]``), also ``track_steering``: each track's mean steering."""
+    driver = PolicyDriver(policy) if steering_of is None else HeadOutputs(policy)
+    with intervened(policy, intervention):
         if task == "udacity":
             from nac_drive.pipeline.drive import (udacity_emulator_env, udacity_emulator_episodes,
                                                   udacity_eval_tracks, udacity_summary)
 
             envs = [udacity_emulator_env(name, speed) for name in udacity_eval_tracks(len(seeds), seeds[0])]
             try:
-                return udacity_summary(udacity_emulator_episodes(PolicyDriver(policy), envs,
-                                                                 max_steps or UDACITY_FRAMES))
+                figures = udacity_summary(udacity_emulator_episodes(driver, envs, max_steps or UDACITY_FRAMES))
             finally:
                 for env in envs:
                     env.close()
-        from nac_drive.simulators.carracing import make_carracing, run_episodes
+        else:
+            from nac_drive.simulators.carracing import make_carracing, run_episodes
 
-        env = make_carracing(gas=policy.config.gas)
-        try:
-            returns = [float(r) for r in run_episodes(PolicyDriver(policy), seeds, max_steps=max_steps, env=env).returns]
-        finally:
-            env.close()
-        return {"returns": returns, "mean_return": float(np.mean(returns))}
+            env = make_carracing(gas=policy.config.gas)
+            try:
+                returns = [float(r) for r in run_episodes(driver, seeds, max_steps=max_steps, env=env).returns]
+            finally:
+                env.close()
+            figures = {"returns": returns, "mean_return": float(np.mean(returns))}
+    if steering_of is not None:
+        figures["track_steering"] = [float(np.mean(steering_of(np.stack(outputs)))) for outputs in driver.outputs]
+    return figures
 
 
-def _loaded_drive(drive, policy_path: str | None, task: str, clamp) -> dict:
-    """A Ray task's ``drive`` (:func:`clamped_drive`): the policy loaded where the task runs, on the CPU."""
+class HeadOutputs(PolicyDriver):
+    """A :class:`~nac_drive.agents.driver.PolicyDriver` that keeps the head's output of each
+    step it acts on (``policy.last_output``): ``outputs``, per episode a list of ``[A]``."""
+
+    def __init__(self, policy):
+        super().__init__(policy)
+        self.outputs: list[list[np.ndarray]] = []
+
+    def reset(self) -> None:
+        super().reset()
+        self.outputs.append([])
+
+    def act(self, obs):
+        action = super().act(obs)
+        self.outputs[-1].append(self.policy.last_output.numpy())
+        return action
+
+
+def _loaded_drive(drive, policy_path: str | None, task: str, intervention) -> dict:
+    """A Ray task's ``drive`` (:func:`intervened_drive`): the policy loaded where the task runs, on the CPU."""
     from nac_drive.policy.loading import load_driving_policy
 
-    return drive(load_driving_policy(policy_path, task=task), clamp)
+    return drive(load_driving_policy(policy_path, task=task), intervention)
 
 
 def attention_parts(run, nac, seed: int = 0) -> dict:

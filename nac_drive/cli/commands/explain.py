@@ -59,11 +59,18 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   minute or two). CarRacing scores the return; Udacity the mean |cross-track error| and
   laps / off-road. Udacity with --episodes 2 --closed-loop-tracks 3 --window-method
   ablation: about 11 minutes on 2 busy cores; Integrated Gradients over the window of its
-  PilotNet frames would add about 7 minutes a 1000-frame track.
+  PilotNet frames would add about 7 minutes a 1000-frame track;
+* push: the core's output pushed towards a left curve, towards a right one (2 SD along the
+  curvature probe, as the probes' open-loop push) and as far (the same norm) along 4 random
+  directions (the control), each while the policy drives the --closed-loop-tracks tracks; per push the change of
+  each track's mean steering and of the return (Udacity: mean |cte|), paired with the same
+  tracks driven intact, with 95% intervals, and a verdict ("follows": left steers left, right
+  steers right, both intervals clear of 0, the left push further than every random direction); 7 runs of
+  --closed-loop-tracks tracks, any core.
 
 A policy of another core (lstm, gru, cfc, ltc, mha) gets the sections that need no NAC states
-(saliency, window, mirror, probes and dictionary on its core's output, the drive); fig4, atlas
-and closed_loop are skipped, and the report's
+(saliency, window, mirror, probes, dictionary and push on its core's output, the drive); fig4,
+atlas and closed_loop are skipped, and the report's
 "skipped" says so. A CarRacing report's saliency also gives each method's share of saliency on
 the road ahead of the car (road_share), a proxy for the paper's Fig. 6 claim.
 
@@ -136,6 +143,9 @@ def run(namespace: argparse.Namespace) -> int:
     if report["closed_loop"] and report["closed_loop"]["neurons"]:
         print()
         print("\n".join(format_closed_loop(report["closed_loop"])))
+    if report.get("push"):
+        print()
+        print("\n".join(format_push(report["push"])))
     if report.get("skipped"):
         print()
         print("\n".join(format_skipped(report["skipped"])))
@@ -360,18 +370,38 @@ def format_probes(probes: dict) -> list[str]:
         lines.append(f"Pushed along the curvature probe ({push['mode']}; {push['sds']:g} SD of the core's output along "
                      f"each direction; steering = {push['steering']}, intact mean {push['intact_steering']:+.4f}): "
                      f"{push['verdict']}")
-        for row in push["pushes"]:
-            change = row["change"]
-            lines.append(f"  {row['push']:<10} probe reads {row['probe_change']:+.4f}   steering change "
-                         f"{change['mean']:+.4f} {_interval(change['ci95'], '+.4f')}")
-        random = push.get("random_directions")
-        if random:
-            lines.append(f"  along {random['count']} random directions: |steering change| median "
-                         f"{random['median_abs_change']:.4f}, max {random['max_abs_change']:.4f}; the left push "
-                         f"outdoes {random['outdone']:.0%} of them")
+        lines += [_push_line(row) for row in push["pushes"]] + _random_directions_lines(push)
     elif probes.get("intervention_skipped"):
         lines.append(f"no push along the curvature probe: {probes['intervention_skipped']}")
     return lines
+
+
+def format_push(push: dict) -> list[str]:
+    """The closed-loop push as text lines: per push the change of the tracks' mean steering and
+    of the metric (the return, or the mean |cte| in metres), each with its paired 95% interval."""
+    change, spec = ("cte_change", "+.3f") if push["metric"] == "mean_abs_cte" else ("return_change", "+.1f")
+    lines = [f"Pushed along the curvature probe while driving {push['tracks']} held-out tracks ({push['sds']:g} SD "
+             f"of the core's output along the probe; control: {push['control']}; steering = {push['steering']}, "
+             f"intact mean {push['intact_steering']:+.4f}): {push['verdict']}"]
+    lines += [f"{_push_line(row)}   {push['metric']} change {row[change]:{spec}} "
+              f"{_interval(row['paired']['ci95'], spec)}" for row in push["pushes"]]
+    return lines + _random_directions_lines(push)
+
+
+def _push_line(row: dict) -> str:
+    """One push of the curvature probe's (open or closed loop): how far the probe's reading and the steering move."""
+    change = row["change"]
+    return (f"  {row['push']:<10} probe reads {row['probe_change']:+.4f}   steering change {change['mean']:+.4f} "
+            f"{_interval(change['ci95'], '+.4f')}")
+
+
+def _random_directions_lines(push: dict) -> list[str]:
+    """The random directions a push is compared with, as a line (none without them)."""
+    random = push.get("random_directions")
+    if not random:
+        return []
+    return [f"  along {random['count']} random directions: |steering change| median {random['median_abs_change']:.4f}, "
+            f"max {random['max_abs_change']:.4f}; the left push outdoes {random['outdone']:.0%} of them"]
 
 
 def format_dictionary(dictionary: dict) -> list[str]:
