@@ -263,8 +263,8 @@ def _probes_figure(probes: dict, escape):
     random = push.get("random_directions") or {}
     outdone = _number(random.get("outdone"))
     beside = "" if outdone is None else f" (beyond {outdone:.0%} of {escape(random.get('count'))} random directions)"
-    verdict = f"; push along the curvature probe: {escape(push.get('verdict'))}{beside}" if push else ""
-    fig.update_layout(height=400, margin=dict(l=60, r=20, t=90, b=60), barmode="group",
+    verdict = f"<br>push along the curvature probe: {escape(push.get('verdict'))}{beside}" if push else ""
+    fig.update_layout(height=420, margin=dict(l=60, r=20, t=110, b=60), barmode="group",
                       title=dict(text=f"Linear probes, held out by {escape(probes.get('held_out'))} (95% block "
                                       f"bootstrap over {escape(probes.get('blocks'))} blocks){verdict}<br><sup>"
                                       f"{escape(probes.get('verdict'))}</sup>", font=dict(size=13)))
