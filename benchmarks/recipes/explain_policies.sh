@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# BENCHMARKS.md §7 (issue 54): `nac-drive explain` on the shipped CarRacing and Udacity policies, on
+# three NAC-steady CarRacing policies (seeds 0-2, benchmarks/recipes/nac_steady_policy.sh), and on the
+# seed-0 policy of every core of the regime comparison (benchmarks/recipes/compare_regime.sh: its last
+# DAgger round's, so every core is explained alike, trained alike).
+#
+#   bash benchmarks/recipes/explain_policies.sh [OUT] [REGIME]
+#   # OUT: a folder (default runs/recipe-explain); REGIME: compare_regime.sh's folder (without it, the
+#   # comparison's cores are left out)
+#
+# Each explain traces 3 held-out tracks x 1000 frames and drives 30 held-out tracks in closed loop:
+# intact, with the 5 neurons whose silencing costs most and 5 others clamped and each part of the
+# attention replaced (NAC cores), and pushed along the curvature probe (every core). Udacity's window
+# attribution removes one frame at a time (ablation), as §7 has done since it first ran.
+# Two lanes, one core each: the shipped policies and the NAC-steady ones; the comparison's cores.
+# Everything resumes: run the same line again (an explain killed midway goes on with --resume; a
+# NAC-steady policy killed before its last DAgger round is made again).
+#
+# Time on the 2-core CPU machine: a NAC-steady policy about 85 min; an explain not measured yet at
+# 30 tracks (about 22 drives of 30 tracks each).
+# What it should score: not known yet, it has not run to the end; §7's table is rewritten from it.
+set -euo pipefail
+
+OUT=${1:-runs/recipe-explain}
+REGIME=${2:-}
+mkdir -p "$OUT"
+
+explained() {   # explained DIR COMMAND...: run an explain COMMAND into DIR; a finished one is kept, a killed one resumed
+  local dir=$1; shift
+  [ -f "$dir/explain.json" ] && return 0
+  if [ -d "$dir" ]; then "$@" --resume "$dir"; else "$@" --out "$dir"; fi
+}
+
+shipped_and_steady() {
+  explained "$OUT/carracing-shipped" nac-drive explain --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 \
+    --closed-loop-random 5 --json
+  explained "$OUT/udacity-shipped" nac-drive explain --task udacity --episodes 3 --closed-loop-tracks 30 \
+    --closed-loop-top 5 --closed-loop-random 5 --window-method ablation --json
+  local seed made
+  for seed in 0 1 2; do
+    made="$OUT/steady-policy-s$seed"
+    if [ ! -f "$made/train/dagger-r9/best/model.safetensors" ]; then
+      rm -rf "$made"
+      bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed"
+    fi
+    explained "$OUT/steady-s$seed" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 \
+      --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --json
+  done
+}
+
+compared_cores() {
+  [ -n "$REGIME" ] || return 0
+  local core
+  for core in nac-exact nac-scaled nac-qk cfc gru lstm mha; do
+    explained "$OUT/core-$core" nac-drive explain --policy "$REGIME/compare/runs/${core}__s0-dagger-r4/best" \
+      --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --json
+  done
+}
+
+shipped_and_steady & a=$!
+compared_cores & b=$!
+wait $a; wait $b
