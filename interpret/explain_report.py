@@ -479,7 +479,7 @@ def _push_figure(push: dict, escape):
                              cells=dict(values=columns, align="left", format=["", "+.4f", "+.4f", "", f"+{spec}", ""])))
     random = push.get("random_directions") or {}
     outdone = _number(random.get("outdone"))
-    beside = "" if outdone is None else f" (the left push beyond {outdone:.0%} of {escape(random.get('count'))} random)"
+    beside = "" if outdone is None else f" (both pushes beyond {outdone:.0%} of {escape(random.get('count'))} random)"
     fig.update_layout(height=120 + 30 * len(rows), margin=dict(l=20, r=20, t=60, b=10),
                       title=dict(text=f"Pushed along the curvature probe while driving {escape(push.get('tracks'))} "
                                       f"held-out tracks: {escape(push.get('verdict'))}{beside}<br><sup>steering = "

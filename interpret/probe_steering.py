@@ -122,15 +122,16 @@ def compare_pushes(shifts: dict[str, np.ndarray], steered: dict[str, np.ndarray]
     (|shift|), ``probe_change`` (how far the probe's reading moves, 1/length unit),
     ``mean_steering`` and ``change``), ``random_directions`` over the pushes named in ``controls``
     (``count``, the ``median_abs_change`` and ``max_abs_change`` of the mean steering change along
-    them, and ``outdone``: the share of them whose |change| is below the ``left`` push's) and a
+    them, and ``outdone``: the share of them whose |change| is below both the ``left`` and the
+    ``right`` push's) and a
     ``verdict`` (:func:`push_verdict`)."""
     pushes = [{"push": name, "norm": float(np.linalg.norm(shifts[name])), "probe_change": float(reads @ shifts[name]),
                "mean_steering": float(np.mean(steered[name])), "change": change(intact, steered[name])}
               for name in rows]
     random_changes = np.abs([np.mean(steered[name] - intact) for name in controls])
-    left = abs(float(np.mean(steered["left"] - intact)))
+    weaker = min(abs(float(np.mean(steered[name] - intact))) for name in ("left", "right"))
     random = {"count": len(controls), "median_abs_change": float(np.median(random_changes)),
-              "max_abs_change": float(random_changes.max()), "outdone": float(np.mean(random_changes < left))}
+              "max_abs_change": float(random_changes.max()), "outdone": float(np.mean(random_changes < weaker))}
     return {"intact_steering": float(np.mean(intact)), "pushes": pushes, "random_directions": random,
             "verdict": push_verdict(pushes, random["outdone"])}
 
@@ -172,8 +173,8 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
 
 def push_verdict(pushes: list[dict], outdone: float) -> str:
     """Whether the steering follows the probe: "follows" (pushed towards a left curve it steers
-    left, towards a right one right, both intervals excluding 0 that way, and the left push
-    moves it more than ``outdone`` >= :data:`BEYOND_RANDOM` of the random directions do),
+    left, towards a right one right, both intervals excluding 0 that way, and each push moves it
+    more than ``outdone`` >= :data:`BEYOND_RANDOM` of the random directions do),
     "opposite" (both intervals the other way, as far beyond the random directions), each with
     "no more than a random direction" where the signs hold but the size does not, else "no
     clear effect"."""

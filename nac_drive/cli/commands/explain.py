@@ -62,11 +62,11 @@ drives held-out tracks with a trace into a fresh run folder: CarRacing tracks fr
   PilotNet frames would add about 7 minutes a 1000-frame track;
 * push: the core's output pushed towards a left curve, towards a right one (2 SD along the
   curvature probe, as the probes' open-loop push) and as far (the same norm) along 4 random
-  directions (the control), each while the policy drives the --closed-loop-tracks tracks; per push the change of
-  each track's mean steering and of the return (Udacity: mean |cte|), paired with the same
-  tracks driven intact, with 95% intervals, and a verdict ("follows": left steers left, right
-  steers right, both intervals clear of 0, the left push further than every random direction); 7 runs of
-  --closed-loop-tracks tracks, any core.
+  directions (the control), each while the policy drives the --closed-loop-tracks tracks; per
+  push the change of each track's mean steering and of the return (Udacity: mean |cte|),
+  paired with the same tracks driven intact, with 95% intervals, and a verdict ("follows":
+  left steers left, right steers right, both intervals clear of 0, each push further than
+  every random direction); 7 runs of --closed-loop-tracks tracks, any core.
 
 A policy of another core (lstm, gru, cfc, ltc, mha) gets the sections that need no NAC states
 (saliency, window, mirror, probes, dictionary and push on its core's output, the drive); fig4,
@@ -401,7 +401,7 @@ def _random_directions_lines(push: dict) -> list[str]:
     if not random:
         return []
     return [f"  along {random['count']} random directions: |steering change| median {random['median_abs_change']:.4f}, "
-            f"max {random['max_abs_change']:.4f}; the left push outdoes {random['outdone']:.0%} of them"]
+            f"max {random['max_abs_change']:.4f}; the left and right pushes both outdo {random['outdone']:.0%} of them"]
 
 
 def format_dictionary(dictionary: dict) -> list[str]:
