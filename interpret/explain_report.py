@@ -473,10 +473,13 @@ def _push_figure(push: dict, escape):
     columns = [[escape(r["push"]) for r in rows], [_number(r.get("probe_change")) for r in rows],
                [_number(r["change"].get("mean")) for r in rows],
                [interval(r["change"].get("ci95"), "+.4f") for r in rows], [_number(r.get(change)) for r in rows],
-               [interval((r.get("paired") or {}).get("ci95"), f"+{spec}") for r in rows]]
-    fig = go.Figure(go.Table(header=dict(values=["push", "probe reads", "steering change", "95% CI", title, "95% CI"],
-                                         align="left"),
-                             cells=dict(values=columns, align="left", format=["", "+.4f", "+.4f", "", f"+{spec}", ""])))
+               [interval((r.get("paired") or {}).get("ci95"), f"+{spec}") for r in rows],
+               [_number((r.get("offset_change") or {}).get("mean")) for r in rows],
+               [interval((r.get("offset_change") or {}).get("ci95"), "+.3f") for r in rows]]
+    fig = go.Figure(go.Table(header=dict(values=["push", "probe reads", "steering change", "95% CI", title, "95% CI",
+                                                 "offset change (+ right)", "95% CI"], align="left"),
+                             cells=dict(values=columns, align="left",
+                                        format=["", "+.4f", "+.4f", "", f"+{spec}", "", "+.3f", ""])))
     random = push.get("random_directions") or {}
     outdone = _number(random.get("outdone"))
     beside = "" if outdone is None else f" (both pushes beyond {outdone:.0%} of {escape(random.get('count'))} random)"

@@ -119,10 +119,13 @@ def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp
     assert random["max_abs_change"] < min(abs(left["mean"]), abs(right["mean"])) / 4
     assert [row["norm"] for row in push["pushes"]] == pytest.approx([rows["left"]["norm"]] * (2 + PUSH_RANDOM))
     assert push["verdict"] == "follows"
+    assert len(push["intact"]["track_offset"]) == 3 and np.isfinite(push["intact"]["track_offset"]).all()
     for row in push["pushes"]:   # each track's return paired with its intact drive
         assert row["paired"]["mean"] == pytest.approx(np.mean(row["returns"]) - np.mean(push["intact"]["returns"]))
         assert row["return_change"] == row["paired"]["mean"] and len(row["track_steering"]) == 3
         assert row["change"]["mean"] == pytest.approx(row["mean_steering"] - push["intact_steering"])
+        offsets = np.subtract(row["track_offset"], push["intact"]["track_offset"])
+        assert row["offset_change"]["mean"] == pytest.approx(offsets.mean())
 
     other = push_section(run, ignores, probes, tracks=3, max_steps=40, replayed=replayed)
     assert other["verdict"] != "follows"
@@ -163,6 +166,7 @@ def test_a_drive_with_no_intervention_is_the_plain_drive():
     read = drive(None, steering_of=partial(steering_values, list(ACTION_NAMES)))
     assert intact["returns"] == zero["returns"] == read["returns"] == plain and "track_steering" not in intact
     assert len(read["track_steering"]) == 2 and all(-1 <= s <= 1 for s in read["track_steering"])
+    assert len(read["track_offset"]) == 2 and np.isfinite(read["track_offset"]).all()
 
 
 def test_a_udacity_drive_reads_the_steering_output_and_is_otherwise_the_plain_drive():
@@ -188,7 +192,9 @@ def test_a_udacity_drive_reads_the_steering_output_and_is_otherwise_the_plain_dr
     drive = partial(intervened_drive, policy, task="udacity", seeds=[900000], max_steps=20,
                     steering_of=partial(steering_values, None))
     read = drive(None)
-    assert {k: v for k, v in read.items() if k != "track_steering"} == plain and len(read["track_steering"]) == 1
+    assert {k: v for k, v in read.items() if k not in ("track_steering", "track_offset")} == plain
+    assert len(read["track_steering"]) == 1 and abs(read["track_offset"][0]) <= plain["mean_abs_cte_m"][0]
     towards = policy.head[-1].weight[0].detach().numpy()   # the shift the head reads as steering right
     pushed = drive(0.05 * towards / np.linalg.norm(towards))
     assert pushed["track_steering"][0] > read["track_steering"][0]
+    assert pushed["track_offset"][0] > read["track_offset"][0]   # steered right, it keeps further right

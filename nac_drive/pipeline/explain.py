@@ -472,11 +472,13 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     Returns the tracks driven as :func:`closed_loop_section` names them, ``seed``, ``sds``, ``control``
     (how long the random pushes are),
     ``steering`` (what it is), ``metric``, ``probe`` (its ``steps`` and ``in_sample_r2``),
-    ``intact`` (the drive's figures, ``track_steering`` among them: each track's mean
-    steering), per push (``pushes``: ``left``, ``right``, ``random 1`` ...) its ``norm``,
-    ``probe_change``, the drive's figures, ``mean_steering``, ``change`` (the steering's, paired
-    per track with a 95% BCa interval) and the metric's change (``return_change`` or
-    ``cte_change``, and ``paired``, as a clamp's in :func:`closed_loop_section`), then
+    ``intact`` (the drive's figures, ``track_steering`` and ``track_offset`` among them: each
+    track's mean steering and mean signed offset from the centre line), per push (``pushes``:
+    ``left``, ``right``, ``random 1`` ...) its ``norm``, ``probe_change``, the drive's figures,
+    ``mean_steering``, ``change`` (the steering's, paired per track with a 95% BCa interval),
+    ``offset_change`` (the offset's, likewise: below 0, the car keeps further left) and the
+    metric's change (``return_change`` or ``cte_change``, and ``paired``, as a clamp's in
+    :func:`closed_loop_section`), then
     ``random_directions`` and the ``verdict`` (:func:`~nac_drive.interpret.probe_steering.compare_pushes`).
     Without the probes' push (no curve ahead recorded, or constant): :class:`SectionSkipped`."""
     from nac_drive.interpret.probe_steering import (PUSH_SDS, compare_pushes, curvature_pushes, steering_kind,
@@ -501,7 +503,8 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     compared = compare_pushes(shifts, {name: np.array(by_push[name]["track_steering"]) for name in names},
                               np.array(intact["track_steering"]), pushed["reads"], paired_change, names, names[2:])
     for row in compared["pushes"]:
-        row.update(against_intact(intact, by_push[row["push"]], task))
+        row.update(against_intact(intact, by_push[row["push"]], task),
+                   offset_change=paired_change(intact["track_offset"], by_push[row["push"]]["track_offset"]))
     return jsonable({"mode": "closed loop: the core's output pushed at every step while the policy drives",
                      **tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "sds": PUSH_SDS,
                      "control": "random directions, each push as long as the probe's (the same |shift|)",
@@ -575,8 +578,9 @@ def intervened_drive(policy, intervention, *, task: str, seeds: list[int], max_s
     None: intact), in envs of its own: CarRacing's tracks (``returns``, ``mean_return``), or the
     Udacity emulator's ``random-<seed>`` at ``speed`` mph (the figures of
     :func:`~nac_drive.pipeline.drive.udacity_summary`). With ``steering_of`` (the head's outputs
-    ``[n, A]`` -> the steering ``[n]``), also ``track_steering``: each track's mean steering."""
-    driver = PolicyDriver(policy) if steering_of is None else HeadOutputs(policy)
+    ``[n, A]`` -> the steering ``[n]``), also ``track_steering``: each track's mean steering, and
+    ``track_offset``: each track's mean signed offset from the centre line (:class:`HeadOutputs`)."""
+    driver = PolicyDriver(policy) if steering_of is None else HeadOutputs(policy, task)
     with intervened(policy, intervention):
         if task == "udacity":
             from nac_drive.pipeline.drive import (udacity_emulator_env, udacity_emulator_episodes,
@@ -599,24 +603,39 @@ def intervened_drive(policy, intervention, *, task: str, seeds: list[int], max_s
             figures = {"returns": returns, "mean_return": float(np.mean(returns))}
     if steering_of is not None:
         figures["track_steering"] = [float(np.mean(steering_of(np.stack(outputs)))) for outputs in driver.outputs]
+        figures["track_offset"] = [float(np.nanmean(offsets)) for offsets in driver.offsets]
     return figures
 
 
 class HeadOutputs(PolicyDriver):
-    """A :class:`~nac_drive.agents.driver.PolicyDriver` that keeps the head's output of each
-    step it acts on (``policy.last_output``): ``outputs``, per episode a list of ``[A]``."""
+    """A :class:`~nac_drive.agents.driver.PolicyDriver` that keeps, at each step it acts on, the
+    head's output (``policy.last_output``) and the car's signed offset from the centre line,
+    positive right (CarRacing's from the teacher's reading of the track, in track units; the
+    Udacity emulator's ``cte``, in metres): ``outputs`` (per episode a list of ``[A]``) and
+    ``offsets`` (per episode a list of floats)."""
 
-    def __init__(self, policy):
+    def __init__(self, policy, task: str):
         super().__init__(policy)
         self.outputs: list[list[np.ndarray]] = []
+        self.offsets: list[list[float]] = []
+        self.reader = None
+        if task == "carracing":
+            from nac_drive.agents.teacher import PurePursuitTeacher
+
+            self.reader = PurePursuitTeacher()
 
     def reset(self) -> None:
         super().reset()
         self.outputs.append([])
+        self.offsets.append([])
+        if self.reader is not None:
+            self.reader.reset()
 
     def act(self, obs):
         action = super().act(obs)
         self.outputs[-1].append(self.policy.last_output.numpy())
+        offset = obs.get("cte") if isinstance(obs, dict) else self.reader.cross_track_error(self._env)
+        self.offsets[-1].append(np.nan if offset is None else float(offset))
         return action
 
 

@@ -377,13 +377,15 @@ def format_probes(probes: dict) -> list[str]:
 
 
 def format_push(push: dict) -> list[str]:
-    """The closed-loop push as text lines: per push the change of the tracks' mean steering and
-    of the metric (the return, or the mean |cte| in metres), each with its paired 95% interval."""
+    """The closed-loop push as text lines: per push the change of the tracks' mean steering, of
+    their mean signed offset from the centre line and of the metric (the return, or the mean
+    |cte| in metres), each with its paired 95% interval."""
     change, spec = ("cte_change", "+.3f") if push["metric"] == "mean_abs_cte" else ("return_change", "+.1f")
     lines = [f"Pushed along the curvature probe while driving {push['tracks']} held-out tracks ({push['sds']:g} SD "
              f"of the core's output along the probe; control: {push['control']}; steering = {push['steering']}, "
              f"intact mean {push['intact_steering']:+.4f}): {push['verdict']}"]
-    lines += [f"{_push_line(row)}   {push['metric']} change {row[change]:{spec}} "
+    lines += [f"{_push_line(row)}   offset change {row['offset_change']['mean']:+.3f} "
+              f"{_interval(row['offset_change']['ci95'], '+.3f')}   {push['metric']} change {row[change]:{spec}} "
               f"{_interval(row['paired']['ci95'], spec)}" for row in push["pushes"]]
     return lines + _random_directions_lines(push)
 
