@@ -485,7 +485,8 @@ def _push_figure(push: dict, escape):
     beside = "" if outdone is None else f" (both pushes beyond {outdone:.0%} of {escape(random.get('count'))} random)"
     fig.update_layout(height=120 + 30 * len(rows), margin=dict(l=20, r=20, t=60, b=10),
                       title=dict(text=f"Pushed along the curvature probe while driving {escape(push.get('tracks'))} "
-                                      f"held-out tracks: {escape(push.get('verdict'))}{beside}<br><sup>steering = "
+                                      f"held-out tracks: {escape(push.get('verdict'))}{beside}; the offset: "
+                                      f"{escape((push.get('offset') or {}).get('verdict'))}<br><sup>steering = "
                                       f"{escape(push.get('steering'))}; changes paired per track with the intact "
                                       f"drive</sup>", font=dict(size=13)))
     return fig

@@ -120,6 +120,7 @@ def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp
     assert [row["norm"] for row in push["pushes"]] == pytest.approx([rows["left"]["norm"]] * (2 + PUSH_RANDOM))
     assert push["verdict"] == "follows"
     assert len(push["intact"]["track_offset"]) == 3 and np.isfinite(push["intact"]["track_offset"]).all()
+    assert push["offset"]["random_directions"]["count"] == PUSH_RANDOM and push["offset"]["verdict"]
     for row in push["pushes"]:   # each track's return paired with its intact drive
         assert row["paired"]["mean"] == pytest.approx(np.mean(row["returns"]) - np.mean(push["intact"]["returns"]))
         assert row["return_change"] == row["paired"]["mean"] and len(row["track_steering"]) == 3
@@ -138,7 +139,8 @@ def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp
 
     text = format_push(push)
     assert text[0].endswith(": follows") and text[1].startswith("  left") and "return change" in text[1]
-    assert len(text) == 1 + len(push["pushes"]) + 1 and "random directions" in text[-1]
+    assert len(text) == 1 + len(push["pushes"]) + 2 and "random directions" in text[-2]
+    assert text[-1] == f"  the offset from the centre line: {push['offset']['verdict']}"
     write_report(tmp_path / EXPLAIN_FILE, {"trace_sha256": run.sha256, "push": push})
     table = run_data(build_dashboard(tmp_path).read_text())["figures"]["explain_push"]["data"][0]
     assert table["cells"]["values"][0] == [row["push"] for row in push["pushes"]]

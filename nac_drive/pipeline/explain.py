@@ -478,7 +478,8 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     ``mean_steering``, ``change`` (the steering's, paired per track with a 95% BCa interval),
     ``offset_change`` (the offset's, likewise: below 0, the car keeps further left) and the
     metric's change (``return_change`` or ``cte_change``, and ``paired``, as a clamp's in
-    :func:`closed_loop_section`), then
+    :func:`closed_loop_section`), ``offset`` (the offset's ``verdict`` and ``random_directions``,
+    read as the steering's: a car that follows the push keeps left when pushed left), then
     ``random_directions`` and the ``verdict`` (:func:`~nac_drive.interpret.probe_steering.compare_pushes`).
     Without the probes' push (no curve ahead recorded, or constant): :class:`SectionSkipped`."""
     from nac_drive.interpret.probe_steering import (PUSH_SDS, compare_pushes, curvature_pushes, steering_kind,
@@ -500,11 +501,15 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     driven = intervened_drives(policy, [None, *shifts.values()], seeds, max_steps, speed, ray, policy_path, progress,
                                "push", steering_of=partial(steering_values, action_names))
     intact, by_push = driven[0], dict(zip(names, driven[1:]))
-    compared = compare_pushes(shifts, {name: np.array(by_push[name]["track_steering"]) for name in names},
-                              np.array(intact["track_steering"]), pushed["reads"], paired_change, names, names[2:])
-    for row in compared["pushes"]:
-        row.update(against_intact(intact, by_push[row["push"]], task),
-                   offset_change=paired_change(intact["track_offset"], by_push[row["push"]]["track_offset"]))
+
+    def compared_on(figure: str) -> dict:   # each track's mean steering, or mean offset, under each push
+        return compare_pushes(shifts, {name: np.array(by_push[name][figure]) for name in names},
+                              np.array(intact[figure]), pushed["reads"], paired_change, names, names[2:])
+
+    compared, moved = compared_on("track_steering"), compared_on("track_offset")
+    for row, offset in zip(compared["pushes"], moved["pushes"]):
+        row.update(against_intact(intact, by_push[row["push"]], task), offset_change=offset["change"])
+    compared["offset"] = {"verdict": moved["verdict"], "random_directions": moved["random_directions"]}
     return jsonable({"mode": "closed loop: the core's output pushed at every step while the policy drives",
                      **tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "sds": PUSH_SDS,
                      "control": "random directions, each push as long as the probe's (the same |shift|)",

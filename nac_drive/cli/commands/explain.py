@@ -387,7 +387,8 @@ def format_push(push: dict) -> list[str]:
     lines += [f"{_push_line(row)}   offset change {row['offset_change']['mean']:+.3f} "
               f"{_interval(row['offset_change']['ci95'], '+.3f')}   {push['metric']} change {row[change]:{spec}} "
               f"{_interval(row['paired']['ci95'], spec)}" for row in push["pushes"]]
-    return lines + _random_directions_lines(push)
+    offset = push.get("offset") or {}
+    return lines + _random_directions_lines(push) + [f"  the offset from the centre line: {offset.get('verdict', '-')}"]
 
 
 def _push_line(row: dict) -> str:
