@@ -82,6 +82,8 @@ class Episode:
     source: str
     gas: float = DISCRETE_GAS
     """what the discrete GAS action pressed in the env it was recorded in"""
+    terminated: bool = False
+    """the env ended it (CarRacing: the lap finished, or the car left the playfield), not a time limit"""
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -548,10 +550,12 @@ def _load_one(folder: Path) -> list[Episode]:
         _require(stamps.shape == (n + 1,) and np.isfinite(stamps).all() and np.all(np.diff(stamps) > 0), where,
                  "infos/timestamp", "expected N+1 finite, increasing timestamps")
         seed = meta.get("seed") if isinstance(meta, dict) else None
+        terminations = np.asarray(ep.terminations, bool)
+        _require(terminations.shape == (n,), where, "terminations", "expected N values")
         episodes.append(Episode(frames=obs[:n], actions=actions, rewards=rewards, timestamps=stamps[:n],
                                 seed=None if seed is None else int(seed),
                                 expert=str(meta.get("expert", expert_default)) if isinstance(meta, dict)
-                                else expert_default, source=where, gas=gas))
+                                else expert_default, source=where, gas=gas, terminated=bool(terminations[-1])))
     return episodes
 
 

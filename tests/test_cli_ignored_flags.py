@@ -23,10 +23,9 @@ ARCHITECTURE_FLAGS = {"--core": "lstm", "--mode": "euler", "--d-model": "32", "-
 
 # (arguments, the start of the flag's refusal after "error: ")
 IGNORED = [
-    # dagger fine-tunes the checkpoint it is given: no architecture, no other checkpoint, no resume
+    # dagger fine-tunes the checkpoint it is given: no architecture, no other checkpoint
     *[(["dagger", "--policy", MISSING, flag, value], f"unrecognized arguments: {flag}")
       for flag, value in {**ARCHITECTURE_FLAGS, "--init-from": MISSING}.items()],
-    (["dagger", "--policy", MISSING, "--resume"], "unrecognized arguments: --resume"),
     (["dagger", "--policy", MISSING, "--eval-episodes", "3"], "unrecognized arguments: --eval-episodes"),
     (["dagger", "--policy", MISSING, "--disturb-frames", "5"], "--disturb-frames: only with --disturb-rate > 0"),
     # train --init-from: the checkpoint's architecture
@@ -119,7 +118,7 @@ def test_every_verb_parser_is_made_of_its_dataclasses():
         assert all(f.metadata.get("help") for f in fields), name
         flags_of[name] = {a.dest for a in parser._actions if a.dest != "help"}
         assert flags_of[name] == {f.name for f in fields}, name
-    assert not flags_of["nac-drive dagger"] & {*ARCHITECTURE, "init_from", "resume"}
+    assert not flags_of["nac-drive dagger"] & {*ARCHITECTURE, "init_from"}   # its --resume is the rounds'
     assert {"epochs", "lr", "data", "window"} <= flags_of["nac-drive dagger"]
     assert set(ARCHITECTURE) | {"init_from"} <= flags_of["nac-drive train"]
 

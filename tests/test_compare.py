@@ -3,6 +3,7 @@
 import csv
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -285,6 +286,62 @@ def test_compare_in_the_shipped_regime_runs_dagger_rounds_on_its_own_data_and_dr
     assert dropped["seeds"] == [900000] and dropped["lengths"] == [25] and 5 < sum(dropped["frames_dropped"]) < 20
     assert report["variants"][0]["frame_drops"]["0.5"]["episodes"] == 1 and "frame-drop 0.5" in printed
     assert "learning curve" in printed and "2 DAgger rounds" in printed
+
+
+@pytest.mark.slow
+def test_a_comparison_killed_in_a_dagger_round_goes_on_without_driving_again(dataset, tmp_path, monkeypatch):
+    """A comparison killed in a round's fine-tuning once removed every round and drove them
+    all again: ~20 minutes a pair lost at the regime comparison's size."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import nac_drive.pipeline.dagger as dagger_module
+    import nac_drive.pipeline.drive as drive_module
+    import nac_drive.pipeline.train as training
+
+    out = tmp_path / "cmp"
+    args = CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16, epochs=1,
+                       windows_per_epoch=32, progress=False, episodes=1, max_steps=25, dagger_rounds=2,
+                       dagger_episodes=1, dagger_epochs=2, dagger_windows_per_epoch=32, curve_episodes=1)
+    real_evaluate, evaluated = training.evaluate, []
+
+    def killed_in_round_ones_second_epoch(*a, **k):   # validations: BC 1, round 0 2, round 1 the 4th and 5th
+        evaluated.append(1)
+        if len(evaluated) == 5:
+            raise KeyboardInterrupt
+        return real_evaluate(*a, **k)
+
+    monkeypatch.setattr(training, "evaluate", killed_in_round_ones_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        compare(args)
+    monkeypatch.setattr(training, "evaluate", real_evaluate)
+    runs = out / "runs"
+    first_curve = json.loads((runs / "gru__s0-curve" / "curve.json").read_text())["points"]
+    assert [p["stage"] for p in first_curve] == ["behaviour cloning", "dagger round 0"]
+
+    rounds_driven, checkpoints_driven = [], []
+    real_round, real_drive = dagger_module.drive_round, drive_module.drive_checkpoint
+    monkeypatch.setattr(dagger_module, "drive_round", lambda *a, **k: rounds_driven.append(k["name"]) or
+                        real_round(*a, **k))
+    monkeypatch.setattr(drive_module, "drive_checkpoint", lambda checkpoint, *a, **k: checkpoints_driven.append(
+        Path(checkpoint).parent.name) or real_drive(checkpoint, *a, **k))
+    compare(args)
+    assert rounds_driven == []   # both rounds' datasets were written before the kill
+    assert checkpoints_driven == ["gru__s0-dagger-r1", "gru__s0-dagger-r1"]   # round 1's point, then the 20 tracks
+    assert sorted(p.name for p in runs.iterdir()) == ["gru__s0", "gru__s0-curve", "gru__s0-dagger-r0",
+                                                      "gru__s0-dagger-r1", "gru__s0-data"]   # no <run>-2
+    with open(runs / "gru__s0-dagger-r1" / "metrics.csv") as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["1", "2"]   # epoch 2 after the kill, epoch 1 once
+    curve = json.loads((out / "results" / "gru__s0.json").read_text())["curve"]
+    assert curve[:2] == first_curve and [p["stage"] for p in curve][2] == "dagger round 1"
+    assert curve[2]["frames"] == curve[1]["frames"] + 25   # the kept round's frames, read back from its dataset
+    events = EventAccumulator(str(runs / "gru__s0-curve" / "tensorboard"))
+    events.Reload()
+    assert [s.step for s in events.Scalars("closed_loop/mean_return")] == [p["frames"] for p in curve]   # each once
+    student = EventAccumulator(str(runs / "gru__s0-dagger-r1" / "tensorboard"))
+    student.Reload()
+    held_out = json.loads((runs / "gru__s0-dagger-r1" / "closed_loop.json").read_text())["mean_return"]
+    logged = sorted(s.value for s in student.Scalars("closed_loop/mean_return"))
+    assert len(logged) == 2 and held_out in [pytest.approx(v) for v in logged]   # round 1's student drive once, the held-out drive
 
 
 def test_the_dagger_regime_is_refused_on_udacity_and_its_flags_without_rounds(tmp_path, capsys):

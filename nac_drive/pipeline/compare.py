@@ -345,29 +345,34 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
     the run's own (the demonstrations hard-linked, the rounds' datasets added); the final
     checkpoint, and with ``curve_episodes`` the learning curve: after behaviour cloning and
     after each round, the demonstration frames so far and that checkpoint's held-out drive
-    (also TensorBoard ``closed_loop/`` scalars stepped by frames, ``OUT/runs/<run>-curve``)."""
-    import shutil
-
+    (also TensorBoard ``closed_loop/`` scalars stepped by frames, ``OUT/runs/<run>-curve``,
+    and ``curve.json`` there). A killed attempt's rounds and points go on where they stopped
+    (DAgger's ``resume``): a round's dataset is not driven again, nor a point of the curve."""
     from nac_drive.data_collection.carracing_dataset import load_episodes
+    from nac_drive.io.checkpoint import read_json, write_json
     from nac_drive.pipeline.run_log import log_closed_loop
     from nac_drive.pipeline.dagger import DaggerArgs, dagger
     from nac_drive.pipeline.drive import drive_checkpoint
 
     name = f"{variant}__s{seed}"
-    data = out / RUNS / f"{name}-data"
-    rounds = (out / RUNS).glob(f"{name}-dagger-r*")   # their run folders, never trained again into <run>-2
-    for left in (data, out / RUNS / f"{name}-curve", *rounds):   # a killed attempt's rounds: this one starts them again
-        shutil.rmtree(left, ignore_errors=True)
+    data, curve_dir = out / RUNS / f"{name}-data", out / RUNS / f"{name}-curve"
     link_tree(Path(args.data), data)
     frames = sum(len(episode) for episode in load_episodes(args.data))
+    curve_file = curve_dir / "curve.json"
+    done = {p["stage"]: p for p in read_json(curve_file)["points"]} if curve_file.is_file() else {}
     curve = []
 
     def point(stage: str, checkpoint: Path) -> None:
-        if args.curve_episodes:
+        if not args.curve_episodes:
+            return
+        if stage in done:   # driven before a kill
+            curve.append(done[stage])
+        else:
             drive = drive_checkpoint(checkpoint, "carracing", args.curve_episodes, args.max_steps, progress=False)
             curve.append({"stage": stage, "frames": frames, "checkpoint": str(checkpoint),
                           **{k: drive[k] for k in ("mean_return", "returns", "laps_finished")}})
-            log_closed_loop(out / RUNS / f"{name}-curve", drive, step=frames)
+            log_closed_loop(curve_dir, drive, step=frames)
+            write_json(curve_file, {"points": curve})
 
     def on_round(r: int, checkpoint: Path, results) -> None:
         nonlocal frames
@@ -377,7 +382,7 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
     point("behaviour cloning", bc_run / "best")
     final = dagger(DaggerArgs(policy=str(bc_run / "best"), rounds=args.dagger_rounds, episodes=args.dagger_episodes,
                               max_steps=args.max_steps, disturb_rate=args.disturb_rate,
-                              disturb_frames=args.disturb_frames, workers=1, oracle=args.oracle),
+                              disturb_frames=args.disturb_frames, workers=1, oracle=args.oracle, resume=True),
                    TrainArgs(data=str(data), out=str(out / RUNS), run_name=f"{name}-dagger", seed=seed,
                              window=args.window, epochs=args.dagger_epochs,
                              windows_per_epoch=args.dagger_windows_per_epoch, lr=args.dagger_lr,
@@ -387,13 +392,14 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
 
 def link_tree(source: Path, target: Path) -> None:
     """Every file under ``source`` at the same place under ``target``, hard-linked (no copy;
-    datasets are never rewritten in place), or copied where a link cannot be made."""
+    datasets are never rewritten in place), or copied where a link cannot be made; one already
+    there (a killed attempt's) is kept."""
     import os
     import shutil
 
     for path in source.rglob("*"):
-        if path.is_file():
-            to = target / path.relative_to(source)
+        to = target / path.relative_to(source)
+        if path.is_file() and not to.exists():
             to.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.link(path, to)

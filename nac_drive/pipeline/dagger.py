@@ -16,6 +16,11 @@ how to recover, a state a good student rarely reaches by itself.
     nac-drive dagger ... --disturb-rate 0.01 --disturb-frames 10
     nac-drive dagger ... --oracle ppo          # or --oracle path/to/expert.zip
     nac-drive dagger ... --workers 8 --ray     # each round's 8 shards as Ray tasks (or --ray HEAD:6379)
+    nac-drive dagger ... --resume              # the same flags again, after a kill
+
+A killed run goes on with ``--resume`` and the same flags: a round whose dataset is in
+``--data`` is not driven again, and its fine-tuning continues from its ``last/`` (a whole one
+trains no epoch more).
 
 With ``--ray`` each round's runs of tracks are driven and labelled as Ray tasks, on this
 machine or a cluster, split as the worker processes split them (the same shards); their
@@ -58,6 +63,8 @@ class DaggerArgs:
                                  "sees) or the path of a PPO expert zip; a PPO oracle must drive the student's env "
                                  "(the same gas)")
     ray: str | None = ray_arg()
+    resume: bool = arg(False, "go on with a killed run of these flags: a round whose dataset is in --data is not "
+                              "driven again, and its fine-tuning continues from its last/")
 
     def __post_init__(self):
         check_fields(self)
@@ -83,7 +90,9 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     (:func:`~nac_drive.pipeline.ray_tasks.ray_jobs`; the same shards). ``threads``: the
     fine-tuning's torch threads (:func:`~nac_drive.pipeline.train.train`'s). ``on_round(r, checkpoint, results)``,
     if given, is called after each round with its fine-tuned checkpoint and the student's
-    EpisodeResults of that round's drive (the frames it added).
+    EpisodeResults of that round's drive (the frames it added). With ``resume`` a round whose
+    dataset is whole in ``data`` keeps it (its EpisodeResults read back from it, without
+    latencies) and its fine-tuning goes on from its ``last/``; see :func:`_resumable`.
 
     The fine-tuning runs on ``fine_tune.device``; the rounds' drives run on the CPU, one
     frame at a time in forked workers (a forked child cannot use a CUDA context its parent
@@ -102,8 +111,9 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     data, seed, progress = fine_tune.data, fine_tune.seed, fine_tune.progress
     workers = available_cores() if args.workers is None else args.workers
     runs = [split_runs(round_seeds(r, seed, args.episodes), workers) for r in range(args.rounds)]
-    for r in range(args.rounds):   # before driving: the rounds' datasets must be new
-        for run in runs[r]:
+    kept = [args.resume and recorded(data, dataset_name(r, seed), runs[r]) for r in range(args.rounds)]
+    for r in range(args.rounds):   # before driving: the rounds' datasets must be new, or kept
+        for run in runs[r] if not kept[r] else ():
             refuse_existing(data, dataset_name(r, seed), run)
     policy_path = Path(checkpoint_folder(args.policy))   # a run folder: its best/, before anything is driven
     oracle = args.oracle if args.oracle in ORACLES else everywhere(args.oracle)   # as a Ray worker names it
@@ -115,14 +125,22 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     disturbed = " (with random-action bursts)" if rate else ""
     with ray_jobs(args.ray) as ray:
         for r in range(args.rounds):
-            results = drive_round(runs[r], policy_path=everywhere(policy_path), oracle=oracle, data=data,
-                                  name=dataset_name(r, seed), max_steps=args.max_steps, disturb_rate=rate,
-                                  disturb_frames=frames, progress=progress, ray=ray,
-                                  description=f"DAgger round {r}: {policy_path} drove, {teacher.name} labelled{bursts}")
-            print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
-            run_dir = train(dataclasses.replace(fine_tune, init_from=str(policy_path),
-                                                run_name=f"{fine_tune.run_name or 'dagger'}-r{r}"), threads=threads)
-            log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
+            if kept[r]:
+                results = recorded_round(data, dataset_name(r, seed))
+                print(f"DAgger round {r}: kept from a killed run, the student drove {results.format()}", flush=True)
+            else:
+                results = drive_round(runs[r], policy_path=everywhere(policy_path), oracle=oracle, data=data,
+                                      name=dataset_name(r, seed), max_steps=args.max_steps, disturb_rate=rate,
+                                      disturb_frames=frames, progress=progress, ray=ray,
+                                      description=f"DAgger round {r}: {policy_path} drove, {teacher.name} "
+                                                  f"labelled{bursts}")
+                print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
+            round_args = dataclasses.replace(fine_tune, init_from=str(policy_path),
+                                             run_name=f"{fine_tune.run_name or 'dagger'}-r{r}")
+            resume, finished = _resumable(round_args, kept[r]) if args.resume else (False, False)
+            run_dir = train(dataclasses.replace(round_args, resume=resume), threads=threads)
+            if not finished:   # the policy the round started from, as it drove (once)
+                log_closed_loop(run_dir, results.summary())
             policy_path = run_dir / "best"
             if on_round is not None:
                 on_round(r, policy_path, results)
@@ -175,6 +193,42 @@ def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, max_steps: 
         return DrivenShard(results, env.take_episodes(), env.env.spec, teacher.name, description)
     finally:
         env.close()
+
+
+def recorded(data: str | Path, name: str, runs: list[list[int]]) -> bool:
+    """Whether every shard of a round's dataset ``name`` (one per run of tracks) is in ``data``
+    (they are committed together: :func:`drive_round`)."""
+    from nac_drive.data_collection.carracing_dataset import shard_id
+
+    return all((Path(data).resolve() / shard_id(name, run)).is_dir() for run in runs)
+
+
+def recorded_round(data: str | Path, name: str):
+    """The student's EpisodeResults of a round, read back from its dataset ``name`` in ``data``:
+    its tracks, returns, lengths and laps (no latencies: they were not recorded)."""
+    from nac_drive.data_collection.carracing_dataset import dataset_folder, load_episodes
+    from nac_drive.simulators.carracing import EpisodeResults
+
+    episodes = sorted(load_episodes(dataset_folder(data, name)), key=lambda episode: episode.seed)
+    return EpisodeResults(seeds=[e.seed for e in episodes], returns=[e.total_reward for e in episodes],
+                          lengths=[len(e) for e in episodes], laps=[e.terminated for e in episodes])
+
+
+def _resumable(round_args: TrainArgs, kept: bool) -> tuple[bool, bool]:
+    """(resume, finished) for a round's fine-tuning in a resumed run: it goes on from its
+    ``last/`` if its dataset was kept and it has one (``finished``: every epoch trained). A
+    folder of the round without a ``last/`` (killed before its first epoch, or its dataset
+    lost) is removed, so that the round trains in its own place, never into ``<run>-2``."""
+    import shutil
+
+    from nac_drive.io.checkpoint import read_json
+
+    run_dir = Path(round_args.out) / round_args.run_name
+    state = run_dir / "last" / "train_state.json"
+    if kept and state.is_file():
+        return True, read_json(state).get("epoch", -1) + 1 >= round_args.epochs
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return False, False
 
 
 def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:

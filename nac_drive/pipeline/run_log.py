@@ -68,5 +68,5 @@ def log_closed_loop(run_dir: str | Path, summary: dict, step: int = 0) -> None:
 
     with SummaryWriter(str(Path(run_dir) / TB_FOLDER)) as writer:
         for name in ("mean_return", "laps_finished", "latency_ms_p50", "mean_abs_cte"):
-            if name in summary:
+            if name in summary and math.isfinite(summary[name]):   # no latency: a drive read back from its dataset
                 writer.add_scalar(f"closed_loop/{name}", summary[name], step)

@@ -1,14 +1,14 @@
 """``nac-drive dagger``: DAgger rounds, the privileged teacher or a PPO expert as the oracle
 (:mod:`nac_drive.pipeline.dagger`). Each round fine-tunes the checkpoint it is given, so the
-verb takes the flags of ``nac-drive train`` but its architecture (and ``--init-from``,
-``--resume``)."""
+verb takes the flags of ``nac-drive train`` but its architecture (and ``--init-from``;
+``--resume`` is the rounds')."""
 
 from __future__ import annotations
 
 import argparse
 
 # flags of `nac-drive train` that dagger does not take: each round fine-tunes its student as it is
-NOT_FROM_TRAIN = ("init_from", "resume", "eval_episodes")   # a round drives its student itself
+NOT_FROM_TRAIN = ("init_from", "resume", "eval_episodes")   # a round drives its student itself; --resume: DaggerArgs
 
 
 def add_parser(subparsers) -> None:
