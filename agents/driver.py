@@ -67,6 +67,12 @@ class PolicyDriver:
         """What GAS presses in the env the policy learned (see :func:`~nac_drive.simulators.carracing.actor_gas`)."""
         return self.policy.config.gas
 
+    @property
+    def records(self) -> bool:
+        """Whether the steps it acts on are recorded (a trace, the live view): only then does it
+        read an observation's ``cte`` and ``scene``."""
+        return bool(self.sinks)
+
     def reset(self) -> None:
         self.policy.trace_enabled = self.traces   # per episode: another driver may share the policy
         self.policy.reset()

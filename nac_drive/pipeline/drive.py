@@ -185,9 +185,11 @@ def udacity_emulator_episodes(driver, envs: list, frames: int = UDACITY_FRAMES, 
     """``driver`` (a :class:`~nac_drive.agents.driver.PolicyDriver`) drives each env of
     :func:`udacity_emulator_env` from the start of its track for ``frames`` frames, or until
     the car leaves the road (the env terminates). It is fed what the bridge feeds it: ``{"image",
-    "timestamp" (simulated seconds), "speed" (mph), "cte" (m)}``, and ``"scene"``, the road's
-    scene read from the emulator's track (:func:`~nac_drive.simulators.udacity_scene.scene_variables`;
-    through the bridge there is none). Each env is reset with its
+    "timestamp" (simulated seconds), "speed" (mph), "cte" (m)}``, and if it ``records`` its steps
+    (a :class:`~nac_drive.agents.driver.PolicyDriver` with a trace),
+    ``"scene"``, the road's scene read from the emulator's track
+    (:func:`~nac_drive.simulators.udacity_scene.scene_variables`; through the bridge there is none).
+    Each env is reset with its
     track's seed (the start is fixed; the seed is what a driver's frame-drop schedule is drawn
     from), then the driver (``reset``, ``reset_env``).
 
@@ -210,8 +212,10 @@ def udacity_emulator_episodes(driver, envs: list, frames: int = UDACITY_FRAMES, 
         track = spec.name
         dt, ctes, total, off_road = env.unwrapped.dt, [], 0.0, False
         for i in tqdm(range(frames), desc=track, unit="frame", disable=not progress, leave=False):
-            steering = driver.act({"image": obs, "timestamp": i * dt, "speed": info["speed_mph"],
-                                   "cte": info["cte_m"], "scene": scene_variables(env)})
+            seen = {"image": obs, "timestamp": i * dt, "speed": info["speed_mph"], "cte": info["cte_m"]}
+            if getattr(driver, "records", False):   # 38 us a frame, for the trace alone
+                seen["scene"] = scene_variables(env)
+            steering = driver.act(seen)
             obs, reward, off_road, truncated, info = env.step([steering])
             ctes.append(abs(info["cte_m"]))
             total += float(reward)
