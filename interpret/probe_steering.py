@@ -84,7 +84,7 @@ def curvature_pushes(core: np.ndarray, curvature: np.ndarray, episode: np.ndarra
 
     Returns ``probe`` (its ``steps`` and ``in_sample_r2``), ``reads`` (``[units]`` its weights
     ``w``: it reads ``core @ w`` plus a constant), ``blocks`` (``[n]`` the steps' stretches of
-    ``block_steps``) and ``shifts`` (name -> ``[units]``:
+    ``block_steps``), ``sds`` and ``shifts`` (name -> ``[units]``:
     ``left``, ``right``, then ``random 1`` ... ``random`` :data:`RANDOM_DIRECTIONS`, seeded)."""
     from nac_drive.interpret.probes import fit_probe, probe_direction
     from nac_drive.simulators.episode_stats import episode_time_blocks
@@ -108,7 +108,7 @@ def curvature_pushes(core: np.ndarray, curvature: np.ndarray, episode: np.ndarra
     shifts = {"left": length * towards_left, "right": -length * towards_left,
               **{f"random {i + 1}": length * direction for i, direction in enumerate(controls)}}
     return {"probe": {"steps": int(known.sum()), "in_sample_r2": float(probe.score(core[known], curvature[known]))},
-            "reads": w, "blocks": blocks, "shifts": shifts}
+            "reads": w, "blocks": blocks, "sds": sds, "shifts": shifts}
 
 
 def compare_pushes(shifts: dict[str, np.ndarray], steered: dict[str, np.ndarray], intact: np.ndarray,
@@ -136,14 +136,11 @@ def compare_pushes(shifts: dict[str, np.ndarray], steered: dict[str, np.ndarray]
             "verdict": push_verdict(pushes, random["outdone"])}
 
 
-def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.ndarray,
-                  action_names: list[str] | None, seed: int = 0, sds: float = PUSH_SDS,
-                  block_steps: int = BLOCK_STEPS) -> dict:
+def push_steering(policy, core: np.ndarray, pushed: dict, action_names: list[str] | None) -> dict:
     """The open-loop pushes of the module docstring, on ``core`` ``[n, units]`` (the core's
-    outputs at the run's steps) with the probe of ``curvature`` ``[n]`` (NaN where unknown; left
-    positive) fitted on them, the steps of episodes ``episode`` ``[n]``
-    (:func:`curvature_pushes`, in stretches of ``block_steps``); ``action_names``: a discrete
-    policy's (None: a steering policy, :func:`steering`).
+    outputs at the run's steps) along ``pushed``, :func:`curvature_pushes` of the curvature
+    probe fitted on them; ``action_names``: a discrete policy's (None: a steering policy,
+    :func:`steering`).
 
     Returns ``mode``, ``sds``, ``steering`` (what it is), ``probe`` (its ``steps`` and
     ``in_sample_r2``) and :func:`compare_pushes`'s figures: each push's ``change`` per step
@@ -152,7 +149,6 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
     :data:`RANDOM_DIRECTIONS` random directions as the control."""
     from nac_drive.simulators.episode_stats import paired_block_change
 
-    pushed = curvature_pushes(core, curvature, episode, seed, sds, block_steps)
     shifts = pushed["shifts"]
     shifts = {**shifts, "random +": shifts["random 1"], "random -": -shifts["random 1"]}
     policy.eval()
@@ -167,7 +163,7 @@ def push_steering(policy, core: np.ndarray, curvature: np.ndarray, episode: np.n
     controls = [f"random {i + 1}" for i in range(RANDOM_DIRECTIONS)]
     compared = compare_pushes(shifts, {name: steered(shifts[name])[0] for name in rows + controls}, intact,
                               pushed["reads"], partial(paired_block_change, blocks=pushed["blocks"]), rows, controls)
-    return {"mode": "open loop: the recorded frames' core outputs pushed, the head read again", "sds": sds,
+    return {"mode": "open loop: the recorded frames' core outputs pushed, the head read again", "sds": pushed["sds"],
             "steering": what, "probe": pushed["probe"], **compared}
 
 

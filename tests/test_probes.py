@@ -100,14 +100,16 @@ def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp
     paired per track. The policy that turns by the curve unit follows it (left steers left,
     right steers right, both intervals clear of 0, beyond every random direction); one that
     turns by the corner's noise unit does not (the probe hardly reads that unit)."""
-    from nac_drive.pipeline.explain import PUSH_RANDOM, push_section, replay_representations
+    from nac_drive.pipeline.explain import PUSH_RANDOM, curvature_probe, push_section, replay_representations
     from nac_drive.simulators.carracing import ACTION_NAMES
 
     run = curve_run(tmp_path, action_names=ACTION_NAMES)
     follows, ignores = turning_policy(0), turning_policy(1)
     replayed = replay_representations(run, follows)   # the same core outputs for both: only the heads differ
+    pushed = curvature_probe(run, follows, replayed=replayed)
     probes = {"intervention": {"verdict": "follows"}}   # all the push asks of probes_section: it pushed open loop
-    push = push_section(run, follows, probes, tracks=3, max_steps=40, replayed=replayed)
+    push = push_section(run, follows, probes, tracks=3, max_steps=40, pushes=lambda: pushed)
+    assert push["probe"] == push_section(run, follows, probes, tracks=1, max_steps=5)["probe"]   # fitted alike alone
     assert push["seeds"] == [900000, 900001, 900002] and push["metric"] == "return"
     assert push["steering"] == "P(right) - P(left)" and len(push["intact"]["track_steering"]) == 3
     assert [row["push"] for row in push["pushes"]] == ["left", "right"] + [f"random {i + 1}" for i in range(PUSH_RANDOM)]
@@ -128,7 +130,7 @@ def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp
         offsets = np.subtract(row["track_offset"], push["intact"]["track_offset"])
         assert row["offset_change"]["mean"] == pytest.approx(offsets.mean())
 
-    other = push_section(run, ignores, probes, tracks=3, max_steps=40, replayed=replayed)
+    other = push_section(run, ignores, probes, tracks=3, max_steps=40, pushes=lambda: pushed)
     assert other["verdict"] != "follows"
     assert abs(other["pushes"][0]["change"]["mean"]) < abs(left["mean"]) / 10
 

@@ -184,6 +184,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     else:
         run_dir, run, report = _driven(args, policy_path, config, speed, progress)
     replayed = cache(lambda: replay_representations(run, policy, args.frames))   # probes and dictionary share it
+    pushes = cache(lambda: curvature_probe(run, policy, seed, replayed()))       # so do both pushes
     sections = {
         "fig4": lambda: fig4_section(run),
         "scenes": lambda: scenes_section(run, config.task, seed),
@@ -191,13 +192,13 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
         "window": lambda: window_section(run_dir, policy, args.window_method, progress),
         "mirror": lambda: mirror_section(run, policy, args.frames),
-        "probes": lambda: probes_section(run, policy, seed, replayed()),
+        "probes": lambda: probes_section(run, policy, seed, replayed(), pushes),
         "dictionary": lambda: dictionary_section(run, policy, seed, replayed()),
         "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
                                                    args.closed_loop_top, args.closed_loop_random, seed, seed_base,
                                                    max_steps, progress, speed, args.ray, policy_path),
         "push": lambda: push_section(run, policy, report["probes"], args.closed_loop_tracks, seed, seed_base, max_steps,
-                                     progress, speed, args.ray, policy_path, replayed()),
+                                     progress, speed, args.ray, policy_path, pushes),
     }
     with one_writer(run_dir, "nac-drive explain"):
         for name in NAC_STATES_NEEDED:
@@ -350,7 +351,7 @@ def scene_targets(run, n: int) -> dict[str, np.ndarray]:
     return {name: getattr(run, name)[:n] for name in VARIABLES}
 
 
-def probes_section(run, policy, seed: int = 0, replayed=None) -> dict:
+def probes_section(run, policy, seed: int = 0, replayed=None, pushes=None) -> dict:
     """Which scene variables each representation holds linearly, scored on held-out episodes
     beside a block-permuted control (:func:`~nac_drive.interpret.probes.linear_probes`;
     ``skipped``: the representations this core lacks, each with why), and ``intervention``:
@@ -358,20 +359,20 @@ def probes_section(run, policy, seed: int = 0, replayed=None) -> dict:
     (:func:`~nac_drive.interpret.probe_steering.push_steering`; None without a recorded
     curvature, ``intervention_skipped`` says why); blocks of the policy's task's
     :attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`. ``replayed``:
-    :func:`replay_representations`'s (default: of every step)."""
+    :func:`replay_representations`'s (default: of every step); ``pushes``: a function that
+    returns :func:`curvature_probe`'s (shared with :func:`push_section`; default: fitted here)."""
     from nac_drive.interpret.probe_steering import push_steering
     from nac_drive.interpret.probes import linear_probes
-    from nac_drive.interpret.road_scenes import road_scale
 
-    found, skipped, stream = replayed or replay_representations(run, policy)
+    replayed = replayed or replay_representations(run, policy)
+    found, skipped, stream = replayed
     n = len(stream.outputs)
-    block_steps = road_scale(policy.config.task).block_steps
-    result = linear_probes(found, scene_targets(run, n), run.episode[:n], seed, block_steps=block_steps)
+    result = linear_probes(found, scene_targets(run, n), run.episode[:n], seed,
+                           block_steps=task_block_steps(policy))
     result["skipped"] = skipped
     if "curvature" in result["variables"]:
-        names = (run.metadata.get("action_names") or []) if policy.config.action == "discrete" else None
-        result["intervention"] = push_steering(policy, found["core"], run.curvature[:n], run.episode[:n], names, seed,
-                                               block_steps=block_steps)
+        pushed = pushes() if pushes is not None else curvature_probe(run, policy, seed, replayed)
+        result["intervention"] = push_steering(policy, found["core"], pushed, steering_names(run, policy))
     else:
         result["intervention"] = None
         result["intervention_skipped"] = f"needs the curve ahead: {result['variables_skipped']['curvature']}"
@@ -385,12 +386,32 @@ def dictionary_section(run, policy, seed: int = 0, replayed=None) -> dict:
     the policy's task's :attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`).
     ``replayed``: :func:`replay_representations`'s (default: of every step)."""
     from nac_drive.interpret.dictionary import sparse_dictionary
-    from nac_drive.interpret.road_scenes import road_scale
 
     found, _, stream = replayed or replay_representations(run, policy)
     n = len(stream.outputs)
     return jsonable(sparse_dictionary(found["core"], run.episode[:n], scene_targets(run, n), seed,
-                                      block_steps=road_scale(policy.config.task).block_steps))
+                                      block_steps=task_block_steps(policy)))
+
+
+def task_block_steps(policy) -> int:
+    """The steps of a stretch the policy's task resamples in (the probes, their pushes and the
+    dictionary): :attr:`~nac_drive.interpret.road_scenes.RoadScale.block_steps`."""
+    from nac_drive.interpret.road_scenes import road_scale
+
+    return road_scale(policy.config.task).block_steps
+
+
+def curvature_probe(run, policy, seed: int = 0, replayed=None) -> dict:
+    """The curvature probe fitted on the core's outputs at the run's steps (``replayed``:
+    :func:`replay_representations`'s, default of every step) and the pushes it gives, in
+    stretches of the task's block steps: :func:`~nac_drive.interpret.probe_steering.curvature_pushes`.
+    The probes' open-loop push and :func:`push_section`'s closed-loop one use the same."""
+    from nac_drive.interpret.probe_steering import curvature_pushes
+
+    found, _, stream = replayed or replay_representations(run, policy)
+    n = len(stream.outputs)
+    return curvature_pushes(found["core"], run.curvature[:n], run.episode[:n], seed,
+                            block_steps=task_block_steps(policy))
 
 
 def window_section(run_dir: Path, policy, method: str = "integrated_gradients", progress: bool = False) -> dict:
@@ -461,12 +482,12 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
 
 def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, seed_base: int = EVAL_SEED_BASE,
                  max_steps: int | None = None, progress: bool = False, speed: float = UDACITY_SPEED,
-                 ray: str | None = None, policy_path: str | None = None, replayed=None) -> dict:
+                 ray: str | None = None, policy_path: str | None = None, pushes=None) -> dict:
     """The push along the curvature probe in a closed loop (:mod:`~nac_drive.interpret.probe_steering`):
     the policy drives ``tracks`` (>= 1) held-out tracks intact, then with its core's output moved
     towards a left curve, towards a right one and as far (the same norm) along :data:`PUSH_RANDOM`
-    random directions (the probe of ``probes``, :func:`probes_section`'s, fitted again on ``replayed``,
-    default every step: :func:`replay_representations`), one :func:`intervened_drive` each, in
+    random directions (the probe of ``probes``, :func:`probes_section`'s: ``pushes`` returns
+    :func:`curvature_probe`'s, default fitted here), one :func:`intervened_drive` each, in
     this process or as Ray tasks (:func:`intervened_drives`). Any core: it needs no NAC state.
 
     Returns the tracks driven as :func:`closed_loop_section` names them, ``seed``, ``sds``, ``control``
@@ -482,19 +503,15 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     read as the steering's: a car that follows the push keeps left when pushed left), then
     ``random_directions`` and the ``verdict`` (:func:`~nac_drive.interpret.probe_steering.compare_pushes`).
     Without the probes' push (no curve ahead recorded, or constant): :class:`SectionSkipped`."""
-    from nac_drive.interpret.probe_steering import (PUSH_SDS, compare_pushes, curvature_pushes, steering_kind,
-                                                    steering_values)
-    from nac_drive.interpret.road_scenes import road_scale
+    from nac_drive.interpret.probe_steering import compare_pushes, steering_kind, steering_values
     from nac_drive.simulators.carracing import eval_seeds
     from nac_drive.simulators.episode_stats import paired_change
 
     if not (probes or {}).get("intervention"):
         raise SectionSkipped((probes or {}).get("intervention_skipped") or "needs the probes' push along the "
                                                                           "curvature probe")
-    found, _, stream = replayed or replay_representations(run, policy)
-    n, task = len(stream.outputs), policy.config.task
-    pushed = curvature_pushes(found["core"], run.curvature[:n], run.episode[:n], seed,
-                              block_steps=road_scale(task).block_steps)
+    task = policy.config.task
+    pushed = pushes() if pushes is not None else curvature_probe(run, policy, seed)
     names = ["left", "right"] + [f"random {i + 1}" for i in range(PUSH_RANDOM)]
     shifts = {name: pushed["shifts"][name] for name in names}
     seeds, action_names = eval_seeds(tracks, base=seed_base), steering_names(run, policy)
@@ -511,7 +528,7 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
         row.update(against_intact(intact, by_push[row["push"]], task), offset_change=offset["change"])
     compared["offset"] = {"verdict": moved["verdict"], "random_directions": moved["random_directions"]}
     return jsonable({"mode": "closed loop: the core's output pushed at every step while the policy drives",
-                     **tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "sds": PUSH_SDS,
+                     **tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "sds": pushed["sds"],
                      "control": "random directions, each push as long as the probe's (the same |shift|)",
                      "steering": steering_kind(action_names),
                      "metric": METRIC_BY_TASK[task][0], "probe": pushed["probe"], "intact": intact, **compared})
