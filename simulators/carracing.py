@@ -344,8 +344,9 @@ class EpisodeResults:
     def format(self, success_at: float = SUCCESS_RETURN) -> str:
         """One human-readable line."""
         s = self.summary(success_at)
+        latency = f", actor latency p50 {s['latency_ms_p50']:.3f} ms" if self.latencies_ms else ""
         return (f"{s['episodes']} episodes: {format_return_stats(s)}, laps finished {s['laps_finished']}/"
-                f"{s['episodes']}, actor latency p50 {s['latency_ms_p50']:.3f} ms")
+                f"{s['episodes']}{latency}")
 
 
 StepCallback = Callable[[int, int, np.ndarray, Any, float, dict], None]
