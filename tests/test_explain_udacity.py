@@ -181,19 +181,20 @@ def _small_udacity_policy():
 
 # ------------------------------------------------------------------ the tracks
 def test_explains_udacity_tracks_alternate_directions_and_drive_keeps_its_own(tmp_path, monkeypatch):
-    """explain drives every second held-out seed's loop clockwise (its -cw twin) in its traced
-    drive, its closed loop and its push; drive udacity (and compare) keep theirs counter-clockwise."""
+    """explain drives each held-out loop counter-clockwise, then clockwise (its -cw twin), in its
+    traced drive, its closed loop and its push; drive udacity (and compare) keep theirs all
+    counter-clockwise."""
     from nac_drive.pipeline import drive as drive_module
     from nac_drive.pipeline.explain import ExplainArgs, _driven, intervened_drive, tracks_driven, udacity_tracks
     from nac_drive.simulators.udacity_track import track_spec
 
-    names = udacity_tracks(4)
-    assert names == ["random-900000", "random-900001-cw", "random-900002", "random-900003-cw"]
-    assert [track_spec(name).clockwise for name in names] == [False, True, False, True]
-    assert [track_spec(name).seed for name in names] == [900000, 900001, 900002, 900003]   # a seed is one track
-    assert udacity_tracks(2, base=5) == ["random-5", "random-6-cw"]
+    names = udacity_tracks(5)
+    assert names == ["random-900000", "random-900000-cw", "random-900001", "random-900001-cw", "random-900002"]
+    assert [track_spec(name).clockwise for name in names] == [False, True, False, True, False]
+    assert udacity_tracks(1) == names[:1] and udacity_tracks(2, base=5) == ["random-5", "random-5-cw"]
     assert udacity_eval_tracks(4) == [f"random-{900000 + k}" for k in range(4)]
-    assert tracks_driven("udacity", 3, [900000, 900001, 900002], 900000, 9.0)["track_names"] == names[:3]
+    closed = tracks_driven("udacity", 3, [900000, 900001, 900002], 900000, 9.0)
+    assert closed["track_names"] == names[:3] and closed["seeds"] == [900000, 900000, 900001]   # each track's own
 
     class Traced(Exception):
         pass

@@ -94,13 +94,13 @@ class ExplainArgs:
                                    "policy of --task)")
     task: str | None = arg(None, "explain the shipped policy of this task (default carracing); with --policy it "
                                  "must agree", choices=tuple(DRIVE_KEYS))
-    episodes: int = arg(3, "held-out tracks driven with a trace (Udacity: every second one clockwise)", min=1,
-                        max=MAX_EPISODES)
+    episodes: int = arg(3, "held-out tracks driven with a trace (Udacity: every second one the loop before it, "
+                           "mirrored and driven clockwise)", min=1, max=MAX_EPISODES)
     out: str = arg("runs/explain", "run folder for the trace and explain.json (RUN_DIR-2, -3, ... if RUN_DIR "
                                    "exists)", metavar="RUN_DIR")
     seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (Udacity: the emulator tracks random-<seed>, "
-                                         "random-<seed+1>-cw, random-<seed+2>, ...: every second seed's loop mirrored "
-                                         "and driven clockwise, for right curves)", min=0, max=MAX_SEED)
+                                         "random-<seed>-cw, random-<seed+1>, ...: each loop counter-clockwise, then "
+                                         "mirrored and driven clockwise, for right curves)", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000; Udacity: frames per track, 15 a "
                                       "second)", min=1)
     speed: float | None = arg(None, "Udacity only: the set speed in mph of the bridge's speed controller "
@@ -153,9 +153,10 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     (``out``, or ``out-2``, ...), measure it and write ``RUN_DIR/explain.json``; returns what
     it wrote.
 
-    Held-out tracks: CarRacing's seeds from ``seed_base``; Udacity's emulator tracks for the
-    same seeds, every second one clockwise (:func:`udacity_tracks`), driven at ``speed`` mph (Udacity only; default 9). ``max_steps``: frames per track
-    (default 1000 on both). ``frames``: replay at most this many recorded steps for the
+    Held-out tracks: CarRacing's seeds from ``seed_base``; Udacity's emulator loops of the same
+    seeds, each counter-clockwise and then clockwise (:func:`udacity_tracks`), driven at
+    ``speed`` mph (Udacity only; default 9). ``max_steps``: frames per track (default 1000 on
+    both). ``frames``: replay at most this many recorded steps for the
     atlas's silencing (default all). ``closed_loop_*``: the neurons whose silencing costs most
     (``top``) and ``random`` others (seeded by ``seed``) drive ``tracks`` held-out tracks
     clamped (0 tracks: skipped). ``saliency_frames``: frames scored for saliency faithfulness
@@ -268,17 +269,19 @@ def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool
 
 
 def udacity_tracks(n: int, base: int = EVAL_SEED_BASE) -> list[str]:
-    """explain's ``n`` Udacity emulator tracks: the held-out ``random-<seed>`` for seeds from ``base``
-    (:func:`~nac_drive.pipeline.drive.udacity_eval_tracks`), every second one its ``-cw`` twin (mirrored,
-    driven clockwise): ``random-900000``, ``random-900001-cw``, ``random-900002``, ... A loop driven
-    counter-clockwise has next to no right curve of radius <= 60 m, so ``scenes`` could not set right
-    curves against left ones. Each seed is driven once, one way round: a track's seed is its own, and no
-    loop counts twice in a paired interval over tracks. ``drive udacity`` and ``compare`` keep
+    """explain's ``n`` Udacity emulator tracks: each held-out loop ``random-<seed>`` for seeds from
+    ``base`` (:func:`~nac_drive.pipeline.drive.udacity_eval_tracks`) driven counter-clockwise, then
+    as its ``-cw`` twin (mirrored, driven clockwise): ``random-900000``, ``random-900000-cw``,
+    ``random-900001``, ... A loop driven counter-clockwise has next to no right curve of radius
+    <= 60 m; its twin has one for each of its left curves, of the same radius, so ``scenes`` sets
+    right curves against left ones on the same geometry (from 2 tracks on). A paired interval over
+    tracks counts a loop's two ways round as two tracks. ``drive udacity`` and ``compare`` keep
     :func:`~nac_drive.pipeline.drive.udacity_eval_tracks`, all counter-clockwise."""
     from nac_drive.pipeline.drive import udacity_eval_tracks
     from nac_drive.simulators.udacity_track import CW_SUFFIX
 
-    return [name + CW_SUFFIX * (k % 2) for k, name in enumerate(udacity_eval_tracks(n, base))]
+    loops = udacity_eval_tracks((n + 1) // 2, base)
+    return [loop + way for loop in loops for way in ("", CW_SUFFIX)][:n]
 
 
 def skipped_sections(core: str, args: ExplainArgs | None = None, run=None) -> dict[str, str]:
@@ -544,10 +547,15 @@ def against_intact(intact: dict, figures: dict, task: str) -> dict:
 
 
 def tracks_driven(task: str, tracks: int, seeds: list[int], seed_base: int, speed: float) -> dict:
-    """``tracks`` and ``seeds`` of a closed loop; Udacity's also its ``track_names`` (:func:`udacity_tracks`)
-    and ``speed_mph``."""
-    where = {"track_names": udacity_tracks(tracks, seed_base), "speed_mph": speed} if task == "udacity" else {}
-    return {"tracks": tracks, "seeds": seeds, **where}
+    """``tracks`` and ``seeds`` of a closed loop; Udacity's also its ``track_names`` (:func:`udacity_tracks`),
+    ``seeds`` then each track's own (a loop's twice), and ``speed_mph``."""
+    if task != "udacity":
+        return {"tracks": tracks, "seeds": seeds}
+    from nac_drive.simulators.udacity_track import track_spec
+
+    names = udacity_tracks(tracks, seed_base)
+    return {"tracks": tracks, "seeds": [track_spec(name).seed for name in names], "track_names": names,
+            "speed_mph": speed}
 
 
 def steering_names(run, policy) -> list[str] | None:
@@ -595,8 +603,8 @@ def intervened_drive(policy, intervention, *, task: str, seeds: list[int], max_s
                      steering_of: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
     """``policy`` drives the held-out tracks of ``seeds`` under ``intervention`` (:func:`intervened`;
     None: intact), in envs of its own: CarRacing's tracks (``returns``, ``mean_return``), or the
-    Udacity emulator's tracks of the same seeds (:func:`udacity_tracks`) at ``speed`` mph (the figures of
-    :func:`~nac_drive.pipeline.drive.udacity_summary`). With ``steering_of`` (the head's outputs
+    Udacity emulator's first ``len(seeds)`` tracks from ``seeds[0]`` (:func:`udacity_tracks`) at
+    ``speed`` mph (the figures of :func:`~nac_drive.pipeline.drive.udacity_summary`). With ``steering_of`` (the head's outputs
     ``[n, A]`` -> the steering ``[n]``), also ``track_steering``: each track's mean steering, and
     ``track_offset``: each track's mean signed offset from the centre line (:class:`HeadOutputs`)."""
     driver = PolicyDriver(policy) if steering_of is None else HeadOutputs(policy, task)
