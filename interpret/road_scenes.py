@@ -55,9 +55,10 @@ class RoadScale:
 ROAD_SCALES = {
     "carracing": RoadScale(carracing_scene.CURVE_AHEAD, "track units", CURVE, STRAIGHT, BLOCK_STEPS),
     # The emulator's road is 8 m wide: a curve is radius <= 60 m and straight >= 200 m, as many road widths as
-    # CarRacing's. Its turns reach 18 m (TrackSpec.min_turn_radius) and its loops (mean radius 75-110 m, driven
-    # counter-clockwise) bend left by ~1/90 m on average, so right curves are rarer than left ones. A curve's
-    # stretch is ~40 m (median over random-900000..9): ~150 steps at 9 mph and 15 Hz.
+    # CarRacing's. Its turns reach 18 m (TrackSpec.min_turn_radius) and its loops (mean radius 75-110 m) bend
+    # by ~1/90 m on average the way they are driven: a counter-clockwise loop has few right curves, so explain
+    # drives each loop again clockwise (its -cw twin, its left curves right ones). A curve's stretch is ~40 m
+    # (median over random-900000..9): ~150 steps at 9 mph and 15 Hz.
     "udacity": RoadScale(udacity_scene.CURVE_AHEAD, "m", 1 / 60, 1 / 200, 150),
 }
 

@@ -85,7 +85,7 @@ class EmulatorConfig:
 
     host: str = "127.0.0.1"
     port: int = 4567
-    track: str = "lakeside"  # name in TRACKS or random-<seed>
+    track: str = "lakeside"  # name in TRACKS or random-<seed>, either with -cw (mirrored, driven clockwise)
     start: float = 0.0  # start position, metres along the centre line
     frames: int | None = None  # stop after this many telemetry messages (None: no limit)
     laps: float | None = None  # stop after this many laps

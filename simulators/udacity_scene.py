@@ -6,8 +6,9 @@ returns the scene of :func:`~nac_drive.simulators.centre_line.centre_line_scene`
 as CarRacing's (:mod:`~nac_drive.simulators.carracing_scene`) is in track units:
 
 * ``curvature``: the centre line's mean signed curvature (1/m) over the :data:`CURVE_AHEAD`
-  metres ahead of the car's nearest point; left positive (the track's own ``curvature``
-  convention; the tracks run counter-clockwise, so their mean is +2 pi / length, ~+0.01).
+  metres ahead of the car's nearest point; left positive in the direction of travel (the
+  track's own ``curvature`` convention; a track runs counter-clockwise, its mean +2 pi /
+  length, ~+0.01, and its ``-cw`` twin clockwise, the same curves negated: right ones).
 * ``cross_track_error``: the emulator's ``cte`` (``info["cte_m"]``, the telemetry's
   ``cte``): metres, positive RIGHT of the centre line, as CarRacing's.
 * ``heading_error``: the car's heading minus the centre line's tangent at its nearest point

@@ -1,21 +1,27 @@
 """Procedural tracks, a chase-camera renderer and a kinematic car for the Udacity emulator.
 
 World: metres, ground plane z = 0, x east, y north, heading in radians counter-clockwise
-from +x. The car drives the track counter-clockwise. Steering follows the simulator's
-convention: normalised -1..1, positive = turn right, +-1 = +-25 degrees of wheel angle.
+from +x. The car drives a track counter-clockwise; a name with the suffix ``-cw``
+(``lakeside-cw``, ``random-900001-cw``) is the same loop mirrored (y -> -y) and driven
+clockwise, so each of its left curves is a right curve of the same radius. Steering follows
+the simulator's convention: normalised -1..1, positive = turn right, +-1 = +-25 degrees of
+wheel angle.
 
 A track's centre line is a polar curve r(theta) = R (1 + sum_k a_k sin(k theta + p_k))
 with r > 0, so it is always a simple closed loop; its harmonics give left and right
-curves. The road (edges, dashed centre line) and the grass are painted once into a
-top-down texture (0.1 m/px); each frame is then one ``cv2.warpPerspective`` of that
-texture by the ground-plane homography of the camera, plus sky, distance haze and the
-car's silhouette: about a millisecond per 320x160 frame.
+curves. Its points run in the direction of travel, so what is read from them (tangents,
+normals to the left, signed curvature, the cte's sign, progress, pure pursuit) holds either
+way round. The road (edges, dashed centre line) and the grass are painted once into a
+top-down texture (0.1 m/px; a clockwise track's is its twin's, mirrored); each frame is
+then one ``cv2.warpPerspective`` of that texture by the ground-plane homography of the
+camera, plus sky, distance haze and the car's silhouette: about a millisecond per 320x160
+frame.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,6 +29,7 @@ from nac_drive.simulators.centre_line import segments
 
 MAX_STEER_DEG = 25.0
 MPH_PER_MPS = 2.2369363
+CW_SUFFIX = "-cw"  # a track's name with it: the same loop mirrored, driven clockwise
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class TrackSpec:
     harmonics: tuple[int, ...] = (2, 3, 4)
     road_width: float = 8.0  # m, edge line to edge line
     min_turn_radius: float = 18.0  # amplitudes are scaled down until every curve is at least this wide
+    clockwise: bool = False  # the loop mirrored (y -> -y): driven clockwise, its left curves right ones
 
 
 TRACKS: dict[str, TrackSpec] = {
@@ -47,22 +55,28 @@ TRACKS: dict[str, TrackSpec] = {
 
 
 def track_spec(name: str) -> TrackSpec:
-    """A named track (see ``TRACKS``) or ``random-<seed>`` for a fresh one."""
-    if name in TRACKS:
-        return TRACKS[name]
-    if name.startswith("random-") and name[7:].isdigit():
-        seed = int(name[7:])
+    """A named track (see ``TRACKS``) or ``random-<seed>`` for a fresh one, counter-clockwise;
+    either with the suffix ``-cw`` (:data:`CW_SUFFIX`): its mirror image, driven clockwise."""
+    base = name.removesuffix(CW_SUFFIX)
+    if base in TRACKS:
+        spec = TRACKS[base]
+    elif base.startswith("random-") and base[7:].isdigit():
+        seed = int(base[7:])
         rng = np.random.default_rng(seed)
-        return TrackSpec(name, seed=seed, radius=float(rng.uniform(75, 110)),
+        spec = TrackSpec(base, seed=seed, radius=float(rng.uniform(75, 110)),
                          amplitude=float(rng.uniform(0.15, 0.32)), harmonics=(2, 3, 4, 5))
-    raise ValueError(f"unknown track {name!r}: choose one of {sorted(TRACKS)} or random-<seed>")
+    else:
+        raise ValueError(f"unknown track {name!r}: choose one of {sorted(TRACKS)} or random-<seed>, "
+                         f"each optionally with {CW_SUFFIX} (driven clockwise)")
+    return replace(spec, name=name, clockwise=True) if base != name else spec
 
 
 class Track:
     """A closed centre line sampled every ~0.5 m, with tangents, curvature and a painted texture.
 
-    Attributes: points [N, 2], tangents [N, 2] (unit), normals [N, 2] (unit, to the left),
-    curvature [N] (1/m, positive = left curve), s [N] (arc length), length (m), and the
+    Every attribute runs in the direction of travel (clockwise on a ``spec.clockwise`` track):
+    points [N, 2], tangents [N, 2] (unit), normals [N, 2] (unit, to the left), curvature [N]
+    (1/m, positive = left curve), s [N] (arc length), length (m), and the
     segments from point i to point i + 1 (:func:`~nac_drive.simulators.centre_line.segments`):
     segment_headings [N] (radians), segment_lengths [N] (m).
     """
@@ -70,6 +84,7 @@ class Track:
     def __init__(self, spec: TrackSpec, spacing: float = 0.5):
         self.spec = spec
         self.half_width = spec.road_width / 2
+        self._mirror = -1.0 if spec.clockwise else 1.0  # y's factor: -1 mirrors the loop (theta runs clockwise)
         rng = np.random.default_rng(spec.seed)
         weights = rng.uniform(0.5, 1.0, len(spec.harmonics))
         phases = rng.uniform(0, 2 * math.pi, len(spec.harmonics))
@@ -78,7 +93,7 @@ class Track:
         for _ in range(40):
             amps = spec.amplitude * scale * weights / weights.sum()
             r = spec.radius * (1 + sum(a * np.sin(k * theta + p) for a, k, p in zip(amps, spec.harmonics, phases)))
-            pts = np.stack([r * np.cos(theta), r * np.sin(theta)], axis=1)
+            pts = np.stack([r * np.cos(theta), self._mirror * r * np.sin(theta)], axis=1)
             self._set_points(pts, spacing)
             if np.abs(self.curvature).max() <= 1.0 / spec.min_turn_radius:
                 break
@@ -98,7 +113,8 @@ class Track:
         self.tangents = d / np.linalg.norm(d, axis=1, keepdims=True)
         self.normals = np.stack([-self.tangents[:, 1], self.tangents[:, 0]], axis=1)
         heading = np.unwrap(np.arctan2(self.tangents[:, 1], self.tangents[:, 0]))
-        dh = np.gradient(np.concatenate([heading[-2:] - 2 * math.pi, heading, heading[:2] + 2 * math.pi]))[2:-2]
+        lap = 2 * math.pi * round((heading[-1] - heading[0]) / (2 * math.pi))  # the turn of a lap: +-2 pi
+        dh = np.gradient(np.concatenate([heading[-2:] - lap, heading, heading[:2] + lap]))[2:-2]
         self.curvature = dh / (self.length / n)
         self.segment_headings, self.segment_lengths = segments(self.points)
 
@@ -139,9 +155,13 @@ class Track:
         import cv2
 
         rng = np.random.default_rng(self.spec.seed + 1000)
+        # paint the counter-clockwise twin and mirror the texture's map to the world: grass and
+        # all, a clockwise track's frames are then its twin's flipped left-right
+        twin = np.array([1.0, self._mirror])
+        centre, n = self.points * twin, self.normals * twin
         margin = 60.0
-        lo = self.points.min(axis=0) - margin
-        hi = self.points.max(axis=0) + margin
+        lo = centre.min(axis=0) - margin
+        hi = centre.max(axis=0) + margin
         w, h = (np.ceil((hi - lo) / self.RES)).astype(int)
         # grass: base colour with blotches (low-frequency noise) and fine grain
         blotch = cv2.resize(rng.normal(0, 1, (h // 64 + 2, w // 64 + 2)).astype(np.float32), (w, h),
@@ -161,12 +181,11 @@ class Track:
                           lineType=cv2.LINE_AA, shift=shift)
 
         hw = self.half_width
-        n = self.normals
-        line(self.points, self.ASPHALT, 2 * hw + 1.0)  # road + 0.5 m shoulder each side
-        line(self.points + n * (hw + 0.5), (70, 120, 150), 0.8)  # dirt verge
-        line(self.points - n * (hw + 0.5), (70, 120, 150), 0.8)
-        line(self.points + n * (hw - 0.15), self.WHITE, 0.25)  # edge lines
-        line(self.points - n * (hw - 0.15), self.WHITE, 0.25)
+        line(centre, self.ASPHALT, 2 * hw + 1.0)  # road + 0.5 m shoulder each side
+        line(centre + n * (hw + 0.5), (70, 120, 150), 0.8)  # dirt verge
+        line(centre - n * (hw + 0.5), (70, 120, 150), 0.8)
+        line(centre + n * (hw - 0.15), self.WHITE, 0.25)  # edge lines
+        line(centre - n * (hw - 0.15), self.WHITE, 0.25)
         dash, gap = 3.0, 6.0  # dashed centre line
         phase = np.mod(self.s, dash + gap) < dash
         starts = np.flatnonzero(phase & ~np.roll(phase, 1))
@@ -174,11 +193,12 @@ class Track:
             k = a
             seg = []
             while phase[k % len(phase)] and len(seg) < 20:
-                seg.append(self.points[k % len(phase)])
+                seg.append(centre[k % len(phase)])
                 k += 1
             if len(seg) >= 2:
                 line(np.array(seg), self.YELLOW, 0.15, closed=False)
-        to_world = np.array([[self.RES, 0, lo[0]], [0, self.RES, lo[1]], [0, 0, 1]], dtype=np.float64)
+        to_twin = np.array([[self.RES, 0, lo[0]], [0, self.RES, lo[1]], [0, 0, 1]], dtype=np.float64)
+        to_world = np.diag([1.0, self._mirror, 1.0]) @ to_twin
         return np.ascontiguousarray(tex), to_world
 
 

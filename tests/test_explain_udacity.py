@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -168,6 +169,51 @@ def test_the_emulator_drive_feeds_what_the_bridge_feeds_and_stops_off_the_road()
     assert seen[-1]["scene"]["speed"] == pytest.approx(seen[-1]["speed"] / 2.2369363)
 
 
+def _small_udacity_policy():
+    """An untrained PilotNet+NAC steering policy, small enough to drive a few frames at once."""
+    from nac_drive.policy.cores import CoreConfig
+    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
+
+    torch.manual_seed(0)
+    return DrivingPolicy(PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1,
+                                      feature_dim=8, frame_dt=1 / 15,
+                                      core=CoreConfig(window=4, d_model=8, num_heads=2, topk=2, backbone_units=6)))
+
+
+# ------------------------------------------------------------------ the tracks
+def test_explains_udacity_tracks_alternate_directions_and_drive_keeps_its_own(tmp_path, monkeypatch):
+    """explain drives each held-out loop counter-clockwise, then clockwise (its -cw twin), in its
+    traced drive, its closed loop and its push; drive udacity (and compare) keep theirs all
+    counter-clockwise."""
+    from nac_drive.pipeline import drive as drive_module
+    from nac_drive.pipeline.explain import ExplainArgs, _driven, intervened_drive, tracks_driven, udacity_tracks
+    from nac_drive.simulators.udacity_track import track_spec
+
+    names = udacity_tracks(5)
+    assert names == ["random-900000", "random-900000-cw", "random-900001", "random-900001-cw", "random-900002"]
+    assert [track_spec(name).clockwise for name in names] == [False, True, False, True, False]
+    assert udacity_tracks(1) == names[:1] and udacity_tracks(2, base=5) == ["random-5", "random-5-cw"]
+    assert udacity_eval_tracks(4) == [f"random-{900000 + k}" for k in range(4)]
+    closed = tracks_driven("udacity", 3, [900000, 900001, 900002], 900000, 9.0)
+    assert closed["track_names"] == names[:3] and closed["seeds"] == [900000, 900000, 900001]   # each track's own
+
+    class Traced(Exception):
+        pass
+
+    def traced_drive(policy_path, tracks, *args, **kwargs):
+        raise Traced(tracks)
+
+    monkeypatch.setattr(drive_module, "drive_udacity_emulator", traced_drive)
+    with pytest.raises(Traced) as traced:
+        _driven(ExplainArgs(task="udacity", episodes=3, out=str(tmp_path / "explain")), None,
+                SimpleNamespace(task="udacity"), 9.0, progress=False)
+    assert traced.value.args[0] == names[:3]
+    made, make = [], drive_module.udacity_emulator_env
+    monkeypatch.setattr(drive_module, "udacity_emulator_env", lambda name, speed: made.append(name) or make(name, speed))
+    figures = intervened_drive(_small_udacity_policy(), None, task="udacity", seeds=[900000, 900001], max_steps=2)
+    assert made == names[:2] and figures["lengths"] == [2, 2]   # the closed loop's and the push's drives
+
+
 # ------------------------------------------------------------------ the road's scene
 def test_explain_of_a_small_udacity_policy_reads_the_road_from_the_emulator(tmp_path):
     """In-process, a small untrained PilotNet+NAC policy on one held-out track: the drive records
@@ -176,13 +222,8 @@ def test_explain_of_a_small_udacity_policy_reads_the_road_from_the_emulator(tmp_
     from nac_drive.cli.commands.explain import format_scenes
     from nac_drive.interpret.road_scenes import VARIABLES
     from nac_drive.pipeline.explain import ExplainArgs, explain
-    from nac_drive.policy.cores import CoreConfig
-    from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 
-    torch.manual_seed(0)
-    small = PolicyConfig(task="udacity", encoder="pilotnet", action="continuous", num_outputs=1, feature_dim=8,
-                         frame_dt=1 / 15, core=CoreConfig(window=4, d_model=8, num_heads=2, topk=2, backbone_units=6))
-    checkpoint = DrivingPolicy(small).save_pretrained(tmp_path / "policy")
+    checkpoint = _small_udacity_policy().save_pretrained(tmp_path / "policy")
     report = explain(ExplainArgs(policy=str(checkpoint), episodes=1, max_steps=150, saliency_frames=0,
                                  window_method="none", closed_loop_tracks=0, out=str(tmp_path / "explain")),
                      progress=False)

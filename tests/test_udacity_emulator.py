@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from nac_drive.simulators.udacity_emulator import format_number
+from nac_drive.simulators.udacity_emulator import ScriptedDriver, format_number
 from nac_drive.simulators.udacity_track import (
     TRACKS,
     Car,
@@ -26,7 +26,7 @@ def lakeside():
     return Track(track_spec("lakeside"))
 
 
-@pytest.mark.parametrize("name", sorted(TRACKS) + ["random-11"])
+@pytest.mark.parametrize("name", sorted(TRACKS) + ["random-11", "canyon-cw", "random-11-cw"])
 def test_tracks_are_closed_drivable_loops(name):
     tr = Track(track_spec(name))
     assert np.linalg.norm(tr.points[0] - tr.points[-1]) < 1.0  # closed
@@ -40,6 +40,40 @@ def test_tracks_differ_by_name_and_unknown_names_are_rejected():
     assert abs(a.length - b.length) > 5
     with pytest.raises(ValueError, match="unknown track"):
         track_spec("monaco")
+
+
+def _winding(xy: np.ndarray) -> float:
+    """Turns (signed, counter-clockwise positive) that the path ``xy`` [N, 2] makes round the origin."""
+    angle = np.unwrap(np.arctan2(xy[:, 1], xy[:, 0]))
+    return float(angle[-1] - angle[0]) / (2 * math.pi)
+
+
+@pytest.mark.parametrize("name", ["lakeside", "random-900001"])
+def test_a_cw_track_is_its_twin_mirrored_and_driven_clockwise(name):
+    ccw, cw = Track(track_spec(name)), Track(track_spec(name + "-cw"))
+    assert not ccw.spec.clockwise and cw.spec.clockwise and cw.spec.name == name + "-cw"
+    np.testing.assert_allclose(cw.points, ccw.points * (1, -1), atol=1e-9)   # y -> -y, point for point
+    assert cw.length == pytest.approx(ccw.length)
+    assert _winding(ccw.points) == pytest.approx(1, abs=0.01) and _winding(cw.points) == pytest.approx(-1, abs=0.01)
+    # along the direction of travel: the same radii, each left curve a right one
+    np.testing.assert_allclose(cw.curvature, -ccw.curvature, atol=1e-9)
+    assert cw.curvature.min() == pytest.approx(-ccw.curvature.max()) and ccw.curvature.max() > 1 / 60
+    np.testing.assert_allclose(cw.segment_headings, -ccw.segment_headings, atol=1e-9)
+    x, y, heading = cw.pose_at(0.0)   # the start: the twin's pose mirrored, facing clockwise along the line
+    x0, y0, heading0 = ccw.pose_at(0.0)
+    assert (x, y, heading) == pytest.approx((x0, -y0, -heading0))
+    with pytest.raises(ValueError, match="unknown track"):
+        track_spec(name + "-cw-cw")
+
+
+def test_a_cw_tracks_frames_are_its_twins_flipped_left_right():
+    ccw, cw = Track(track_spec("lakeside")), Track(track_spec("lakeside-cw"))
+    x, y, heading = ccw.pose_at(40)
+    frame = Renderer(ccw).render(x, y, heading).astype(int)
+    mirrored = Renderer(cw).render(x, -y, -heading).astype(int)
+    # column u mirrors to 320 - u about the camera's centre (cx = 160): compare columns 1..319
+    assert np.abs(mirrored[:, 1:] - frame[:, :0:-1]).mean() < 0.05
+    assert np.abs(mirrored - frame).mean() > 1.0   # not merely alike: lakeside at 40 m is no symmetric scene
 
 
 def test_positive_steering_turns_right():
@@ -90,14 +124,34 @@ def test_render_is_fast_and_shows_sky_road_and_grass(lakeside):
     assert (time.perf_counter() - t0) / 50 < 0.02  # a few ms per frame (20 ms bound for a busy CI)
 
 
-def test_pure_pursuit_drives_a_lap(lakeside):
-    tr = lakeside
+@pytest.mark.parametrize("name", ["lakeside", "lakeside-cw"])
+def test_pure_pursuit_drives_a_lap(name):
+    tr = Track(track_spec(name))
     car = Car(*tr.pose_at(0))
     p = Progress(tr)
     while p.travelled < tr.length and len(p.abs_cte) < 5000:
         car.step(pure_pursuit(tr, car, p.index), 0.3 * (9 - car.speed_mph), 1 / 15)
         p.update(car.x, car.y)
     assert p.laps == 1 and p.off_road_events == 0 and max(p.abs_cte) < 0.5
+
+
+@pytest.mark.parametrize("name", ["random-900001", "random-900001-cw"])
+def test_the_scripted_driver_laps_either_way_round_near_the_centre_line(name):
+    """The recordings' driver, its steering noise on: a lap the way the track runs, its cte
+    (positive right) wandering to both sides and back."""
+    tr = Track(track_spec(name))
+    car, p = Car(*tr.pose_at(0)), Progress(tr)
+    driver = ScriptedDriver(tr, noise=0.3, seed=1)
+    path, signed = [], []
+    while p.travelled < tr.length and len(path) < 5000:
+        _, steer, throttle = driver.act(car, p.index)
+        car.step(steer, throttle, 1 / 15)
+        p.update(car.x, car.y)
+        path.append((car.x, car.y))
+        signed.append(p.cte)
+    assert p.laps == 1 and p.off_road_events == 0 and max(p.abs_cte) < 1.5 and np.mean(p.abs_cte) < 0.6
+    assert min(signed) < -0.1 and max(signed) > 0.1
+    assert _winding(np.array(path)) == pytest.approx(-1 if tr.spec.clockwise else 1, abs=0.02)
 
 
 def test_numbers_are_formatted_like_the_simulator():

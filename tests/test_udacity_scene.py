@@ -52,6 +52,25 @@ def test_a_car_turned_left_by_theta_has_heading_error_theta(turn):
     assert scene_variables(_placed(track, 100.0, turn=turn))["heading_error"] == pytest.approx(turn, abs=1e-9)
 
 
+def test_a_cw_track_has_right_curves_where_its_twin_has_left_ones():
+    """random-900000 (explain's first held-out track) has no right curve at the road scale's
+    threshold (radius <= 60 m); its -cw twin, driven clockwise, has one at each of its left ones."""
+    from nac_drive.interpret.road_scenes import ROAD_SCALES, road_sides
+
+    ccw, cw = Track(track_spec("random-900000")), Track(track_spec("random-900000-cw"))
+    along = np.arange(0.0, ccw.length, 2.0)                                          # every 2 m of a lap
+    # the car 1 m left of the line, turned 0.1 rad left: in the direction of travel, whichever way round
+    scenes = [[scene_variables(_placed(track, s, left=1.0, turn=0.1, speed=4.0)) for s in along] for track in (ccw, cw)]
+    curvature = np.array([[scene["curvature"] for scene in track] for track in scenes])   # [2, steps] 1/m
+    np.testing.assert_allclose(curvature[1], -curvature[0], atol=1e-9)
+    sides = [road_sides(c, ROAD_SCALES["udacity"].curve) for c in curvature]             # -1 left, +1 right curve
+    assert (sides[0] == 1).sum() == 0 and (sides[0] == -1).mean() > 0.1
+    np.testing.assert_array_equal(sides[1], -sides[0])
+    for track in scenes:
+        assert all(scene["cross_track_error"] == pytest.approx(-1.0, abs=1e-6) for scene in track)   # + right
+        assert all(scene["heading_error"] == pytest.approx(0.1, abs=1e-6) for scene in track)        # + left
+
+
 def test_on_an_emulator_track_the_curvature_ahead_is_the_tracks_own():
     env = UdacityEmulatorEnv(track="serpentine", jpeg_quality=None)
     track = env.track

@@ -94,11 +94,13 @@ class ExplainArgs:
                                    "policy of --task)")
     task: str | None = arg(None, "explain the shipped policy of this task (default carracing); with --policy it "
                                  "must agree", choices=tuple(DRIVE_KEYS))
-    episodes: int = arg(3, "held-out tracks driven with a trace", min=1, max=MAX_EPISODES)
+    episodes: int = arg(3, "held-out tracks driven with a trace (Udacity: every second one the loop before it, "
+                           "mirrored and driven clockwise)", min=1, max=MAX_EPISODES)
     out: str = arg("runs/explain", "run folder for the trace and explain.json (RUN_DIR-2, -3, ... if RUN_DIR "
                                    "exists)", metavar="RUN_DIR")
-    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (Udacity: the emulator track random-<seed>)", min=0,
-                         max=MAX_SEED)
+    seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track (Udacity: the emulator tracks random-<seed>, "
+                                         "random-<seed>-cw, random-<seed+1>, ...: each loop counter-clockwise, then "
+                                         "mirrored and driven clockwise, for right curves)", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000; Udacity: frames per track, 15 a "
                                       "second)", min=1)
     speed: float | None = arg(None, "Udacity only: the set speed in mph of the bridge's speed controller "
@@ -151,10 +153,10 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     (``out``, or ``out-2``, ...), measure it and write ``RUN_DIR/explain.json``; returns what
     it wrote.
 
-    Held-out tracks: CarRacing's seeds from ``seed_base``; Udacity's emulator tracks
-    ``random-<seed>`` for the same seeds (:func:`~nac_drive.pipeline.drive.udacity_eval_tracks`),
-    driven at ``speed`` mph (Udacity only; default 9). ``max_steps``: frames per track
-    (default 1000 on both). ``frames``: replay at most this many recorded steps for the
+    Held-out tracks: CarRacing's seeds from ``seed_base``; Udacity's emulator loops of the same
+    seeds, each counter-clockwise and then clockwise (:func:`udacity_tracks`), driven at
+    ``speed`` mph (Udacity only; default 9). ``max_steps``: frames per track (default 1000 on
+    both). ``frames``: replay at most this many recorded steps for the
     atlas's silencing (default all). ``closed_loop_*``: the neurons whose silencing costs most
     (``top``) and ``random`` others (seeded by ``seed``) drive ``tracks`` held-out tracks
     clamped (0 tracks: skipped). ``saliency_frames``: frames scored for saliency faithfulness
@@ -246,11 +248,11 @@ def _resumed(args: ExplainArgs):
 def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool):
     """(run folder, its trace, the report's head) of a new drive with a trace into ``args.out``."""
     from nac_drive.interpret.trace import load_trace
-    from nac_drive.pipeline.drive import DriveArgs, drive_carracing, drive_udacity_emulator, udacity_eval_tracks
+    from nac_drive.pipeline.drive import DriveArgs, drive_carracing, drive_udacity_emulator
 
     seed_base, max_steps = args.seed_base, args.max_steps
     if config.task == "udacity":
-        drive = drive_udacity_emulator(policy_path, udacity_eval_tracks(args.episodes, seed_base),
+        drive = drive_udacity_emulator(policy_path, udacity_tracks(args.episodes, seed_base),
                                        max_steps or UDACITY_FRAMES, trace_dir=args.out, speed=speed, progress=progress,
                                        device=args.device)
     else:
@@ -265,6 +267,22 @@ def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool
         "task": config.task, "core": config.core.core, "run": str(run_dir), "policy": drive["policy"],
         "trace_sha256": run.sha256, "drive": {k: drive[k] for k in DRIVE_KEYS[config.task]}, "skipped": skipped,
     }
+
+
+def udacity_tracks(n: int, base: int = EVAL_SEED_BASE) -> list[str]:
+    """explain's ``n`` Udacity emulator tracks: each held-out loop ``random-<seed>`` for seeds from
+    ``base`` (:func:`~nac_drive.pipeline.drive.udacity_eval_tracks`) driven counter-clockwise, then
+    as its ``-cw`` twin (mirrored, driven clockwise): ``random-900000``, ``random-900000-cw``,
+    ``random-900001``, ... A loop driven counter-clockwise has next to no right curve of radius
+    <= 60 m; its twin has one for each of its left curves, of the same radius, so ``scenes`` sets
+    right curves against left ones on the same geometry (from 2 tracks on). A paired interval over
+    tracks counts a loop's two ways round as two tracks. ``drive udacity`` and ``compare`` keep
+    :func:`~nac_drive.pipeline.drive.udacity_eval_tracks`, all counter-clockwise."""
+    from nac_drive.pipeline.drive import udacity_eval_tracks
+    from nac_drive.simulators.udacity_track import CW_SUFFIX
+
+    loops = udacity_eval_tracks((n + 1) // 2, base)
+    return [loop + way for loop in loops for way in ("", CW_SUFFIX)][:n]
 
 
 def skipped_sections(core: str, args: ExplainArgs | None = None, run=None) -> dict[str, str]:
@@ -449,7 +467,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     the per-track changes' mean and 95% BCa interval (the same tracks driven both ways,
     :func:`~nac_drive.simulators.episode_stats.paired_change`). CarRacing: ``metric``
     "return", the ``returns``, their ``mean_return`` and ``return_change``. Udacity (the
-    emulator's ``random-<seed>`` tracks, ``track_names``, at ``speed`` mph): ``metric``
+    emulator's tracks of :func:`udacity_tracks`, ``track_names``, at ``speed`` mph): ``metric``
     "mean_abs_cte", the figures of :func:`~nac_drive.pipeline.drive.udacity_summary` (per
     track mean |cte|, laps, off-road, ...) and ``cte_change`` (the mean over tracks of each
     track's change of its mean |cte|, in metres: positive = the clamp drives further from the
@@ -546,11 +564,15 @@ def against_intact(intact: dict, figures: dict, task: str) -> dict:
 
 
 def tracks_driven(task: str, tracks: int, seeds: list[int], seed_base: int, speed: float) -> dict:
-    """``tracks`` and ``seeds`` of a closed loop; Udacity's also its ``track_names`` and ``speed_mph``."""
-    from nac_drive.pipeline.drive import udacity_eval_tracks
+    """``tracks`` and ``seeds`` of a closed loop; Udacity's also its ``track_names`` (:func:`udacity_tracks`),
+    ``seeds`` then each track's own (a loop's twice), and ``speed_mph``."""
+    if task != "udacity":
+        return {"tracks": tracks, "seeds": seeds}
+    from nac_drive.simulators.udacity_track import track_spec
 
-    where = {"track_names": udacity_eval_tracks(tracks, seed_base), "speed_mph": speed} if task == "udacity" else {}
-    return {"tracks": tracks, "seeds": seeds, **where}
+    names = udacity_tracks(tracks, seed_base)
+    return {"tracks": tracks, "seeds": [track_spec(name).seed for name in names], "track_names": names,
+            "speed_mph": speed}
 
 
 def steering_names(run, policy) -> list[str] | None:
@@ -598,17 +620,16 @@ def intervened_drive(policy, intervention, *, task: str, seeds: list[int], max_s
                      steering_of: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
     """``policy`` drives the held-out tracks of ``seeds`` under ``intervention`` (:func:`intervened`;
     None: intact), in envs of its own: CarRacing's tracks (``returns``, ``mean_return``), or the
-    Udacity emulator's ``random-<seed>`` at ``speed`` mph (the figures of
-    :func:`~nac_drive.pipeline.drive.udacity_summary`). With ``steering_of`` (the head's outputs
+    Udacity emulator's first ``len(seeds)`` tracks from ``seeds[0]`` (:func:`udacity_tracks`) at
+    ``speed`` mph (the figures of :func:`~nac_drive.pipeline.drive.udacity_summary`). With ``steering_of`` (the head's outputs
     ``[n, A]`` -> the steering ``[n]``), also ``track_steering``: each track's mean steering, and
     ``track_offset``: each track's mean signed offset from the centre line (:class:`HeadOutputs`)."""
     driver = PolicyDriver(policy) if steering_of is None else HeadOutputs(policy, task)
     with intervened(policy, intervention):
         if task == "udacity":
-            from nac_drive.pipeline.drive import (udacity_emulator_env, udacity_emulator_episodes,
-                                                  udacity_eval_tracks, udacity_summary)
+            from nac_drive.pipeline.drive import udacity_emulator_env, udacity_emulator_episodes, udacity_summary
 
-            envs = [udacity_emulator_env(name, speed) for name in udacity_eval_tracks(len(seeds), seeds[0])]
+            envs = [udacity_emulator_env(name, speed) for name in udacity_tracks(len(seeds), seeds[0])]
             try:
                 figures = udacity_summary(udacity_emulator_episodes(driver, envs, max_steps or UDACITY_FRAMES))
             finally:

@@ -48,7 +48,8 @@ class CollectUdacityArgs:
     host: str = arg("127.0.0.1", "address to bind", group=HUMAN)
     port: int = arg(4567, "port the simulator connects to", min=1, max=65535, group=HUMAN)
     exit_on_disconnect: bool = arg(False, "stop when the simulator disconnects", group=HUMAN)
-    track: str = arg("lakeside", "gentle, lakeside, serpentine, canyon, or random-<seed>", group=SCRIPTED)
+    track: str = arg("lakeside", "gentle, lakeside, serpentine, canyon, or random-<seed>; with the suffix -cw the "
+                                 "same loop mirrored, driven clockwise (lakeside-cw)", group=SCRIPTED)
     frames: int = arg(1000, "frames to record", min=1, group=SCRIPTED)
     seed: int = arg(0, "start position and steering noise", min=0, group=SCRIPTED, max=MAX_SEED)
     noise: float = arg(0.3, "steering noise of the scripted driver", min=0, group=SCRIPTED)

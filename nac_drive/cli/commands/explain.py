@@ -7,8 +7,10 @@
 The policy (default: the shipped CNN+NAC CarRacing policy; ``--task udacity``: the shipped
 PilotNet+NAC Udacity policy; a ``--policy`` checkpoint's task is read from its config.json)
 drives held-out tracks with a trace into a fresh run folder: CarRacing tracks from seed
-900000, or for Udacity the headless emulator's tracks random-900000, random-900001, ...
-(never trained on), in-process, at --speed mph (9) as ``drive udacity`` does; then
+900000, or for Udacity the headless emulator's tracks random-900000, random-900000-cw,
+random-900001, ... (never trained on; each loop driven counter-clockwise, then mirrored and
+driven clockwise, so that the road has right curves as well as left ones), in-process, at
+--speed mph (9) as ``drive udacity`` does; then
 
 * fig4: the paper's Fig. 4 claim (tau 0.8-1.6, below 1.1 turning left, above 1.3 turning
   right; logits below 0.6 left, above 0.65 right), per head, stated as reproduced or not;

@@ -21,7 +21,8 @@ class EmulatorArgs:
 
     host: str = arg("127.0.0.1", "bridge host")
     port: int = arg(4567, "bridge port (the simulator's)", min=1, max=65535)
-    track: str = arg("lakeside", "gentle, lakeside, serpentine, canyon, or random-<seed>")
+    track: str = arg("lakeside", "gentle, lakeside, serpentine, canyon, or random-<seed>; with the suffix -cw the "
+                                 "same loop mirrored, driven clockwise (lakeside-cw)")
     frames: int | None = arg(None, "stop after N telemetry messages", min=1)
     laps: float | None = arg(None, "stop after this many laps", above=0)
     start: float = arg(0.0, "start position, metres along the track")
