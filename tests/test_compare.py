@@ -58,6 +58,33 @@ def test_a_variant_pools_every_episode_of_its_seeds_and_keeps_each_seeds_mean():
     assert loop["mean_ci95"][0] < 837.5 < loop["mean_ci95"][1]
 
 
+def test_each_variant_is_paired_with_the_first_track_by_track_and_seed_by_seed():
+    from nac_drive.pipeline.compare import markdown_table, paired_with
+
+    def run(variant, seed, returns, dropped=None, tracks=(900000, 900001, 900002)):
+        loop = {"returns": returns, "seeds": list(tracks), "laps_finished": 0, "mean_return": float(np.mean(returns))}
+        drops = {"0.5": {**loop, "returns": dropped}} if dropped else None
+        return RunResult(variant, seed, f"{variant}{seed}", "carracing", 0.5, 0.8, None, loop, frame_drops=drops)
+
+    # hard and easy tracks: the spread between them is wide, the per-track gain a steady +10
+    nac = [run("nac-exact", 0, [300.0, 900.0, 600.0], [200.0, 800.0, 500.0]), run("nac-exact", 1, [320.0, 880.0, 610.0])]
+    mha = [run("mha", 1, [330.0, 890.0, 620.0]), run("mha", 0, [310.0, 910.0, 610.0], [190.0, 805.0, 500.0])]
+    paired = paired_with("nac-exact", nac, mha)
+    assert paired["reference"] == "nac-exact" and paired["value"] == "return"
+    assert paired["0"]["mean"] == pytest.approx(10.0) and paired["0"]["pairs"] == 6
+    assert paired["0"]["ci95"] == [pytest.approx(10.0), pytest.approx(10.0)]   # no spread left once paired
+    assert summarise("mha", mha)["closed_loop"]["mean_ci95"][1] - 10 > 100    # the pooled interval is wide
+    assert paired["0.5"]["pairs"] == 3 and paired["0.5"]["mean"] == pytest.approx(-5 / 3)   # seed 0 alone
+    report = {"task": "carracing", "seeds": [0, 1], "episodes": 3, "max_steps": None, "tuned": None, "dagger": None,
+              "budget": {"window": 16, "epochs": 1, "windows_per_epoch": 8, "d_model": 16},
+              "variants": [summarise("nac-exact", nac), {**summarise("mha", mha), "paired": paired}]}
+    table = markdown_table(report)
+    assert "| paired against nac-exact: return change [95% CI] (pairs) | frame-drop 0 | frame-drop 0.5 |" in table
+    assert "| mha | +10.0 [+10.0, +10.0] (6) | -1.7" in table
+    with pytest.raises(ValueError, match="mha seed 0 and nac-exact drove other tracks at frame-drop 0"):
+        paired_with("nac-exact", nac, [run("mha", 0, [1.0, 2.0, 3.0], tracks=(900003, 900004, 900005))])
+
+
 @pytest.mark.parametrize("change, message", [
     ({"variants": ["nac-fc"]}, "--variants: must be one of"),
     ({"variants": ["gru", "gru"]}, "--variants: at least one, each once"),
@@ -164,7 +191,11 @@ def test_compare_trains_and_drives_every_variant_and_seed_into_one_table(dataset
         assert loop["episodes"] == 6 and loop["mean_return"] == pytest.approx(np.mean(returns), abs=0.01)
         assert loop["worst_return"] == pytest.approx(min(returns), abs=0.01)
     table = (out / "compare.md").read_text()
-    assert table.count("\n| nac-pw |") == 1 and table.count("\n| lstm |") == 1 and "3 seeds (0, 1, 2)" in table
+    assert table.count("\n| nac-pw |") == 1 and table.count("\n| lstm |") == 2 and "3 seeds (0, 1, 2)" in table
+    paired = report["variants"][1]["paired"]   # lstm on nac-pw's tracks and seeds: the mean change, their means' gap
+    assert "paired" not in report["variants"][0] and paired["reference"] == "nac-pw" and paired["0"]["pairs"] == 6
+    gap = report["variants"][1]["closed_loop"]["mean_return"] - report["variants"][0]["closed_loop"]["mean_return"]
+    assert paired["0"]["mean"] == pytest.approx(gap, abs=0.02) and "| paired against nac-pw: return change" in table
 
     # TensorBoard's HParams table sees each run's closed-loop return
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -62,7 +62,8 @@ REPORT_JSON, REPORT_MD = "compare.json", "compare.md"
 class CompareArgs:
     data: str = arg(REQUIRED, "demonstrations: CarRacing (Minari) or Udacity recordings; every variant trains on them")
     out: str = arg("runs/compare", "the comparison's folder: run folders, per-run results, compare.json and .md")
-    variants: list[str] = arg(list(VARIANTS), "what to compare: " + ", ".join(VARIANTS),
+    variants: list[str] = arg(list(VARIANTS), "what to compare (the first is the reference every other's drives "
+                                              "are paired with, track by track): " + ", ".join(VARIANTS),
                               choices=tuple(VARIANTS), metavar="VARIANT")
     seeds: list[int] = arg([0, 1, 2], "training seeds of every variant (split, sampling, initialisation)",
                            min=0, max=MAX_SEED)
@@ -217,6 +218,10 @@ def _compare(args: CompareArgs, out: Path) -> dict:
                          "d_model": args.d_model},
               "task": results[0].task,
               "variants": [summarise(variant, [r for r in results if r.variant == variant]) for variant in args.variants]}
+    reference = args.variants[0]
+    for row in report["variants"][1:]:
+        row["paired"] = paired_with(reference, [r for r in results if r.variant == reference],
+                                    [r for r in results if r.variant == row["variant"]])
     from nac_drive.io.atomic import atomic_write
     from nac_drive.io.strict_json import write_report
 
@@ -509,6 +514,41 @@ def summarise(variant: str, runs: list[RunResult]) -> dict:
     return row
 
 
+def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunResult]) -> dict:
+    """A variant's drives against the ``reference`` variant's (the first of ``--variants``) on
+    the same tracks: per seed both ran, each track's return (Udacity: mean |cte| m) minus the
+    reference's on that track with that seed, all seeds' pairs pooled into one
+    :func:`~nac_drive.simulators.episode_stats.paired_change` (``mean``, ``ci95``), at frame-drop
+    0 (``"0"``) and at each share both were driven under. The spread between tracks, which
+    widens the pooled intervals, cancels here; ``pairs`` counts them."""
+    from nac_drive.simulators.episode_stats import paired_change
+
+    by_seed = {r.seed: r for r in reference_runs}
+    value = "mean_abs_cte_m" if runs and runs[0].task == "udacity" else "returns"
+    paired = {"reference": reference, "value": "mean abs CTE m" if value == "mean_abs_cte_m" else "return"}
+    shares = sorted({"0", *{share for r in runs for share in (r.frame_drops or {})}}, key=float)
+    for share in shares:
+        ours, theirs = [], []
+        for run in runs:
+            other = by_seed.get(run.seed)
+            drives = [_drive_at(r, share) for r in (run, other)] if other is not None else [None]
+            if None in drives:
+                continue
+            if drives[0]["seeds"] != drives[1]["seeds"]:
+                raise ValueError(f"compare: {run.variant} seed {run.seed} and {reference} drove other tracks at "
+                                 f"frame-drop {share} ({drives[0]['seeds'][:3]}... against {drives[1]['seeds'][:3]}...)")
+            ours += drives[0][value]
+            theirs += drives[1][value]
+        if ours:
+            paired[share] = {**paired_change(theirs, ours), "pairs": len(ours)}
+    return paired
+
+
+def _drive_at(run: RunResult, share: str) -> dict | None:
+    """A run's drive at frame-drop ``share`` ("0": its plain closed loop), None if it has none."""
+    return run.closed_loop if share == "0" else (run.frame_drops or {}).get(share)
+
+
 def _pooled(drives: list[dict], task: str) -> dict:
     """Every episode of several seeds' drives pooled: the return statistics, the laps, each
     seed's mean return, and on Udacity the mean |cte| with its interval and the tracks left."""
@@ -539,6 +579,16 @@ def _loop_cell(loop: dict | None, udacity: bool) -> str:
             + f" / {loop['worst_return']:.1f} / {loop['successes']}/{episodes}")
 
 
+def _paired_cell(change: dict | None, udacity: bool) -> str:
+    """A :func:`paired_with` change in one table cell."""
+    if change is None:
+        return "-"
+    digits = 3 if udacity else 1
+    ci = change["ci95"]
+    return (f"{change['mean']:+.{digits}f}" + (f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else "")
+            + f" ({change['pairs']})")
+
+
 def markdown_table(report: dict) -> str:
     """The comparison as one Markdown table (what ``compare`` prints)."""
     udacity = report["task"] == "udacity"
@@ -565,6 +615,15 @@ def markdown_table(report: dict) -> str:
                      f" x {dagger['disturb_frames']} frames), each fine-tuned {dagger['dagger_epochs']} x "
                      f"{dagger['dagger_windows_per_epoch']} windows at lr {dagger['dagger_lr']:g}; the closed loop "
                      f"drives the last round's best checkpoint, the offline metric is behaviour cloning's.")
+    compared = [row for row in report["variants"] if row.get("paired")]
+    if compared:
+        first = compared[0]["paired"]
+        unit = "return" if first["value"] == "return" else "mean abs CTE m"
+        cols = [share for share in ["0", *shares] if any(share in row["paired"] for row in compared)]
+        lines += ["", f"| paired against {first['reference']}: {unit} change [95% CI] (pairs) | "
+                  + " | ".join(f"frame-drop {share}" for share in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        lines += ["| " + row["variant"] + " | " + " | ".join(_paired_cell(row["paired"].get(share), udacity)
+                                                            for share in cols) + " |" for row in compared]
     curved = [row for row in report["variants"] if row.get("curve")]
     if curved:
         stages = curved[0]["curve"]
