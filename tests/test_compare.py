@@ -32,6 +32,24 @@ def dataset(tmp_path_factory):
     return root
 
 
+def killed_at_validation(n: int, args: CompareArgs, monkeypatch) -> None:
+    """``compare(args)`` killed (Ctrl-C) in training's ``n``-th validation pass."""
+    import nac_drive.pipeline.train as training
+
+    real, calls = training.evaluate, []
+
+    def killed(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(training, "evaluate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        compare(args)
+    monkeypatch.setattr(training, "evaluate", real)
+
+
 def run_cli(argv, capsys) -> tuple[int, str]:
     code = main(argv)
     return code, capsys.readouterr().out
@@ -327,24 +345,12 @@ def test_a_comparison_killed_in_a_dagger_round_goes_on_without_driving_again(dat
 
     import nac_drive.pipeline.dagger as dagger_module
     import nac_drive.pipeline.drive as drive_module
-    import nac_drive.pipeline.train as training
 
     out = tmp_path / "cmp"
     args = CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16, epochs=1,
                        windows_per_epoch=32, progress=False, episodes=1, max_steps=25, dagger_rounds=2,
                        dagger_episodes=1, dagger_epochs=2, dagger_windows_per_epoch=32, curve_episodes=1)
-    real_evaluate, evaluated = training.evaluate, []
-
-    def killed_in_round_ones_second_epoch(*a, **k):   # validations: BC 1, round 0 2, round 1 the 4th and 5th
-        evaluated.append(1)
-        if len(evaluated) == 5:
-            raise KeyboardInterrupt
-        return real_evaluate(*a, **k)
-
-    monkeypatch.setattr(training, "evaluate", killed_in_round_ones_second_epoch)
-    with pytest.raises(KeyboardInterrupt):
-        compare(args)
-    monkeypatch.setattr(training, "evaluate", real_evaluate)
+    killed_at_validation(5, args, monkeypatch)   # validations: BC 1, round 0 2, round 1 the 4th and 5th
     runs = out / "runs"
     first_curve = json.loads((runs / "gru__s0-curve" / "curve.json").read_text())["points"]
     assert [p["stage"] for p in first_curve] == ["behaviour cloning", "dagger round 0"]
@@ -403,23 +409,10 @@ def test_a_second_comparison_into_one_folder_is_refused_before_it_trains(dataset
 def test_a_killed_pairs_behaviour_cloning_goes_on_from_its_last_epoch(dataset, tmp_path, monkeypatch):
     """A comparison killed mid-training once left that run behind and trained the pair again
     into gru__s0-2."""
-    import nac_drive.pipeline.train as training
-
     out = tmp_path / "cmp"
     args = CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16, epochs=2,
                        windows_per_epoch=32, progress=False)
-    real, calls = training.evaluate, []
-
-    def killed_in_epoch_two(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(training, "evaluate", killed_in_epoch_two)
-    with pytest.raises(KeyboardInterrupt):
-        compare(args)
-    monkeypatch.setattr(training, "evaluate", real)
+    killed_at_validation(2, args, monkeypatch)   # in epoch 2
     run = out / "runs" / "gru__s0"
     assert json.loads((run / "last" / "train_state.json").read_text())["epoch"] == 0   # epoch 1 kept
     report = compare(args)
