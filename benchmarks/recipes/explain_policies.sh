@@ -13,8 +13,8 @@
 # attention replaced (NAC cores), and pushed along the curvature probe (every core). Udacity's window
 # attribution removes one frame at a time (ablation), as §7 has done since it first ran.
 # Two lanes, one core each: the shipped policies and the NAC-steady ones; the comparison's cores.
-# Everything resumes: run the same line again (an explain killed midway goes on with --resume; a
-# NAC-steady policy killed before its last DAgger round is made again).
+# Everything resumes: run the same line again (an explain killed midway goes on with --resume, a
+# NAC-steady policy where it stopped; seeds 1 and 2 train on seed 0's demonstrations).
 #
 # Time on the 2-core CPU machine: a NAC-steady policy about 85 min; an explain not measured yet at
 # 30 tracks (about 22 drives of 30 tracks each).
@@ -36,13 +36,11 @@ shipped_and_steady() {
     --closed-loop-random 5 --json
   explained "$OUT/udacity-shipped" nac-drive explain --task udacity --episodes 3 --closed-loop-tracks 30 \
     --closed-loop-top 5 --closed-loop-random 5 --window-method ablation --json
-  local seed made
+  local seed made demos=""
   for seed in 0 1 2; do
     made="$OUT/steady-policy-s$seed"
-    if [ ! -f "$made/train/dagger-r9/best/model.safetensors" ]; then
-      rm -rf "$made"
-      bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed"
-    fi
+    [ -f "$made/drive.json" ] || bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" $demos
+    demos="$OUT/steady-policy-s0/collected"
     explained "$OUT/steady-s$seed" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 \
       --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --json
   done
