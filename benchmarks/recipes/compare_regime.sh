@@ -31,7 +31,7 @@
 # --workers 2 (a BC run ~8 min, a DAgger round ~3 min, 20 tracks ~3 min a share), so three 3-hour
 # sessions; the Udacity half about as long again (not measured yet: a PilotNet trial and a pair of
 # runs take about twice CarRacing's). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
-# comparison's finished runs in OUT/compare/results).
+# comparison's finished runs in OUT/compare/results; a pair killed midway goes on from its last epoch and DAgger round).
 # What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
 # table goes there once it has.
 set -euo pipefail
