@@ -345,6 +345,7 @@ def test_a_comparison_killed_in_a_dagger_round_goes_on_without_driving_again(dat
 
     import nac_drive.pipeline.dagger as dagger_module
     import nac_drive.pipeline.drive as drive_module
+    import nac_drive.pipeline.train as training
 
     out = tmp_path / "cmp"
     args = CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16, epochs=1,
@@ -355,14 +356,16 @@ def test_a_comparison_killed_in_a_dagger_round_goes_on_without_driving_again(dat
     first_curve = json.loads((runs / "gru__s0-curve" / "curve.json").read_text())["points"]
     assert [p["stage"] for p in first_curve] == ["behaviour cloning", "dagger round 0"]
 
-    rounds_driven, checkpoints_driven = [], []
-    real_round, real_drive = dagger_module.drive_round, drive_module.drive_checkpoint
+    rounds_driven, checkpoints_driven, validated = [], [], []
+    real_round, real_drive, real_evaluate = dagger_module.drive_round, drive_module.drive_checkpoint, training.evaluate
+    monkeypatch.setattr(training, "evaluate", lambda *a, **k: validated.append(1) or real_evaluate(*a, **k))
     monkeypatch.setattr(dagger_module, "drive_round", lambda *a, **k: rounds_driven.append(k["name"]) or
                         real_round(*a, **k))
     monkeypatch.setattr(drive_module, "drive_checkpoint", lambda checkpoint, *a, **k: checkpoints_driven.append(
         Path(checkpoint).parent.name) or real_drive(checkpoint, *a, **k))
     compare(args)
     assert rounds_driven == []   # both rounds' datasets were written before the kill
+    assert len(validated) == 1   # round 1's second epoch: behaviour cloning and round 0 were whole
     assert checkpoints_driven == ["gru__s0-dagger-r1", "gru__s0-dagger-r1"]   # round 1's point, then the 20 tracks
     assert sorted(p.name for p in runs.iterdir()) == ["gru__s0", "gru__s0-curve", "gru__s0-dagger-r0",
                                                       "gru__s0-dagger-r1", "gru__s0-data"]   # no <run>-2
@@ -374,6 +377,9 @@ def test_a_comparison_killed_in_a_dagger_round_goes_on_without_driving_again(dat
     events = EventAccumulator(str(runs / "gru__s0-curve" / "tensorboard"))
     events.Reload()
     assert [s.step for s in events.Scalars("closed_loop/mean_return")] == [p["frames"] for p in curve]   # each once
+    whole = EventAccumulator(str(runs / "gru__s0-dagger-r0" / "tensorboard"))
+    whole.Reload()
+    assert len(whole.Scalars("closed_loop/mean_return")) == 1   # round 0's student drive, not logged again
     student = EventAccumulator(str(runs / "gru__s0-dagger-r1" / "tensorboard"))
     student.Reload()
     held_out = json.loads((runs / "gru__s0-dagger-r1" / "closed_loop.json").read_text())["mean_return"]

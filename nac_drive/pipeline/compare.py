@@ -40,7 +40,7 @@ runs with their validation and ``closed_loop/`` metrics.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -329,15 +329,12 @@ def _killed_before(bc: TrainArgs) -> bool:
     """Whether a comparison killed before it wrote this pair's result left its behaviour-cloning
     run with a checkpoint (``last/``): it is continued (a whole one trains no epoch more), never
     trained again into ``<run>-2``. One trained with other arguments is refused in one line."""
-    from nac_drive.io.checkpoint import read_json
+    from nac_drive.pipeline.train import trained_otherwise
 
     run_dir = Path(bc.out) / bc.run_name
     if not (run_dir / "last" / "train_state.json").is_file():
         return False
-    recorded, asked = read_json(run_dir / "train_args.json"), asdict(bc)
-    for args in (recorded, asked):   # one folder, however it was named (a Ray worker's are absolute)
-        args["data"] = str(Path(str(args.get("data"))).resolve())
-    differ = sorted(k for k in asked if k not in ("progress", "resume", "device", "out") and recorded.get(k) != asked[k])
+    differ = trained_otherwise(run_dir, bc)
     if differ:
         raise ValueError(f"{run_dir}: a killed comparison trained it with other {', '.join(differ)}; give another "
                          "--out")
@@ -376,8 +373,8 @@ def _dagger_rounds(args: CompareArgs, out: Path, variant: str, seed: int, bc_run
             drive = drive_checkpoint(checkpoint, "carracing", args.curve_episodes, args.max_steps, progress=False)
             curve.append({"stage": stage, "frames": frames, "checkpoint": str(checkpoint),
                           **{k: drive[k] for k in ("mean_return", "returns", "laps_finished")}})
-            log_closed_loop(curve_dir, drive, step=frames)
-            write_json(curve_file, {"points": curve})
+            write_json(curve_file, {"points": curve})   # before TensorBoard's: a kill between them loses a scalar,
+            log_closed_loop(curve_dir, drive, step=frames)   # never logs one twice
 
     def on_round(r: int, checkpoint: Path, results) -> None:
         nonlocal frames
@@ -515,7 +512,8 @@ def summarise(variant: str, runs: list[RunResult]) -> dict:
 
 
 def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunResult]) -> dict:
-    """A variant's drives against the ``reference`` variant's (the first of ``--variants``) on
+    """A variant's drives against the ``reference`` variant's (the first of ``--variants``; None
+    when neither drove) on
     the same tracks: per seed both ran, each track's return (Udacity: mean |cte| m) minus the
     reference's on that track with that seed, all seeds' pairs pooled into one
     :func:`~nac_drive.simulators.episode_stats.paired_change` (``mean``, ``ci95``), at frame-drop
@@ -541,7 +539,7 @@ def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunR
             theirs += drives[1][value]
         if ours:
             paired[share] = {**paired_change(theirs, ours), "pairs": len(ours)}
-    return paired
+    return paired if len(paired) > 2 else None   # None: no drive to pair (--episodes 0)
 
 
 def _drive_at(run: RunResult, share: str) -> dict | None:

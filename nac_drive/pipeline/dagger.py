@@ -41,6 +41,7 @@ from nac_drive.policy.tasks import DISCRETE_GAS
 from nac_drive.torch_threads import check_workers
 
 DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
+OFF_PLAYFIELD_REWARD = -100.0   # CarRacing's last reward when the car leaves the playfield (gymnasium's car_racing.py)
 
 
 @dataclass
@@ -111,7 +112,9 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     data, seed, progress = fine_tune.data, fine_tune.seed, fine_tune.progress
     workers = available_cores() if args.workers is None else args.workers
     runs = [split_runs(round_seeds(r, seed, args.episodes), workers) for r in range(args.rounds)]
-    kept = [args.resume and recorded(data, dataset_name(r, seed), runs[r]) for r in range(args.rounds)]
+    kept = []   # a round is kept only after kept ones: one driven again changes every round after it
+    for r in range(args.rounds):
+        kept.append(args.resume and (r == 0 or kept[-1]) and recorded(data, dataset_name(r, seed), runs[r]))
     for r in range(args.rounds):   # before driving: the rounds' datasets must be new, or kept
         for run in runs[r] if not kept[r] else ():
             refuse_existing(data, dataset_name(r, seed), run)
@@ -138,9 +141,11 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
             round_args = dataclasses.replace(fine_tune, init_from=str(policy_path),
                                              run_name=f"{fine_tune.run_name or 'dagger'}-r{r}")
             resume, finished = _resumable(round_args, kept[r]) if args.resume else (False, False)
-            run_dir = train(dataclasses.replace(round_args, resume=resume), threads=threads)
-            if not finished:   # the policy the round started from, as it drove (once)
-                log_closed_loop(run_dir, results.summary())
+            if finished:
+                run_dir = Path(round_args.out) / round_args.run_name
+            else:
+                run_dir = train(dataclasses.replace(round_args, resume=resume), threads=threads)
+                log_closed_loop(run_dir, results.summary())   # the policy the round started from, as it drove
             policy_path = run_dir / "best"
             if on_round is not None:
                 on_round(r, policy_path, results)
@@ -211,24 +216,39 @@ def recorded_round(data: str | Path, name: str):
 
     episodes = sorted(load_episodes(dataset_folder(data, name)), key=lambda episode: episode.seed)
     return EpisodeResults(seeds=[e.seed for e in episodes], returns=[e.total_reward for e in episodes],
-                          lengths=[len(e) for e in episodes], laps=[e.terminated for e in episodes])
+                          lengths=[len(e) for e in episodes], laps=[lap_finished(e) for e in episodes])
+
+
+def lap_finished(episode) -> bool:
+    """Whether a recorded CarRacing episode ended with its lap finished: the env ended it (not
+    the time limit) and not for leaving the playfield, whose last reward is exactly -100."""
+    return episode.terminated and float(episode.rewards[-1]) != OFF_PLAYFIELD_REWARD
 
 
 def _resumable(round_args: TrainArgs, kept: bool) -> tuple[bool, bool]:
     """(resume, finished) for a round's fine-tuning in a resumed run: it goes on from its
-    ``last/`` if its dataset was kept and it has one (``finished``: every epoch trained). A
-    folder of the round without a ``last/`` (killed before its first epoch, or its dataset
-    lost) is removed, so that the round trains in its own place, never into ``<run>-2``."""
+    ``last/`` if its dataset was kept (``finished``: every epoch trained). A folder of the round
+    without a ``last/`` (killed before its first epoch) is removed, so that the round trains in
+    its own place, never into ``<run>-2``. One with a checkpoint is refused in one line if its
+    dataset was not kept (another run's folder) or it was trained with other arguments."""
     import shutil
 
     from nac_drive.io.checkpoint import read_json
+    from nac_drive.pipeline.train import trained_otherwise
 
     run_dir = Path(round_args.out) / round_args.run_name
     state = run_dir / "last" / "train_state.json"
-    if kept and state.is_file():
-        return True, read_json(state).get("epoch", -1) + 1 >= round_args.epochs
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return False, False
+    if not state.is_file():
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return False, False
+    if not kept:
+        raise ValueError(f"--resume: {run_dir} holds a checkpoint, but its round's dataset is not in --data (another "
+                         "run's, or one driven again): give another --run-name or --out")
+    differ = trained_otherwise(run_dir, round_args)
+    if differ:
+        raise ValueError(f"--resume: {run_dir} was fine-tuned with other {', '.join(differ)}; resume with the killed "
+                         "run's flags, or give another --run-name or --out")
+    return True, read_json(state).get("epoch", -1) + 1 >= round_args.epochs
 
 
 def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:

@@ -484,6 +484,20 @@ def _append_csv(path: Path, row: dict) -> None:
         os.fsync(f.fileno())
 
 
+def trained_otherwise(run_dir: Path, args: TrainArgs) -> list[str]:
+    """The fields of ``args`` that the run in ``run_dir`` was trained with otherwise (its
+    ``train_args.json``; paths compared resolved, and ``progress``, ``resume``, ``device`` and
+    ``out`` may change): what a run that goes on in that folder may not change."""
+    from nac_drive.io.checkpoint import read_json
+
+    recorded, asked = read_json(Path(run_dir) / "train_args.json"), asdict(args)
+    for given in (recorded, asked):   # one file, however it was named (a Ray worker's are absolute)
+        for name in ("data", "init_from"):
+            if given.get(name) is not None:
+                given[name] = str(Path(str(given[name])).resolve())
+    return sorted(k for k in asked if k not in ("progress", "resume", "device", "out") and recorded.get(k) != asked[k])
+
+
 def refuse_another_architecture(config, last: Path) -> None:
     """A resumed run goes on with the policy its checkpoint ``last`` holds: a ``--window``,
     ``--mode`` (or any other setting) that differs would train another policy under the saved
