@@ -159,7 +159,7 @@ class NAC(nn.Module):
             self.logit_log_scale = nn.Parameter(torch.zeros(num_heads))
         self.attn_dropout = nn.Dropout(dropout)
         self.layout = KeyLayout(n_inter=wiring.sizes[0], depth=self.depth)
-        self._weights_cache: tuple | None = None   # packing.packed keeps the packed weights here
+        self._weights_cache = packing.Derived()    # the packed weights, while the parameters are unchanged
         self.clamp: Clamp | None = None            # set by clamped()
 
     # ----------------------------------------------------------------- forward
@@ -399,10 +399,9 @@ class NAC(nn.Module):
     def packed_weights(self) -> PackedWeights:
         """The named weights masked and packed for the products above (:mod:`.packing`);
         without autograd reused until one of them changes."""
-        self._weights_cache, weights = packing.packed(
-            self._weights_cache, (self.q_gate, self.k_gate, self.v_gate), self.inter, self.command, self.motor,
-            (self.time_weight, self.time_bias), (self.phi_tau_weight, self.phi_tau_bias))
-        return weights
+        return self._weights_cache.get(self, lambda: packing.pack(
+            (self.q_gate, self.k_gate, self.v_gate), self.inter, self.command, self.motor,
+            (self.time_weight, self.time_bias), (self.phi_tau_weight, self.phi_tau_bias)))
 
     def backend(self, qh: torch.Tensor, kh: torch.Tensor, q_side: torch.Tensor, rows: torch.Tensor,
                 weights: PackedWeights, want_trace: bool = False) -> Backend:

@@ -14,18 +14,20 @@ The layer (:mod:`.layer`) owns its weights by name: the sensory gates ``q_gate``
 
 What a query gathers from a key is one packed row (:class:`KeyLayout`); the streaming cache
 and the numba kernels read the same rows. Without autograd the packed weights are built once
-and reused until a source tensor changes (:func:`packed`).
+and reused until a source tensor changes (:class:`Derived`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from nac_drive.nac.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
 
@@ -129,32 +131,52 @@ def pack(gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear, command: He
         phi_tau=phi_tau[0], phi_tau_bias=phi_tau[1])
 
 
-def packed(cache: tuple | None, gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear,
-           command: HeadwiseMaskedLinear, motor: HeadwiseMaskedLinear, time: tuple[torch.Tensor, torch.Tensor],
-           phi_tau: tuple[torch.Tensor, torch.Tensor]) -> tuple[tuple | None, PackedWeights]:
-    """:func:`pack`, reused from ``cache`` while no source tensor changed -> (the cache to
-    keep, the weights).
-
-    Without autograd (inference, streaming) the weights are built once and reused until a
-    parameter or mask changes, in place or replaced (each tensor's storage and version
-    counter key the cache): a streamed step would otherwise spend a third of its time
-    re-masking. With autograd, or for inference tensors (which have no version), they are
-    built afresh and the cache is left as it was.
+class Derived:
+    """A value computed from a module's weights (packed, reordered for a kernel), kept while
+    they are unchanged: built every call, the packing alone would take a third of a streamed
+    NAC step. The storage and version counter of each of the module's parameters and buffers
+    (its submodules' included) key it, so an in-place change (an optimizer's step,
+    ``load_state_dict``) or a replaced tensor rebuilds it. It is built afresh on every call
+    while autograd records through those weights, and for inference tensors (a module built
+    under ``inference_mode``), which have no version. A copy of the module starts without it.
     """
-    # The tensors pack reads, fetched directly: iterating Module.parameters() would cost
-    # more than the masking it saves.
-    wired = (*gates, inter, command, motor)
-    tensors = [t for m in wired for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
-    tensors += [*time, *phi_tau]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return cache, pack(gates, inter, command, motor, time, phi_tau)
-    try:
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
-    except RuntimeError:  # inference tensors (a layer built under inference_mode) have no version
-        return cache, pack(gates, inter, command, motor, time, phi_tau)
-    if cache is None or cache[0] != key:
-        cache = (key, pack(gates, inter, command, motor, time, phi_tau))
-    return cache, cache[1]
+
+    def __init__(self):
+        self.key, self.value = None, None
+
+    def get(self, module: nn.Module, build: Callable[[], Any], *extra: Hashable) -> Any:
+        """``build()`` for ``module``'s current weights (and ``extra``, such as an input's shape)."""
+        tensors = _own_tensors(module, [])
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return build()
+        try:
+            key = (*extra, *[(t.data_ptr(), t._version) for t in tensors])
+        except RuntimeError:   # an inference tensor: no version to tell a change by
+            return build()
+        if key != self.key:
+            value = build()
+            self.key, self.value = key, value
+        return self.value
+
+    def clear(self) -> None:
+        self.key, self.value = None, None
+
+    def __deepcopy__(self, memo) -> "Derived":
+        return Derived()
+
+    def __getstate__(self) -> dict:
+        return {"key": None, "value": None}
+
+
+def _own_tensors(module: nn.Module, into: list) -> list:
+    """``module``'s parameters and buffers, its submodules' included, appended to ``into``
+    (read from the module's dicts: ``Module.parameters()`` would cost more than what the
+    cache saves)."""
+    into += [t for t in module._parameters.values() if t is not None]
+    into += [t for t in module._buffers.values() if t is not None]
+    for child in module._modules.values():
+        _own_tensors(child, into)
+    return into
 
 
 def pair_scores(qh: torch.Tensor, kh: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
