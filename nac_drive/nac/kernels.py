@@ -203,14 +203,7 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     B, H, Tq, P = q_side.shape
     if P != layout.stamp or layout.value.start != P + 1:
         raise ValueError(f"q_side: {P} columns do not match the key layout {layout}")
-    if time_input == "elapsed":
-        if q_times is None:
-            raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
-        time_kind = nb.TIME_ELAPSED
-    elif q_times is None:
-        time_kind = nb.TIME_ONE
-    else:
-        time_kind = nb.TIME_QUERY
+    time_kind = _time_kind(time_input, q_times)
     times = _ZERO_TIMES if q_times is None else _array(q_times)
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
@@ -220,6 +213,60 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau, trace,
               tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
     return out, float(worst_dt_tau[0]), stages
+
+
+def _time_kind(time_input: str, q_times: torch.Tensor | None) -> int:
+    """What the pair stage's time vector reads (the kernels' TIME_* code): the key's age
+    ("elapsed"), the query's time, or 1 without timestamps."""
+    nb = _kernels()
+    if time_input == "elapsed":
+        if q_times is None:
+            raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
+        return nb.TIME_ELAPSED
+    return nb.TIME_ONE if q_times is None else nb.TIME_QUERY
+
+
+def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeights) -> bool:
+    """Whether :func:`stream_step` can serve a streamed step on these inputs: CPU float32,
+    no gradient needed, and the pair stage's weights finite (the inputs' finiteness the kernel
+    checks itself). (Clamp, dropout and logit variant are the caller's to rule out.)"""
+    if not available() or _scripting():
+        return False
+    tensors = (x_t, cache, weights.qkv_weight)
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and not needs_grad(*tensors, weights.qkv_bias, weights.query_side, weights.query_bias, weights.key_side,
+                               *weights.pair_stage())
+            and weights.kernel_arrays[1])
+
+
+def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.Tensor, q_times: torch.Tensor | None,
+                weights: PackedWeights, layout: KeyLayout, *, topk: int, select: str, grows: bool, mode: str,
+                euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool, trace: bool = False):
+    """A streamed step (:func:`~nac_drive.nac.streaming.step`) up to the heads' outputs in one numba
+    call: x_t ``[B, input_dim]``, the cache's rows ``[B, H, C, width]`` after ``steps`` steps (an int
+    or a 0-d tensor, as an exported step graph passes it), now
+    ``[B]`` (the step's time), q_times ``[B, 1]`` or None as :func:`attend` reads them -> (out
+    ``[B, H, 1, depth]``, the new rows ``[B, H, C (+1 if grows), width]``, the largest dt * tau in
+    mode euler, and with ``trace`` the step's q, k, v ``[B, 1, d_model]``, selected slots idx
+    ``[B, H, 1, K]`` and pair stages as :func:`attend` traces them, else None), or None when an
+    input or what the gates make of it is not finite (the caller takes the eager code)."""
+    B, H, C, width = cache.shape
+    C_out = C + 1 if grows else C
+    qkv = torch.empty(B, weights.qkv_weight.shape[0])
+    rows = torch.empty(B, H, C_out, width)
+    idx = torch.empty(B, H, 1, C_out if select == "all" else topk, dtype=torch.int64)
+    out = torch.empty(B, H, 1, layout.depth)
+    worst_dt_tau = np.zeros(1, np.float32)
+    stages = _traced_stages(idx, layout, weights) if trace else None
+    finite = _kernels().stream_step(
+        _array(x_t), _array(cache), _array(now), _time_kind(time_input, q_times), *weights.stream_arrays,
+        *weights.kernel_arrays[0], int(steps), select == "all", MODE_CODES[mode], euler_steps, np.float32(tau_eps),
+        time_weighted_values, qkv.numpy(), rows.numpy(), idx.numpy(), out.numpy(), worst_dt_tau, trace,
+        tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
+    if not finite:
+        return None
+    traced = (*qkv[:, None].chunk(3, dim=-1), idx, stages) if trace else None
+    return out, rows, float(worst_dt_tau[0]), traced
 
 
 # The pair stages a trace holds, in the kernel's order (NACTrace's fields of the same names).

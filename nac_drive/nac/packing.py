@@ -109,6 +109,15 @@ class PackedWeights:
         arrays = tuple(w.detach().contiguous().numpy() for w in self.pair_stage())
         return arrays, all(np.isfinite(a).all() for a in arrays)
 
+    @functools.cached_property
+    def stream_arrays(self) -> tuple[np.ndarray, ...]:
+        """The linear maps of a streamed step as F.linear reads them, for
+        :func:`~nac_drive.nac.kernels.stream_step`: qkv weight and bias, the query half
+        ``[H*(n_inter + 2), d_model]`` and its bias, the key half and a zero bias (made once per packing)."""
+        maps = (self.qkv_weight, self.qkv_bias, self.query_side.T, self.query_bias, self.key_side.T,
+                torch.zeros_like(self.query_bias))
+        return tuple(w.detach().contiguous().numpy() for w in maps)
+
 
 def pack(gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear, command: HeadwiseMaskedLinear,
          motor: HeadwiseMaskedLinear, time: tuple[torch.Tensor, torch.Tensor],
