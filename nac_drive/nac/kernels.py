@@ -15,7 +15,8 @@ kernels (:mod:`._numba`) instead, where they give the same result:
 :func:`choose` decides once per call which path serves it. The kernels read the layer's
 packed weights and key rows (:mod:`.packing`), never the layer itself. Tests hold both
 paths equal. ``NAC_DRIVE_KERNELS=0`` in the environment, or :func:`disabled`, makes every
-call take the eager path.
+call take the eager path (and the encoders' fused convolutions step aside too:
+``nac_drive.policy.encoders.ConvStack``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def _kernels():
     return numba_kernels
 
 
+def enabled() -> bool:
+    """False under ``NAC_DRIVE_KERNELS=0`` or inside :func:`disabled`: the eager code serves every call."""
+    return _enabled
+
+
 def available() -> bool:
     """True if the kernels are enabled and numba imports."""
     return _enabled and _kernels() is not None
@@ -62,9 +68,9 @@ def disabled():
         _enabled = before
 
 
-def _scripting() -> bool:
+def tracing() -> bool:
     """torch.jit.trace / torch.compile / torch.export (and so ONNX export) see tensors only:
-    numba calls cannot be traced."""
+    numba calls cannot be traced, nor can any other fast path outside torch's own operators."""
     return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)() or exporting()
 
 
@@ -79,7 +85,7 @@ def _finite(*arrays: np.ndarray) -> bool:
 def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether :func:`kernel_select_exact` / :func:`kernel_select_block` serve these queries and keys."""
     return (q.device.type == k.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-            and available() and not _scripting() and _finite(q.detach().numpy(), k.detach().numpy()))
+            and available() and not tracing() and _finite(q.detach().numpy(), k.detach().numpy()))
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:
@@ -93,7 +99,7 @@ def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[t
     finite inputs, and float32 (:func:`attend`), or with a gradient needed float32 or float64
     (:func:`attend_for_training`) and no trace (its stages would carry no gradient). (Dropout is
     the caller's to rule out, and whether the weights are finite too: ``PackedWeights.kernel_arrays``.)"""
-    if not available() or _scripting():
+    if not available() or tracing():
         return False
     tensors = (q_side, key_rows, *weights)
     training = needs_grad(*tensors)
@@ -230,7 +236,7 @@ def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeight
     """Whether :func:`stream_step` can serve a streamed step on these inputs: CPU float32,
     no gradient needed, and the pair stage's weights finite (the inputs' finiteness the kernel
     checks itself). (Clamp, dropout and logit variant are the caller's to rule out.)"""
-    if not available() or _scripting():
+    if not available() or tracing():
         return False
     tensors = (x_t, cache, weights.qkv_weight)
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)

@@ -1,0 +1,114 @@
+"""The fast paths of inference give what the eager code gives, and never outlive a weight change.
+
+On the CPU without autograd a policy's encoder convolves through oneDNN's fused operator with
+its weights reordered once (``encoders.ConvStack``) and its NAC streams a step in one numba
+call (``kernels.stream_step``). Inside ``kernels.disabled()`` both step aside: the reference.
+"""
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+from nac_drive.nac import kernels
+from nac_drive.policy.encoders import ENCODERS
+
+torch.set_num_threads(1)
+
+
+def _frames(encoder, batch: int, seed: int = 0) -> torch.Tensor:
+    """Random uint8 frames ``[batch, C, H, W]`` as a simulator gives them (HWC memory)."""
+    c, h, w = encoder.frame_shape
+    pixels = torch.randint(0, 256, (batch, h, w, c), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return pixels.permute(0, 3, 1, 2)
+
+
+def _eager(module, *args):
+    with torch.inference_mode(), kernels.disabled():
+        return module(*args)
+
+
+def _fused(encoder) -> bool:
+    """Whether the encoder has convolved through the fused path (it keeps the reordered weights)."""
+    return encoder.convs._reordered.value is not None
+
+
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_fused_convolutions_give_the_eager_features(name, batch):
+    encoder = ENCODERS[name]().eval()
+    frames = _frames(encoder, batch)
+    with torch.inference_mode():
+        fast = encoder(frames)
+    assert _fused(encoder)
+    torch.testing.assert_close(fast, _eager(encoder, frames), atol=1e-5, rtol=1e-5)
+
+
+def _change(encoder, how: str, other) -> None:
+    """Change ``encoder``'s weights as training or loading does."""
+    if how == "optimizer step":
+        optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+        encoder.train()
+        encoder(_frames(encoder, 2, seed=1)).square().sum().backward()
+        optimizer.step()
+        encoder.eval()
+    elif how == "load_state_dict":
+        encoder.load_state_dict(other.state_dict())
+    elif how == "replaced parameter":
+        encoder.convs[2].weight = torch.nn.Parameter(other.convs[2].weight.detach().clone())
+    else:   # a tensor's data swapped (what Module.to does to change a dtype and back)
+        encoder.convs[0].bias.data = other.convs[0].bias.detach().clone()
+
+
+@pytest.mark.parametrize("how", ["optimizer step", "load_state_dict", "replaced parameter", "data swapped"])
+def test_a_weight_change_reaches_the_fused_convolutions(how):
+    """The reordered weights are a copy: any change of a weight rebuilds them before the next call."""
+    torch.manual_seed(0)
+    encoder, other = ENCODERS["carracing_cnn"]().eval(), ENCODERS["carracing_cnn"]()
+    frames = _frames(encoder, 1)
+    with torch.inference_mode():
+        before = encoder(frames)
+    _change(encoder, how, other)
+    with torch.inference_mode():
+        after = encoder(frames)
+    assert _fused(encoder) and not torch.allclose(before, after)
+    torch.testing.assert_close(after, _eager(encoder, frames), atol=1e-5, rtol=1e-5)
+
+
+def test_training_gradients_hooks_and_a_replaced_activation_take_the_module_path():
+    torch.manual_seed(0)
+    encoder = ENCODERS["carracing_cnn"]()
+    frames = _frames(encoder, 2)
+    reference = _eager(encoder.eval(), frames)
+    encoder.train()
+    with torch.inference_mode():
+        torch.testing.assert_close(encoder(frames), reference)   # train mode: the Sequential's forward
+    assert not _fused(encoder)
+    encoder.eval()
+    assert encoder(frames).requires_grad and not _fused(encoder)   # autograd
+    seen = []
+    hook = encoder.convs[1].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    with torch.inference_mode():
+        encoder(frames)
+    hook.remove()
+    assert seen == [(2, 10, 46, 46)] and not _fused(encoder)       # a hook sees every layer
+    encoder.convs[3] = torch.nn.Tanh()                              # not fused: applied after its convolution
+    with torch.inference_mode():
+        torch.testing.assert_close(encoder(frames), _eager(encoder, frames), atol=1e-5, rtol=1e-5)
+    assert _fused(encoder)
+
+
+def test_an_encoder_copies_and_pickles_after_inference():
+    """oneDNN's reordered weights cannot be copied: a copy starts without them."""
+    encoder = ENCODERS["carracing_cnn"]().eval()
+    frames = _frames(encoder, 1)
+    with torch.inference_mode():
+        expected = encoder(frames)
+    for twin in (copy.deepcopy(encoder), pickle.loads(pickle.dumps(encoder))):
+        assert not _fused(twin)
+        with torch.inference_mode():
+            torch.testing.assert_close(twin(frames), expected, rtol=0, atol=0)
+    buffer = io.BytesIO()
+    torch.save(encoder, buffer)
