@@ -9,13 +9,19 @@ import copy
 import io
 import pickle
 
+import numpy as np
 import pytest
 import torch
+from support.held_out_drive import drive_recording, replay
 
 from nac_drive.nac import kernels
+from nac_drive.policy.cores import CoreConfig
+from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from nac_drive.policy.encoders import ENCODERS
+from nac_drive.policy.loading import load_driving_policy
 
 torch.set_num_threads(1)
+HELD_OUT, FRAMES = 900000, 250
 
 
 def _frames(encoder, batch: int, seed: int = 0) -> torch.Tensor:
@@ -112,3 +118,41 @@ def test_an_encoder_copies_and_pickles_after_inference():
             torch.testing.assert_close(twin(frames), expected, rtol=0, atol=0)
     buffer = io.BytesIO()
     torch.save(encoder, buffer)
+
+
+@pytest.fixture(scope="module")
+def drive():
+    """The shipped policy drives the first frames of held-out track 900000 on its fast paths:
+    (the policy, its frames and outputs)."""
+    policy = load_driving_policy()
+    return policy, drive_recording(policy, [HELD_OUT], max_steps=FRAMES)
+
+
+def _same_actions(fast: np.ndarray, eager: np.ndarray) -> None:
+    assert fast.shape == eager.shape == (FRAMES, 5)
+    assert np.abs(fast - eager).max() <= 1e-5
+    assert (fast.argmax(1) == eager.argmax(1)).all()
+    assert len(set(eager.argmax(1))) > 1   # the frames ask for more than one action
+
+
+def test_the_shipped_policy_drives_on_its_fast_paths_as_on_the_eager_code(drive, monkeypatch):
+    policy, recording = drive
+    assert _fused(policy.encoder)
+    streamed = []
+    real = kernels.stream_step
+    monkeypatch.setattr(kernels, "stream_step", lambda *a, **k: streamed.append(1) or real(*a, **k))
+    _same_actions(replay(policy, recording), recording.outputs)   # the fast paths again: the same outputs
+    assert len(streamed) == FRAMES
+    with kernels.disabled():
+        _same_actions(recording.outputs, replay(policy, recording))
+
+
+def test_a_gru_policy_steps_on_the_fused_encoder_as_on_the_eager_code(drive):
+    """A baseline core (its window re-run by torch) on the shipped policy's encoder weights."""
+    shipped, recording = drive
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru"))).eval()
+    policy.encoder.load_state_dict(shipped.encoder.state_dict())
+    fast = replay(policy, recording)
+    assert _fused(policy.encoder)
+    with kernels.disabled():
+        _same_actions(fast, replay(policy, recording))
