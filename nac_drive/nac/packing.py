@@ -155,11 +155,10 @@ class Derived:
 
     def get(self, module: nn.Module, build: Callable[[], Any], *extra: Hashable) -> Any:
         """``build()`` for ``module``'s current weights (and ``extra``, such as an input's shape)."""
-        tensors = _own_tensors(module, [])
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
             return build()
         try:
-            key = (*extra, *[(t.data_ptr(), t._version) for t in tensors])
+            key = _contents(module, [*extra])
         except RuntimeError:   # an inference tensor: no version to tell a change by
             return build()
         if key != self.key:
@@ -177,15 +176,22 @@ class Derived:
         return {"key": None, "value": None}
 
 
-def _own_tensors(module: nn.Module, into: list) -> list:
-    """``module``'s parameters and buffers, its submodules' included, appended to ``into``
-    (read from the module's dicts: ``Module.parameters()`` would cost more than what the
-    cache saves)."""
-    into += [t for t in module._parameters.values() if t is not None]
-    into += [t for t in module._buffers.values() if t is not None]
+def _contents(module: nn.Module, key: list) -> list:
+    """``key`` extended by the storage address and version counter of each of ``module``'s
+    parameters and buffers, its submodules' included (read from the modules' own dicts:
+    ``Module.parameters()`` would cost more than what the cache saves)."""
+    for tensor in module._parameters.values():
+        if tensor is not None:
+            key.append(tensor.data_ptr())
+            key.append(tensor._version)
+    for tensor in module._buffers.values():
+        if tensor is not None:
+            key.append(tensor.data_ptr())
+            key.append(tensor._version)
     for child in module._modules.values():
-        _own_tensors(child, into)
-    return into
+        if child is not None:
+            _contents(child, key)
+    return key
 
 
 def pair_scores(qh: torch.Tensor, kh: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
