@@ -442,6 +442,24 @@ def test_a_streamed_step_on_an_infinite_value_takes_the_eager_code(where, stream
     assert len(stream_calls) == 9   # each tried, its result refused while the window held the row
 
 
+def test_a_hook_on_the_output_projection_sees_the_heads_of_a_streamed_step(stream_calls):
+    """The one-call step projects the heads itself, unless a hook watches ``out_proj``
+    (``interpret.representations`` reads the heads there): then the projection is a module call."""
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, window=4, seed=0).eval()
+    x = torch.randn(1, 6, 5, generator=torch.Generator().manual_seed(10))
+    seen = []
+    with torch.inference_mode():
+        plain, hooked = layer.init_cache(1), layer.init_cache(1)
+        for i in range(6):
+            y_plain, plain = layer.step(x[:, i], plain)
+            hook = layer.out_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+            y_hooked, hooked = layer.step(x[:, i], hooked)
+            hook.remove()
+            torch.testing.assert_close(y_hooked, y_plain, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(y_hooked, layer.out_proj(seen[-1])[:, 0], rtol=0, atol=0)
+    assert len(seen) == 6 and seen[0].shape == (1, 1, 8) and len(stream_calls) == 12
+
+
 def test_a_streamed_step_after_a_weight_update_reads_the_new_weights(stream_calls):
     """Mid-stream, an optimizer's step changes the weights in place: the next streamed step packs
     them afresh (``packing.Derived``), as a layer that never streamed would."""

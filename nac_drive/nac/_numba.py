@@ -711,23 +711,23 @@ def _all_finite(a):
 
 @njit(**_JIT)
 def stream_step(x, cache, now, time_kind, qkv_w, qkv_b, query_w, query_b, key_w, key_b, cmd_w, cmd_b, mot_w, mot_b,
-                phi_tau_w, phi_tau_b, steps, select_all, mode, euler_steps, tau_eps, time_weighted, qkv, cache_out,
-                idx, out, worst_dt_tau, want_trace, trace_out):
-    """One step of :func:`~nac_drive.nac.streaming.step` up to the heads' outputs, in one call:
-    the gates (eq. 13), the new key row pushed into the cache, the Top-K over the cached keys
-    (:func:`topk_exact_rows`, or every filled slot with ``select_all``) and the pair stage
-    (:func:`attend`).
+                phi_tau_w, phi_tau_b, out_w, out_b, steps, select_all, mode, euler_steps, tau_eps, time_weighted, qkv,
+                cache_out, idx, out, y, worst_dt_tau, want_trace, trace_out):
+    """One step of :func:`~nac_drive.nac.streaming.step` in one call: the gates (eq. 13), the new
+    key row pushed into the cache, the Top-K over the cached keys (:func:`topk_exact_rows`, or
+    every filled slot with ``select_all``), the pair stage (:func:`attend`) and the output projection.
 
     x ``[B, input_dim]``, cache ``[B, H, C, width]`` (:class:`~nac_drive.nac.packing.KeyLayout`
     rows, ``steps`` of them consumed so far), now ``[B]`` the step's time (the key's stamp and the
     query's time); the linear maps as F.linear reads them (qkv ``[3*d_model, input_dim]``, the
-    query and key halves ``[H*P, d_model]``), the pair stage's weights as :func:`attend` does ->
-    qkv ``[B, 3*d_model]`` (q, k, v), cache_out ``[B, H, C_out, width]`` (C_out = C with a window:
-    the oldest row dropped; C + 1 without), idx ``[B, H, 1, K]`` (the selected slots), out
-    ``[B, H, 1, depth]``, and with ``want_trace`` the pair stages in ``trace_out`` (:func:`attend`);
-    mode euler writes the largest dt * tau to worst_dt_tau[0]. Returns False, before selecting,
-    when q, the query half or a key row holds a NaN or an inf, which the fast-math selection and
-    pair stage may not see (the caller takes the eager code).
+    query and key halves ``[H*P, d_model]``, out ``[d_model, d_model]``), the pair stage's weights
+    as :func:`attend` does -> qkv ``[B, 3*d_model]`` (q, k, v), cache_out ``[B, H, C_out, width]``
+    (C_out = C with a window: the oldest row dropped; C + 1 without), idx ``[B, H, 1, K]`` (the
+    selected slots), out ``[B, H, 1, depth]`` (the heads), y ``[B, d_model]`` and with
+    ``want_trace`` the pair stages in ``trace_out`` (:func:`attend`); mode euler writes the largest
+    dt * tau to worst_dt_tau[0]. Returns False, before selecting, when q, the query half or a key
+    row holds a NaN or an inf, which the fast-math selection and pair stage may not see (the
+    caller takes the eager code).
     """
     B, H, C, width = cache.shape
     C_out, K, depth = cache_out.shape[2], idx.shape[3], out.shape[3]
@@ -777,4 +777,7 @@ def stream_step(x, cache, now, time_kind, qkv_w, qkv_b, query_w, query_b, key_w,
                     key_side_t[b, h, u, c] = cache_out[b, h, c, u]
     attend(q_side_t, key_side_t, cache_out, idx, now.reshape(B, 1), time_kind, cmd_w, cmd_b, mot_w, mot_b,
            phi_tau_w, phi_tau_b, mode, euler_steps, tau_eps, time_weighted, out, worst_dt_tau, want_trace, trace_out)
+    heads = out.reshape(B, D)                           # concatenated, head by head
+    for b in range(B):
+        _linear_into(out_w, out_b, heads[b], y[b])
     return True

@@ -246,33 +246,45 @@ def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeight
 
 
 def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.Tensor, q_times: torch.Tensor | None,
-                weights: PackedWeights, layout: KeyLayout, *, topk: int, select: str, grows: bool, mode: str,
-                euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool, trace: bool = False):
-    """A streamed step (:func:`~nac_drive.nac.streaming.step`) up to the heads' outputs in one numba
-    call: x_t ``[B, input_dim]``, the cache's rows ``[B, H, C, width]`` after ``steps`` steps (an int
-    or a 0-d tensor, as an exported step graph passes it), now
-    ``[B]`` (the step's time), q_times ``[B, 1]`` or None as :func:`attend` reads them -> (out
-    ``[B, H, 1, depth]``, the new rows ``[B, H, C (+1 if grows), width]``, the largest dt * tau in
-    mode euler, and with ``trace`` the step's q, k, v ``[B, 1, d_model]``, selected slots idx
-    ``[B, H, 1, K]`` and pair stages as :func:`attend` traces them, else None), or None when an
-    input or what the gates make of it is not finite (the caller takes the eager code)."""
+                weights: PackedWeights, out_proj: torch.nn.Linear, layout: KeyLayout, *, topk: int, select: str,
+                grows: bool, mode: str, euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool,
+                trace: bool = False):
+    """A streamed step (:func:`~nac_drive.nac.streaming.step`) in one numba call: x_t ``[B, input_dim]``,
+    the cache's rows ``[B, H, C, width]`` after ``steps`` steps (an int or a 0-d tensor, as an
+    exported step graph passes it), now ``[B]`` (the step's time), q_times ``[B, 1]`` or None as
+    :func:`attend` reads them, ``out_proj`` the layer's output projection -> (y ``[B, d_model]``,
+    the heads' outputs ``[B, H, 1, depth]`` it projects, the new rows ``[B, H, C (+1 if grows),
+    width]``, the largest dt * tau in mode euler, and with ``trace`` the step's q, k, v
+    ``[B, 1, d_model]``, selected slots idx ``[B, H, 1, K]`` and pair stages as :func:`attend`
+    traces them, else None), or None when an input or what the gates make of it is not finite
+    (the caller takes the eager code)."""
     B, H, C, width = cache.shape
     C_out = C + 1 if grows else C
     qkv = torch.empty(B, weights.qkv_weight.shape[0])
     rows = torch.empty(B, H, C_out, width)
     idx = torch.empty(B, H, 1, C_out if select == "all" else topk, dtype=torch.int64)
-    out = torch.empty(B, H, 1, layout.depth)
+    heads = torch.empty(B, H, 1, layout.depth)
+    y = torch.empty(B, out_proj.out_features)
     worst_dt_tau = np.zeros(1, np.float32)
     stages = _traced_stages(idx, layout, weights) if trace else None
     finite = _kernels().stream_step(
         _array(x_t), _array(cache), _array(now), _time_kind(time_input, q_times), *weights.stream_arrays,
-        *weights.kernel_arrays[0], int(steps), select == "all", MODE_CODES[mode], euler_steps, np.float32(tau_eps),
-        time_weighted_values, qkv.numpy(), rows.numpy(), idx.numpy(), out.numpy(), worst_dt_tau, trace,
+        *weights.kernel_arrays[0], _array(out_proj.weight), _array(out_proj.bias), int(steps), select == "all",
+        MODE_CODES[mode], euler_steps, np.float32(tau_eps), time_weighted_values, qkv.numpy(), rows.numpy(),
+        idx.numpy(), heads.numpy(), y.numpy(), worst_dt_tau, trace,
         tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
     if not finite:
         return None
     traced = (*qkv[:, None].chunk(3, dim=-1), idx, stages) if trace else None
-    return out, rows, float(worst_dt_tau[0]), traced
+    return y, heads, rows, float(worst_dt_tau[0]), traced
+
+
+def observed(*modules: torch.nn.Module) -> bool:
+    """Whether a forward hook (their own or a global one) watches any of ``modules``' calls: a
+    fast path that would compute their outputs without calling them steps aside."""
+    hooks = torch.nn.modules.module
+    return bool(hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or any(m._forward_hooks or m._forward_pre_hooks for m in modules))
 
 
 # The pair stages a trace holds, in the kernel's order (NACTrace's fields of the same names).

@@ -5,10 +5,11 @@ The cache keeps, for the last ``window`` steps, the packed row of each key
 the time affine, its timestamp, its value, and the key itself, which selection reads).
 A step computes the new frame's q, k, v, appends its row, selects among the cached keys and
 runs the layer's pair stage for the one query: exactly what the causal forward (same
-``window``) returns at that position, in O(window) work. On CPU without autograd, all of it
-up to the output projection is one numba call (:func:`~nac_drive.nac.kernels.stream_step`;
-the shipped policy's step: 0.26 -> 0.08 ms, most of the 0.26 spent in the torch and numpy
-calls around the stage-by-stage kernels, ``benchmarks/policy_speed.py --breakdown``).
+``window``) returns at that position, in O(window) work. On CPU without autograd the whole
+step is one numba call (:func:`~nac_drive.nac.kernels.stream_step`; the shipped policy's step:
+0.26 -> 0.07 ms, most of the 0.26 spent in the torch and numpy calls around the stage-by-stage
+kernels, ``benchmarks/policy_speed.py --breakdown``); the output projection stays a module call
+while a hook watches it.
 """
 
 from __future__ import annotations
@@ -71,14 +72,16 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
         now = (t - origin).to(x_t.dtype)                          # relative before the cast
     q_times = now[:, None] if (t is not None or layer.time_input == "elapsed") else None
     if layer.streams_on_kernels(x_t, cache.feats, weights):
-        # its fast path: the gates to the pair stage in one numba call (None: a value not finite)
-        fused = kernels.stream_step(x_t, cache.feats, cache.steps, now, q_times, weights, layer.layout,
-                                    topk=layer.topk, select=layer.select, grows=layer.window is None,
+        # its fast path: the whole step in one numba call (None: a value not finite)
+        fused = kernels.stream_step(x_t, cache.feats, cache.steps, now, q_times, weights, layer.out_proj,
+                                    layer.layout, topk=layer.topk, select=layer.select, grows=layer.window is None,
                                     trace=return_trace, **layer.pair_settings)
         if fused is not None:
-            out, rows, worst_dt_tau, traced = fused
+            y, heads, rows, worst_dt_tau, traced = fused
             layer.check_kernel_stability(worst_dt_tau)
-            y, cache = layer.output(out)[:, 0], NACCache(feats=rows, steps=cache.steps + 1, origin=origin)
+            if kernels.observed(layer.out_proj):   # a hook reads the heads: the projection as a module call
+                y = layer.output(heads)[:, 0]
+            cache = NACCache(feats=rows, steps=cache.steps + 1, origin=origin)
             if not return_trace:
                 return y, cache
             q, k, v, idx, stages = traced

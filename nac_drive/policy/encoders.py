@@ -71,8 +71,7 @@ class ConvStack(nn.Sequential):
     def _fast_path_serves(self, x: torch.Tensor) -> bool:
         return (_FUSED_CONV and not self.training and not torch.is_grad_enabled() and x.device.type == "cpu"
                 and x.dtype == torch.float32 and x.ndim == 4 and kernels.enabled() and not kernels.tracing()
-                and not any(layer._forward_hooks or layer._forward_pre_hooks for layer in self)
-                and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks))
+                and not kernels.observed(*self))
 
 
 def _reordered_weights(layers: list[nn.Module], input_shape: torch.Size) -> list[torch.Tensor] | None:
