@@ -442,6 +442,17 @@ def test_a_streamed_step_on_an_infinite_value_takes_the_eager_code(where, stream
     assert len(stream_calls) == 9   # each tried, its result refused while the window held the row
 
 
+def test_a_streamed_step_that_needs_a_gradient_takes_the_stage_by_stage_code(stream_calls):
+    """Only the output projection trains (the rest frozen): autograd must see it, so the step
+    leaves the one-call kernel, which computes without autograd."""
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, window=4, seed=0).eval()
+    layer.requires_grad_(False)
+    layer.out_proj.weight.requires_grad_(True)
+    y, _ = layer.step(torch.randn(1, 5), layer.init_cache(1))
+    y.sum().backward()
+    assert layer.out_proj.weight.grad is not None and stream_calls == []
+
+
 def test_a_hook_on_the_output_projection_sees_the_heads_of_a_streamed_step(stream_calls):
     """The one-call step projects the heads itself, unless a hook watches ``out_proj``
     (``interpret.representations`` reads the heads there): then the projection is a module call."""

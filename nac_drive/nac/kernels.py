@@ -232,16 +232,16 @@ def _time_kind(time_input: str, q_times: torch.Tensor | None) -> int:
     return nb.TIME_ONE if q_times is None else nb.TIME_QUERY
 
 
-def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeights) -> bool:
+def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeights, out_proj: torch.nn.Linear) -> bool:
     """Whether :func:`stream_step` can serve a streamed step on these inputs: CPU float32,
     no gradient needed, and the pair stage's weights finite (the inputs' finiteness the kernel
     checks itself). (Clamp, dropout and logit variant are the caller's to rule out.)"""
     if not available() or tracing():
         return False
-    tensors = (x_t, cache, weights.qkv_weight)
+    tensors = (x_t, cache, weights.qkv_weight, out_proj.weight)
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
             and not needs_grad(*tensors, weights.qkv_bias, weights.query_side, weights.query_bias, weights.key_side,
-                               *weights.pair_stage())
+                               *weights.pair_stage(), out_proj.bias)
             and weights.kernel_arrays[1])
 
 

@@ -427,7 +427,8 @@ class NAC(nn.Module):
     def streams_on_kernels(self, x_t: torch.Tensor, rows: torch.Tensor, weights: PackedWeights) -> bool:
         """Whether one numba call serves a streamed step (:func:`kernels.stream_step`): nothing
         clamped, the pair stage fusable, and the inputs :func:`kernels.handles_stream` takes."""
-        return self.clamp is None and self.pairs_fusable() and kernels.handles_stream(x_t, rows, weights)
+        return (self.clamp is None and self.pairs_fusable()
+                and kernels.handles_stream(x_t, rows, weights, self.out_proj))
 
     def init_cache(self, batch_size: int) -> NACCache:
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""

@@ -43,7 +43,7 @@ class ConvStack(nn.Sequential):
     it runs each convolution through oneDNN's fused operator (``mkldnn._convolution_pointwise``)
     with the weight reordered once into oneDNN's layout for that input shape, and a ReLU fused
     into its convolution: the same convolutions, without the weight's reorder and the
-    activation's pass of every call (encoder at batch 1: BENCHMARKS.md §2). The reordered
+    activation's pass of every call (``benchmarks/policy_speed.py --breakdown``). The reordered
     weights are rebuilt whenever a weight changes (:class:`~nac_drive.nac.packing.Derived`);
     training, gradients, hooks, tracing and export take the Sequential's own forward, as does
     every call inside ``nac_drive.nac.kernels.disabled()`` (the reference).
