@@ -156,3 +156,25 @@ def test_a_gru_policy_steps_on_the_fused_encoder_as_on_the_eager_code(drive):
     assert _fused(policy.encoder)
     with kernels.disabled():
         _same_actions(fast, replay(policy, recording))
+
+
+def test_a_fused_convolution_that_fails_falls_back_to_torchs_own_with_a_warning(monkeypatch):
+    """The fast path calls a private oneDNN operator of torch; a torch whose operator changed
+    must still drive, on the plain convolutions."""
+    import nac_drive.policy.encoders as encoders
+
+    if not encoders._FUSED_CONV:
+        pytest.skip("this torch has no fused CPU convolution")
+    encoder = encoders.CarRacingCNN().eval()
+    frames = torch.rand(2, 3, 96, 96).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = encoder.convs(frames)
+
+        def changed(*args, **kwargs):
+            raise RuntimeError("mkldnn::_convolution_pointwise() expected 11 arguments")
+
+        monkeypatch.setattr(encoders, "_FUSED_CONV", True)
+        monkeypatch.setattr(torch.ops.mkldnn, "_convolution_pointwise", changed, raising=False)
+        with pytest.warns(RuntimeWarning, match="the fused CPU convolutions failed"):
+            got = encoder.convs(frames)
+    assert torch.allclose(got, expected, atol=1e-5) and encoders._FUSED_CONV is False

@@ -15,6 +15,8 @@ weights reordered once, each ReLU fused into its convolution.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -55,9 +57,19 @@ class ConvStack(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[B, C, H, W]`` (channels-last memory) -> the last activation's output."""
+        global _FUSED_CONV
+        if self._fast_path_serves(x):
+            try:
+                return self._fused(x)
+            except (RuntimeError, TypeError) as e:   # torch's private operator changed: the Sequential from now on
+                _FUSED_CONV = False
+                warnings.warn(f"the fused CPU convolutions failed ({type(e).__name__}: {e}); the encoders take "
+                              "torch's plain convolutions from now on", RuntimeWarning, stacklevel=2)
+        return super().forward(x)
+
+    def _fused(self, x: torch.Tensor) -> torch.Tensor:
         layers = list(self)   # (slicing a Sequential would build a new one)
-        weights = (self._reordered.get(self, lambda: _reordered_weights(layers, x.shape), len(layers), *x.shape)
-                   if self._fast_path_serves(x) else None)
+        weights = self._reordered.get(self, lambda: _reordered_weights(layers, x.shape), len(layers), *x.shape)
         if weights is None:
             return super().forward(x)
         for conv, weight, activation in zip(layers[::2], weights, layers[1::2]):
