@@ -14,7 +14,9 @@
 
 * breakdown: the shipped CarRacing policy's ``select_action`` and each part of it run alone on
   the same inputs (the frame's checks and conversion, the encoder, the NAC's ``step``, the head),
-  CPU time of this thread (so other jobs on the machine do not count), median over 500 calls.
+  CPU time of this thread (so other jobs on the machine do not count), median over 500 calls;
+  on the old path (before issue 57 item 3: the encoder module by module, the NAC step stage by
+  stage) and the new one side by side, in turn by blocks of 25 calls, with their ratio.
 """
 
 from __future__ import annotations
@@ -107,32 +109,72 @@ def ddp_train_fps(core: str, steps: int = 8, world: int = 2) -> float:
     return queue.get()
 
 
+def on_the_old_path(policy: DrivingPolicy) -> DrivingPolicy:
+    """``policy``, made to run ``select_action`` as before issue 57 item 3: the encoder's convolutions
+    module by module (not ``ConvStack``'s fused path) and the NAC step stage by stage (not
+    ``kernels.stream_step``'s one call); the Python between the parts is this build's. The same
+    weights: both paths' outputs agree to float rounding."""
+    policy.encoder.convs._fast_path_serves = lambda x: False
+    if hasattr(policy.core, "nac"):
+        policy.core.nac.streams_on_kernels = lambda x_t, rows, weights: False
+    return policy
+
+
+def paired_medians_ms(calls: dict[str, object], n: int, block: int = 25, clock=time.thread_time) -> dict[str, float]:
+    """Median ms of each ``call(i)`` of ``calls`` (name -> call) over ``n`` calls, taken in turn in
+    blocks of ``block`` calls: a machine whose load drifts slows them alike, and within a block
+    each call finds the caches as its own previous call left them (as in a closed loop)."""
+    times = {name: [] for name in calls}
+    for start in range(0, n, block):
+        for name, call in calls.items():
+            for i in range(start, min(n, start + block)):
+                t0 = clock()
+                call(i)
+                times[name].append(clock() - t0)
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}
+
+
+GOAL_MS = 0.5   # issue 57 item 3: select_action of the shipped policy, one thread
+
+
 def breakdown(frames: int = 500) -> None:
-    """Median CPU ms of the shipped policy's ``select_action`` and of each of its parts."""
+    """Median CPU ms of the shipped policy's ``select_action`` and of each of its parts, on the old
+    path (:func:`on_the_old_path`) and the new one, side by side."""
+    import copy
+
     from nac_drive.policy.loading import load_driving_policy
 
     torch.set_num_threads(1)
-    policy = load_driving_policy()
+    new = load_driving_policy()
+    paths = {"old": on_the_old_path(copy.deepcopy(new)), "new": new}
     obs = [np.random.default_rng(i).integers(0, 256, (96, 96, 3), dtype=np.uint8) for i in range(8)]
-    for i in range(64):
-        policy.select_action(obs[i % 8])
+    for policy in paths.values():
+        for i in range(64):
+            policy.select_action(obs[i % 8])
 
-    with torch.inference_mode():
+    def parts(policy):
         frame, _ = policy.observation_to_frame(obs[0])
         features = policy.encoder(frame[None])
         t = policy.episode_time(None)
         y, _ = policy.core.step(features, policy._state, t=t)
-        parts = {"select_action, whole": lambda i: policy.select_action(obs[i % 8]),
-                 "the frame's checks and conversion": lambda i: policy.observation_to_frame(obs[i % 8]),
-                 "encoder (CNN)": lambda i: policy.encoder(frame[None]),
-                 "NAC step (window full)": lambda i: policy.core.step(features, policy._state, t=t),
-                 "head": lambda i: policy.head(y)}
-        ms = {name: median_ms(call, frames, time.thread_time) for name, call in parts.items()}
-    print("| part of the shipped policy's select_action | CPU ms (median) |\n|---|---|")
+        return {"select_action, whole": lambda i: policy.select_action(obs[i % 8]),
+                "the frame's checks and conversion": lambda i: policy.observation_to_frame(obs[i % 8]),
+                "encoder (CNN)": lambda i: policy.encoder(frame[None]),
+                "NAC step (window full)": lambda i: policy.core.step(features, policy._state, t=t),
+                "head": lambda i: policy.head(y)}
+
+    with torch.inference_mode():
+        calls = {path: parts(policy) for path, policy in paths.items()}
+        whole, *named = calls["new"]
+        ms = {name: paired_medians_ms({path: calls[path][name] for path in paths}, frames) for name in calls["new"]}
+    ms["the rest (Python between the parts)"] = {path: ms[whole][path] - sum(ms[name][path] for name in named)
+                                                 for path in paths}
+    print("| part of the shipped policy's select_action | CPU ms, old path (median) | new path | old / new |\n"
+          "|---|---|---|---|")
     for name, value in ms.items():
-        print(f"| {name} | {value:.3f} |")
-    rest = ms["select_action, whole"] - sum(v for name, v in ms.items() if name != "select_action, whole")
-    print(f"| the rest (Python between the parts) | {rest:.3f} |")
+        print(f"| {name} | {value['old']:.3f} | {value['new']:.3f} | {value['old'] / value['new']:.2f} |")
+    print(f"\nselect_action: {ms[whole]['new']:.3f} ms a frame (goal <= {GOAL_MS} ms: "
+          f"{'reached' if ms[whole]['new'] <= GOAL_MS else 'missed'})")
 
 
 def paired_training(rounds: int, steps: int = 4) -> None:
@@ -155,7 +197,8 @@ def paired_training(rounds: int, steps: int = 4) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores", nargs="*", default=list(CORES))
-    parser.add_argument("--breakdown", action="store_true", help="only the shipped policy's select_action, part by part")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="only the shipped policy's select_action, part by part, old path and new")
     parser.add_argument("--paired", type=int, metavar="ROUNDS",
                         help="only the training frames/s of NAC against MHA, alternating for ROUNDS rounds")
     args = parser.parse_args()

@@ -70,4 +70,18 @@ def module_device(module: "torch.nn.Module") -> "torch.device":
     """The device of a module's parameters (the CPU for one without parameters)."""
     import torch
 
-    return next((p.device for p in module.parameters()), torch.device("cpu"))
+    parameter = _first_parameter(module)
+    return torch.device("cpu") if parameter is None else parameter.device
+
+
+def _first_parameter(module: "torch.nn.Module"):
+    """``next(module.parameters(), None)``, read from the modules' own dicts: a policy asks it
+    every frame, and ``parameters()``'s generators cost more than the rest of that question."""
+    for parameter in module._parameters.values():
+        if parameter is not None:
+            return parameter
+    for child in module._modules.values():
+        parameter = None if child is None else _first_parameter(child)
+        if parameter is not None:
+            return parameter
+    return None

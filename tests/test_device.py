@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.cli_parsers import verb_parsers
 
-from nac_drive.devices import device_problem, resolve_device
+from nac_drive.devices import device_problem, module_device, resolve_device
 
 # the verbs that run a network, each with the arguments it needs to reach its device check
 DEVICE_VERBS = {
@@ -357,3 +357,16 @@ def test_explains_replay_encodes_and_batches_the_run_on_the_policy_device(tmp_pa
     replay = PolicyReplay(policy.to("meta"), run)
     assert {replay.features.device.type, replay.times.device.type, replay.valid.device.type} == {"meta"}
     assert replay.features.shape == (1, 6, policy.config.feature_dim)
+
+
+def test_module_device_is_the_first_parameters_device():
+    """What ``next(module.parameters())`` gives (a module's own parameters first, then its
+    children's in order), read without the generators; the CPU for a module without any."""
+    meta, cpu = torch.nn.Linear(2, 2, device="meta"), torch.nn.Linear(2, 2)
+    modules = [torch.nn.ReLU(), torch.nn.Sequential(torch.nn.ReLU(), meta, cpu), torch.nn.Sequential(cpu, meta),
+               torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU()), torch.nn.Sequential(meta))]
+    owner = torch.nn.Module()
+    owner.child, owner.weight = cpu, torch.nn.Parameter(torch.zeros(1, device="meta"))
+    for module in [*modules, owner]:
+        assert module_device(module) == next((p.device for p in module.parameters()), torch.device("cpu"))
+    assert [module_device(m).type for m in [*modules, owner]] == ["cpu", "meta", "cpu", "meta", "meta"]

@@ -395,7 +395,7 @@ def test_inference_reuses_masked_weights_only_while_parameters_are_unchanged(cha
             layer.double()
             x = x.double()
         cached = layer(x)
-    layer._weights_cache = None                    # what a fresh computation gives
+    layer._weights_cache.clear()                   # what a fresh computation gives
     with torch.no_grad():
         fresh = layer(x)
     torch.testing.assert_close(cached, fresh, rtol=0, atol=0)
@@ -427,7 +427,7 @@ def test_a_layer_built_under_inference_mode_never_serves_stale_weights():
         after = _stream(layer, x)
     assert not torch.allclose(before, after)
     with torch.inference_mode():
-        layer._weights_cache = None
+        layer._weights_cache.clear()
         torch.testing.assert_close(after, _stream(layer, x), rtol=0, atol=0)
 
 

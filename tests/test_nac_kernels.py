@@ -6,6 +6,7 @@ no dropout is needed: without a gradient a trace's stages included, with one the
 backward (its gradients equal the eager code's, and pass gradcheck in float64).
 """
 
+import copy
 import itertools
 import math
 
@@ -47,19 +48,28 @@ def test_kernel_forward_equals_the_eager_forward(mode, select, causal, window, t
     assert not fast.requires_grad and layer(x).requires_grad
 
 
-@pytest.mark.parametrize("mode", ["exact", "euler", "steady"])
-def test_kernel_step_equals_the_eager_step_and_the_forward(mode):
-    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, window=5, time_input="elapsed", seed=0).eval()
+@pytest.mark.parametrize("mode,select,window,time_input",
+                         list(itertools.product(["exact", "euler", "steady"], ["exact", "all"], [None, 5],
+                                                ["query", "elapsed"])))
+def test_kernel_step_equals_the_eager_step_and_the_forward(mode, select, window, time_input, stream_calls):
+    """A streamed step takes one numba call (``kernels.stream_step``): what the eager step gives (the
+    output and the cache), and the forward at that position, with timestamps and without."""
+    layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, select=select, window=window, time_input=time_input,
+                seed=0).eval()
     g = torch.Generator().manual_seed(2)
     x, t = torch.randn(2, 12, 6, generator=g), torch.rand(2, 12, generator=g).cumsum(1)
     with torch.inference_mode():
-        y = _eager(lambda: layer(x, t=t))
-        fast, eager = layer.init_cache(2), layer.init_cache(2)
-        for i in range(12):
-            y_fast, fast = layer.step(x[:, i], fast, t=t[:, i])
-            y_eager, eager = _eager(lambda: layer.step(x[:, i], eager, t=t[:, i]))
-            torch.testing.assert_close(y_fast, y_eager, atol=2e-6, rtol=1e-5)
-            torch.testing.assert_close(y_fast, y[:, i], atol=2e-6, rtol=1e-5)
+        for stamps in (t, None):
+            y = _eager(lambda: layer(x, t=stamps))
+            fast, eager = layer.init_cache(2), layer.init_cache(2)
+            for i in range(12):
+                t_i = None if stamps is None else stamps[:, i]
+                y_fast, fast = layer.step(x[:, i], fast, t=t_i)
+                y_eager, eager = _eager(lambda: layer.step(x[:, i], eager, t=t_i))
+                torch.testing.assert_close(y_fast, y_eager, atol=2e-6, rtol=1e-5)
+                torch.testing.assert_close(fast.feats, eager.feats, atol=2e-6, rtol=1e-5)
+                torch.testing.assert_close(y_fast, y[:, i], atol=2e-6, rtol=1e-5)
+    assert len(stream_calls) == 24
 
 
 def test_saturated_gates_match():
@@ -78,17 +88,28 @@ def test_saturated_gates_match():
         torch.testing.assert_close(layer(x), _eager(lambda: layer(x)), atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Counts the calls of the fused pair-stage kernel."""
-    calls, real = [], nac_kernels.attend
+def _counted(monkeypatch, name: str) -> list:
+    """Counts the calls of ``nac_kernels.<name>``."""
+    calls, real = [], getattr(nac_kernels, name)
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nac_kernels, "attend", counted)
+    monkeypatch.setattr(nac_kernels, name, counted)
     return calls
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the calls of the fused pair-stage kernel."""
+    return _counted(monkeypatch, "attend")
+
+
+@pytest.fixture
+def stream_calls(monkeypatch):
+    """Counts the calls of the one-call streamed step."""
+    return _counted(monkeypatch, "stream_step")
 
 
 def test_the_pair_stage_takes_the_eager_path_when_it_must(kernel_calls):
@@ -203,9 +224,9 @@ def test_a_traced_kernel_forward_gives_the_eager_trace(mode, select, causal, win
 
 
 @pytest.mark.parametrize("mode", ["exact", "euler", "steady"])
-def test_a_traced_kernel_step_gives_the_eager_trace_and_the_untraced_output(mode, kernel_calls):
-    """A streamed step with its trace (as ``drive --trace`` runs) takes the kernels: the
-    same output as without the trace, and the eager code's trace."""
+def test_a_traced_kernel_step_gives_the_eager_trace_and_the_untraced_output(mode, stream_calls):
+    """A streamed step with its trace (as ``drive --trace`` runs) takes the kernels' one call, as
+    one without does: the same output as without the trace, and the eager code's trace."""
     layer = NAC(6, d_model=16, num_heads=2, topk=4, mode=mode, window=5, seed=0).eval()
     x = torch.randn(1, 9, 6, generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
@@ -216,7 +237,7 @@ def test_a_traced_kernel_step_gives_the_eager_trace_and_the_untraced_output(mode
             _, eager, eager_trace = _eager(lambda: layer.step(x[:, i], eager, return_trace=True))
             assert torch.equal(y, y_plain)
             _assert_same_trace(fast, eager_trace)
-    assert len(kernel_calls) == 18
+    assert len(stream_calls) == 18
 
 
 @pytest.mark.parametrize("name", ["command", "motor_bias", "phi_tau_bias"])
@@ -397,6 +418,79 @@ def test_infinite_inputs_never_reach_the_fast_math_kernels(kernel_calls):
         fast, reference = layer(x), _eager(lambda: layer(x))
     assert kernel_calls == []
     torch.testing.assert_close(fast, reference, equal_nan=True)
+
+
+@pytest.mark.parametrize("where", ["input", "weight"])
+def test_a_streamed_step_on_an_infinite_value_takes_the_eager_code(where, stream_calls):
+    """The one-call step computes the gates itself, then checks q, the query half and every key
+    row before its fast-math selection: an inf in a frame (or a gate's weight) sends that step,
+    and those whose window still holds the row, to the eager code, which lets it through as torch does."""
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, window=4, seed=0).eval()
+    x = torch.randn(1, 9, 5, generator=torch.Generator().manual_seed(8))
+    if where == "input":
+        x[0, 2, 0] = float("inf")
+    else:
+        with torch.no_grad():
+            layer.k_gate.weight[0, 0] = float("inf")
+    with torch.inference_mode():
+        fast, eager = layer.init_cache(1), layer.init_cache(1)
+        for i in range(9):
+            y_fast, fast = layer.step(x[:, i], fast)
+            y_eager, eager = _eager(lambda: layer.step(x[:, i], eager))
+            torch.testing.assert_close(y_fast, y_eager, atol=2e-6, rtol=1e-5, equal_nan=True)
+            torch.testing.assert_close(fast.feats, eager.feats, atol=2e-6, rtol=1e-5, equal_nan=True)
+    assert len(stream_calls) == 9   # each tried, its result refused while the window held the row
+
+
+def test_a_streamed_step_that_needs_a_gradient_takes_the_stage_by_stage_code(stream_calls):
+    """Only the output projection trains (the rest frozen): autograd must see it, so the step
+    leaves the one-call kernel, which computes without autograd."""
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, window=4, seed=0).eval()
+    layer.requires_grad_(False)
+    layer.out_proj.weight.requires_grad_(True)
+    y, _ = layer.step(torch.randn(1, 5), layer.init_cache(1))
+    y.sum().backward()
+    assert layer.out_proj.weight.grad is not None and stream_calls == []
+
+
+def test_a_hook_on_the_output_projection_sees_the_heads_of_a_streamed_step(stream_calls):
+    """The one-call step projects the heads itself, unless a hook watches ``out_proj``
+    (``interpret.representations`` reads the heads there): then the projection is a module call."""
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, window=4, seed=0).eval()
+    x = torch.randn(1, 6, 5, generator=torch.Generator().manual_seed(10))
+    seen = []
+    with torch.inference_mode():
+        plain, hooked = layer.init_cache(1), layer.init_cache(1)
+        for i in range(6):
+            y_plain, plain = layer.step(x[:, i], plain)
+            hook = layer.out_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+            y_hooked, hooked = layer.step(x[:, i], hooked)
+            hook.remove()
+            torch.testing.assert_close(y_hooked, y_plain, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(y_hooked, layer.out_proj(seen[-1])[:, 0], rtol=0, atol=0)
+    assert len(seen) == 6 and seen[0].shape == (1, 1, 8) and len(stream_calls) == 12
+
+
+def test_a_streamed_step_after_a_weight_update_reads_the_new_weights(stream_calls):
+    """Mid-stream, an optimizer's step changes the weights in place: the next streamed step packs
+    them afresh (``packing.Derived``), as a layer that never streamed would."""
+    layer = NAC(5, d_model=8, num_heads=2, topk=3, window=4, seed=0).eval()
+    x = torch.randn(1, 8, 5, generator=torch.Generator().manual_seed(9))
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.5)
+    cache = layer.init_cache(1)
+    with torch.inference_mode():
+        for i in range(4):
+            _, cache = layer.step(x[:, i], cache)
+        before, _ = layer.step(x[:, 4], cache)
+    layer(x).square().sum().backward()
+    optimizer.step()
+    never_streamed = copy.deepcopy(layer)   # (a copy starts without the packed weights)
+    with torch.inference_mode():
+        y, _ = layer.step(x[:, 4], cache)
+        expected, _ = never_streamed.step(x[:, 4], cache)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    assert not torch.allclose(y, before)
+    assert len(stream_calls) == 7
 
 
 def test_queries_past_every_visible_key_get_empty_slots_in_both_paths():

@@ -685,3 +685,99 @@ def attend_backward(dout, idx, q_side, rows, q_times, time_kind, inter, cmd, mot
                     d_q_times[b, i] += d_z[p] * slope
                     if time_kind == TIME_ELAPSED:
                         d_rows[bh, j, P] -= d_z[p] * slope
+
+
+# --------------------------------------------------------------------------- a streamed step
+_LOWEST = f32(np.finfo(np.float32).min)   # the score of a key selection may not choose (kernels._empty_score)
+
+
+@njit(inline="always", **_JIT)
+def _linear_into(w, b, x, out):
+    """out = w x + b (F.linear): w ``[n_out, n_in]``, b ``[n_out]``, x ``[n_in]``."""
+    for o in range(w.shape[0]):
+        acc = f32(0.0)
+        for i in range(x.shape[0]):
+            acc += w[o, i] * x[i]
+        out[o] = acc + b[o]
+
+
+@njit(inline="always", **_JIT)
+def _all_finite(a):
+    for v in a.ravel():
+        if not np.isfinite(v):
+            return False
+    return True
+
+
+@njit(**_JIT)
+def stream_step(x, cache, now, time_kind, qkv_w, qkv_b, query_w, query_b, key_w, key_b, cmd_w, cmd_b, mot_w, mot_b,
+                phi_tau_w, phi_tau_b, out_w, out_b, steps, select_all, mode, euler_steps, tau_eps, time_weighted, qkv,
+                cache_out, idx, out, y, worst_dt_tau, want_trace, trace_out):
+    """One step of :func:`~nac_drive.nac.streaming.step` in one call: the gates (eq. 13), the new
+    key row pushed into the cache, the Top-K over the cached keys (:func:`topk_exact_rows`, or
+    every filled slot with ``select_all``), the pair stage (:func:`attend`) and the output projection.
+
+    x ``[B, input_dim]``, cache ``[B, H, C, width]`` (:class:`~nac_drive.nac.packing.KeyLayout`
+    rows, ``steps`` of them consumed so far), now ``[B]`` the step's time (the key's stamp and the
+    query's time); the linear maps as F.linear reads them (qkv ``[3*d_model, input_dim]``, the
+    query and key halves ``[H*P, d_model]``, out ``[d_model, d_model]``), the pair stage's weights
+    as :func:`attend` does -> qkv ``[B, 3*d_model]`` (q, k, v), cache_out ``[B, H, C_out, width]``
+    (C_out = C with a window: the oldest row dropped; C + 1 without), idx ``[B, H, 1, K]`` (the
+    selected slots), out ``[B, H, 1, depth]`` (the heads), y ``[B, d_model]`` and with
+    ``want_trace`` the pair stages in ``trace_out`` (:func:`attend`); mode euler writes the largest
+    dt * tau to worst_dt_tau[0]. Returns False, before selecting, when q, the query half or a key
+    row holds a NaN or an inf, which the fast-math selection and pair stage may not see (the
+    caller takes the eager code).
+    """
+    B, H, C, width = cache.shape
+    C_out, K, depth = cache_out.shape[2], idx.shape[3], out.shape[3]
+    D = H * depth
+    P = query_w.shape[0] // H
+    kept = C_out - 1
+    q_half = np.empty(H * P, f32)
+    key_half = np.empty(H * P, f32)
+    q_side_t = np.empty((B, H, P, 1), f32)            # the query half, feature-major (attend's layout)
+    for b in range(B):
+        _linear_into(qkv_w, qkv_b, x[b], qkv[b])
+        q, k, v = qkv[b, :D], qkv[b, D:2 * D], qkv[b, 2 * D:]
+        _linear_into(query_w, query_b, q, q_half)
+        _linear_into(key_w, key_b, k, key_half)
+        for h in range(H):
+            q_side_t[b, h, :, 0] = q_half[h * P:(h + 1) * P]
+            cache_out[b, h, :kept] = cache[b, h, C - kept:]
+            row = cache_out[b, h, kept]
+            row[:P] = key_half[h * P:(h + 1) * P]
+            row[P] = now[b]
+            row[P + 1:P + 1 + depth] = v[h * depth:(h + 1) * depth]
+            row[P + 1 + depth:] = k[h * depth:(h + 1) * depth]
+    if not (_all_finite(qkv[:, :D]) and _all_finite(q_side_t) and _all_finite(cache_out)):
+        return False
+    first = max(C_out - steps - 1, 0)                   # slots before it hold no step yet
+    if select_all:
+        for c in range(C_out):
+            idx[:, :, 0, c] = c if c >= first else NO_KEY
+    else:
+        q_heads = np.empty((B * H, 1, depth), f32)
+        keys_t = np.empty((B * H, depth, C_out), f32)
+        key_valid = np.empty((B, C_out), np.bool_)
+        for b in range(B):
+            for c in range(C_out):
+                key_valid[b, c] = c >= first
+            for h in range(H):
+                q_heads[b * H + h, 0] = qkv[b, h * depth:(h + 1) * depth]
+                for d in range(depth):
+                    for c in range(C_out):
+                        keys_t[b * H + h, d, c] = cache_out[b, h, c, P + 1 + depth + d]
+        topk_exact_rows(q_heads, keys_t, key_valid, H, False, -1, 0, _LOWEST, idx.reshape(B * H, 1, K))
+    key_side_t = np.empty((B, H, P + 1, C_out), f32)   # the key half and stamp, feature-major
+    for b in range(B):
+        for h in range(H):
+            for u in range(P + 1):
+                for c in range(C_out):
+                    key_side_t[b, h, u, c] = cache_out[b, h, c, u]
+    attend(q_side_t, key_side_t, cache_out, idx, now.reshape(B, 1), time_kind, cmd_w, cmd_b, mot_w, mot_b,
+           phi_tau_w, phi_tau_b, mode, euler_steps, tau_eps, time_weighted, out, worst_dt_tau, want_trace, trace_out)
+    heads = out.reshape(B, D)                           # concatenated, head by head
+    for b in range(B):
+        _linear_into(out_w, out_b, heads[b], y[b])
+    return True

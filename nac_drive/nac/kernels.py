@@ -15,7 +15,8 @@ kernels (:mod:`._numba`) instead, where they give the same result:
 :func:`choose` decides once per call which path serves it. The kernels read the layer's
 packed weights and key rows (:mod:`.packing`), never the layer itself. Tests hold both
 paths equal. ``NAC_DRIVE_KERNELS=0`` in the environment, or :func:`disabled`, makes every
-call take the eager path.
+call take the eager path (and the encoders' fused convolutions step aside too:
+``nac_drive.policy.encoders.ConvStack``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def _kernels():
     return numba_kernels
 
 
+def enabled() -> bool:
+    """False under ``NAC_DRIVE_KERNELS=0`` or inside :func:`disabled`: the eager code serves every call."""
+    return _enabled
+
+
 def available() -> bool:
     """True if the kernels are enabled and numba imports."""
     return _enabled and _kernels() is not None
@@ -62,9 +68,9 @@ def disabled():
         _enabled = before
 
 
-def _scripting() -> bool:
+def tracing() -> bool:
     """torch.jit.trace / torch.compile / torch.export (and so ONNX export) see tensors only:
-    numba calls cannot be traced."""
+    numba calls cannot be traced, nor can any other fast path outside torch's own operators."""
     return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)() or exporting()
 
 
@@ -79,7 +85,7 @@ def _finite(*arrays: np.ndarray) -> bool:
 def handles_selection(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether :func:`kernel_select_exact` / :func:`kernel_select_block` serve these queries and keys."""
     return (q.device.type == k.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-            and available() and not _scripting() and _finite(q.detach().numpy(), k.detach().numpy()))
+            and available() and not tracing() and _finite(q.detach().numpy(), k.detach().numpy()))
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:
@@ -93,7 +99,7 @@ def handles_pairs(q_side: torch.Tensor, key_rows: torch.Tensor, weights: tuple[t
     finite inputs, and float32 (:func:`attend`), or with a gradient needed float32 or float64
     (:func:`attend_for_training`) and no trace (its stages would carry no gradient). (Dropout is
     the caller's to rule out, and whether the weights are finite too: ``PackedWeights.kernel_arrays``.)"""
-    if not available() or _scripting():
+    if not available() or tracing():
         return False
     tensors = (q_side, key_rows, *weights)
     training = needs_grad(*tensors)
@@ -203,14 +209,7 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     B, H, Tq, P = q_side.shape
     if P != layout.stamp or layout.value.start != P + 1:
         raise ValueError(f"q_side: {P} columns do not match the key layout {layout}")
-    if time_input == "elapsed":
-        if q_times is None:
-            raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
-        time_kind = nb.TIME_ELAPSED
-    elif q_times is None:
-        time_kind = nb.TIME_ONE
-    else:
-        time_kind = nb.TIME_QUERY
+    time_kind = _time_kind(time_input, q_times)
     times = _ZERO_TIMES if q_times is None else _array(q_times)
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
@@ -220,6 +219,72 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau, trace,
               tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
     return out, float(worst_dt_tau[0]), stages
+
+
+def _time_kind(time_input: str, q_times: torch.Tensor | None) -> int:
+    """What the pair stage's time vector reads (the kernels' TIME_* code): the key's age
+    ("elapsed"), the query's time, or 1 without timestamps."""
+    nb = _kernels()
+    if time_input == "elapsed":
+        if q_times is None:
+            raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
+        return nb.TIME_ELAPSED
+    return nb.TIME_ONE if q_times is None else nb.TIME_QUERY
+
+
+def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeights, out_proj: torch.nn.Linear) -> bool:
+    """Whether :func:`stream_step` can serve a streamed step on these inputs: CPU float32,
+    no gradient needed, and the pair stage's weights finite (the inputs' finiteness the kernel
+    checks itself). (Clamp, dropout and logit variant are the caller's to rule out.)"""
+    if not available() or tracing():
+        return False
+    tensors = (x_t, cache, weights.qkv_weight, out_proj.weight)
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and not needs_grad(*tensors, weights.qkv_bias, weights.query_side, weights.query_bias, weights.key_side,
+                               *weights.pair_stage(), out_proj.bias)
+            and weights.kernel_arrays[1])
+
+
+def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.Tensor, q_times: torch.Tensor | None,
+                weights: PackedWeights, out_proj: torch.nn.Linear, layout: KeyLayout, *, topk: int, select: str,
+                grows: bool, mode: str, euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool,
+                trace: bool = False):
+    """A streamed step (:func:`~nac_drive.nac.streaming.step`) in one numba call: x_t ``[B, input_dim]``,
+    the cache's rows ``[B, H, C, width]`` after ``steps`` steps (an int or a 0-d tensor, as an
+    exported step graph passes it), now ``[B]`` (the step's time), q_times ``[B, 1]`` or None as
+    :func:`attend` reads them, ``out_proj`` the layer's output projection -> (y ``[B, d_model]``,
+    the heads' outputs ``[B, H, 1, depth]`` it projects, the new rows ``[B, H, C (+1 if grows),
+    width]``, the largest dt * tau in mode euler, and with ``trace`` the step's q, k, v
+    ``[B, 1, d_model]``, selected slots idx ``[B, H, 1, K]`` and pair stages as :func:`attend`
+    traces them, else None), or None when an input or what the gates make of it is not finite
+    (the caller takes the eager code)."""
+    B, H, C, width = cache.shape
+    C_out = C + 1 if grows else C
+    qkv = torch.empty(B, weights.qkv_weight.shape[0])
+    rows = torch.empty(B, H, C_out, width)
+    idx = torch.empty(B, H, 1, C_out if select == "all" else topk, dtype=torch.int64)
+    heads = torch.empty(B, H, 1, layout.depth)
+    y = torch.empty(B, out_proj.out_features)
+    worst_dt_tau = np.zeros(1, np.float32)
+    stages = _traced_stages(idx, layout, weights) if trace else None
+    finite = _kernels().stream_step(
+        _array(x_t), _array(cache), _array(now), _time_kind(time_input, q_times), *weights.stream_arrays,
+        *weights.kernel_arrays[0], _array(out_proj.weight), _array(out_proj.bias), int(steps), select == "all",
+        MODE_CODES[mode], euler_steps, np.float32(tau_eps), time_weighted_values, qkv.numpy(), rows.numpy(),
+        idx.numpy(), heads.numpy(), y.numpy(), worst_dt_tau, trace,
+        tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
+    if not finite:
+        return None
+    traced = (*qkv[:, None].chunk(3, dim=-1), idx, stages) if trace else None
+    return y, heads, rows, float(worst_dt_tau[0]), traced
+
+
+def observed(*modules: torch.nn.Module) -> bool:
+    """Whether a forward hook (their own or a global one) watches any of ``modules``' calls: a
+    fast path that would compute their outputs without calling them steps aside."""
+    hooks = torch.nn.modules.module
+    return bool(hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or any(m._forward_hooks or m._forward_pre_hooks for m in modules))
 
 
 # The pair stages a trace holds, in the kernel's order (NACTrace's fields of the same names).

@@ -159,7 +159,7 @@ class NAC(nn.Module):
             self.logit_log_scale = nn.Parameter(torch.zeros(num_heads))
         self.attn_dropout = nn.Dropout(dropout)
         self.layout = KeyLayout(n_inter=wiring.sizes[0], depth=self.depth)
-        self._weights_cache: tuple | None = None   # packing.packed keeps the packed weights here
+        self._weights_cache = packing.Derived()    # the packed weights, while the parameters are unchanged
         self.clamp: Clamp | None = None            # set by clamped()
 
     # ----------------------------------------------------------------- forward
@@ -228,19 +228,27 @@ class NAC(nn.Module):
         the pair stage fused in one pass over the pairs, and under autograd one pass back
         (:class:`~nac_drive.nac.kernels.PairStage`). Tests hold it equal to :meth:`attend`'s
         eager path, gradients included."""
-        settings = dict(mode=self.mode, euler_steps=self.euler_steps, tau_eps=self.tau_eps,
-                        time_input=self.time_input, time_weighted_values=self.time_weighted_values)
         if kernels.needs_grad(q_side, rows, *weights.pair_stage()):   # training: and one pass back
             stages = None
             out, worst_dt_tau = kernels.attend_for_training(
                 q_side, q_times, rows, idx, weights, self.layout,
-                lambda: self.attend(q_side, q_times, rows, idx, weights, True, False), **settings)
+                lambda: self.attend(q_side, q_times, rows, idx, weights, True, False), **self.pair_settings)
         else:
             out, worst_dt_tau, stages = kernels.attend(q_side, q_times, rows, idx, weights, self.layout,
-                                                       trace=want_trace, **settings)
+                                                       trace=want_trace, **self.pair_settings)
+        self.check_kernel_stability(worst_dt_tau)
+        return out, stages
+
+    @property
+    def pair_settings(self) -> dict:
+        """The settings of the pair stage, as the kernels take them."""
+        return dict(mode=self.mode, euler_steps=self.euler_steps, tau_eps=self.tau_eps, time_input=self.time_input,
+                    time_weighted_values=self.time_weighted_values)
+
+    def check_kernel_stability(self, worst_dt_tau: float) -> None:
+        """Mode euler: refuse what a kernel computed past the stable step size (:func:`check_euler_stability`)."""
         if self.mode == "euler":
             check_euler_stability(torch.tensor(worst_dt_tau), self.euler_steps)
-        return out, stages
 
     # ------------------------------------------------------- the equations
     def sensory_gates(self, x: torch.Tensor, weights: PackedWeights):
@@ -399,20 +407,28 @@ class NAC(nn.Module):
     def packed_weights(self) -> PackedWeights:
         """The named weights masked and packed for the products above (:mod:`.packing`);
         without autograd reused until one of them changes."""
-        self._weights_cache, weights = packing.packed(
-            self._weights_cache, (self.q_gate, self.k_gate, self.v_gate), self.inter, self.command, self.motor,
-            (self.time_weight, self.time_bias), (self.phi_tau_weight, self.phi_tau_bias))
-        return weights
+        return self._weights_cache.get(self, lambda: packing.pack(
+            (self.q_gate, self.k_gate, self.v_gate), self.inter, self.command, self.motor,
+            (self.time_weight, self.time_bias), (self.phi_tau_weight, self.phi_tau_bias)))
 
     def backend(self, qh: torch.Tensor, kh: torch.Tensor, q_side: torch.Tensor, rows: torch.Tensor,
                 weights: PackedWeights, want_trace: bool = False) -> Backend:
         """Whether the kernels serve this call's selection and pair stage (:func:`kernels.choose`):
         the pair stage only when no active dropout or clamp inside it is needed (and, under
         autograd, no trace)."""
-        pairs_allowed = (not (self.training and self.attn_dropout.p > 0)
-                         and not (self.clamp is not None and self.clamp.in_pair_stage)
-                         and self.logit_variant == "paper")
-        return kernels.choose(qh, kh, q_side, rows, weights, pairs_allowed, want_trace)
+        return kernels.choose(qh, kh, q_side, rows, weights, self.pairs_fusable(), want_trace)
+
+    def pairs_fusable(self) -> bool:
+        """Whether the pair stage may run fused: no active dropout or clamp inside it, the paper's logits."""
+        return (not (self.training and self.attn_dropout.p > 0)
+                and not (self.clamp is not None and self.clamp.in_pair_stage)
+                and self.logit_variant == "paper")
+
+    def streams_on_kernels(self, x_t: torch.Tensor, rows: torch.Tensor, weights: PackedWeights) -> bool:
+        """Whether one numba call serves a streamed step (:func:`kernels.stream_step`): nothing
+        clamped, the pair stage fusable, and the inputs :func:`kernels.handles_stream` takes."""
+        return (self.clamp is None and self.pairs_fusable()
+                and kernels.handles_stream(x_t, rows, weights, self.out_proj))
 
     def init_cache(self, batch_size: int) -> NACCache:
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""

@@ -14,18 +14,20 @@ The layer (:mod:`.layer`) owns its weights by name: the sensory gates ``q_gate``
 
 What a query gathers from a key is one packed row (:class:`KeyLayout`); the streaming cache
 and the numba kernels read the same rows. Without autograd the packed weights are built once
-and reused until a source tensor changes (:func:`packed`).
+and reused until a source tensor changes (:class:`Derived`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from nac_drive.nac.sparse_linear import HeadwiseMaskedLinear, MaskedLinear
 
@@ -107,6 +109,15 @@ class PackedWeights:
         arrays = tuple(w.detach().contiguous().numpy() for w in self.pair_stage())
         return arrays, all(np.isfinite(a).all() for a in arrays)
 
+    @functools.cached_property
+    def stream_arrays(self) -> tuple[np.ndarray, ...]:
+        """The linear maps of a streamed step as F.linear reads them, for
+        :func:`~nac_drive.nac.kernels.stream_step`: qkv weight and bias, the query half
+        ``[H*(n_inter + 2), d_model]`` and its bias, the key half and a zero bias (made once per packing)."""
+        maps = (self.qkv_weight, self.qkv_bias, self.query_side.T, self.query_bias, self.key_side.T,
+                torch.zeros_like(self.query_bias))
+        return tuple(w.detach().contiguous().numpy() for w in maps)
+
 
 def pack(gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear, command: HeadwiseMaskedLinear,
          motor: HeadwiseMaskedLinear, time: tuple[torch.Tensor, torch.Tensor],
@@ -129,32 +140,58 @@ def pack(gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear, command: He
         phi_tau=phi_tau[0], phi_tau_bias=phi_tau[1])
 
 
-def packed(cache: tuple | None, gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear,
-           command: HeadwiseMaskedLinear, motor: HeadwiseMaskedLinear, time: tuple[torch.Tensor, torch.Tensor],
-           phi_tau: tuple[torch.Tensor, torch.Tensor]) -> tuple[tuple | None, PackedWeights]:
-    """:func:`pack`, reused from ``cache`` while no source tensor changed -> (the cache to
-    keep, the weights).
-
-    Without autograd (inference, streaming) the weights are built once and reused until a
-    parameter or mask changes, in place or replaced (each tensor's storage and version
-    counter key the cache): a streamed step would otherwise spend a third of its time
-    re-masking. With autograd, or for inference tensors (which have no version), they are
-    built afresh and the cache is left as it was.
+class Derived:
+    """A value computed from a module's weights (packed, reordered for a kernel), kept while
+    they are unchanged: built every call, the packing alone would take a third of a streamed
+    NAC step. The storage and version counter of each of the module's parameters and buffers
+    (its submodules' included) key it, so an in-place change (an optimizer's step,
+    ``load_state_dict``) or a replaced tensor rebuilds it. It is built afresh on every call
+    while autograd records through those weights, and for inference tensors (a module built
+    under ``inference_mode``), which have no version. A copy of the module starts without it.
     """
-    # The tensors pack reads, fetched directly: iterating Module.parameters() would cost
-    # more than the masking it saves.
-    wired = (*gates, inter, command, motor)
-    tensors = [t for m in wired for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
-    tensors += [*time, *phi_tau]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return cache, pack(gates, inter, command, motor, time, phi_tau)
-    try:
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
-    except RuntimeError:  # inference tensors (a layer built under inference_mode) have no version
-        return cache, pack(gates, inter, command, motor, time, phi_tau)
-    if cache is None or cache[0] != key:
-        cache = (key, pack(gates, inter, command, motor, time, phi_tau))
-    return cache, cache[1]
+
+    def __init__(self):
+        self.key, self.value = None, None
+
+    def get(self, module: nn.Module, build: Callable[[], Any], *extra: Hashable) -> Any:
+        """``build()`` for ``module``'s current weights (and ``extra``, such as an input's shape)."""
+        if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
+            return build()
+        try:
+            key = _contents(module, [*extra])
+        except RuntimeError:   # an inference tensor: no version to tell a change by
+            return build()
+        if key != self.key:
+            value = build()
+            self.key, self.value = key, value
+        return self.value
+
+    def clear(self) -> None:
+        self.key, self.value = None, None
+
+    def __deepcopy__(self, memo) -> "Derived":
+        return Derived()
+
+    def __getstate__(self) -> dict:
+        return {"key": None, "value": None}
+
+
+def _contents(module: nn.Module, key: list) -> list:
+    """``key`` extended by the storage address and version counter of each of ``module``'s
+    parameters and buffers, its submodules' included (read from the modules' own dicts:
+    ``Module.parameters()`` would cost more than what the cache saves)."""
+    for tensor in module._parameters.values():
+        if tensor is not None:
+            key.append(tensor.data_ptr())
+            key.append(tensor._version)
+    for tensor in module._buffers.values():
+        if tensor is not None:
+            key.append(tensor.data_ptr())
+            key.append(tensor._version)
+    for child in module._modules.values():
+        if child is not None:
+            _contents(child, key)
+    return key
 
 
 def pair_scores(qh: torch.Tensor, kh: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,11 @@ The cache keeps, for the last ``window`` steps, the packed row of each key
 the time affine, its timestamp, its value, and the key itself, which selection reads).
 A step computes the new frame's q, k, v, appends its row, selects among the cached keys and
 runs the layer's pair stage for the one query: exactly what the causal forward (same
-``window``) returns at that position, in O(window) work.
+``window``) returns at that position, in O(window) work. On CPU without autograd the whole
+step is one numba call (:func:`~nac_drive.nac.kernels.stream_step`; the shipped policy's step:
+0.26 -> 0.07 ms, most of the 0.26 spent in the torch and numpy calls around the stage-by-stage
+kernels, ``benchmarks/policy_speed.py --breakdown``); the output projection stays a module call
+while a hook watches it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+import nac_drive.nac.kernels as kernels
 from nac_drive.nac.packing import KeyLayout, pair_scores
 from nac_drive.nac.selection import NO_KEY, Visibility
 from nac_drive.nac.validation import check_step_inputs
@@ -59,20 +64,35 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
     check_step_inputs(x_t, cache.feats.shape[0], t, layer.input_dim, layer.causal, layer.select)
     B, H = x_t.shape[0], layer.num_heads
     weights = layer.packed_weights()
-    q, k, v = layer.sensory_gates(x_t[:, None], weights)                                # eq. 13
-    qh, kh, vh = layer.split_heads(q), layer.split_heads(k), layer.split_heads(v)
     origin = cache.origin
     if t is None:
         now = torch.full((B,), float(cache.steps), dtype=x_t.dtype, device=x_t.device)
     else:
         origin = t.detach().clone() if origin is None else origin
         now = (t - origin).to(x_t.dtype)                          # relative before the cast
+    q_times = now[:, None] if (t is not None or layer.time_input == "elapsed") else None
+    if layer.streams_on_kernels(x_t, cache.feats, weights):
+        # its fast path: the whole step in one numba call (None: a value not finite)
+        fused = kernels.stream_step(x_t, cache.feats, cache.steps, now, q_times, weights, layer.out_proj,
+                                    layer.layout, topk=layer.topk, select=layer.select, grows=layer.window is None,
+                                    trace=return_trace, **layer.pair_settings)
+        if fused is not None:
+            y, heads, rows, worst_dt_tau, traced = fused
+            layer.check_kernel_stability(worst_dt_tau)
+            if kernels.observed(layer.out_proj):   # a hook reads the heads: the projection as a module call
+                y = layer.output(heads)[:, 0]
+            cache = NACCache(feats=rows, steps=cache.steps + 1, origin=origin)
+            if not return_trace:
+                return y, cache
+            q, k, v, idx, stages = traced
+            return y, cache, layer.trace(q, k, v, _steps_of(idx, cache), stages)
+    q, k, v = layer.sensory_gates(x_t[:, None], weights)                                # eq. 13
+    qh, kh, vh = layer.split_heads(q), layer.split_heads(k), layer.split_heads(v)
     row = torch.cat([layer.key_rows(k, vh, now[:, None], weights), kh], dim=-1)       # [B,H,1,cache_width]
     cache = push(cache, row, layer.window, origin)
     C = cache.feats.shape[2]
     slots = torch.arange(C, device=x_t.device)
     empty = slots < C - cache.steps   # in the first steps of a window the oldest slots are empty
-    q_times = now[:, None] if (t is not None or layer.time_input == "elapsed") else None
     q_side, rows = layer.query_half(q, weights), cache.feats
     keys = rows[..., layer.layout.key]                                                # [B,H,C,depth]
     backend = layer.backend(qh, keys, q_side, rows, weights, return_trace)
@@ -86,8 +106,12 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
     y = layer.output(out)[:, 0]
     if not return_trace:
         return y, cache
-    steps = torch.where(idx == NO_KEY, NO_KEY, idx + (cache.steps - C))
-    return y, cache, layer.trace(q, k, v, steps, stages)
+    return y, cache, layer.trace(q, k, v, _steps_of(idx, cache), stages)
+
+
+def _steps_of(idx: torch.Tensor, cache: NACCache) -> torch.Tensor:
+    """The step index of each selected slot ``idx`` ``[B, H, 1, K]`` of ``cache``, -1 for an empty one."""
+    return torch.where(idx == NO_KEY, NO_KEY, idx + (cache.steps - cache.feats.shape[2]))
 
 
 def push(cache: NACCache, row: torch.Tensor, window: int | None, origin: torch.Tensor | None) -> NACCache:
