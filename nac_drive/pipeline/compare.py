@@ -85,8 +85,8 @@ class CompareArgs:
     dagger_rounds: int = arg(0, "DAgger rounds after behaviour cloning, as the shipped policy was made (0: behaviour "
                                 "cloning alone); CarRacing only", min=0, group=DAGGER)
     dagger_episodes: int = arg(4, "student episodes per DAgger round", min=1, max=MAX_EPISODES, group=DAGGER)
-    oracle: str = arg("teacher", "who labels the DAgger rounds: 'teacher', 'ppo' or a PPO expert zip (dagger "
-                                 "--oracle)", group=DAGGER)
+    oracle: str = arg("teacher", "who labels the DAgger rounds: 'teacher', 'planner' (as the shipped policy's were), "
+                                 "'ppo' or a PPO expert zip (dagger --oracle)", group=DAGGER)
     disturb_rate: float = arg(0.02, "random-action bursts in the DAgger rounds (dagger --disturb-rate)", min=0, max=1,
                               group=DAGGER)
     disturb_frames: int = arg(8, "frames per burst (dagger --disturb-frames)", min=1, group=DAGGER)

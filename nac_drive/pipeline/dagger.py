@@ -40,7 +40,7 @@ from nac_drive.pipeline.train_args import TrainArgs
 from nac_drive.policy.tasks import DISCRETE_GAS
 from nac_drive.torch_threads import check_workers
 
-DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed`
+DAGGER_SEED_OFFSET = 50_000   # within the collection range, clear of `nac-drive collect --seed-base`'s default runs
 OFF_PLAYFIELD_REWARD = -100.0   # CarRacing's last reward when the car leaves the playfield (gymnasium's car_racing.py)
 
 
