@@ -123,6 +123,17 @@ def dataset_folder(root: str | Path, name: str) -> Path:
     return Path(root).resolve() / NAMESPACE / name
 
 
+def recorded_tracks(root: str | Path, name: str) -> set[int]:
+    """The track seeds the shards of dataset ``name`` under ``root`` hold (read from their names;
+    none if there is no such dataset)."""
+    held: set[int] = set()
+    for shard in dataset_folder(root, name).glob("seeds-*"):
+        match = _SHARD.fullmatch(shard.name)
+        if match and shard.is_dir():
+            held.update(range(int(match[1]), int(match[2]) + 1))
+    return held
+
+
 def refuse_existing(root: str | Path, name: str, seeds: Sequence[int]) -> Path:
     """The folder of the new shard of dataset ``name`` with tracks ``seeds``;
     ``FileExistsError`` if that shard exists or another shard of the dataset holds one of

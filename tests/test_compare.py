@@ -368,7 +368,8 @@ def test_a_comparison_killed_in_a_dagger_round_goes_on_without_driving_again(dat
     assert len(validated) == 1   # round 1's second epoch: behaviour cloning and round 0 were whole
     assert checkpoints_driven == ["gru__s0-dagger-r1", "gru__s0-dagger-r1"]   # round 1's point, then the 20 tracks
     assert sorted(p.name for p in runs.iterdir()) == ["gru__s0", "gru__s0-curve", "gru__s0-dagger-r0",
-                                                      "gru__s0-dagger-r1", "gru__s0-data"]   # no <run>-2
+                                                      "gru__s0-dagger-r1", "gru__s0-dagger.json",
+                                                      "gru__s0-data"]   # no <run>-2; what the rounds were driven with
     with open(runs / "gru__s0-dagger-r1" / "metrics.csv") as f:
         assert [row["epoch"] for row in csv.DictReader(f)] == ["1", "2"]   # epoch 2 after the kill, epoch 1 once
     curve = json.loads((out / "results" / "gru__s0.json").read_text())["curve"]

@@ -6,8 +6,9 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
-from nac_drive.data_collection.carracing_dataset import Episode
-from nac_drive.pipeline.dagger import _resumable, lap_finished
+from nac_drive.data_collection.carracing_dataset import Episode, shard_id
+from nac_drive.pipeline.dagger import (DaggerArgs, _resumable, lap_finished, record_rounds, recorded,
+                                       refuse_other_rounds, round_seeds)
 from nac_drive.pipeline.train_args import TrainArgs
 
 
@@ -49,3 +50,24 @@ def test_a_recorded_episode_finished_its_lap_only_if_it_did_not_leave_the_playfi
     assert lap_finished(episode(6.9, terminated=True))
     assert not lap_finished(episode(-100.0, terminated=True))       # off the playfield
     assert not lap_finished(episode(6.9, terminated=False))         # the time limit
+
+
+def test_a_round_is_recorded_however_many_workers_split_its_shards(tmp_path):
+    seeds = round_seeds(0, 0, 4)
+    for run in (seeds[:2], seeds[2:]):   # written by two workers; resumed with one, or three
+        (tmp_path / shard_id("dagger-r0-s0", run)).mkdir(parents=True)
+    assert recorded(tmp_path, "dagger-r0-s0", seeds)
+    assert not recorded(tmp_path, "dagger-r0-s0", round_seeds(0, 0, 5))   # a fifth episode never driven
+    assert not recorded(tmp_path, "dagger-r1-s0", round_seeds(1, 0, 4))
+
+
+def test_resume_keeps_rounds_only_driven_with_the_same_flags(tmp_path):
+    args = DaggerArgs(policy=str(tmp_path / "bc" / "best"), disturb_rate=0.02)
+    fine_tune = TrainArgs(data=str(tmp_path / "data"), out=str(tmp_path / "out"), run_name="dagger", seed=1)
+    record_rounds(args, fine_tune)
+    assert json.loads((tmp_path / "out" / "dagger.json").read_text())["disturb_rate"] == 0.02
+    refuse_other_rounds(replace(args, resume=True, workers=1, rounds=6), fine_tune)   # how it runs, how many rounds
+    with pytest.raises(ValueError, match=r"were driven with other disturb_rate, oracle \("):
+        refuse_other_rounds(replace(args, disturb_rate=0.05, oracle="planner"), fine_tune)
+    with pytest.raises(ValueError, match="driven with other seed"):
+        refuse_other_rounds(args, replace(fine_tune, seed=2))

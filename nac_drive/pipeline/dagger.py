@@ -114,7 +114,8 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     runs = [split_runs(round_seeds(r, seed, args.episodes), workers) for r in range(args.rounds)]
     kept = []   # a round is kept only after kept ones: one driven again changes every round after it
     for r in range(args.rounds):
-        kept.append(args.resume and (r == 0 or kept[-1]) and recorded(data, dataset_name(r, seed), runs[r]))
+        kept.append(args.resume and (r == 0 or kept[-1]) and recorded(data, dataset_name(r, seed),
+                                                                      round_seeds(r, seed, args.episodes)))
     for r in range(args.rounds):   # before driving: the rounds' datasets must be new, or kept
         for run in runs[r] if not kept[r] else ():
             refuse_existing(data, dataset_name(r, seed), run)
@@ -123,6 +124,10 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
     config = load_driving_policy(policy_path).config
     teacher = make_oracle(args.oracle, config.action == "continuous", gas=config.gas)   # fails before any driving
     refuse_other_gas(data, config.gas, "--data")
+    if kept and kept[0]:   # the kept rounds were driven with these flags
+        refuse_other_rounds(args, fine_tune)
+    else:
+        record_rounds(args, fine_tune)
     rate, frames = args.disturb_rate, args.disturb_frames
     bursts = f", random-action bursts of {frames} frames at rate {rate}/frame" if rate else ""
     disturbed = " (with random-action bursts)" if rate else ""
@@ -200,12 +205,53 @@ def _drive_shard(seeds: list[int], *, policy_path: str, oracle: str, max_steps: 
         env.close()
 
 
-def recorded(data: str | Path, name: str, runs: list[list[int]]) -> bool:
-    """Whether every shard of a round's dataset ``name`` (one per run of tracks) is in ``data``
-    (they are committed together: :func:`drive_round`)."""
-    from nac_drive.data_collection.carracing_dataset import shard_id
+def recorded(data: str | Path, name: str, seeds: list[int]) -> bool:
+    """Whether a round's dataset ``name`` in ``data`` holds every one of its tracks ``seeds``
+    (its shards are committed together, :func:`drive_round`; however many workers split them)."""
+    from nac_drive.data_collection.carracing_dataset import recorded_tracks
 
-    return all((Path(data).resolve() / shard_id(name, run)).is_dir() for run in runs)
+    return set(seeds) <= recorded_tracks(data, name)
+
+
+def rounds_record(fine_tune: TrainArgs) -> Path:
+    """The file beside a DAgger run's round folders that records what its rounds were driven
+    with: ``<out>/<run_name>.json``."""
+    return Path(fine_tune.out) / f"{fine_tune.run_name or 'dagger'}.json"
+
+
+def driven_with(args: DaggerArgs, fine_tune: TrainArgs) -> dict:
+    """What decides a round's dataset: the DAgger flags but how it runs (``resume``, ``workers``,
+    ``ray``) and how many rounds (a resumed run may add some), the data and the seed (which tracks)."""
+    return {**{name: value for name, value in dataclasses.asdict(args).items()
+               if name not in ("resume", "workers", "ray", "rounds")},
+            "policy": str(Path(args.policy).resolve()), "data": str(Path(fine_tune.data).resolve()),
+            "seed": fine_tune.seed}
+
+
+def record_rounds(args: DaggerArgs, fine_tune: TrainArgs) -> None:
+    """Write :func:`rounds_record` before the first round drives."""
+    from nac_drive.io.checkpoint import write_json
+
+    record = rounds_record(fine_tune)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    write_json(record, driven_with(args, fine_tune))
+
+
+def refuse_other_rounds(args: DaggerArgs, fine_tune: TrainArgs) -> None:
+    """``--resume`` keeps rounds only driven with these flags (:func:`driven_with`, as
+    :func:`rounds_record` holds them): any other is refused in one line, naming them. A run from
+    before the record was kept is taken as it is, and recorded now."""
+    from nac_drive.io.checkpoint import read_json
+
+    record, now = rounds_record(fine_tune), driven_with(args, fine_tune)
+    if not record.is_file():
+        record_rounds(args, fine_tune)
+        return
+    was = read_json(record)
+    differ = sorted(name for name in now if was.get(name) != now[name])
+    if differ:
+        raise ValueError(f"--resume: the rounds kept in --data were driven with other {', '.join(differ)} ({record}); "
+                         "resume with the killed run's flags, or give another --run-name or --out")
 
 
 def recorded_round(data: str | Path, name: str):
