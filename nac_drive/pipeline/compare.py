@@ -522,8 +522,9 @@ def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunR
     from nac_drive.simulators.episode_stats import paired_change
 
     by_seed = {r.seed: r for r in reference_runs}
-    value = "mean_abs_cte_m" if runs and runs[0].task == "udacity" else "returns"
-    paired = {"reference": reference, "value": "mean abs CTE m" if value == "mean_abs_cte_m" else "return"}
+    udacity = bool(runs) and runs[0].task == "udacity"
+    value = "mean_abs_cte_m" if udacity else "returns"
+    paired = {"reference": reference, "value": "mean abs CTE m" if udacity else "return"}
     shares = sorted({"0", *{share for r in runs for share in (r.frame_drops or {})}}, key=float)
     for share in shares:
         ours, theirs = [], []
@@ -616,9 +617,8 @@ def markdown_table(report: dict) -> str:
     compared = [row for row in report["variants"] if row.get("paired")]
     if compared:
         first = compared[0]["paired"]
-        unit = "return" if first["value"] == "return" else "mean abs CTE m"
         cols = [share for share in ["0", *shares] if any(share in row["paired"] for row in compared)]
-        lines += ["", f"| paired against {first['reference']}: {unit} change [95% CI] (pairs) | "
+        lines += ["", f"| paired against {first['reference']}: {first['value']} change [95% CI] (pairs) | "
                   + " | ".join(f"frame-drop {share}" for share in cols) + " |", "|---" * (len(cols) + 1) + "|"]
         lines += ["| " + row["variant"] + " | " + " | ".join(_paired_cell(row["paired"].get(share), udacity)
                                                             for share in cols) + " |" for row in compared]
