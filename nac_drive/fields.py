@@ -87,3 +87,9 @@ def check_fields(instance) -> None:
                 if problem:
                     raise ValueError(f"{flag}: {problem}")
 
+
+def changed_fields(recorded: dict, asked: dict, may_change: tuple[str, ...] = ()) -> list[str]:
+    """The names of ``asked`` (a run's arguments as a dict) whose value differs in ``recorded``
+    (what a killed run wrote down), but those in ``may_change``, sorted: what a resumed run may
+    not change."""
+    return sorted(name for name in asked if name not in may_change and recorded.get(name) != asked[name])

@@ -205,6 +205,17 @@ def format_return_stats(stats: dict[str, Any]) -> str:
             f"{100 * stats['success_rate']:.0f}% (Wilson {100 * lo:.0f}-{100 * hi:.0f}%)")
 
 
+def format_interval(ci, spec: str = ".1f") -> str:
+    """An interval ``ci`` ([lo, hi], or None: ``"-"``) as ``"[861.0, 903.4]"``, each end formatted by ``spec``."""
+    return "-" if ci is None else f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
+
+
+def format_estimate(value: float, ci, spec: str = ".1f") -> str:
+    """``value`` and its interval ``ci`` (:func:`format_interval`, left off when None) as
+    ``"883.2 [861.0, 903.4]"``."""
+    return f"{value:{spec}}" + ("" if ci is None else " " + format_interval(ci, spec))
+
+
 def _rounded(interval: tuple[float, float], digits: int) -> list[float] | None:
     """``interval`` as [lo, hi] rounded to ``digits``; None for (nan, nan)."""
     return None if math.isnan(interval[0]) else [round(v, digits) for v in interval]

@@ -199,3 +199,12 @@ def test_a_block_bootstrap_interval_holds_a_known_auroc_and_needs_two_blocks():
     assert lo < whole < hi and 0.5 < lo and hi - lo < 0.2
     assert (lo_neg, hi_neg) == pytest.approx((1 - hi, 1 - lo), abs=1e-9)
     assert np.isnan(block_bootstrap_interval(statistic, np.zeros(400), 50)).all()
+
+
+def test_format_estimate_writes_the_interval_in_the_values_format_and_leaves_out_a_missing_one():
+    from nac_drive.simulators.episode_stats import format_estimate, format_interval
+
+    assert format_estimate(883.21, [861.04, 903.36]) == "883.2 [861.0, 903.4]"
+    assert format_estimate(0.5, [-0.25, 1.0], "+.2f") == "+0.50 [-0.25, +1.00]"
+    assert format_estimate(12.0, None) == "12.0"
+    assert format_interval(None) == "-"

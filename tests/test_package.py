@@ -205,6 +205,16 @@ def test_subpackages_install_under_the_nac_drive_namespace():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_no_code_imports_a_subpackage_by_its_folder_name():
+    # `from simulators...` works in the checkout (its folder is on sys.path) and fails once installed.
+    bare = re.compile(r"^\s*(from|import)\s+(agents|simulators|data_collection|interpret)\b", re.M)
+    found = [f"{path.relative_to(ROOT)}: {match.group(0).strip()}"
+             for folder in ("nac_drive", "agents", "simulators", "data_collection", "interpret", "tests", "benchmarks")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for match in bare.finditer(path.read_text(encoding="utf-8"))]
+    assert found == []
+
+
 def test_cli_version_and_help():
     out = subprocess.run([sys.executable, "-m", "nac_drive.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"nac-drive {nac_drive.__version__}"

@@ -568,13 +568,13 @@ def _loop_cell(loop: dict | None, udacity: bool) -> str:
     """A pooled closed loop (:func:`_pooled`) in one table cell."""
     if loop is None:
         return "-"
+    from nac_drive.simulators.episode_stats import format_estimate
+
     episodes = loop["episodes"]
     if udacity:
-        ci = loop["mean_abs_cte_ci95"]
-        return (f"{loop['mean_abs_cte']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        return (format_estimate(loop["mean_abs_cte"], loop["mean_abs_cte_ci95"], ".3f")
                 + f" / {loop['off_road_tracks']}/{episodes} / {loop['laps_finished']}/{episodes}")
-    ci = loop["mean_ci95"]
-    return (f"{loop['mean_return']:.1f}" + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+    return (format_estimate(loop["mean_return"], loop["mean_ci95"])
             + f" / {loop['worst_return']:.1f} / {loop['successes']}/{episodes}")
 
 
@@ -582,14 +582,15 @@ def _paired_cell(change: dict | None, udacity: bool) -> str:
     """A :func:`paired_with` change in one table cell."""
     if change is None:
         return "-"
-    digits = 3 if udacity else 1
-    ci = change["ci95"]
-    return (f"{change['mean']:+.{digits}f}" + (f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else "")
-            + f" ({change['pairs']})")
+    from nac_drive.simulators.episode_stats import format_estimate
+
+    return format_estimate(change["mean"], change["ci95"], "+.3f" if udacity else "+.1f") + f" ({change['pairs']})"
 
 
 def markdown_table(report: dict) -> str:
     """The comparison as one Markdown table (what ``compare`` prints)."""
+    from nac_drive.simulators.episode_stats import format_estimate
+
     udacity = report["task"] == "udacity"
     offline = "steering MSE (held out)" if udacity else "action accuracy (held out)"
     drive = "mean abs CTE m [95% CI] / off-road / laps" if udacity else "return [95% CI] / worst / success"
@@ -599,8 +600,7 @@ def markdown_table(report: dict) -> str:
              "|---" * (4 + len(shares)) + "|"]
     for row in report["variants"]:
         metric = row["metric"]
-        ci = row[f"{metric}_ci95"]
-        cells = [row["variant"], f"{row[metric]:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")]
+        cells = [row["variant"], format_estimate(row[metric], row[f"{metric}_ci95"], ".4f")]
         loop = row.get("closed_loop")
         cells.append(_loop_cell(loop, udacity))
         cells += [_loop_cell(row.get("frame_drops", {}).get(share), udacity) for share in shares]

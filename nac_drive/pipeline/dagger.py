@@ -241,14 +241,14 @@ def refuse_other_rounds(args: DaggerArgs, fine_tune: TrainArgs) -> None:
     """``--resume`` keeps rounds only driven with these flags (:func:`driven_with`, as
     :func:`rounds_record` holds them): any other is refused in one line, naming them. A run from
     before the record was kept is taken as it is, and recorded now."""
+    from nac_drive.fields import changed_fields
     from nac_drive.io.checkpoint import read_json
 
     record, now = rounds_record(fine_tune), driven_with(args, fine_tune)
     if not record.is_file():
         record_rounds(args, fine_tune)
         return
-    was = read_json(record)
-    differ = sorted(name for name in now if was.get(name) != now[name])
+    differ = changed_fields(read_json(record), now)
     if differ:
         raise ValueError(f"--resume: the rounds kept in --data were driven with other {', '.join(differ)} ({record}); "
                          "resume with the killed run's flags, or give another --run-name or --out")

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from nac_drive.devices import module_device, resolve_device
+from nac_drive.fields import changed_fields
 from nac_drive.io.atomic import atomic_write, atomic_write_dir, fresh_dir, one_writer, readable_dir
 from nac_drive.io.checkpoint import load_optimizer, load_state_into, save_optimizer, write_json
 from nac_drive.policy.cores import CORES, CoreConfig
@@ -495,7 +496,7 @@ def trained_otherwise(run_dir: Path, args: TrainArgs) -> list[str]:
         for name in ("data", "init_from"):
             if given.get(name) is not None:
                 given[name] = str(Path(str(given[name])).resolve())
-    return sorted(k for k in asked if k not in ("progress", "resume", "device", "out") and recorded.get(k) != asked[k])
+    return changed_fields(recorded, asked, may_change=("progress", "resume", "device", "out"))
 
 
 def refuse_another_architecture(config, last: Path) -> None:

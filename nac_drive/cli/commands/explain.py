@@ -348,7 +348,9 @@ def format_mirror(mirror: dict) -> list[str]:
 
 
 def _interval(ci, spec: str = ".3f") -> str:
-    return "-" if ci is None else f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
+    from nac_drive.simulators.episode_stats import format_interval
+
+    return format_interval(ci, spec)
 
 
 def format_probes(probes: dict) -> list[str]:
@@ -438,7 +440,7 @@ def format_closed_loop(closed: dict) -> list[str]:
 
     def paired(row) -> str:
         ci = (row.get("paired") or {}).get("ci95")
-        return "" if ci is None else f"  [{ci[0]:+.3f}, {ci[1]:+.3f}]" if udacity else f"  [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+        return "" if ci is None else "  " + _interval(ci, "+.3f" if udacity else "+.1f")
 
     if not udacity:
         lines = [f"Closed loop on {closed['tracks']} held-out tracks: intact mean return {intact['mean_return']:.1f}",
