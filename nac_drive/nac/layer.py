@@ -100,7 +100,9 @@ class NAC(nn.Module):
         dropout: dropout on the attention weights (training only).
         seed: seeds the NCP wirings and the parameter initialisation.
         backbone_units: neurons per head's backbone (inter + command + motor), wired
-            by AutoNCP. The paper uses ``d_model + d_model/0.6`` (171 at d_model=64)
+            by AutoNCP. The paper uses ``d_model + d_model/0.6`` (170 at d_model=64:
+            64 + 106 whole neurons, the AutoNCP size ``wiring._units_for_inter(64, 64)``
+            gives for 64 inter neurons beside 64 motor ones)
             and calls that too large; the backbone runs once per (query, key) pair, so
             its cost is ``B*H*T*K*units^2``. 16 units (8 inter, 4 command, 4 motor)
             keeps the layer a small fraction of a driving policy's time.
