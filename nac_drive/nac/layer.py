@@ -40,7 +40,11 @@ absolute clock times (~1.7e9 s) in float32 would keep a resolution of minutes.
 
 What the weights can say: phi is in (0, 1) and (1 - exp(-tau t)) / tau < t < 1, so in
 mode "exact" every logit lies in (0, 1) and the weights of one query's selected keys
-differ by less than a factor e. The selection (which keys) carries most of the information.
+differ by less than a factor e. Measured in closed loop on the shipped policies
+(``docs/nac-vs-paper.md`` §3), the attention acts through t_ij, which scales each value in
+eq. 19: held at its mean, every drive fails. The Top-K selection matters less (replaced by
+random or recent keys it costs a few hard CarRacing tracks, nothing on Udacity), and
+uniform weights cost nothing measurable.
 Two variants beyond the paper let the weights attend (``logit_variant``; default
 ``"paper"``): ``"scaled"`` multiplies each head's logits by a learned exp(s_h) (s_h = 0 at
 initialisation, the paper's logits), so their spread is no longer capped; ``"qk"`` adds the
@@ -96,7 +100,9 @@ class NAC(nn.Module):
         dropout: dropout on the attention weights (training only).
         seed: seeds the NCP wirings and the parameter initialisation.
         backbone_units: neurons per head's backbone (inter + command + motor), wired
-            by AutoNCP. The paper uses ``d_model + d_model/0.6`` (171 at d_model=64)
+            by AutoNCP. The paper uses ``d_model + d_model/0.6`` (170 at d_model=64:
+            64 + 106 whole neurons, the AutoNCP size ``wiring._units_for_inter(64, 64)``
+            gives for 64 inter neurons beside 64 motor ones)
             and calls that too large; the backbone runs once per (query, key) pair, so
             its cost is ``B*H*T*K*units^2``. 16 units (8 inter, 4 command, 4 motor)
             keeps the layer a small fraction of a driving policy's time.
