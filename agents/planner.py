@@ -37,6 +37,7 @@ import numpy as np
 
 from nac_drive.agents.teacher import PurePursuitTeacher, _clip
 from nac_drive.simulators.carracing import DISCRETE_GAS
+from nac_drive.simulators.centre_line import segments
 
 TOP_SPEED = 100.0   # units/s: Box2D's b2_maxTranslation (2 units a step) at 50 steps a second
 ENGINE_POWER_PER_GAS = 2600.0   # (units/s)^2 per s per unit of gas: measured a * v of the car at speed
@@ -95,9 +96,7 @@ def track_curvature(points: np.ndarray, window: float) -> np.ndarray:
     """Signed curvature (1/units, + = turning left) at each point of the closed line
     ``points`` ``[N, 2]``: the heading change over the points within ``window`` track units
     centred on it, divided by their length. Returns ``[N]``."""
-    step = np.roll(points, -1, axis=0) - points                   # [N] segment i: point i -> i + 1
-    seg = np.linalg.norm(step, axis=1)
-    heading = np.arctan2(step[:, 1], step[:, 0])
+    heading, seg = segments(points)                                 # [N] segment i: point i -> i + 1
     turn = np.angle(np.exp(1j * (heading - np.roll(heading, 1))))   # [N] at point i, wrapped
     length = 0.5 * (seg + np.roll(seg, 1))                          # [N] the line each point stands for
     half = int(round(0.5 * window / max(float(np.mean(seg)), 1e-9)))
