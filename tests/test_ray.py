@@ -6,6 +6,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,12 +143,17 @@ def test_tune_on_a_two_node_ray_draws_and_scores_the_trials_of_the_process_pool(
 def test_explains_closed_loop_on_a_two_node_ray_gives_the_figures_of_one_process(cluster, tmp_path, capsys):
     """Each closed-loop drive (intact, each neuron clamped, each attention part replaced) as a Ray
     task that loads the policy itself: the same returns, changes and intervals as in-process."""
-    common = ["explain", "--episodes", "1", "--max-steps", "40", "--frames", "40", "--saliency-frames", "0",
+    from nac_drive.pipeline.explain import PUSH_RANDOM
+
+    common = ["explain", "--episodes", "1", "--max-steps", "80", "--frames", "80", "--saliency-frames", "0",
               "--window-method", "none", "--closed-loop-tracks", "2", "--closed-loop-top", "1",
               "--closed-loop-random", "1"]
     assert main([*common, "--out", str(tmp_path / "here")]) == 0
     assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
-    assert "ray: 7 tasks on 2 nodes, none retried" in capsys.readouterr().err   # 1 intact + 2 neurons + 4 parts
+    assert json.loads((tmp_path / "ray" / "explain.json").read_text())["push"] is not None   # it drove too
+    # one Ray session for both sections that drive: the closed loop's 1 intact + 2 neurons + 4 parts, and the push's
+    # 1 intact + 2 curves + the random directions
+    assert re.findall(r"ray: .*", capsys.readouterr().err) == [f"ray: {7 + 3 + PUSH_RANDOM} tasks on 2 nodes, none retried"]
     here, ray_side = (json.loads((tmp_path / side / "explain.json").read_text())["closed_loop"]
                       for side in ("here", "ray"))
     assert len(here["intact"]["returns"]) == 2 and len(here["neurons"]) == 2 and len(here["attention"]) == 4
@@ -172,8 +178,10 @@ def test_the_push_on_a_two_node_ray_gives_the_figures_of_one_process(cluster, tm
         tmp_path / "gru"))
     run = curve_run(tmp_path / "run", action_names=ACTION_NAMES)
     probes = {"intervention": {"verdict": "-"}}   # all the push asks of probes_section: it pushed open loop
-    here, ray_side = (push_section(run, load_driving_policy(saved), probes, tracks=2, max_steps=20, ray=ray,
-                                   policy_path=saved) for ray in (None, cluster))
+    here = push_section(run, load_driving_policy(saved), probes, tracks=2, max_steps=20, policy_path=saved)
+    with ray_jobs(cluster) as jobs:
+        ray_side = push_section(run, load_driving_policy(saved), probes, tracks=2, max_steps=20, jobs=jobs,
+                                policy_path=saved)
     assert f"ray: {1 + 2 + PUSH_RANDOM} tasks on 2 nodes, none retried" in capsys.readouterr().err
     assert len(here["intact"]["track_steering"]) == 2 and len(here["pushes"]) == 2 + PUSH_RANDOM
     assert ray_side == here

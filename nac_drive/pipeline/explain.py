@@ -37,6 +37,7 @@ the push's drives are one function, :func:`intervened_drive`, under either kind 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache, partial
@@ -50,7 +51,7 @@ from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.interpret.explain_report import EXPLAIN_FILE
 from nac_drive.io.strict_json import jsonable, write_report   # noqa: F401 (explain.json's writer, also compare's)
 from nac_drive.pipeline.drive import UDACITY_FRAMES, UDACITY_SPEED
-from nac_drive.pipeline.ray_tasks import ray_arg
+from nac_drive.pipeline.ray_tasks import ray_arg, ray_jobs
 from nac_drive.simulators.carracing import EVAL_SEED_BASE
 
 # (task, action) of the policies explain can explain, whatever their core
@@ -187,6 +188,8 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         run_dir, run, report = _driven(args, policy_path, config, speed, progress)
     replayed = cache(lambda: replay_representations(run, policy, args.frames))   # probes and dictionary share it
     pushes = cache(lambda: curvature_probe(run, policy, seed, replayed()))       # so do both pushes
+    # the closed loop and the push share one Ray session (--ray), started when the first drives
+    ray_jobs_once = cache(lambda: ray_session.enter_context(ray_jobs(args.ray if args.closed_loop_tracks else None)))
     sections = {
         "fig4": lambda: fig4_section(run),
         "scenes": lambda: scenes_section(run, config.task, seed),
@@ -198,11 +201,11 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "dictionary": lambda: dictionary_section(run, policy, seed, replayed()),
         "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
                                                    args.closed_loop_top, args.closed_loop_random, seed, seed_base,
-                                                   max_steps, progress, speed, args.ray, policy_path),
+                                                   max_steps, progress, speed, ray_jobs_once(), policy_path),
         "push": lambda: push_section(run, policy, report["probes"], args.closed_loop_tracks, seed, seed_base, max_steps,
-                                     progress, speed, args.ray, policy_path, pushes),
+                                     progress, speed, ray_jobs_once(), policy_path, pushes),
     }
-    with one_writer(run_dir, "nac-drive explain"):
+    with one_writer(run_dir, "nac-drive explain"), contextlib.ExitStack() as ray_session:
         for name in NAC_STATES_NEEDED:
             if name in report:   # finished before a kill (--resume)
                 continue
@@ -455,12 +458,12 @@ def window_section(run_dir: Path, policy, method: str = "integrated_gradients", 
 
 def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,
                         seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None, progress: bool = False,
-                        speed: float = UDACITY_SPEED, ray: str | None = None, policy_path: str | None = None) -> dict:
+                        speed: float = UDACITY_SPEED, jobs=None, policy_path: str | None = None) -> dict:
     """The policy drives ``tracks`` held-out tracks intact, then with each chosen neuron of
     ``atlas`` (:func:`atlas_section`) clamped to its mean (the ``top`` whose silencing costs
     most agreement and ``random`` others drawn with ``seed``), then with each part of its
     attention replaced (:func:`attention_parts`): one :func:`intervened_drive` each, in this
-    process, or with ``ray`` each a Ray task (:func:`intervened_drives`).
+    process, or with ``jobs`` each a Ray task (:func:`intervened_drives`).
 
     Returns the seeds, ``metric`` and, intact, per neuron (``neurons``) and per attention part
     (``attention``), the drive's figures, the change of the metric from intact and ``paired``:
@@ -488,7 +491,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     parts = attention_parts(run, policy.core.nac, seed)
     seeds = eval_seeds(tracks, base=seed_base)
     clamps = [None] + [neurons[row["name"]].clamp(row["mean"]) for row, _ in chosen] + list(parts.values())
-    driven = intervened_drives(policy, clamps, seeds, max_steps, speed, ray, policy_path, progress, "closed loop")
+    driven = intervened_drives(policy, clamps, seeds, max_steps, speed, jobs, policy_path, progress, "closed loop")
     intact = driven[0]
     out = [{"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
             **against_intact(intact, figures, task)} for (row, why), figures in zip(chosen, driven[1:])]
@@ -500,7 +503,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
 
 def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, seed_base: int = EVAL_SEED_BASE,
                  max_steps: int | None = None, progress: bool = False, speed: float = UDACITY_SPEED,
-                 ray: str | None = None, policy_path: str | None = None, pushes=None) -> dict:
+                 jobs=None, policy_path: str | None = None, pushes=None) -> dict:
     """The push along the curvature probe in a closed loop (:mod:`~nac_drive.interpret.probe_steering`):
     the policy drives ``tracks`` (>= 1) held-out tracks intact, then with its core's output moved
     towards a left curve, towards a right one and as far (the same norm) along :data:`PUSH_RANDOM`
@@ -533,7 +536,7 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     names = ["left", "right"] + [f"random {i + 1}" for i in range(PUSH_RANDOM)]
     shifts = {name: pushed["shifts"][name] for name in names}
     seeds, action_names = eval_seeds(tracks, base=seed_base), steering_names(run, policy)
-    driven = intervened_drives(policy, [None, *shifts.values()], seeds, max_steps, speed, ray, policy_path, progress,
+    driven = intervened_drives(policy, [None, *shifts.values()], seeds, max_steps, speed, jobs, policy_path, progress,
                                "push", steering_of=partial(steering_values, action_names))
     intact, by_push = driven[0], dict(zip(names, driven[1:]))
 
@@ -582,25 +585,24 @@ def steering_names(run, policy) -> list[str] | None:
 
 
 def intervened_drives(policy, interventions: list, seeds: list[int], max_steps: int | None, speed: float,
-                      ray: str | None, policy_path: str | None, progress: bool, desc: str,
+                      jobs, policy_path: str | None, progress: bool, desc: str,
                       steering_of: Callable[[np.ndarray], np.ndarray] | None = None) -> list[dict]:
     """:func:`intervened_drive`'s figures of each of ``interventions``, in their order: in this
-    process, or with ``ray`` (an address, :func:`~nac_drive.pipeline.ray_tasks.ray_jobs`) each a
-    Ray task that loads the policy from ``policy_path`` (None: the shipped one of its task) on the
-    CPU. The figures are the same either way."""
+    process, or with ``jobs`` (a :class:`~nac_drive.pipeline.ray_tasks.RayJobs`, one Ray session for
+    every section that drives) each a Ray task that loads the policy from ``policy_path`` (None: the
+    shipped one of its task) on the CPU. The figures are the same either way."""
     from tqdm import tqdm
 
-    from nac_drive.pipeline.ray_tasks import everywhere, ray_jobs
+    from nac_drive.pipeline.ray_tasks import everywhere
 
     task = policy.config.task
     drive = partial(intervened_drive, task=task, seeds=seeds, max_steps=max_steps, speed=speed,
                     steering_of=steering_of)
     bar = {"desc": desc, "unit": "run"}
-    with ray_jobs(ray) as jobs:
-        if jobs is None:
-            return [drive(policy, intervention) for intervention in tqdm(interventions, disable=not progress, **bar)]
-        path = None if policy_path is None else everywhere(policy_path)
-        return jobs.results(partial(_loaded_drive, drive, path, task), interventions, **(bar if progress else {}))
+    if jobs is None:
+        return [drive(policy, intervention) for intervention in tqdm(interventions, disable=not progress, **bar)]
+    path = None if policy_path is None else everywhere(policy_path)
+    return jobs.results(partial(_loaded_drive, drive, path, task), interventions, **(bar if progress else {}))
 
 
 def intervened(policy, intervention):
