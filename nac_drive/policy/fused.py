@@ -78,7 +78,7 @@ class FusedLayers:
         plan = None
         try:
             plan = self._plan.get(owner, lambda: make_plan(list(layers()), x.shape), *x.shape)
-            if kernels.observed(owner, *plan.modules):   # (the owner: a caller may run the plan instead of it)
+            if plan is None or kernels.observed(owner, *plan.modules):   # (the owner: a caller may run it instead)
                 return None
             for step, args in plan.steps:
                 x = step(x, *args)
@@ -95,12 +95,15 @@ class FusedLayers:
             return None
 
 
-def make_plan(layers: list[nn.Module], input_shape: torch.Size) -> Plan:
-    """The steps that run ``layers`` on an input of ``input_shape`` as their modules do in eval mode.
+def make_plan(layers: list[nn.Module], input_shape: torch.Size) -> Plan | None:
+    """The steps that run ``layers`` on a float32 CPU input of ``input_shape`` as their modules do in
+    eval mode; None unless their parameters are float32 on the CPU too.
 
     A convolution fuses when oneDNN's operator is there, its padding is numeric zeros and its input's
     shape is known (only convolutions and :data:`_ELEMENTWISE` layers before it); else it, like
     any layer the plan does not know, is called as a module."""
+    if not all(p.dtype == torch.float32 and p.device.type == "cpu" for layer in layers for p in layer.parameters()):
+        return None
     conv = torch.ops.mkldnn._convolution_pointwise if _FUSED_CONV else None
     conv = getattr(conv, "default", conv)   # the overload itself: no overload resolution per call
     steps, shape, i = [], tuple(input_shape), 0
