@@ -72,7 +72,10 @@ def disabled():
 def tracing() -> bool:
     """torch.jit.trace / torch.compile / torch.export (and so ONNX export) see tensors only:
     numba calls cannot be traced, nor can any other fast path outside torch's own operators."""
-    return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)() or exporting()
+    return torch.jit.is_tracing() or _is_compiling() or exporting()
+
+
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)   # (looked up once: asked every frame)
 
 
 def _finite(*arrays: np.ndarray) -> bool:
