@@ -7,7 +7,7 @@ A step computes the new frame's q, k, v, appends its row, selects among the cach
 runs the layer's pair stage for the one query: exactly what the causal forward (same
 ``window``) returns at that position, in O(window) work. On CPU without autograd the whole
 step is one numba call (:func:`~nac_drive.nac.kernels.stream_step`; the shipped policy's step:
-0.26 -> 0.07 ms, most of the 0.26 spent in the torch and numpy calls around the stage-by-stage
+0.26 -> 0.05 ms, most of the 0.26 spent in the torch and numpy calls around the stage-by-stage
 kernels, ``benchmarks/policy_speed.py --breakdown``); the output projection stays a module call
 while a hook watches it.
 """
