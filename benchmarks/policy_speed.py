@@ -15,8 +15,8 @@
 * breakdown: the shipped CarRacing policy's ``select_action`` and each part of it run alone on
   the same inputs (the frame's checks and conversion, the encoder, the NAC's ``step``, the head),
   CPU time of this thread (so other jobs on the machine do not count), median over 500 calls;
-  on the old path (before issue 57 item 3: the encoder module by module, the NAC step stage by
-  stage) and the new one side by side, in turn by blocks of 25 calls, with their ratio.
+  on the old path (before issue 57 item 3: the encoder and the head module by module, the NAC
+  step stage by stage) and the new one side by side, in turn by blocks of 25 calls, with their ratio.
 """
 
 from __future__ import annotations
@@ -110,11 +110,11 @@ def ddp_train_fps(core: str, steps: int = 8, world: int = 2) -> float:
 
 
 def on_the_old_path(policy: DrivingPolicy) -> DrivingPolicy:
-    """``policy``, made to run ``select_action`` as before issue 57 item 3: the encoder's convolutions
-    module by module (not ``ConvStack``'s fused path) and the NAC step stage by stage (not
+    """``policy``, made to run ``select_action`` as before issue 57 item 3: the encoder and the head
+    module by module (not as ``fused.FusedLayers``' plans) and the NAC step stage by stage (not
     ``kernels.stream_step``'s one call); the Python between the parts is this build's. The same
     weights: both paths' outputs agree to float rounding."""
-    policy.encoder.convs._fast_path_serves = lambda x: False
+    policy.encoder.fused = policy.fused_head = lambda owner, layers, x: None   # "the plan does not serve"
     if hasattr(policy.core, "nac"):
         policy.core.nac.streams_on_kernels = lambda x_t, rows, weights: False
     return policy
@@ -161,7 +161,7 @@ def breakdown(frames: int = 500) -> None:
                 "the frame's checks and conversion": lambda i: policy.observation_to_frame(obs[i % 8]),
                 "encoder (CNN)": lambda i: policy.encoder(frame[None]),
                 "NAC step (window full)": lambda i: policy.core.step(features, policy._state, t=t),
-                "head": lambda i: policy.head(y)}
+                "head": lambda i: policy.head_output(y)}
 
     with torch.inference_mode():
         calls = {path: parts(policy) for path, policy in paths.items()}

@@ -1,8 +1,9 @@
 """The fast paths of inference give what the eager code gives, and never outlive a weight change.
 
-On the CPU without autograd a policy's encoder convolves through oneDNN's fused operator with
-its weights reordered once (``encoders.ConvStack``) and its NAC streams a step in one numba
-call (``kernels.stream_step``). Inside ``kernels.disabled()`` both step aside: the reference.
+On the CPU without autograd a policy's encoder and head run as one plan each, the encoder's
+convolutions through oneDNN's fused operator with their weights reordered once
+(``fused.FusedLayers``), and its NAC streams a step in one numba call (``kernels.stream_step``).
+Inside ``kernels.disabled()`` they step aside: the reference.
 """
 
 import copy
@@ -16,6 +17,7 @@ from support.held_out_drive import drive_recording, replay
 
 from nac_drive.nac import kernels
 from nac_drive.policy.cores import CoreConfig
+from nac_drive.policy import fused
 from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from nac_drive.policy.encoders import ENCODERS
 from nac_drive.policy.loading import load_driving_policy
@@ -38,7 +40,7 @@ def _eager(module, *args):
 
 def _fused(encoder) -> bool:
     """Whether the encoder has convolved through the fused path (it keeps the reordered weights)."""
-    return encoder.convs._reordered.value is not None
+    return encoder.fused.ran
 
 
 @pytest.mark.parametrize("name", sorted(ENCODERS))
@@ -138,13 +140,23 @@ def _same_actions(fast: np.ndarray, eager: np.ndarray) -> None:
 def test_the_shipped_policy_drives_on_its_fast_paths_as_on_the_eager_code(drive, monkeypatch):
     policy, recording = drive
     assert _fused(policy.encoder)
-    streamed = []
-    real = kernels.stream_step
+    streamed, planned = [], []   # the kernel's calls; the plans that served a call
+    real, run_plan = kernels.stream_step, fused.FusedLayers.__call__
+
+    def plan(self, *args):
+        out = run_plan(self, *args)
+        if out is not None:
+            planned.append(self)
+        return out
+
     monkeypatch.setattr(kernels, "stream_step", lambda *a, **k: streamed.append(1) or real(*a, **k))
+    monkeypatch.setattr(fused.FusedLayers, "__call__", plan)
     _same_actions(replay(policy, recording), recording.outputs)   # the fast paths again: the same outputs
-    assert len(streamed) == FRAMES
+    assert len(streamed) == FRAMES    # every frame on the fast paths: one kernel call, the encoder's and the head's plans
+    assert planned.count(policy.encoder.fused) == planned.count(policy.fused_head) == FRAMES
     with kernels.disabled():
         _same_actions(recording.outputs, replay(policy, recording))
+    assert len(streamed) == FRAMES and len(planned) == 2 * FRAMES
 
 
 def test_a_gru_policy_steps_on_the_fused_encoder_as_on_the_eager_code(drive):
@@ -161,20 +173,18 @@ def test_a_gru_policy_steps_on_the_fused_encoder_as_on_the_eager_code(drive):
 def test_a_fused_convolution_that_fails_falls_back_to_torchs_own_with_a_warning(monkeypatch):
     """The fast path calls a private oneDNN operator of torch; a torch whose operator changed
     must still drive, on the plain convolutions."""
-    import nac_drive.policy.encoders as encoders
-
-    if not encoders._FUSED_CONV:
+    if not fused._FUSED_CONV:
         pytest.skip("this torch has no fused CPU convolution")
-    encoder = encoders.CarRacingCNN().eval()
+    encoder = ENCODERS["carracing_cnn"]().eval()
     frames = torch.rand(2, 3, 96, 96).contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
-        expected = encoder.convs(frames)
+        expected = encoder.fc(encoder.convs(frames))
 
         def changed(*args, **kwargs):
             raise RuntimeError("mkldnn::_convolution_pointwise() expected 11 arguments")
 
-        monkeypatch.setattr(encoders, "_FUSED_CONV", True)
+        monkeypatch.setattr(fused, "_FUSED_CONV", True)
         monkeypatch.setattr(torch.ops.mkldnn, "_convolution_pointwise", changed, raising=False)
         with pytest.warns(RuntimeWarning, match="the fused CPU convolutions failed"):
-            got = encoder.convs(frames)
-    assert torch.allclose(got, expected, atol=1e-5) and encoders._FUSED_CONV is False
+            got = encoder(frames)
+    assert torch.allclose(got, expected, atol=1e-5) and fused._FUSED_CONV is False

@@ -208,7 +208,7 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules():
 
 NAC_ROOM = "nac_drive.nac"
 # what the NAC room may import from outside itself (top-level names); numba only lazily
-NAC_ROOM_THIRD_PARTY = {"__future__", "collections", "contextlib", "dataclasses", "functools", "math", "os",
+NAC_ROOM_THIRD_PARTY = {"__future__", "collections", "contextlib", "dataclasses", "functools", "math", "operator", "os",
                         "typing", "numpy", "torch", "ncps", "numba"}
 
 

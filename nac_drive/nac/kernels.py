@@ -15,13 +15,14 @@ kernels (:mod:`._numba`) instead, where they give the same result:
 :func:`choose` decides once per call which path serves it. The kernels read the layer's
 packed weights and key rows (:mod:`.packing`), never the layer itself. Tests hold both
 paths equal. ``NAC_DRIVE_KERNELS=0`` in the environment, or :func:`disabled`, makes every
-call take the eager path (and the encoders' fused convolutions step aside too:
-``nac_drive.policy.encoders.ConvStack``).
+call take the eager path (and a policy's fused layers step aside too:
+``nac_drive.policy.fused.FusedLayers``).
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -71,7 +72,10 @@ def disabled():
 def tracing() -> bool:
     """torch.jit.trace / torch.compile / torch.export (and so ONNX export) see tensors only:
     numba calls cannot be traced, nor can any other fast path outside torch's own operators."""
-    return torch.jit.is_tracing() or getattr(torch.compiler, "is_compiling", lambda: False)() or exporting()
+    return torch.jit.is_tracing() or _is_compiling() or exporting()
+
+
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)   # (looked up once: asked every frame)
 
 
 def _finite(*arrays: np.ndarray) -> bool:
@@ -209,11 +213,11 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     B, H, Tq, P = q_side.shape
     if P != layout.stamp or layout.value.start != P + 1:
         raise ValueError(f"q_side: {P} columns do not match the key layout {layout}")
-    time_kind = _time_kind(time_input, q_times)
+    time_kind = _time_kind(time_input, q_times is not None)
     times = _ZERO_TIMES if q_times is None else _array(q_times)
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
-    stages = _traced_stages(idx, layout, weights) if trace else None
+    stages = _traced_stages(idx.shape, layout, weights) if trace else None
     nb.attend(_array(q_side.transpose(-1, -2)), _array(key_rows[..., :layout.stamp + 1].transpose(-1, -2)),
               _array(key_rows), _array(idx), times, time_kind, *weights.kernel_arrays[0], MODE_CODES[mode],
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau, trace,
@@ -221,70 +225,72 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     return out, float(worst_dt_tau[0]), stages
 
 
-def _time_kind(time_input: str, q_times: torch.Tensor | None) -> int:
+def _time_kind(time_input: str, timed: bool) -> int:
     """What the pair stage's time vector reads (the kernels' TIME_* code): the key's age
-    ("elapsed"), the query's time, or 1 without timestamps."""
+    ("elapsed"), the query's time, or 1 without timestamps (``timed``: the queries have times)."""
     nb = _kernels()
     if time_input == "elapsed":
-        if q_times is None:
+        if not timed:
             raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
         return nb.TIME_ELAPSED
-    return nb.TIME_ONE if q_times is None else nb.TIME_QUERY
+    return nb.TIME_QUERY if timed else nb.TIME_ONE
 
 
-def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeights, out_proj: torch.nn.Linear) -> bool:
-    """Whether :func:`stream_step` can serve a streamed step on these inputs: CPU float32,
-    no gradient needed, and the pair stage's weights finite (the inputs' finiteness the kernel
-    checks itself). (Clamp, dropout and logit variant are the caller's to rule out.)"""
-    if not available() or tracing():
-        return False
-    tensors = (x_t, cache, weights.qkv_weight, out_proj.weight)
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and not needs_grad(*tensors, weights.qkv_bias, weights.query_side, weights.query_bias, weights.key_side,
-                               *weights.pair_stage(), out_proj.bias)
-            and weights.kernel_arrays[1])
+def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeights) -> bool:
+    """Whether :func:`stream_step` can serve a streamed step on these inputs: CPU float32, no
+    gradient needed, and weights it reads (``PackedWeights.streams``: the pair stage's finite;
+    the inputs' finiteness the kernel checks itself). (Clamp, dropout and logit variant are the
+    caller's to rule out.) Traced, nothing is asked of the weights: they become arrays only for a
+    kernel call."""
+    return (available() and not tracing() and x_t.dtype == cache.dtype == torch.float32
+            and x_t.device.type == cache.device.type == "cpu" and weights.streams
+            and not (torch.is_grad_enabled() and (weights.records_gradients or x_t.requires_grad
+                                                  or cache.requires_grad)))
 
 
-def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.Tensor, q_times: torch.Tensor | None,
-                weights: PackedWeights, out_proj: torch.nn.Linear, layout: KeyLayout, *, topk: int, select: str,
-                grows: bool, mode: str, euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool,
-                trace: bool = False):
+def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.Tensor, timed: bool,
+                weights: PackedWeights, layout: KeyLayout, *, topk: int, select: str, grows: bool, mode: str,
+                euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool, trace: bool = False):
     """A streamed step (:func:`~nac_drive.nac.streaming.step`) in one numba call: x_t ``[B, input_dim]``,
     the cache's rows ``[B, H, C, width]`` after ``steps`` steps (an int or a 0-d tensor, as an
-    exported step graph passes it), now ``[B]`` (the step's time), q_times ``[B, 1]`` or None as
-    :func:`attend` reads them, ``out_proj`` the layer's output projection -> (y ``[B, d_model]``,
-    the heads' outputs ``[B, H, 1, depth]`` it projects, the new rows ``[B, H, C (+1 if grows),
-    width]``, the largest dt * tau in mode euler, and with ``trace`` the step's q, k, v
-    ``[B, 1, d_model]``, selected slots idx ``[B, H, 1, K]`` and pair stages as :func:`attend`
-    traces them, else None), or None when an input or what the gates make of it is not finite
-    (the caller takes the eager code)."""
+    exported step graph passes it), now ``[B]`` (the step's time, which the pair stage reads as
+    the query's if ``timed``, as :func:`attend` reads q_times), the layer's packed ``weights`` (its
+    output projection's included)
+    -> (y ``[B, d_model]``, the heads' outputs ``[B, H, 1, depth]`` it projects, the new rows ``[B,
+    H, C (+1 if grows), width]``, the largest dt * tau in mode euler, and with ``trace`` the step's
+    q, k, v ``[B, 1, d_model]``, selected slots idx ``[B, H, 1, K]`` and pair stages as
+    :func:`attend` traces them, else None), or None when an input or what the gates make of it is
+    not finite (the caller takes the eager code). The outputs are numpy arrays seen as tensors
+    (numpy allocates them several times faster than torch)."""
     B, H, C, width = cache.shape
     C_out = C + 1 if grows else C
-    qkv = torch.empty(B, weights.qkv_weight.shape[0])
-    rows = torch.empty(B, H, C_out, width)
-    idx = torch.empty(B, H, 1, C_out if select == "all" else topk, dtype=torch.int64)
-    heads = torch.empty(B, H, 1, layout.depth)
-    y = torch.empty(B, out_proj.out_features)
+    qkv = np.empty((B, weights.qkv_weight.shape[0]), np.float32)
+    rows = np.empty((B, H, C_out, width), np.float32)
+    idx = np.empty((B, H, 1, C_out if select == "all" else topk), np.int64)
+    heads = np.empty((B, H, 1, layout.depth), np.float32)
+    y = np.empty((B, weights.output[0].shape[0]), np.float32)
     worst_dt_tau = np.zeros(1, np.float32)
-    stages = _traced_stages(idx, layout, weights) if trace else None
+    stages = _traced_stages(idx.shape, layout, weights) if trace else None
     finite = _kernels().stream_step(
-        _array(x_t), _array(cache), _array(now), _time_kind(time_input, q_times), *weights.stream_arrays,
-        *weights.kernel_arrays[0], _array(out_proj.weight), _array(out_proj.bias), int(steps), select == "all",
-        MODE_CODES[mode], euler_steps, np.float32(tau_eps), time_weighted_values, qkv.numpy(), rows.numpy(),
-        idx.numpy(), heads.numpy(), y.numpy(), worst_dt_tau, trace,
-        tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
+        _array(x_t), _array(cache), _array(now), _time_kind(time_input, timed), *weights.stream_arrays, int(steps),
+        select == "all", MODE_CODES[mode], euler_steps, np.float32(tau_eps), time_weighted_values, qkv, rows, idx,
+        heads, y, worst_dt_tau, trace, tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
     if not finite:
         return None
-    traced = (*qkv[:, None].chunk(3, dim=-1), idx, stages) if trace else None
-    return y, heads, rows, float(worst_dt_tau[0]), traced
+    traced = (*torch.from_numpy(qkv)[:, None].chunk(3, dim=-1), torch.from_numpy(idx), stages) if trace else None
+    return torch.from_numpy(y), torch.from_numpy(heads), torch.from_numpy(rows), float(worst_dt_tau[0]), traced
 
 
 def observed(*modules: torch.nn.Module) -> bool:
     """Whether a forward hook (their own or a global one) watches any of ``modules``' calls: a
-    fast path that would compute their outputs without calling them steps aside."""
+    fast path that would compute their outputs without calling them steps aside. (Asked every
+    frame of a closed loop: the modules' hook dicts are read by C iteration.)"""
     hooks = torch.nn.modules.module
     return bool(hooks._global_forward_hooks or hooks._global_forward_pre_hooks
-                or any(m._forward_hooks or m._forward_pre_hooks for m in modules))
+                or any(map(_FORWARD_HOOKS, modules)) or any(map(_FORWARD_PRE_HOOKS, modules)))
+
+
+_FORWARD_HOOKS, _FORWARD_PRE_HOOKS = operator.attrgetter("_forward_hooks"), operator.attrgetter("_forward_pre_hooks")
 
 
 # The pair stages a trace holds, in the kernel's order (NACTrace's fields of the same names).
@@ -292,11 +298,11 @@ TRACED_STAGES = ("inter", "command", "motor", "phi", "tau", "t_interp", "logits"
 _PER_UNIT = TRACED_STAGES[:3]   # the stages with a neuron axis
 
 
-def _traced_stages(idx: torch.Tensor, layout: KeyLayout, weights: PackedWeights) -> dict[str, torch.Tensor]:
+def _traced_stages(shape: tuple[int, ...], layout: KeyLayout, weights: PackedWeights) -> dict[str, torch.Tensor]:
     """Empty float32 tensors the kernel writes a trace's stages into: inter, command, motor
-    ``[B,H,Tq,K,n]``, the others ``[B,H,Tq,K]`` (idx's shape)."""
+    ``[B,H,Tq,K,n]``, the others ``[B,H,Tq,K]`` (``shape``, the selected keys')."""
     units = dict(zip(_PER_UNIT, (layout.n_inter, weights.command.shape[-1], weights.motor.shape[-1])))
-    return {name: torch.empty(*idx.shape, *([units[name]] if name in units else []), dtype=torch.float32)
+    return {name: torch.empty(*shape, *([units[name]] if name in units else []), dtype=torch.float32)
             for name in TRACED_STAGES}
 
 
@@ -306,7 +312,11 @@ _ZERO_TIMES = np.zeros((1, 1), np.float32)  # stands for q_times when the kernel
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
+    """``t`` as a contiguous numpy array (no copy if it is one; asked a few times a streamed step:
+    the questions before the calls)."""
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
 def _window(vis: Visibility) -> int:

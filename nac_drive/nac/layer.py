@@ -415,7 +415,7 @@ class NAC(nn.Module):
         without autograd reused until one of them changes."""
         return self._weights_cache.get(self, lambda: packing.pack(
             (self.q_gate, self.k_gate, self.v_gate), self.inter, self.command, self.motor,
-            (self.time_weight, self.time_bias), (self.phi_tau_weight, self.phi_tau_bias)))
+            (self.time_weight, self.time_bias), (self.phi_tau_weight, self.phi_tau_bias), self.out_proj))
 
     def backend(self, qh: torch.Tensor, kh: torch.Tensor, q_side: torch.Tensor, rows: torch.Tensor,
                 weights: PackedWeights, want_trace: bool = False) -> Backend:
@@ -434,7 +434,7 @@ class NAC(nn.Module):
         """Whether one numba call serves a streamed step (:func:`kernels.stream_step`): nothing
         clamped, the pair stage fusable, and the inputs :func:`kernels.handles_stream` takes."""
         return (self.clamp is None and self.pairs_fusable()
-                and kernels.handles_stream(x_t, rows, weights, self.out_proj))
+                and kernels.handles_stream(x_t, rows, weights))
 
     def init_cache(self, batch_size: int) -> NACCache:
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,9 @@ class PackedWeights:
     backbone's first layer and of the time affine, block-diagonal over the heads so all
     heads take one product (query_bias ``[H*(n_inter + 2)]``); command, motor
     ``[H, in, out]`` with biases ``[H, out]``; phi_tau ``[H, n_motor, 2]`` and
-    phi_tau_bias ``[H, 2]``: the read-outs of phi (column 0) and tau (column 1).
+    phi_tau_bias ``[H, 2]``: the read-outs of phi (column 0) and tau (column 1); output: the
+    output projection's weight ``[d_model, d_model]`` and bias, which only the streamed step's
+    kernel reads (everything else calls the layer's ``out_proj``, which hooks may watch).
     """
 
     qkv_weight: torch.Tensor
@@ -97,6 +100,7 @@ class PackedWeights:
     motor_bias: torch.Tensor
     phi_tau: torch.Tensor
     phi_tau_bias: torch.Tensor
+    output: tuple[torch.Tensor, torch.Tensor]
 
     def pair_stage(self) -> tuple[torch.Tensor, ...]:
         """What the pair stage reads after the gather, in the kernel's argument order."""
@@ -111,20 +115,40 @@ class PackedWeights:
 
     @functools.cached_property
     def stream_arrays(self) -> tuple[np.ndarray, ...]:
-        """The linear maps of a streamed step as F.linear reads them, for
-        :func:`~nac_drive.nac.kernels.stream_step`: qkv weight and bias, the query half
-        ``[H*(n_inter + 2), d_model]`` and its bias, the key half and a zero bias (made once per packing)."""
+        """What :func:`~nac_drive.nac.kernels.stream_step` reads, as numpy arrays (made once per
+        packing): the linear maps of a streamed step as F.linear reads them (qkv weight and bias,
+        the query half ``[H*(n_inter + 2), d_model]`` and its bias, the key half and a zero
+        bias), the pair stage's (:attr:`kernel_arrays`) and the output projection's weight and bias."""
         maps = (self.qkv_weight, self.qkv_bias, self.query_side.T, self.query_bias, self.key_side.T,
                 torch.zeros_like(self.query_bias))
-        return tuple(w.detach().contiguous().numpy() for w in maps)
+        return (*(w.detach().contiguous().numpy() for w in maps), *self.kernel_arrays[0],
+                *(w.detach().contiguous().numpy() for w in self.output))
+
+    @functools.cached_property
+    def streams(self) -> bool:
+        """Whether :func:`~nac_drive.nac.kernels.stream_step` can read these weights: on the CPU,
+        float32, the pair stage's finite (asked once per packing; a step asks every frame)."""
+        return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in self._streamed)
+                and self.kernel_arrays[1])
+
+    @functools.cached_property
+    def records_gradients(self) -> bool:
+        """Whether autograd records what is computed from these weights (while grad mode is on)."""
+        return any(t.requires_grad for t in self._streamed)
+
+    @property
+    def _streamed(self) -> tuple[torch.Tensor, ...]:
+        return (self.qkv_weight, self.qkv_bias, self.query_side, self.query_bias, self.key_side, *self.pair_stage(),
+                *self.output)
 
 
 def pack(gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear, command: HeadwiseMaskedLinear,
          motor: HeadwiseMaskedLinear, time: tuple[torch.Tensor, torch.Tensor],
-         phi_tau: tuple[torch.Tensor, torch.Tensor]) -> PackedWeights:
+         phi_tau: tuple[torch.Tensor, torch.Tensor], output: nn.Linear) -> PackedWeights:
     """The named weights -> :class:`PackedWeights`. ``gates`` (q, k, v); ``inter`` reads
     ``[q_i; k_j]`` (``[H, 2*depth, n_inter]``); ``time`` = (weight ``[H, 2*depth, 2]``, bias
-    ``[H, 2]``); ``phi_tau`` = (weight ``[H, n_motor, 2]``, bias ``[H, 2]``)."""
+    ``[H, 2]``); ``phi_tau`` = (weight ``[H, n_motor, 2]``, bias ``[H, 2]``); ``output`` the
+    output projection."""
     first, (time_weight, time_bias) = inter.effective_weight, time
     d = first.shape[1] // 2                                                  # rows of q_i, then of k_j
     query_side = torch.cat([first[:, :d], time_weight[:, :d]], dim=-1)      # [H, depth, n_inter + 2]
@@ -137,28 +161,33 @@ def pack(gates: Sequence[MaskedLinear], inter: HeadwiseMaskedLinear, command: He
         key_side=torch.block_diag(*key_side),
         command=command.effective_weight, command_bias=command.bias,
         motor=motor.effective_weight, motor_bias=motor.bias,
-        phi_tau=phi_tau[0], phi_tau_bias=phi_tau[1])
+        phi_tau=phi_tau[0], phi_tau_bias=phi_tau[1], output=(output.weight, output.bias))
 
 
 class Derived:
     """A value computed from a module's weights (packed, reordered for a kernel), kept while
     they are unchanged: built every call, the packing alone would take a third of a streamed
-    NAC step. The storage and version counter of each of the module's parameters and buffers
-    (its submodules' included) key it, so an in-place change (an optimizer's step,
-    ``load_state_dict``) or a replaced tensor rebuilds it. It is built afresh on every call
-    while autograd records through those weights, and for inference tensors (a module built
-    under ``inference_mode``), which have no version. A copy of the module starts without it.
+    NAC step. The storage and version counter of each of the module's parameters and buffers,
+    and its submodules and their modes, key it, so an in-place change (an optimizer's step,
+    ``load_state_dict``), a replaced tensor, a replaced layer or a layer put in train mode
+    rebuilds it. It is built afresh on every call while autograd records through those weights,
+    and for inference tensors (a module built under ``inference_mode``), which have no version.
+    A copy of the module starts without it.
     """
 
     def __init__(self):
         self.key, self.value = None, None
+        self._sources = None   # (registrations seen, module, its modules, their tensors, the tensors' ids)
 
     def get(self, module: nn.Module, build: Callable[[], Any], *extra: Hashable) -> Any:
         """``build()`` for ``module``'s current weights (and ``extra``, such as an input's shape)."""
         if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
             return build()
         try:
-            key = _contents(module, [*extra])
+            key = self._key(module, extra)
+            if key != self.key:   # perhaps a tensor replaced in a module's dict: gather them again
+                self._sources = None
+                key = self._key(module, extra)
         except RuntimeError:   # an inference tensor: no version to tell a change by
             return build()
         if key != self.key:
@@ -166,32 +195,47 @@ class Derived:
             self.key, self.value = key, value
         return self.value
 
+    def _key(self, module: nn.Module, extra: tuple) -> list:
+        """What the value depends on. The module's modules and tensors are gathered again after a
+        registration anywhere (:data:`_registrations`) or when the key changed; each
+        call reads the tensors' storage and versions and the modules' modes by C iteration (a walk
+        through the modules' dicts every frame cost twice as much)."""
+        sources = self._sources
+        if sources is None or sources[0] != _registrations[0] or sources[1] is not module:
+            modules = list(module.modules())
+            tensors = [t for m in modules for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+            sources = self._sources = (_registrations[0], module, modules, tensors, list(map(id, tensors)))
+        _, _, modules, tensors, ids = sources
+        # the tensors last: compared only once their ids are equal, they keep those ids taken
+        return [extra, modules, ids, list(map(_data_ptr, tensors)), list(map(_version, tensors)),
+                list(map(_training, modules)), tensors]
+
     def clear(self) -> None:
-        self.key, self.value = None, None
+        self.key, self.value, self._sources = None, None, None
 
     def __deepcopy__(self, memo) -> "Derived":
         return Derived()
 
     def __getstate__(self) -> dict:
-        return {"key": None, "value": None}
+        return {"key": None, "value": None, "_sources": None}
 
 
-def _contents(module: nn.Module, key: list) -> list:
-    """``key`` extended by the storage address and version counter of each of ``module``'s
-    parameters and buffers, its submodules' included (read from the modules' own dicts:
-    ``Module.parameters()`` would cost more than what the cache saves)."""
-    for tensor in module._parameters.values():
-        if tensor is not None:
-            key.append(tensor.data_ptr())
-            key.append(tensor._version)
-    for tensor in module._buffers.values():
-        if tensor is not None:
-            key.append(tensor.data_ptr())
-            key.append(tensor._version)
-    for child in module._modules.values():
-        if child is not None:
-            _contents(child, key)
-    return key
+_data_ptr, _version, _training = torch.Tensor.data_ptr, operator.attrgetter("_version"), operator.attrgetter("training")
+# Parameters, buffers and submodules assigned to any module so far (torch's global registration
+# hooks count them): while the count is unchanged, a module tree holds the same layers and tensors
+# (but for a tensor put in a module's dict directly, as Module.to does with a moved buffer, while
+# its parameters move too: a changed key gathers them again).
+_registrations = [0]
+
+
+def _count_registration(module: nn.Module, name: str, value: Any) -> None:
+    _registrations[0] += 1
+
+
+for _register in (nn.modules.module.register_module_parameter_registration_hook,
+                  nn.modules.module.register_module_buffer_registration_hook,
+                  nn.modules.module.register_module_module_registration_hook):
+    _register(_count_registration)
 
 
 def pair_scores(qh: torch.Tensor, kh: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

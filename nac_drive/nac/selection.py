@@ -117,7 +117,10 @@ def _stable_top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 
 def exporting() -> bool:
     """``torch.export`` (and so ``torch.onnx.export(dynamo=True)``) is tracing this code."""
-    return getattr(torch.compiler, "is_exporting", lambda: False)()
+    return _is_exporting()
+
+
+_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 
 
 def _query_chunks(num_queries: int, per_query: int, window: int | None = None):

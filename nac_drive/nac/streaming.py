@@ -7,7 +7,7 @@ A step computes the new frame's q, k, v, appends its row, selects among the cach
 runs the layer's pair stage for the one query: exactly what the causal forward (same
 ``window``) returns at that position, in O(window) work. On CPU without autograd the whole
 step is one numba call (:func:`~nac_drive.nac.kernels.stream_step`; the shipped policy's step:
-0.25 -> 0.07 ms, most of the 0.25 spent in the torch and numpy calls around the stage-by-stage
+0.25 -> 0.05 ms, most of the 0.25 spent in the torch and numpy calls around the stage-by-stage
 kernels, ``benchmarks/policy_speed.py --breakdown``); the output projection stays a module call
 while a hook watches it.
 """
@@ -70,12 +70,12 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
     else:
         origin = t.detach().clone() if origin is None else origin
         now = (t - origin).to(x_t.dtype)                          # relative before the cast
-    q_times = now[:, None] if (t is not None or layer.time_input == "elapsed") else None
+    timed = t is not None or layer.time_input == "elapsed"   # the pair stage reads the query's time
     if layer.streams_on_kernels(x_t, cache.feats, weights):
         # its fast path: the whole step in one numba call (None: a value not finite)
-        fused = kernels.stream_step(x_t, cache.feats, cache.steps, now, q_times, weights, layer.out_proj,
-                                    layer.layout, topk=layer.topk, select=layer.select, grows=layer.window is None,
-                                    trace=return_trace, **layer.pair_settings)
+        fused = kernels.stream_step(x_t, cache.feats, cache.steps, now, timed, weights, layer.layout, topk=layer.topk,
+                                    select=layer.select, grows=layer.window is None, trace=return_trace,
+                                    **layer.pair_settings)
         if fused is not None:
             y, heads, rows, worst_dt_tau, traced = fused
             layer.check_kernel_stability(worst_dt_tau)
@@ -102,6 +102,7 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
         idx = layer.select_keys(qh, keys, Visibility(causal=False, key_valid=(~empty).expand(B, C)),
                                 backend.selection_on_kernels)
     qk = pair_scores(qh, keys, idx) if layer.logit_variant == "qk" else None
+    q_times = now[:, None] if timed else None
     out, stages = layer.attend(q_side, q_times, rows, idx, weights, return_trace, backend.pairs_on_kernels, qk)
     y = layer.output(out)[:, 0]
     if not return_trace:

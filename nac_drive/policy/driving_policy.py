@@ -37,6 +37,7 @@ from nac_drive.io.checkpoint import (CONFIG, WEIGHTS, CheckpointError, check_sha
                                   read_json, read_tensors, save_model, tensor_shapes)
 from nac_drive.policy.cores import CoreConfig, build_core
 from nac_drive.policy.encoders import ENCODERS
+from nac_drive.policy.fused import FusedLayers
 from nac_drive.policy.model_card import CARD_TEMPLATE, model_card
 from nac_drive.nac import upgrade_state_names
 from nac_drive.policy.tasks import DISCRETE_GAS, TASKS, Task
@@ -169,7 +170,7 @@ class ClosedLoop:
             timestamp = self._frames_seen * self.config.frame_dt
         if self._t0 is None:
             self._t0 = timestamp
-        return torch.tensor([timestamp - self._t0], dtype=torch.float32)
+        return torch.from_numpy(np.array([timestamp - self._t0], np.float32))   # (torch.tensor: 3x the time)
 
     def step_output(self, obs) -> torch.Tensor:
         """Consume one observation; returns the head's raw output ``[num_outputs]``."""
@@ -247,6 +248,9 @@ class ClosedLoop:
                                  f"policy learned {self.config.gas} ({maker} makes its env)")
 
 
+_CLOSED_LOOP_STATE = frozenset({"_state", "_frames_seen", "_t0", "last_output", "last_trace"})
+
+
 class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="nac-drive", license="mit",
                     pipeline_tag="reinforcement-learning", tags=["behaviour-cloning", "driving", "nac-drive"],
                     paper_url="https://arxiv.org/abs/2512.10282", model_card_template=CARD_TEMPLATE):
@@ -259,8 +263,15 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
             self.core = build_core(config.feature_dim, config.core, config.frame_dt)
             self.head = nn.Sequential(nn.Dropout(config.head_dropout),
                                       nn.Linear(self.core.out_dim, config.num_outputs))
+        self.fused_head = FusedLayers()   # the head without its module calls, in a closed loop on the CPU
         self.trace_enabled = False
         self.reset()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _CLOSED_LOOP_STATE:   # never a parameter, buffer or module: set without Module's checks
+            object.__setattr__(self, name, value)   # (~1 us each, and a frame sets three)
+        else:
+            super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ training
     @property
@@ -291,10 +302,12 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
         CPU, as is the trace, wherever the policy runs)."""
         device = module_device(self)
         frame, timestamp = self.observation_to_frame(obs)
-        t = self.episode_time(timestamp).to(device)
+        t = self.episode_time(timestamp)
+        if device.type != "cpu":   # (a move to where a tensor is still costs a call every frame)
+            frame, t = frame.to(device), t.to(device)
         if self._state is None:
             self._state = self.core.init_state(1)
-        features = self.encoder(frame[None].to(device))
+        features = self.encoder(frame[None])
         if self.trace_enabled:
             y, self._state, trace = self.core.step(features, self._state, t=t, return_trace=True)
             self.last_trace = trace if device.type == "cpu" else type(trace)(   # a NACTrace, read as numpy
@@ -302,8 +315,15 @@ class DrivingPolicy(ClosedLoop, nn.Module, PyTorchModelHubMixin, library_name="n
         else:
             y, self._state = self.core.step(features, self._state, t=t)
         self._frames_seen += 1
-        self.last_output = self.head(y)[0].cpu()
+        output = self.head_output(y)[0]
+        self.last_output = output if device.type == "cpu" else output.cpu()
         return self.last_output
+
+    def head_output(self, y: torch.Tensor) -> torch.Tensor:
+        """The head on the core's output y ``[B, core.out_dim]`` -> ``[B, num_outputs]``, as a
+        closed loop runs it (without its module calls where its plan serves: :mod:`.fused`)."""
+        output = self.fused_head(self.head, lambda: self.head, y)
+        return self.head(y) if output is None else output
 
     def frame_model(self, timestamp: float | None = None) -> nn.Module:
         """An image model ``[B, C, H, W] -> [B, num_outputs]`` for the NEXT frame, with the

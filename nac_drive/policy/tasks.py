@@ -77,7 +77,7 @@ class Task:
     def action(self, output: np.ndarray, action: str):
         """The head's output ``[num_outputs]`` -> an action of :meth:`action_space`."""
         if action == "discrete":
-            return int(np.argmax(output))
+            return int(output.argmax())
         low, high = self._bounds(len(output))
         return np.clip(output, low, high).astype(np.float32)
 
