@@ -287,6 +287,39 @@ def test_selection_kernels_choose_the_reference_keys(causal, window, masked, dty
             assert torch.all(chosen[..., 1:] <= chosen[..., :-1])
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_block_selection_kernel_ranks_ties_newest_first(causal, dtype):
+    """Small integers score exactly and often alike (ties inside and across blocks, zeros): the
+    kernel's keys, in order, are those of (score, key) ranked by hand in the blocks that rank
+    best by the same centroid scores (ties there to the later block)."""
+    g = torch.Generator().manual_seed(3)
+    H, T, D, K = 2, 50, 4, 9                  # blocks of 8, 3 of them a query
+    q, k = (torch.randint(-2, 3, (1, H, T, D), generator=g).to(dtype) for _ in range(2))
+    part = BlockPartition.of(k, K, None)
+    block_scores = q @ part.centroids.transpose(-1, -2)
+    got = kernel_block(q, k, K, Visibility(causal))
+    for h, i in itertools.product(range(H), range(T)):
+        own = i // part.size
+        rankable = [blk for blk in range(part.n_blocks) if blk != own and (blk < own or not causal)]
+        ranked = sorted(rankable, key=lambda blk: (float(block_scores[0, h, i, blk]), blk), reverse=True)
+        cand = [j for blk in [own, *ranked[:part.n_pick - 1]] for j in range(blk * part.size, (blk + 1) * part.size)
+                if j < T and (j <= i or not causal)]
+        best = sorted(cand, key=lambda j: (float(q[0, h, i] @ k[0, h, j]), j), reverse=True)[:K]
+        assert got[0, h, i].tolist() == best + [NO_KEY] * (K - len(best)), (h, i)
+
+
+def test_packed_scores_rank_as_the_selection_compares_them():
+    """float32 block selection ranks a score and its key packed into one int64: higher score first,
+    equal scores (-0.0 and 0.0 among them) the newer key first."""
+    from nac_drive.nac import _numba as nb
+
+    scores = np.array([1.5, -0.0, 0.0, -2.0, 1.5, -1e-45, 1e-45, -3.4e38, 3.4e38, -2.0, 0.0, -0.0], np.float32)
+    packed = [nb._pack(bits, key) for key, bits in enumerate(scores.view(np.int32))]
+    by_packing = sorted(range(len(scores)), key=packed.__getitem__, reverse=True)
+    assert by_packing == sorted(range(len(scores)), key=lambda c: (scores[c], c), reverse=True)
+
+
 def test_exact_selection_kernel_with_a_query_offset():
     q, k = _random_qk(1, 2, 30, 4, seed=9)
     vis = Visibility(causal=True, window=7)

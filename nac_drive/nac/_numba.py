@@ -76,7 +76,7 @@ def _insert(score, key, n, topk, best, out):
 
 
 # Selection compares finite scores only (`empty`, the dtype's lowest finite value, marks
-# a key that may not be chosen), so it can use full fast-math: max reductions vectorise.
+# a key that may not be chosen), so it can use full fast-math.
 _SELECT_JIT = dict(_JIT, fastmath=True)
 _CHUNK = 16  # scores per chunk when looking for the Top-K
 _RANK_MAX = 32  # up to this many scores, the Top-K by ranking every one (measured faster at 16)
@@ -141,6 +141,52 @@ def _top_of(scores, keys, n, empty, best, row, chunk_max):
         row[p] = NO_KEY
 
 
+# Block selection ranks float32 scores packed with their keys into int64s: LLVM vectorises a max
+# reduction over ints, and leaves one over floats scalar here (its min/max pattern needs flags numba
+# does not set on the select).
+NO_CANDIDATE = np.iinfo(np.int64).min   # a packed candidate that may not be chosen
+_KEY_BITS = 32
+_ROWS_AT_ONCE = 32   # queries whose packed Top-K passes run interleaved (8 or more measured alike)
+
+
+@njit(inline="always", **_SELECT_JIT)
+def _pack(score_bits, key):
+    """A float32 score (its bits, int32) and its key (< 2^32) -> an int64 that orders as
+    :func:`_ahead` ranks them: the score's sign-magnitude bits as two's complement, above the
+    key (-0.0 packs as 0.0: equal scores, so the newer key first)."""
+    magnitude = np.int64(score_bits & 0x7FFFFFFF)
+    return ((magnitude if score_bits >= 0 else -magnitude) << _KEY_BITS) | key
+
+
+@njit(**_SELECT_JIT)
+def _top_of_packed(packed, out):
+    """out[r] = the keys of the K largest of packed[r] (:func:`_pack`, NO_CANDIDATE for none),
+    best first, NO_KEY in the slots left over: packed ``[R, n]``, out ``[R, K]``.
+
+    Pass p takes each row's largest value below the one pass p - 1 took (packed values are
+    distinct): a branch-free max reduction per row, and the rows of a pass independent, so that
+    the CPU overlaps their latencies. out holds the packed values until the last pass."""
+    R, n = packed.shape
+    for p in range(out.shape[1]):
+        for r in range(R):
+            taken = out[r, p - 1] if p > 0 else np.iinfo(np.int64).max
+            top = NO_CANDIDATE
+            for c in range(U(n)):
+                v = packed[r, c]
+                top = max(top, v if v < taken else NO_CANDIDATE)
+            out[r, p] = top
+    for r in range(R):
+        for p in range(out.shape[1]):
+            out[r, p] = out[r, p] & ((1 << _KEY_BITS) - 1) if out[r, p] != NO_CANDIDATE else NO_KEY
+
+
+@njit(inline="always", **_SELECT_JIT)
+def _rankable(blk, own, size, lo, hi, has_keys):
+    """Whether a query of block ``own`` may rank block ``blk``: another block, holding valid keys,
+    that overlaps the query's visible interval [lo, hi]."""
+    return (blk != own) & has_keys & (blk * size + size - 1 >= lo) & (blk * size <= hi)
+
+
 @njit(**_SELECT_JIT)
 def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
     """Exact Top-K by q . k over each query's visible keys.
@@ -185,56 +231,73 @@ def topk_block_rows(q, kT, key_ok, count, block_scores, heads, causal, window, s
     valid keys per block, block_scores ``[BH, T, n_blocks]`` (q . centroid) -> out
     ``[BH, T, K]``. Each query keeps its own block plus the ``n_pick - 1`` rankable
     blocks that score best, then takes the exact Top-K of its visible, valid keys in them.
+    float32 scores are ranked packed (:func:`_top_of_packed`, a run of queries at once),
+    float64 ones, which do not fit beside a key in 64 bits, by :func:`_insert` and :func:`_top_of`.
     """
     BH, T, D = q.shape
     topk = out.shape[2]
     n_blocks = count.shape[1]
-    others = np.empty(max(n_pick - 1, 1), np.int64)
-    other_scores = np.empty(max(n_pick - 1, 1), q.dtype)
-    cand = np.empty(n_pick * size, q.dtype)
-    cand_keys = np.empty(n_pick * size, np.int64)
-    chunk_max = np.empty(n_pick * size, q.dtype)
-    best = np.empty(topk, q.dtype)
-    row = np.empty(topk, np.int64)
+    n_cand = n_pick * size
+    packs = q.itemsize == 4
+    block_bits, block_packed = block_scores.view(np.int32), np.empty((1, n_blocks), np.int64)
+    others, other_scores = np.empty((1, n_pick - 1), np.int64), np.empty(max(n_pick - 1, 1), q.dtype)
+    cand, cand_keys = np.empty(n_cand, q.dtype), np.empty(n_cand, np.int64)
+    cand_bits, packed = cand.view(np.int32), np.empty((_ROWS_AT_ONCE, n_cand), np.int64)
+    chunk_max, best, row = np.empty(n_cand, q.dtype), np.empty(topk, q.dtype), np.empty(topk, np.int64)
     size_u = U(size)
     for bh in range(BH):
         b = bh // heads
-        for i in range(T):
-            own = i // size
-            # rankable blocks overlap the visible interval [lo, hi]; under causality
-            # they lie wholly before the query's own block
-            lo = 0 if window < 0 else i - window + 1
-            if causal:
-                hi = own * size - 1
-            elif window < 0:
-                hi = T - 1
-            else:
-                hi = i + window - 1
-            n_others = 0
-            if n_pick > 1:
-                for blk in range(n_blocks):
-                    if blk != own and count[b, blk] > 0 and blk * size + size - 1 >= lo and blk * size <= hi:
-                        n_others = _insert(block_scores[bh, i, blk], blk, n_others, n_pick - 1, other_scores,
-                                           others)
-            lo_key, hi_key = _visible_range(i, T, causal, window)
-            lo_key, hi_key = U(lo_key), U(hi_key)
-            n = U(0)
-            for p in range(1 + n_others):
-                first = U((own if p == 0 else others[p - 1]) * size)
-                cand[n:n + size_u] = 0.0
-                for d in range(D):
-                    qd = q[bh, i, d]
+        for i0 in range(0, T, _ROWS_AT_ONCE):
+            rows = min(_ROWS_AT_ONCE, T - i0)
+            for i in range(i0, i0 + rows):
+                own = i // size
+                # rankable blocks overlap the visible interval [lo, hi]; under causality
+                # they lie wholly before the query's own block
+                lo = 0 if window < 0 else i - window + 1
+                if causal:
+                    hi = own * size - 1
+                elif window < 0:
+                    hi = T - 1
+                else:
+                    hi = i + window - 1
+                n_others = 0
+                if packs:
+                    for blk in range(n_blocks):
+                        ok = _rankable(blk, own, size, lo, hi, count[b, blk] > 0)
+                        block_packed[0, blk] = _pack(block_bits[bh, i, blk], blk) if ok else NO_CANDIDATE
+                    _top_of_packed(block_packed, others)
+                    while n_others < n_pick - 1 and others[0, n_others] != NO_KEY:
+                        n_others += 1
+                elif n_pick > 1:
+                    for blk in range(n_blocks):
+                        if _rankable(blk, own, size, lo, hi, count[b, blk] > 0):
+                            n_others = _insert(block_scores[bh, i, blk], blk, n_others, n_pick - 1, other_scores,
+                                               others[0])
+                lo_key, hi_key = _visible_range(i, T, causal, window)
+                lo_key, hi_key = U(lo_key), U(hi_key)
+                n = U(0)
+                for p in range(1 + n_others):
+                    first = U((own if p == 0 else others[0, p - 1]) * size)
+                    cand[n:n + size_u] = 0.0
+                    for d in range(D):
+                        qd = q[bh, i, d]
+                        for c in range(size_u):
+                            cand[n + c] += qd * kT[bh, d, first + c]
                     for c in range(size_u):
-                        cand[n + c] += qd * kT[bh, d, first + c]
-                for c in range(size_u):
-                    j = first + c
-                    cand_keys[n + c] = j
-                    ok = key_ok[b, j] and j >= lo_key and j < hi_key
-                    cand[n + c] = cand[n + c] if ok else empty
-                n += size_u
-            _top_of(cand, cand_keys, n, empty, best, row, chunk_max)
-            for p in range(topk):
-                out[bh, i, p] = row[p]
+                        j = first + c
+                        cand_keys[n + c] = j
+                        ok = key_ok[b, j] and j >= lo_key and j < hi_key
+                        cand[n + c] = cand[n + c] if ok else empty
+                    n += size_u
+                if packs:
+                    for c in range(n):
+                        packed[i - i0, c] = _pack(cand_bits[c], cand_keys[c]) if cand[c] > empty else NO_CANDIDATE
+                    packed[i - i0, n:] = NO_CANDIDATE
+                else:
+                    _top_of(cand, cand_keys, n, empty, best, row, chunk_max)
+                    out[bh, i] = row
+            if packs:
+                _top_of_packed(packed[:rows], out[bh, i0:i0 + rows])
 
 
 # --------------------------------------------------------------------------- pair math
