@@ -188,3 +188,25 @@ def test_a_fused_convolution_that_fails_falls_back_to_torchs_own_with_a_warning(
         with pytest.warns(RuntimeWarning, match="the fused CPU convolutions failed"):
             got = encoder(frames)
     assert torch.allclose(got, expected, atol=1e-5) and fused._FUSED_CONV is False
+
+
+def test_a_head_of_one_layer_runs_as_a_plan_and_never_turns_the_fused_convolutions_off(recwarn):
+    """A user's head may be one Linear instead of the Sequential a policy builds: its plan is a stack
+    of one. A layer stack that fails without a convolution in it raises instead of being taken for
+    a failed fused convolution (which would turn them off for the whole process)."""
+    fusing = fused._FUSED_CONV
+    policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru")))
+    policy.head = torch.nn.Linear(policy.core.out_dim, 5)
+    policy.eval()
+    frames = _frames(policy.encoder, 3)
+    with torch.inference_mode():
+        fast = [policy.select_action(frame.permute(1, 2, 0).numpy()) for frame in frames]
+    assert policy.fused_head.ran and fused._FUSED_CONV == fusing
+    assert not [w for w in recwarn if "fused" in str(w.message)]
+    policy.reset()
+    with kernels.disabled():
+        assert [policy.select_action(frame.permute(1, 2, 0).numpy()) for frame in frames] == fast
+    stack = fused.FusedLayers()
+    with torch.inference_mode(), pytest.raises(RuntimeError):
+        stack(policy.head, lambda: policy.head, torch.zeros(1, 3))   # a wrong input width
+    assert fused._FUSED_CONV == fusing

@@ -67,17 +67,17 @@ class FusedLayers:
     def __setstate__(self, state: dict) -> None:
         self.__init__()
 
-    def __call__(self, owner: nn.Module, layers: Callable[[], Sequence[nn.Module]],
+    def __call__(self, owner: nn.Module, layers: Callable[[], nn.Module | Sequence[nn.Module]],
                  x: torch.Tensor) -> torch.Tensor | None:
-        """``owner``'s ``layers()`` (in order; asked when the plan is made) on x ``[B, ...]``, or None
-        where the plan does not serve this call (the caller runs the modules)."""
+        """``owner``'s ``layers()`` (in order, :func:`as_layers`; asked when the plan is made) on x
+        ``[B, ...]``, or None where the plan does not serve this call (the caller runs the modules)."""
         global _FUSED_CONV
         if (owner.training or torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu"
                 or not kernels.enabled() or kernels.tracing()):
             return None
         plan = None
         try:
-            plan = self._plan.get(owner, lambda: make_plan(list(layers()), x.shape), *x.shape)
+            plan = self._plan.get(owner, lambda: make_plan(as_layers(layers()), x.shape), *x.shape)
             if plan is None or kernels.observed(owner, *plan.modules):   # (the owner: a caller may run it instead)
                 return None
             for step, args in plan.steps:
@@ -85,14 +85,23 @@ class FusedLayers:
             self.ran = True
             return x
         except (RuntimeError, TypeError) as e:
-            if plan is not None and not plan.fuses_convolutions:
-                raise
+            if (plan is not None and not plan.fuses_convolutions) or \
+                    not any(type(layer) is nn.Conv2d for layer in as_layers(layers())):
+                raise   # not the fused convolutions' failure
             # torch's private operator changed: the plain convolutions from now on
             _FUSED_CONV = False
             self._plan.clear()
             warnings.warn(f"the fused CPU convolutions failed ({type(e).__name__}: {e}); the encoders take "
                           "torch's plain convolutions from now on", RuntimeWarning, stacklevel=2)
             return None
+
+
+def as_layers(layers: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
+    """A stack of layers as a list: a Sequential's (or any sequence's) layers in order, and a
+    lone layer (a head that is one Linear) as a stack of one."""
+    if isinstance(layers, nn.Module) and not isinstance(layers, (nn.Sequential, nn.ModuleList)):
+        return [layers]
+    return list(layers)
 
 
 def make_plan(layers: list[nn.Module], input_shape: torch.Size) -> Plan | None:
