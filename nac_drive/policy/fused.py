@@ -85,8 +85,9 @@ class FusedLayers:
             self.ran = True
             return x
         except (RuntimeError, TypeError) as e:
-            if (plan is not None and not plan.fuses_convolutions) or \
-                    not any(type(layer) is nn.Conv2d for layer in as_layers(layers())):
+            fusing = plan.fuses_convolutions if plan is not None else \
+                any(type(layer) is nn.Conv2d for layer in as_layers(layers()))   # (failed making the plan)
+            if not fusing:
                 raise   # not the fused convolutions' failure
             # torch's private operator changed: the plain convolutions from now on
             _FUSED_CONV = False
