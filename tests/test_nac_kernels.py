@@ -309,6 +309,25 @@ def test_block_selection_kernel_ranks_ties_newest_first(causal, dtype):
         assert got[0, h, i].tolist() == best + [NO_KEY] * (K - len(best)), (h, i)
 
 
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (True, 20), (False, 90)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exact_selection_kernel_ranks_ties_newest_first(causal, window, dtype):
+    """Small integers score exactly and often alike (zeros, -0.0 among them): over 150 keys, more
+    than one row of the kernel's columns, the keys in order are those of (score, key) ranked by
+    hand among each query's visible, valid keys."""
+    g = torch.Generator().manual_seed(4)
+    H, T, D, K = 2, 150, 3, 9
+    q, k = (torch.randint(-2, 3, (1, H, T, D), generator=g).to(dtype) for _ in range(2))
+    k[0, :, 40:60] = -0.0 * k[0, :, 40:60].abs()   # negative zeros: they tie with 0.0
+    valid = torch.rand(1, T, generator=g) > 0.2
+    got = kernel_exact(q, k, K, Visibility(causal, window, valid))
+    for h, i in itertools.product(range(H), range(T)):
+        cand = [j for j in range(T) if valid[0, j] and (j <= i or not causal)
+                and (window is None or (i - window < j and (causal or j < i + window)))]
+        best = sorted(cand, key=lambda j: (float(q[0, h, i] @ k[0, h, j]), j), reverse=True)[:K]
+        assert got[0, h, i].tolist() == best + [NO_KEY] * (K - len(best)), (h, i)
+
+
 def test_packed_scores_rank_as_the_selection_compares_them():
     """float32 block selection ranks a score and its key packed into one int64: higher score first,
     equal scores (-0.0 and 0.0 among them) the newer key first."""

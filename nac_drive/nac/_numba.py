@@ -145,17 +145,25 @@ def _top_of(scores, keys, n, empty, best, row, chunk_max):
 # reduction over ints, and leaves one over floats scalar here (its min/max pattern needs flags numba
 # does not set on the select).
 NO_CANDIDATE = np.iinfo(np.int64).min   # a packed candidate that may not be chosen
+NONE_32 = np.iinfo(np.int32).min       # an ordered score (:func:`_ordered`) that may not be chosen
 _KEY_BITS = 32
 _ROWS_AT_ONCE = 32   # queries whose packed Top-K passes run interleaved (8 or more measured alike)
 
 
 @njit(inline="always", **_SELECT_JIT)
+def _ordered(score_bits):
+    """A float32 score's bits (int32) -> an int32 that orders as the scores do: the sign-magnitude
+    bits as two's complement (-0.0 as 0.0, so equal scores stay equal). Never NONE_32."""
+    magnitude = score_bits & 0x7FFFFFFF
+    return magnitude if score_bits >= 0 else -magnitude
+
+
+@njit(inline="always", **_SELECT_JIT)
 def _pack(score_bits, key):
     """A float32 score (its bits, int32) and its key (< 2^32) -> an int64 that orders as
-    :func:`_ahead` ranks them: the score's sign-magnitude bits as two's complement, above the
-    key (-0.0 packs as 0.0: equal scores, so the newer key first)."""
-    magnitude = np.int64(score_bits & 0x7FFFFFFF)
-    return ((magnitude if score_bits >= 0 else -magnitude) << _KEY_BITS) | key
+    :func:`_ahead` ranks them: the :func:`_ordered` score above the key (equal scores, so the
+    newer key first)."""
+    return (np.int64(_ordered(score_bits)) << _KEY_BITS) | key
 
 
 @njit(**_SELECT_JIT)
@@ -187,14 +195,23 @@ def _rankable(blk, own, size, lo, hi, has_keys):
     return (blk != own) & has_keys & (blk * size + size - 1 >= lo) & (blk * size <= hi)
 
 
+# Exact selection views a float32 query's n scores as rows of this many columns: a column's
+# maximum is one vectorised max per row, and the K-th largest of them bounds the K-th largest score.
+_COLUMNS = 64
+
+
 @njit(**_SELECT_JIT)
 def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
     """Exact Top-K by q . k over each query's visible keys.
 
     q ``[BH, Tq, D]``, kT ``[BH, D, Tk]`` (keys transposed), key_valid ``[B, Tk]`` bool,
     window < 0 for none -> out ``[BH, Tq, K]`` key positions, best first, ``NO_KEY`` in
-    empty slots.
+    empty slots. float32 scores are ranked by :func:`_exact_rows_ordered`, float64 ones
+    by :func:`_top_of`.
     """
+    if q.itemsize == 4:
+        _exact_rows_ordered(q, kT, key_valid, heads, causal, window, q_offset, empty, out)
+        return
     BH, Tq, D = q.shape
     Tk = kT.shape[2]
     topk = out.shape[2]
@@ -206,13 +223,7 @@ def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, ou
     for bh in range(BH):
         b = bh // heads
         for i in range(Tq):
-            lo, hi = _visible_range(q_offset + i, Tk, causal, window)
-            n, lo = U(max(hi - lo, 0)), U(lo)
-            scores[:n] = 0.0
-            for d in range(D):
-                qd = q[bh, i, d]
-                for c in range(n):
-                    scores[c] += qd * kT[bh, d, lo + c]
+            lo, n = _scores_into(q, kT, bh, i, causal, window, q_offset, scores)
             for c in range(n):
                 keys[c] = lo + c
                 if not key_valid[b, lo + c]:
@@ -220,6 +231,119 @@ def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, ou
             _top_of(scores, keys, n, empty, best, row, chunk_max)
             for p in range(topk):
                 out[bh, i, p] = row[p]
+
+
+@njit(inline="always", **_SELECT_JIT)
+def _scores_into(q, kT, bh, i, causal, window, q_offset, scores):
+    """scores[:n] = q[bh, i] . k over the query's visible keys lo .. lo + n - 1 -> (lo, n)."""
+    lo, hi = _visible_range(q_offset + i, kT.shape[2], causal, window)
+    n, lo = U(max(hi - lo, 0)), U(lo)
+    scores[:n] = 0.0
+    for d in range(q.shape[2]):
+        qd = q[bh, i, d]
+        for c in range(n):
+            scores[c] += qd * kT[bh, d, lo + c]
+    return lo, n
+
+
+@njit(**_SELECT_JIT)
+def _exact_rows_ordered(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
+    """:func:`topk_exact_rows` for float32, a run of queries at once.
+
+    A run in which no query sees more than ``_RANK_MAX`` keys is ranked by :func:`_top_by_rank`.
+    Otherwise each query's scores become :func:`_ordered` integers (NONE_32 where the key may not be
+    chosen), viewed as rows of ``_COLUMNS``. The K-th largest column maximum is a lower bound
+    of the K-th largest score (K columns reach it), so only the scores that reach it, in the
+    columns that reach it, are packed with their keys and ranked (:func:`_top_of_packed`).
+    """
+    BH, Tq, _ = q.shape
+    Tk = kT.shape[2]
+    run = min(_ROWS_AT_ONCE, Tq)
+    width = U(_COLUMNS)
+    padded = (_most_visible(0, Tq, Tk, causal, window, q_offset) + _COLUMNS - 1) // _COLUMNS * _COLUMNS
+    scores = np.empty((run, padded), np.float32)
+    ordered = scores.view(np.int32)
+    col_max = np.empty((run, _COLUMNS), np.int32)
+    threshold = np.empty(run, np.int32)
+    packed = np.empty((run, padded), np.int64)
+    found = np.empty(run, np.int64)
+    first_key, n_rows = np.empty(run, np.uint64), np.empty(run, np.uint64)
+    keys = np.empty(_RANK_MAX, np.int64)
+    floor = _ordered(np.array([empty], np.float32).view(np.int32)[0])
+    for bh in range(BH):
+        b = bh // heads
+        for i0 in range(0, Tq, run):
+            rows = min(run, Tq - i0)
+            if _most_visible(i0, rows, Tk, causal, window, q_offset) <= _RANK_MAX:
+                for r in range(rows):
+                    lo, n = _scores_into(q, kT, bh, i0 + r, causal, window, q_offset, scores[0])
+                    for c in range(n):
+                        keys[c] = lo + c
+                        if not key_valid[b, lo + c]:
+                            scores[0, c] = empty
+                    _top_by_rank(scores[0], keys, n, empty, out[bh, i0 + r])
+                continue
+            for r in range(rows):
+                lo, n = _scores_into(q, kT, bh, i0 + r, causal, window, q_offset, scores[r])
+                line = ordered[r]
+                for c in range(n):
+                    v = _ordered(line[c])
+                    line[c] = v if key_valid[b, lo + c] and v > floor else NONE_32
+                first_key[r], n_rows[r] = lo, (n + width - U(1)) // width
+                line[n:n_rows[r] * width] = NONE_32
+                col_max[r] = NONE_32
+                for row in range(n_rows[r]):
+                    for j in range(width):
+                        col_max[r, j] = max(col_max[r, j], line[row * width + j])
+            _kth_largest(col_max[:rows], out.shape[2], threshold[:rows])
+            longest = 0
+            for r in range(rows):
+                bound = max(threshold[r], NONE_32 + 1)
+                m = 0
+                for j in range(width):
+                    if col_max[r, j] >= bound:
+                        for row in range(n_rows[r]):
+                            c = row * width + j
+                            v = ordered[r, c]
+                            packed[r, m] = (np.int64(v) << _KEY_BITS) | np.int64(first_key[r] + c)
+                            m += v >= bound   # branch-free: the slot is overwritten unless it qualifies
+                found[r] = m
+                longest = max(longest, m)
+            for r in range(rows):
+                packed[r, found[r]:longest] = NO_CANDIDATE
+            _top_of_packed(packed[:rows, :longest], out[bh, i0:i0 + rows])
+
+
+@njit(inline="always", **_SELECT_JIT)
+def _most_visible(i0, rows, num_keys, causal, window, q_offset):
+    """The most keys any of the queries i0 .. i0 + rows - 1 may see."""
+    most = 0
+    for i in range(i0, i0 + rows):
+        lo, hi = _visible_range(q_offset + i, num_keys, causal, window)
+        most = max(most, hi - lo)
+    return most
+
+
+@njit(inline="always", **_SELECT_JIT)
+def _kth_largest(values, k, out):
+    """out[r] = the k-th largest of values[r] counting repeats (int32, NONE_32 for none, and where
+    fewer than k qualify). Pass p takes each row's largest value below the one pass p - 1 took,
+    the rows interleaved so that the CPU overlaps their latencies (as :func:`_top_of_packed`)."""
+    R, n = values.shape
+    counted = np.zeros(R, np.int64)
+    out[:] = np.iinfo(np.int32).max
+    for _ in range(k):
+        for r in range(R):
+            if counted[r] >= k:
+                continue
+            taken, top, repeats = out[r], NONE_32, 0
+            for j in range(U(n)):
+                v = values[r, j]
+                top = max(top, v if v < taken else NONE_32)
+            for j in range(U(n)):
+                repeats += values[r, j] == top
+            out[r] = top
+            counted[r] = k if top == NONE_32 else counted[r] + repeats
 
 
 @njit(**_SELECT_JIT)
