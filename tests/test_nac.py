@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nac_drive import NAC
 from nac_drive.nac import kernels as nac_kernels
-from nac_drive.nac.selection import NO_KEY, Visibility, select_block, select_exact
+from nac_drive.nac.selection import NO_KEY, Visibility, select_block, select_exact, topk_positions
 
 torch.set_num_threads(1)
 MODES = ("exact", "euler", "steady")
@@ -317,6 +317,58 @@ def test_block_selection_matches_the_algorithm_done_by_hand(causal, window, mask
             got = select_block(q, k, topk, Visibility(causal, window, key_valid if masked else None))
         want = _block_selection_by_hand(q, k, topk, causal, window, key_valid)
         assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+def _ranked_by_hand(scores, positions, topk):
+    """One row's Top-K positions the plain way: by (score, position), largest first, NaN above
+    every number, -inf never chosen; NO_KEY in the slots left over."""
+    def rank(c):
+        s = float(scores[c])
+        return (math.isnan(s), 0.0 if math.isnan(s) else s, int(positions[c]))
+    chosen = [int(positions[c]) for c in sorted(range(len(scores)), key=rank, reverse=True)
+              if float(scores[c]) != -math.inf][:topk]
+    return chosen + [NO_KEY] * (topk - len(chosen))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_topk_ranks_equal_scores_newest_first(dtype):
+    """Among equal scores (-0.0 and 0.0 are equal; NaN of either sign ranks first) the larger
+    position first, whatever its column; -inf candidates, some of them at position NO_KEY like
+    block selection's empty slots, are never chosen."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.tensor([1.0, 0.5, 0.0, -0.0, -1.0, -math.inf, -math.inf, math.nan, -math.nan])
+    scores = values[torch.randint(len(values), (300, 12), generator=g)].to(dtype)
+    positions = torch.stack([torch.randperm(12, generator=g) for _ in range(300)]) + 3
+    positions = positions.masked_fill((scores == -math.inf) & (torch.rand(300, 12, generator=g) < 0.5), NO_KEY)
+    for topk in (1, 5, 12, 15):
+        got = topk_positions(scores, positions, topk)
+        assert got.tolist() == [_ranked_by_hand(s, p, topk) for s, p in zip(scores, positions)], topk
+
+
+@pytest.mark.parametrize("causal,window,masked", [(True, None, False), (True, 5, True), (False, None, True),
+                                                   (False, 4, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_selection_ranks_tied_scores_newest_first(causal, window, masked, dtype):
+    """Small integers score exactly and often alike: the keys chosen, in order, are the visible
+    keys ranked by hand. Block selection too where it picks every block (16 keys in blocks of 4,
+    K >= 9), so that its Top-K is the exact one."""
+    g = torch.Generator().manual_seed(4)
+    B, H, T = 2, 2, 16
+    q, k = (torch.randint(-1, 2, (B, H, T, 3), generator=g).to(dtype) for _ in range(2))
+    key_valid = torch.rand(B, T, generator=g) > 0.3 if masked else torch.ones(B, T, dtype=torch.bool)
+    vis = Visibility(causal, window, key_valid if masked else None)
+    scores = q @ k.transpose(-1, -2)
+
+    def visible(b, i, j):
+        return (key_valid[b, j] and (not causal or j <= i) and (window is None or i - window < j)
+                and (window is None or causal or j < i + window))
+
+    for topk, selects in ((1, [select_exact]), (4, [select_exact]), (9, [select_exact, select_block]),
+                          (20, [select_exact, select_block])):
+        want = [[[_ranked_by_hand([scores[b, h, i, j] if visible(b, i, j) else -math.inf for j in range(T)],
+                                  range(T), topk) for i in range(T)] for h in range(H)] for b in range(B)]
+        for select in selects:
+            assert select(q, k, topk, vis).tolist() == want, (select.__name__, topk)
 
 
 class _LargestTensor(TorchDispatchMode):

@@ -86,18 +86,49 @@ def topk_positions(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> 
 
 def _topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`topk_positions` that also returns the scores ``[..., topk]`` (-inf where empty).
-    Ties go to the newest key: candidates are ordered newest first, then stably by score."""
+    Among equal scores the newest key (the larger position) ranks first."""
     k = min(topk, scores.shape[-1])
-    positions = positions.expand(scores.shape)
-    newest_first = _stable_top(positions, scores.shape[-1])[1]
-    scores, positions = scores.gather(-1, newest_first), positions.gather(-1, newest_first)
-    best, col = _stable_top(scores, k)
-    pos = torch.gather(positions, -1, col)
-    pos = pos.masked_fill(best == float("-inf"), NO_KEY)
+    if scores.dtype in _PACKABLE and not (exporting() or torch.jit.is_tracing()):   # no dtype view in either
+        col = _packed_top(scores, positions, k)
+    else:
+        col = _sorted_top(scores, positions.expand(scores.shape), k)
+    best = scores.gather(-1, col)
+    pos = positions.expand(scores.shape).gather(-1, col).masked_fill(best == float("-inf"), NO_KEY)
     if k < topk:
         best = torch.nn.functional.pad(best, (0, topk - k), value=float("-inf"))
         pos = torch.nn.functional.pad(pos, (0, topk - k), value=NO_KEY)
     return best, pos
+
+
+# Scores that convert exactly to float32, whose 32 bits fit beside a key position in an int64.
+_PACKABLE = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _packed_top(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
+    """Columns ``[..., k]`` of the ``k`` best of ``scores [..., N]`` (float32 or narrower), best
+    first, ties to the larger of ``positions [..., N]`` (broadcastable; below 2^32, and
+    distinct in a row except where the score is -inf).
+
+    Each score and its position pack into one int64 that orders as the rule ranks them (as
+    :func:`nac_drive.nac._numba._pack` packs them): the float32 bits, sign-magnitude turned
+    into two's complement, above the position. Packed values that tie are -inf candidates,
+    which end up empty whichever ``topk`` picks, so ``topk``'s unspecified tie order is moot.
+    """
+    # NaN ranks first whatever its sign bit, as sort and topk rank it; -0.0 packs as 0.0.
+    # In place: new buffers measured slower.
+    bits = scores.detach().to(torch.float32, copy=True).nan_to_num_(math.nan, math.inf, -math.inf)
+    bits = bits.view(torch.int32)
+    sign = bits >> 31                                                   # -1 if negative, else 0
+    ordered = bits.bitwise_and_(0x7FFFFFFF).bitwise_xor_(sign).sub_(sign)
+    packed = ordered.to(torch.int64).bitwise_left_shift_(32).bitwise_or_(positions & 0xFFFFFFFF)
+    return packed.topk(k, dim=-1).indices
+
+
+def _sorted_top(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`_packed_top` for any scores (float64), and traced (jit, export): the candidates
+    ordered newest first, then stably by score. positions ``[..., N]`` as scores."""
+    newest_first = _stable_top(positions, scores.shape[-1])[1]
+    return newest_first.gather(-1, _stable_top(scores.gather(-1, newest_first), k)[1])
 
 
 def _stable_top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,8 +137,8 @@ def _stable_top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 
     Eagerly a stable sort. Traced for export (:func:`exporting`), ``topk``: ONNX has no
     stable sort (torch exports every sort, stable or not, as one), and its TopK puts equal
-    values in index order (the ONNX spec's tie rule), the same order; torch's own ``topk``
-    promises no order among ties, so eager code never takes it.
+    values in index order (the ONNX spec's tie rule), the same order. torch's own ``topk``
+    promises no order among ties, so eagerly it only ranks distinct values (:func:`_packed_top`).
     """
     if exporting():
         return values.topk(k, dim=-1)
