@@ -291,14 +291,15 @@ def test_selection_kernels_choose_the_reference_keys(causal, window, masked, dty
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_block_selection_kernel_ranks_ties_newest_first(causal, dtype):
     """Small integers score exactly and often alike (ties inside and across blocks, zeros): the
-    kernel's keys, in order, are those of (score, key) ranked by hand in the blocks that rank
-    best by the same centroid scores (ties there to the later block)."""
+    kernel's keys and the torch reference's, in order, are those of (score, key) ranked by hand
+    in the blocks that rank best by the same centroid scores (ties there to the later block)."""
     g = torch.Generator().manual_seed(3)
     H, T, D, K = 2, 50, 4, 9                  # blocks of 8, 3 of them a query
     q, k = (torch.randint(-2, 3, (1, H, T, D), generator=g).to(dtype) for _ in range(2))
     part = BlockPartition.of(k, K, None)
     block_scores = q @ part.centroids.transpose(-1, -2)
     got = kernel_block(q, k, K, Visibility(causal))
+    assert torch.equal(select_block(q, k, K, Visibility(causal)), got)
     for h, i in itertools.product(range(H), range(T)):
         own = i // part.size
         rankable = [blk for blk in range(part.n_blocks) if blk != own and (blk < own or not causal)]

@@ -301,8 +301,7 @@ def _pick_blocks(q: torch.Tensor, centroids: torch.Tensor, block_has_keys: torch
         scores = q[:, :, start:end] @ centroids.transpose(-1, -2)                     # [B,H,C,nb]
         scores = scores.masked_fill(~(rankable & block_has_keys[:, None, None, :]), float("-inf"))
         scores = scores.masked_fill(torch.arange(n_blocks, device=q.device) == own, float("inf"))
-        top, blocks = scores.topk(n_pick, dim=-1)                                     # [B,H,C,n_pick]
-        out.append(blocks.masked_fill(top == float("-inf"), NO_KEY))
+        out.append(topk_positions(scores, torch.arange(n_blocks, device=q.device), n_pick))   # ties to the later block
     return torch.cat(out, dim=2)
 
 
