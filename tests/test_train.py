@@ -347,3 +347,19 @@ def test_dagger_from_a_run_folder_starts_from_its_best_checkpoint(dataset, tmp_p
         dagger(DaggerArgs(policy=str(tmp_path / "run"), rounds=1, episodes=1, workers=1),
                TrainArgs(data=str(dataset), out=str(tmp_path / "out"), progress=False))
     assert driven == [tmp_path / "run" / "best"]
+
+
+def test_best_epoch_is_the_epoch_best_holds(tmp_path):
+    """best/ is chosen by validation loss, or without a validation set by training loss: the row
+    `nac-drive train` reports as best is that epoch's, not the first row's."""
+    from nac_drive.pipeline.train import _append_csv, best_epoch
+
+    def rows(val_losses):
+        path = tmp_path / f"metrics-{len(list(tmp_path.iterdir()))}.csv"
+        for epoch, (train_loss, val_loss) in enumerate(zip([0.9, 0.5, 0.7, 0.5], val_losses), start=1):
+            _append_csv(path, {"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss})
+        return path
+
+    nan = float("nan")
+    assert best_epoch(rows([nan] * 4)) == {"epoch": 2.0, "train_loss": 0.5, "val_loss": None}   # first of the lowest
+    assert best_epoch(rows([0.8, 0.6, 0.4, 0.45]))["epoch"] == 3.0

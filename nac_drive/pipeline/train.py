@@ -8,7 +8,8 @@ first frames of an episode in closed loop). With ``--frame-drop P`` the training
 cut from the frames left after a share P of each episode's is dropped, redrawn each epoch
 (the datasets' ``frame_drop``). Validation uses held-out *episodes*, with every frame. The
 run folder (``<out>/<run name>``, or ``<run name>-2``, ``-3``, ... when that is taken; only
-``--resume`` writes into an existing one) holds ``best/`` (lowest validation loss;
+``--resume`` writes into an existing one) holds ``best/`` (lowest validation loss, or training
+loss without a validation set;
 ``config.json`` + ``model.safetensors``), ``last/`` (+ optimizer state, for ``--resume``),
 ``metrics.csv``, TensorBoard events (``tensorboard/``: per-step ``train/`` and per-epoch
 ``val/`` scalars, and the run's hyperparameters; :mod:`nac_drive.pipeline.run_log`) and
@@ -295,7 +296,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack, device: torch.device) ->
                "lr": schedule.get_last_lr()[0], "frames_per_s": seen * world / elapsed}
         _append_csv(csv_path, row)
         log.epoch((epoch + 1) * steps_per_epoch, row)
-        score = val["loss"] if val["loss"] == val["loss"] else row["train_loss"]
+        score = checkpoint_score(row)
         if score < best:
             best = score
             atomic_write_dir(run_dir / "best", lambda folder: policy.save_pretrained(folder, model_card_kwargs=card))
@@ -466,12 +467,18 @@ def run_summary(run_dir: Path) -> dict:
 
 
 def best_epoch(metrics_csv: Path) -> dict[str, float | None]:
-    """The ``metrics.csv`` row of the lowest validation loss (the epoch ``best/`` holds), as
-    numbers (NaN -> None)."""
+    """The ``metrics.csv`` row of the epoch ``best/`` holds (the first of the lowest
+    :func:`checkpoint_score`), as numbers (NaN -> None)."""
     with metrics_csv.open() as f:
-        rows = list(csv.DictReader(f))
-    best = min(rows, key=lambda r: float(r["val_loss"]) if r["val_loss"] != "nan" else math.inf)
-    return {k: (None if math.isnan(float(v)) else float(v)) for k, v in best.items()}
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    best = min(rows, key=checkpoint_score)
+    return {k: (None if math.isnan(v) else v) for k, v in best.items()}
+
+
+def checkpoint_score(row: dict[str, float]) -> float:
+    """What ``best/`` is chosen by, from an epoch's metrics row: its validation loss, or without
+    a validation set (NaN: ``--val-fraction 0``, one episode) its training loss."""
+    return row["val_loss"] if not math.isnan(row["val_loss"]) else row["train_loss"]
 
 
 def _append_csv(path: Path, row: dict) -> None:
