@@ -4,9 +4,10 @@ The eager torch code (:mod:`.layer`, :mod:`.selection`) defines the layer: autog
 differentiates it and GPUs run it. On CPU the layer's two hot spots run through numba
 kernels (:mod:`._numba`) instead, where they give the same result:
 
-* key selection (always on CPU: it is never differentiated): each query keeps its
-  K best keys in an insertion buffer while its scores stream past, instead of
-  materialising every score and calling ``torch.topk``;
+* key selection (always on CPU: it is never differentiated): a query's scores, a row at a
+  time and never the whole T x T matrix, ranked as integers that order as the scores do,
+  only those that can still make the Top-K (``_numba.topk_exact_rows``; by blocks,
+  ``topk_block_rows``), instead of every score through ``torch.topk``;
 * the pair stage (backbone, phi/tau heads, time vector, logits, softmax, weighted
   values): one pass over tiles of pairs instead of ~40 small tensor operations (that also
   writes out every stage when a trace is asked for). Under autograd (training) it writes
@@ -373,9 +374,7 @@ def attend_for_training(q_side: torch.Tensor, q_times: torch.Tensor | None, key_
     arguments -> (out ``[B,H,Tq,depth]``, the largest dt * tau in mode euler, for the caller's
     stability check). ``reference()`` -> (out, stages): the eager pair stage with its trace, which
     is the forward in float64 (the kernel's forward is float32, and checks its own stability)."""
-    time_kind = {"elapsed": 2, "query": 1}[time_input] if q_times is not None else 0
-    if time_input == "elapsed" and q_times is None:
-        raise ValueError("q_times: time_input='elapsed' needs the query timestamps")
+    time_kind = _time_kind(time_input, q_times is not None)
 
     worst = [0.0]
 
