@@ -42,6 +42,6 @@ def pytest_configure(config):
     if from_checkout and not editable_install_of(ROOT):
         raise pytest.UsageError(
             f"nac_drive was imported from the checkout ({nac_drive.__file__}), not from an installed "
-            f"package: install it with `pip install \".[dev]\"` (or `pip install -e \".[dev]\"` while you "
+            f"package: install it with `pip install \".[all,dev]\"` (or `pip install -e \".[all,dev]\"` while you "
             f"edit it) and run `pytest`.")
     os.environ["PYTHONSAFEPATH"] = "1"

@@ -9,7 +9,7 @@ a causal prefix, a padding mask). Which keys a query may see is decided by
   stays ``O(chunk * Tk)``; with a causal window only the keys inside the window
   range of a chunk are scored.
 * :func:`select_block`: the paper's square-root partitioning (Alg. 2): keys in
-  ``ceil(sqrt(Tk))`` blocks, queries scored against block centroids, exact scoring
+  blocks of ``ceil(sqrt(Tk))`` keys, queries scored against block centroids, exact scoring
   inside the best blocks only. Subquadratic time, linear memory.
 * :func:`select_all`: every visible key (NAC-PW); K = Tk, or the window's span.
 * :func:`select_instead`: K visible keys chosen without q . k, the most recent or at random
@@ -231,7 +231,7 @@ def select_instead(visible: torch.Tensor, topk: int, how: str, stream: torch.Gen
 def select_block(q: torch.Tensor, k: torch.Tensor, topk: int, vis: Visibility) -> torch.Tensor:
     """Square-root partitioned Top-K (paper Alg. 2). q ``[B,H,T,D]``, k ``[B,H,T,D]``.
 
-    Keys are cut into ``ceil(sqrt(T))`` blocks of equal size. Each query always
+    Keys are cut into blocks of ``ceil(sqrt(T))`` keys (the last one padded). Each query always
     keeps its own block (its most recent keys) and adds the ``ceil(K / block)``
     other visible blocks whose mean key (centroid) scores best, then takes the exact
     Top-K inside those candidates. Under causality a query only ranks blocks that

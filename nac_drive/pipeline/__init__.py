@@ -10,7 +10,8 @@ functions, above every layer they use.
 - :mod:`~nac_drive.pipeline.compare`: cores and NAC variants trained and driven alike, several seeds
   (the variants: :mod:`~nac_drive.pipeline.variants`); :mod:`~nac_drive.pipeline.tune`: a variant's
   hyper-parameters by Optuna;
-- :mod:`~nac_drive.pipeline.quickstart`: collect -> train -> DAgger -> drive -> dashboard in one call;
+- :mod:`~nac_drive.pipeline.quickstart`: the shipped policy driven -> dashboard in one call; with
+  ``--full``, collect -> train -> DAgger -> drive -> dashboard;
 - what they share: :mod:`~nac_drive.pipeline.processes` (worker processes),
   :mod:`~nac_drive.pipeline.ray_tasks` (the same jobs as Ray tasks), :mod:`~nac_drive.pipeline.shards`
   (runs of tracks driven and recorded, one shard each), :mod:`~nac_drive.pipeline.run_log`
