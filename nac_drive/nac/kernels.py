@@ -253,12 +253,12 @@ def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.T
                 weights: PackedWeights, layout: KeyLayout, *, topk: int, select: str, grows: bool, mode: str,
                 euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool, trace: bool = False):
     """A streamed step (:func:`~nac_drive.nac.streaming.step`) in one numba call: x_t ``[B, input_dim]``,
-    the cache's rows ``[B, H, C, width]`` after ``steps`` steps (an int or a 0-d tensor, as an
+    the cache's rows ``[B, H, C, layout.cache_width]`` after ``steps`` steps (an int or a 0-d tensor, as an
     exported step graph passes it), now ``[B]`` (the step's time, which the pair stage reads as
     the query's if ``timed``, as :func:`attend` reads q_times), the layer's packed ``weights`` (its
     output projection's included)
     -> (y ``[B, d_model]``, the heads' outputs ``[B, H, 1, depth]`` it projects, the new rows ``[B,
-    H, C (+1 if grows), width]``, the largest dt * tau in mode euler, and with ``trace`` the step's
+    H, C (+1 if grows), layout.cache_width]``, the largest dt * tau in mode euler, and with ``trace`` the step's
     q, k, v ``[B, 1, d_model]``, selected slots idx ``[B, H, 1, K]`` and pair stages as
     :func:`attend` traces them, else None), or None when an input or what the gates make of it is
     not finite (the caller takes the eager code). The outputs are numpy arrays seen as tensors

@@ -30,7 +30,8 @@ class NACCache:
     """Streaming state of :meth:`NAC.step`: the key side of the last ``window`` steps.
 
     feats ``[B, H, C, KeyLayout.cache_width]``: per slot, a packed key row
-    (:class:`~nac_drive.nac.packing.KeyLayout`). Slots are in time order, oldest first, so
+    (:class:`~nac_drive.nac.packing.KeyLayout`; the rows that ``NAC.key_rows`` makes, with the key
+    appended: the kernels call them ``cache`` or ``key_feats``). Slots are in time order, oldest first, so
     slot c holds step ``steps - C + c`` (empty if negative). ``steps`` counts the frames
     consumed; ``origin`` ``[B]`` is the timestamp of the first one (timestamps count from
     it), None before a timestamped step. :meth:`NAC.step` returns a new cache and leaves

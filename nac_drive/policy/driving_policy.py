@@ -1,10 +1,10 @@
 """The driving policy: per-frame encoder -> temporal core over a causal window -> head.
 
     policy = DrivingPolicy(PolicyConfig(core=CoreConfig(core="nac", window=16)))
-    logits = policy(frames, t)             # frames [B, T, C, H, W] uint8/float -> [B, T, num_outputs]
+    outputs = policy(frames, t)            # frames [B, T, C, H, W] uint8/float -> [B, T, num_outputs]
 
     policy.reset()                         # closed loop, one frame at a time (LeRobot style)
-    action = policy.select_action(obs)     # streams through NAC.step: no recompute of the window
+    action = policy.select_action(obs)     # nac: streams through NAC.step; baselines re-run their window
 
     actions, _ = policy.predict(obs_batch, episode_start=starts)   # stable-baselines3 protocol
     policy.check_env(env)                  # ValueError naming the space where env and policy disagree

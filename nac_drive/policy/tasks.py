@@ -65,18 +65,18 @@ class Task:
         """A raw RGB observation -> the encoder's frame, uint8 ``[H, W, 3]``."""
         return image if self.to_frame is None else self.to_frame(image)
 
-    def action_space(self, action: str, num_outputs: int):
-        """The gymnasium space of one action."""
+    def action_space(self, kind: str, num_outputs: int):
+        """The gymnasium space of one action of ``kind`` ("discrete" or "continuous", ``PolicyConfig.action``)."""
         from gymnasium import spaces
 
-        if action == "discrete":
+        if kind == "discrete":
             return spaces.Discrete(num_outputs)
         low, high = self._bounds(num_outputs)
         return spaces.Box(np.float32(low), np.float32(high), dtype=np.float32)
 
-    def action(self, output: np.ndarray, action: str):
-        """The head's output ``[num_outputs]`` -> an action of :meth:`action_space`."""
-        if action == "discrete":
+    def action(self, output: np.ndarray, kind: str):
+        """The head's output ``[num_outputs]`` -> an action of :meth:`action_space` of ``kind``."""
+        if kind == "discrete":
             return int(output.argmax())
         low, high = self._bounds(len(output))
         return np.clip(output, low, high).astype(np.float32)
@@ -86,9 +86,9 @@ class Task:
         angle as a float (what the Udacity bridge sends)."""
         return float(action[0]) if self.steering_only else action
 
-    def env_hint(self, action: str) -> str:
-        """How to make an env whose action space fits a policy of this task."""
-        return f" (make the env with {self.env_flag}={action == 'continuous'})" if self.env_flag else ""
+    def env_hint(self, kind: str) -> str:
+        """How to make an env whose action space fits a policy of this task and action ``kind``."""
+        return f" (make the env with {self.env_flag}={kind == 'continuous'})" if self.env_flag else ""
 
     def _bounds(self, num_outputs: int):
         if self.continuous_bounds and num_outputs == len(self.continuous_bounds[0]):
