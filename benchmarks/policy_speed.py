@@ -7,7 +7,9 @@
 * training: forward + backward + AdamW step on batches of 32 windows x 16 frames,
   frames per second; one process with one thread, one process on every core (what
   ``nac-drive train`` uses alone), and two processes under DistributedDataParallel
-  (gloo), as ``torchrun --nproc-per-node 2`` trains.
+  (gloo), as ``torchrun --nproc-per-node 2`` trains; each process's allocator keeps large
+  buffers, as ``train`` has it do (``nac_drive.allocator``; what that is worth:
+  ``benchmarks/train_allocator.py``).
 
     python benchmarks/policy_speed.py --breakdown    # where the shipped policy's select_action spends it
     python benchmarks/policy_speed.py --paired 7     # training frames/s, NAC against MHA, 7 alternating rounds
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from nac_drive.allocator import keep_large_buffers
 from nac_drive.policy.cores import CORES, CoreConfig
 from nac_drive.policy.driving_policy import DrivingPolicy, PolicyConfig
 from nac_drive.torch_threads import available_cores
@@ -63,6 +66,7 @@ def latency_ms(core: str, frames: int = 500) -> float:
 
 
 def _train_steps(policy, model, steps: int) -> float:
+    keep_large_buffers()   # as nac-drive train does
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
     frames = torch.randint(0, 256, (BATCH, WINDOW, 3, 96, 96), dtype=torch.uint8)
     stamps = torch.arange(WINDOW, dtype=torch.float32).expand(BATCH, WINDOW) * 0.02
