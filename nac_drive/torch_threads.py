@@ -1,7 +1,7 @@
 """How many threads torch may use, per job.
 
 A control loop's forward on one frame is fastest on one thread (more only adds
-hand-off cost); a training step on a batch of 512 frames runs 1.3-1.4x faster here on
+hand-off cost); a training step on a batch of 512 frames runs ~1.8x faster here on
 two (BENCHMARKS.md §2). Processes that share the cores (collection workers, ranks
 under torchrun) each keep one.
 """
