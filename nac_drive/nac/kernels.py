@@ -123,15 +123,15 @@ class Backend(NamedTuple):
 
 
 def choose(q: torch.Tensor, k: torch.Tensor, q_side: torch.Tensor, key_rows: torch.Tensor,
-           weights: PackedWeights, pairs_allowed: bool, want_trace: bool = False) -> Backend:
+           packed: PackedWeights, pairs_allowed: bool, want_trace: bool = False) -> Backend:
     """The code that serves one call, chosen once. Key selection is never differentiated,
     so it runs on the kernels whenever they take q, k ``[B,H,T,depth]``; the pair stage
-    (q_side, key_rows, ``weights``) only if ``pairs_allowed`` (the caller needs no
+    (q_side, key_rows, ``packed``) only if ``pairs_allowed`` (the caller needs no
     dropout or clamp inside it) and :func:`handles_pairs` takes it (with a gradient needed, by
     :func:`attend_for_training`)."""
     selection = handles_selection(q, k)
-    pairs = (selection and pairs_allowed and handles_pairs(q_side, key_rows, weights.pair_stage(), want_trace)
-             and weights.kernel_arrays[1])   # last: the weights become arrays only for a kernel call
+    pairs = (selection and pairs_allowed and handles_pairs(q_side, key_rows, packed.pair_stage(), want_trace)
+             and packed.kernel_arrays[1])   # last: the weights become arrays only for a kernel call
     return Backend(selection, pairs)
 
 
@@ -199,7 +199,7 @@ def kernel_select_block(q: torch.Tensor, part: BlockPartition, topk: int, vis: V
 
 
 def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor, idx: torch.Tensor,
-           weights: PackedWeights, layout: KeyLayout, *, mode: str, euler_steps: int,
+           packed: PackedWeights, layout: KeyLayout, *, mode: str, euler_steps: int,
            tau_eps: float, time_input: str, time_weighted_values: bool,
            trace: bool = False) -> tuple[torch.Tensor, float, dict[str, torch.Tensor] | None]:
     """The pair stage of :meth:`~nac_drive.nac.layer.NAC.attend` (eqs. 14-19) in one pass:
@@ -218,9 +218,9 @@ def attend(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.T
     times = _ZERO_TIMES if q_times is None else _array(q_times)
     out = torch.empty(B, H, Tq, layout.depth, dtype=torch.float32)
     worst_dt_tau = np.zeros(1, np.float32)
-    stages = _traced_stages(idx.shape, layout, weights) if trace else None
+    stages = _traced_stages(idx.shape, layout, packed) if trace else None
     nb.attend(_array(q_side.transpose(-1, -2)), _array(key_rows[..., :layout.stamp + 1].transpose(-1, -2)),
-              _array(key_rows), _array(idx), times, time_kind, *weights.kernel_arrays[0], MODE_CODES[mode],
+              _array(key_rows), _array(idx), times, time_kind, *packed.kernel_arrays[0], MODE_CODES[mode],
               euler_steps, np.float32(tau_eps), time_weighted_values, out.numpy(), worst_dt_tau, trace,
               tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
     return out, float(worst_dt_tau[0]), stages
@@ -237,25 +237,25 @@ def _time_kind(time_input: str, timed: bool) -> int:
     return nb.TIME_QUERY if timed else nb.TIME_ONE
 
 
-def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, weights: PackedWeights) -> bool:
+def handles_stream(x_t: torch.Tensor, cache: torch.Tensor, packed: PackedWeights) -> bool:
     """Whether :func:`stream_step` can serve a streamed step on these inputs: CPU float32, no
     gradient needed, and weights it reads (``PackedWeights.streams``: the pair stage's finite;
     the inputs' finiteness the kernel checks itself). (Clamp, dropout and logit variant are the
     caller's to rule out.) Traced, nothing is asked of the weights: they become arrays only for a
     kernel call."""
     return (available() and not tracing() and x_t.dtype == cache.dtype == torch.float32
-            and x_t.device.type == cache.device.type == "cpu" and weights.streams
-            and not (torch.is_grad_enabled() and (weights.records_gradients or x_t.requires_grad
+            and x_t.device.type == cache.device.type == "cpu" and packed.streams
+            and not (torch.is_grad_enabled() and (packed.records_gradients or x_t.requires_grad
                                                   or cache.requires_grad)))
 
 
 def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.Tensor, timed: bool,
-                weights: PackedWeights, layout: KeyLayout, *, topk: int, select: str, grows: bool, mode: str,
+                packed: PackedWeights, layout: KeyLayout, *, topk: int, select: str, grows: bool, mode: str,
                 euler_steps: int, tau_eps: float, time_input: str, time_weighted_values: bool, trace: bool = False):
     """A streamed step (:func:`~nac_drive.nac.streaming.step`) in one numba call: x_t ``[B, input_dim]``,
     the cache's rows ``[B, H, C, layout.cache_width]`` after ``steps`` steps (an int or a 0-d tensor, as an
     exported step graph passes it), now ``[B]`` (the step's time, which the pair stage reads as
-    the query's if ``timed``, as :func:`attend` reads q_times), the layer's packed ``weights`` (its
+    the query's if ``timed``, as :func:`attend` reads q_times), the layer's ``packed`` weights (its
     output projection's included)
     -> (y ``[B, d_model]``, the heads' outputs ``[B, H, 1, depth]`` it projects, the new rows ``[B,
     H, C (+1 if grows), layout.cache_width]``, the largest dt * tau in mode euler, and with ``trace`` the step's
@@ -265,15 +265,15 @@ def stream_step(x_t: torch.Tensor, cache: torch.Tensor, steps: int, now: torch.T
     (numpy allocates them several times faster than torch)."""
     B, H, C, width = cache.shape
     C_out = C + 1 if grows else C
-    qkv = np.empty((B, weights.qkv_weight.shape[0]), np.float32)
+    qkv = np.empty((B, packed.qkv_weight.shape[0]), np.float32)
     rows = np.empty((B, H, C_out, width), np.float32)
     idx = np.empty((B, H, 1, C_out if select == "all" else topk), np.int64)
     heads = np.empty((B, H, 1, layout.depth), np.float32)
-    y = np.empty((B, weights.output[0].shape[0]), np.float32)
+    y = np.empty((B, packed.output[0].shape[0]), np.float32)
     worst_dt_tau = np.zeros(1, np.float32)
-    stages = _traced_stages(idx.shape, layout, weights) if trace else None
+    stages = _traced_stages(idx.shape, layout, packed) if trace else None
     finite = _kernels().stream_step(
-        _array(x_t), _array(cache), _array(now), _time_kind(time_input, timed), *weights.stream_arrays, int(steps),
+        _array(x_t), _array(cache), _array(now), _time_kind(time_input, timed), *packed.stream_arrays, int(steps),
         select == "all", MODE_CODES[mode], euler_steps, np.float32(tau_eps), time_weighted_values, qkv, rows, idx,
         heads, y, worst_dt_tau, trace, tuple(t.numpy() for t in stages.values()) if trace else _NO_TRACE)
     if not finite:
@@ -299,10 +299,10 @@ TRACED_STAGES = ("inter", "command", "motor", "phi", "tau", "t_interp", "logits"
 _PER_UNIT = TRACED_STAGES[:3]   # the stages with a neuron axis
 
 
-def _traced_stages(shape: tuple[int, ...], layout: KeyLayout, weights: PackedWeights) -> dict[str, torch.Tensor]:
+def _traced_stages(shape: tuple[int, ...], layout: KeyLayout, packed: PackedWeights) -> dict[str, torch.Tensor]:
     """Empty float32 tensors the kernel writes a trace's stages into: inter, command, motor
     ``[B,H,Tq,K,n]``, the others ``[B,H,Tq,K]`` (``shape``, the selected keys')."""
-    units = dict(zip(_PER_UNIT, (layout.n_inter, weights.command.shape[-1], weights.motor.shape[-1])))
+    units = dict(zip(_PER_UNIT, (layout.n_inter, packed.command.shape[-1], packed.motor.shape[-1])))
     return {name: torch.empty(*shape, *([units[name]] if name in units else []), dtype=torch.float32)
             for name in TRACED_STAGES}
 
@@ -368,7 +368,7 @@ class PairStage(torch.autograd.Function):
 
 
 def attend_for_training(q_side: torch.Tensor, q_times: torch.Tensor | None, key_rows: torch.Tensor, idx: torch.Tensor,
-                        weights: PackedWeights, layout: KeyLayout, reference, *, mode: str, euler_steps: int,
+                        packed: PackedWeights, layout: KeyLayout, reference, *, mode: str, euler_steps: int,
                         tau_eps: float, time_input: str, time_weighted_values: bool) -> tuple[torch.Tensor, float]:
     """The pair stage as :func:`attend` computes it, differentiable (:class:`PairStage`): same
     arguments -> (out ``[B,H,Tq,depth]``, the largest dt * tau in mode euler, for the caller's
@@ -381,11 +381,11 @@ def attend_for_training(q_side: torch.Tensor, q_times: torch.Tensor | None, key_
     def stages_of():
         if q_side.dtype != torch.float32:
             return reference()
-        out, worst[0], stages = attend(q_side, q_times, key_rows, idx, weights, layout, mode=mode,
+        out, worst[0], stages = attend(q_side, q_times, key_rows, idx, packed, layout, mode=mode,
                                            euler_steps=euler_steps, tau_eps=tau_eps, time_input=time_input,
                                            time_weighted_values=time_weighted_values, trace=True)
         return out, stages
 
-    out = PairStage.apply(q_side, q_times, key_rows, *weights.pair_stage(), idx,
+    out = PairStage.apply(q_side, q_times, key_rows, *packed.pair_stage(), idx,
                           (MODE_CODES[mode], euler_steps, tau_eps, time_kind, time_weighted_values), stages_of)
     return out, worst[0]

@@ -175,8 +175,8 @@ class NAC(nn.Module):
         -> y ``[B, T, d_model]`` (and a :class:`NACTrace` if ``return_trace``)."""
         check_sequence_inputs(x, t, mask, self.input_dim)
         B, T, _ = x.shape
-        weights = self.packed_weights()
-        q, k, v = self.sensory_gates(x, weights)                                           # eq. 13
+        packed = self.packed_weights()
+        q, k, v = self.sensory_gates(x, packed)                                            # eq. 13
         qh, kh, vh = self.split_heads(q), self.split_heads(k), self.split_heads(v)
         if t is not None:
             times = (t - t[:, :1]).to(x.dtype)                     # relative before the cast
@@ -184,12 +184,12 @@ class NAC(nn.Module):
             times = torch.arange(T, dtype=x.dtype, device=x.device).expand(B, T)
         else:
             times = None
-        q_side, rows = self.query_half(q, weights), self.key_rows(k, vh, times, weights)  # eq. 14, split
-        backend = self.backend(qh, kh, q_side, rows, weights, return_trace)
+        q_side, rows = self.query_half(q, packed), self.key_rows(k, vh, times, packed)    # eq. 14, split
+        backend = self.backend(qh, kh, q_side, rows, packed, return_trace)
         idx = self.select_keys(qh, kh, Visibility(self.causal, self.window, mask),
                                backend.selection_on_kernels)                                 # Top-K
         qk = pair_scores(qh, kh, idx) if self.logit_variant == "qk" else None
-        out, stages = self.attend(q_side, times, rows, idx, weights, return_trace,
+        out, stages = self.attend(q_side, times, rows, idx, packed, return_trace,
                                   backend.pairs_on_kernels, qk)                              # eqs. 14-19
         y = self.output(out)
         if not return_trace:
@@ -197,7 +197,7 @@ class NAC(nn.Module):
         return y, self.trace(q, k, v, idx, stages)
 
     def attend(self, q_side: torch.Tensor, q_times: torch.Tensor | None, rows: torch.Tensor, idx: torch.Tensor,
-               weights: PackedWeights, want_trace: bool, on_kernels: bool, qk: torch.Tensor | None = None):
+               packed: PackedWeights, want_trace: bool, on_kernels: bool, qk: torch.Tensor | None = None):
         """The pair stage, eqs. 14-19, for the selected pairs.
 
         q_side ``[B,H,Tq,n_inter+2]`` (:meth:`query_half`), q_times
@@ -207,12 +207,12 @@ class NAC(nn.Module):
         ``[B,H,Tq,K]``: the pairs' q . k / sqrt(depth) (``logit_variant="qk"`` only).
         """
         if on_kernels:   # its fast path: the same equations fused in one numba pass (attend_fused, below)
-            return self.attend_fused(q_side, q_times, rows, idx, weights, want_trace)
+            return self.attend_fused(q_side, q_times, rows, idx, packed, want_trace)
         valid = idx != NO_KEY
         pre, key_times, values = self.gather_pairs(q_side, rows, idx)
         n_inter = self.layout.n_inter
-        inter, command, motor = self.backbone(pre[..., :n_inter], weights)                 # eq. 14
-        phi, tau = self.phi_tau(motor, weights)                                            # eqs. 15, 16
+        inter, command, motor = self.backbone(pre[..., :n_inter], packed)                  # eq. 14
+        phi, tau = self.phi_tau(motor, packed)                                             # eqs. 15, 16
         t_interp = self.time_vector(pre[..., n_inter:], q_times, key_times)                # t_ij
         if self.clamp is not None:
             t_interp = set_heads(t_interp, self.clamp.t_interp)
@@ -229,18 +229,18 @@ class NAC(nn.Module):
         return out, dict(stages, weights=attention)
 
     def attend_fused(self, q_side: torch.Tensor, q_times: torch.Tensor | None, rows: torch.Tensor,
-                     idx: torch.Tensor, weights: PackedWeights, want_trace: bool):
+                     idx: torch.Tensor, packed: PackedWeights, want_trace: bool):
         """:meth:`attend` on the numba kernels (:mod:`.kernels`): the same arguments and results,
         the pair stage fused in one pass over the pairs, and under autograd one pass back
         (:class:`~nac_drive.nac.kernels.PairStage`). Tests hold it equal to :meth:`attend`'s
         eager path, gradients included."""
-        if kernels.needs_grad(q_side, rows, *weights.pair_stage()):   # training: and one pass back
+        if kernels.needs_grad(q_side, rows, *packed.pair_stage()):   # training: and one pass back
             stages = None
             out, worst_dt_tau = kernels.attend_for_training(
-                q_side, q_times, rows, idx, weights, self.layout,
-                lambda: self.attend(q_side, q_times, rows, idx, weights, True, False), **self.pair_settings)
+                q_side, q_times, rows, idx, packed, self.layout,
+                lambda: self.attend(q_side, q_times, rows, idx, packed, True, False), **self.pair_settings)
         else:
-            out, worst_dt_tau, stages = kernels.attend(q_side, q_times, rows, idx, weights, self.layout,
+            out, worst_dt_tau, stages = kernels.attend(q_side, q_times, rows, idx, packed, self.layout,
                                                        trace=want_trace, **self.pair_settings)
         self.check_kernel_stability(worst_dt_tau)
         return out, stages
@@ -257,10 +257,10 @@ class NAC(nn.Module):
             check_euler_stability(torch.tensor(worst_dt_tau), self.euler_steps)
 
     # ------------------------------------------------------- the equations
-    def sensory_gates(self, x: torch.Tensor, weights: PackedWeights):
+    def sensory_gates(self, x: torch.Tensor, packed: PackedWeights):
         """Eq. 13: x ``[B, T, input_dim]`` -> q, k, v ``[B, T, d_model]``, each an NCP-wired
         linear map of x (the three masked gates stacked into one product; clamped units set)."""
-        q, k, v = F.linear(x, weights.qkv_weight, weights.qkv_bias).split(self.d_model, dim=-1)
+        q, k, v = F.linear(x, packed.qkv_weight, packed.qkv_bias).split(self.d_model, dim=-1)
         if self.clamp is not None:
             q, k, v = set_units(q, self.clamp.q), set_units(k, self.clamp.k), set_units(v, self.clamp.v)
         return q, k, v
@@ -294,21 +294,21 @@ class NAC(nn.Module):
     # selected pair (gather_pairs), so the [B, H, T, K, 2*depth] pair tensor is never built.
     # packing.pack cuts W and A into these halves once (PackedWeights.query_side, query_bias,
     # key_side: W's columns, then A's), block-diagonal over the heads so all take one product.
-    def query_half(self, q: torch.Tensor, weights: PackedWeights) -> torch.Tensor:
+    def query_half(self, q: torch.Tensor, packed: PackedWeights) -> torch.Tensor:
         """q ``[B, T, d_model]`` -> ``[B, H, T, n_inter + 2]``: per head ``W_q q_i + b`` (eq. 14's
         first layer), then the time affine's query half ``A_q q_i + c``."""
-        halves = torch.addmm(weights.query_bias, q.flatten(0, 1), weights.query_side)
+        halves = torch.addmm(packed.query_bias, q.flatten(0, 1), packed.query_side)
         return self.split_heads(halves.view(*q.shape[:2], -1))
 
     def key_rows(self, k: torch.Tensor, vh: torch.Tensor, times: torch.Tensor | None,
-                 weights: PackedWeights) -> torch.Tensor:
+                 packed: PackedWeights) -> torch.Tensor:
         """k ``[B, Tk, d_model]``, vh ``[B, H, Tk, depth]``, times ``[B, Tk]`` or None -> packed key
         rows ``[B, H, Tk, layout.width]`` (:class:`~nac_drive.nac.packing.KeyLayout`): per head
         ``W_k k_j`` (eq. 14's first layer), the time affine's key half ``A_k k_j``, the key's
         timestamp (0 without), its value."""
         B, H, Tk, _ = vh.shape
         stamp = vh.new_zeros(B, H, Tk, 1) if times is None else times[:, None, :, None].expand(B, H, Tk, 1)
-        return torch.cat([self.split_heads(k @ weights.key_side), stamp, vh], dim=-1)
+        return torch.cat([self.split_heads(k @ packed.key_side), stamp, vh], dim=-1)
 
     def gather_pairs(self, q_half: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor):
         """The selected pairs' pre-activations: q_half ``[B,H,Tq,n_inter+2]``, rows
@@ -321,15 +321,15 @@ class NAC(nn.Module):
         pre = q_half[:, :, :, None] + gathered[..., self.layout.pair]
         return pre, gathered[..., self.layout.stamp], gathered[..., self.layout.value]
 
-    def backbone(self, inter_in: torch.Tensor, weights: PackedWeights):
+    def backbone(self, inter_in: torch.Tensor, packed: PackedWeights):
         """Eq. 14 on the NCP wiring: the pairs' first-layer pre-activations ``W [q_i; k_j] + b``
         ``[B,H,Tq,K,n_inter]`` -> inter, command, motor activations ``[B,H,Tq,K,n]``
         (clamped neurons held, :class:`~nac_drive.nac.clamp.Clamp`)."""
         B, H, Tq, K, _ = inter_in.shape
         inter = self.held(torch.tanh(inter_in), "inter")
-        command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ weights.command + weights.command_bias[:, None])
+        command = torch.tanh(inter.reshape(B, H, Tq * K, -1) @ packed.command + packed.command_bias[:, None])
         command = self.held(command, "command")
-        motor = self.held(torch.tanh(command @ weights.motor + weights.motor_bias[:, None]), "motor")
+        motor = self.held(torch.tanh(command @ packed.motor + packed.motor_bias[:, None]), "motor")
         return inter, command.view(B, H, Tq, K, -1), motor.view(B, H, Tq, K, -1)
 
     def held(self, neurons: torch.Tensor, population: str) -> torch.Tensor:
@@ -337,11 +337,11 @@ class NAC(nn.Module):
         "motor") with the ones the clamp holds set; as they are when nothing is clamped."""
         return neurons if self.clamp is None else set_head_units(neurons, getattr(self.clamp, population))
 
-    def phi_tau(self, motor: torch.Tensor, weights: PackedWeights):
+    def phi_tau(self, motor: torch.Tensor, packed: PackedWeights):
         """Eqs. 15, 16: motor ``[B,H,Tq,K,n_motor]`` -> phi = sigmoid(w_phi . motor + b_phi),
         tau = softplus(w_tau . motor + b_tau) + eps, each ``[B,H,Tq,K]``."""
         B, H, Tq, K, _ = motor.shape
-        read = motor.view(B, H, Tq * K, -1) @ weights.phi_tau + weights.phi_tau_bias[:, None, :]
+        read = motor.view(B, H, Tq * K, -1) @ packed.phi_tau + packed.phi_tau_bias[:, None, :]
         phi = torch.sigmoid(read[..., 0]).view(B, H, Tq, K)
         tau = (F.softplus(read[..., 1]) + self.tau_eps).view(B, H, Tq, K)
         return phi, tau
@@ -418,11 +418,11 @@ class NAC(nn.Module):
             (self.time_weight, self.time_bias), (self.phi_tau_weight, self.phi_tau_bias), self.out_proj))
 
     def backend(self, qh: torch.Tensor, kh: torch.Tensor, q_side: torch.Tensor, rows: torch.Tensor,
-                weights: PackedWeights, want_trace: bool = False) -> Backend:
+                packed: PackedWeights, want_trace: bool = False) -> Backend:
         """Whether the kernels serve this call's selection and pair stage (:func:`kernels.choose`):
         the pair stage only when no active dropout or clamp inside it is needed (and, under
         autograd, no trace)."""
-        return kernels.choose(qh, kh, q_side, rows, weights, self.pairs_fusable(), want_trace)
+        return kernels.choose(qh, kh, q_side, rows, packed, self.pairs_fusable(), want_trace)
 
     def pairs_fusable(self) -> bool:
         """Whether the pair stage may run fused: no active dropout or clamp inside it, the paper's logits."""
@@ -430,11 +430,11 @@ class NAC(nn.Module):
                 and not (self.clamp is not None and self.clamp.in_pair_stage)
                 and self.logit_variant == "paper")
 
-    def streams_on_kernels(self, x_t: torch.Tensor, rows: torch.Tensor, weights: PackedWeights) -> bool:
+    def streams_on_kernels(self, x_t: torch.Tensor, rows: torch.Tensor, packed: PackedWeights) -> bool:
         """Whether one numba call serves a streamed step (:func:`kernels.stream_step`): nothing
         clamped, the pair stage fusable, and the inputs :func:`kernels.handles_stream` takes."""
         return (self.clamp is None and self.pairs_fusable()
-                and kernels.handles_stream(x_t, rows, weights))
+                and kernels.handles_stream(x_t, rows, packed))
 
     def init_cache(self, batch_size: int) -> NACCache:
         """An empty streaming cache: ``window`` slots, or growing if ``window`` is None."""

@@ -64,7 +64,7 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
     the new cache), and a ``NACTrace`` with T = 1 third if ``return_trace``."""
     check_step_inputs(x_t, cache.feats.shape[0], t, layer.input_dim, layer.causal, layer.select)
     B, H = x_t.shape[0], layer.num_heads
-    weights = layer.packed_weights()
+    packed = layer.packed_weights()
     origin = cache.origin
     if t is None:
         now = torch.full((B,), float(cache.steps), dtype=x_t.dtype, device=x_t.device)
@@ -72,9 +72,9 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
         origin = t.detach().clone() if origin is None else origin
         now = (t - origin).to(x_t.dtype)                          # relative before the cast
     timed = t is not None or layer.time_input == "elapsed"   # the pair stage reads the query's time
-    if layer.streams_on_kernels(x_t, cache.feats, weights):
+    if layer.streams_on_kernels(x_t, cache.feats, packed):
         # its fast path: the whole step in one numba call (None: a value not finite)
-        fused = kernels.stream_step(x_t, cache.feats, cache.steps, now, timed, weights, layer.layout, topk=layer.topk,
+        fused = kernels.stream_step(x_t, cache.feats, cache.steps, now, timed, packed, layer.layout, topk=layer.topk,
                                     select=layer.select, grows=layer.window is None, trace=return_trace,
                                     **layer.pair_settings)
         if fused is not None:
@@ -87,16 +87,16 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
                 return y, cache
             q, k, v, idx, stages = traced
             return y, cache, layer.trace(q, k, v, _steps_of(idx, cache), stages)
-    q, k, v = layer.sensory_gates(x_t[:, None], weights)                                # eq. 13
+    q, k, v = layer.sensory_gates(x_t[:, None], packed)                                 # eq. 13
     qh, kh, vh = layer.split_heads(q), layer.split_heads(k), layer.split_heads(v)
-    row = torch.cat([layer.key_rows(k, vh, now[:, None], weights), kh], dim=-1)       # [B,H,1,cache_width]
+    row = torch.cat([layer.key_rows(k, vh, now[:, None], packed), kh], dim=-1)        # [B,H,1,cache_width]
     cache = push(cache, row, layer.window, origin)
     C = cache.feats.shape[2]
     slots = torch.arange(C, device=x_t.device)
     empty = slots < C - cache.steps   # in the first steps of a window the oldest slots are empty
-    q_side, rows = layer.query_half(q, weights), cache.feats
+    q_side, rows = layer.query_half(q, packed), cache.feats
     keys = rows[..., layer.layout.key]                                                # [B,H,C,depth]
-    backend = layer.backend(qh, keys, q_side, rows, weights, return_trace)
+    backend = layer.backend(qh, keys, q_side, rows, packed, return_trace)
     if layer.select == "all":
         idx = slots.masked_fill(empty, NO_KEY).expand(B, H, 1, C)
     else:  # the forward's exact Top-K (and tie rule) over the slots, which are all in the past
@@ -104,7 +104,7 @@ def step(layer: nn.Module, x_t: torch.Tensor, cache: NACCache, t: torch.Tensor |
                                 backend.selection_on_kernels)
     qk = pair_scores(qh, keys, idx) if layer.logit_variant == "qk" else None
     q_times = now[:, None] if timed else None
-    out, stages = layer.attend(q_side, q_times, rows, idx, weights, return_trace, backend.pairs_on_kernels, qk)
+    out, stages = layer.attend(q_side, q_times, rows, idx, packed, return_trace, backend.pairs_on_kernels, qk)
     y = layer.output(out)[:, 0]
     if not return_trace:
         return y, cache
