@@ -163,7 +163,13 @@ def _pack(score_bits, key):
     """A float32 score (its bits, int32) and its key (< 2^32) -> an int64 that orders as
     :func:`_ahead` ranks them: the :func:`_ordered` score above the key (equal scores, so the
     newer key first)."""
-    return (np.int64(_ordered(score_bits)) << _KEY_BITS) | key
+    return _pack_ordered(_ordered(score_bits), key)
+
+
+@njit(inline="always", **_SELECT_JIT)
+def _pack_ordered(ordered, key):
+    """:func:`_pack` of a score already :func:`_ordered`."""
+    return (np.int64(ordered) << _KEY_BITS) | np.int64(key)
 
 
 @njit(**_SELECT_JIT)
@@ -206,31 +212,38 @@ def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, ou
 
     q ``[BH, Tq, D]``, kT ``[BH, D, Tk]`` (keys transposed), key_valid ``[B, Tk]`` bool,
     window < 0 for none -> out ``[BH, Tq, K]`` key positions, best first, ``NO_KEY`` in
-    empty slots. float32 scores are ranked by :func:`_exact_rows_ordered`, float64 ones
-    by :func:`_top_of`.
+    empty slots. Queries go in runs of ``_ROWS_AT_ONCE``: a float32 run in which some query
+    sees more than ``_RANK_MAX`` keys is ranked by :func:`_rank_run_ordered`, any other query
+    by :func:`_top_of` (float64 scores do not fit beside a key in 64 bits; a few scores are
+    ranked all against all).
     """
-    if q.itemsize == 4:
-        _exact_rows_ordered(q, kT, key_valid, heads, causal, window, q_offset, empty, out)
-        return
-    BH, Tq, D = q.shape
+    BH, Tq, _ = q.shape
     Tk = kT.shape[2]
     topk = out.shape[2]
-    scores = np.empty(Tk, q.dtype)
-    keys = np.empty(Tk, np.int64)
-    chunk_max = np.empty(Tk, q.dtype)
-    best = np.empty(topk, q.dtype)
-    row = np.empty(topk, np.int64)
+    run = min(_ROWS_AT_ONCE, Tq)
+    padded = (_most_visible(0, Tq, Tk, causal, window, q_offset) + _COLUMNS - 1) // _COLUMNS * _COLUMNS
+    scores = np.empty((run, padded), q.dtype)
+    keys, chunk_max = np.empty(padded, np.int64), np.empty(padded, q.dtype)
+    best, row = np.empty(topk, q.dtype), np.empty(topk, np.int64)
+    col_max, threshold = np.empty((run, _COLUMNS), np.int32), np.empty(run, np.int32)
+    packed, found = np.empty((run, padded), np.int64), np.empty(run, np.int64)
+    first_key, n_rows = np.empty(run, np.uint64), np.empty(run, np.uint64)
     for bh in range(BH):
         b = bh // heads
-        for i in range(Tq):
-            lo, n = _scores_into(q, kT, bh, i, causal, window, q_offset, scores)
-            for c in range(n):
-                keys[c] = lo + c
-                if not key_valid[b, lo + c]:
-                    scores[c] = empty
-            _top_of(scores, keys, n, empty, best, row, chunk_max)
-            for p in range(topk):
-                out[bh, i, p] = row[p]
+        for i0 in range(0, Tq, run):
+            rows = min(run, Tq - i0)
+            if q.itemsize == 4 and _most_visible(i0, rows, Tk, causal, window, q_offset) > _RANK_MAX:
+                _rank_run_ordered(q, kT, key_valid[b], bh, i0, rows, causal, window, q_offset, empty, scores, col_max,
+                                  threshold, packed, found, first_key, n_rows, out)
+                continue
+            for i in range(i0, i0 + rows):
+                lo, n = _scores_into(q, kT, bh, i, causal, window, q_offset, scores[0])
+                for c in range(n):
+                    keys[c] = lo + c
+                    if not key_valid[b, lo + c]:
+                        scores[0, c] = empty
+                _top_of(scores[0], keys, n, empty, best, row, chunk_max)
+                out[bh, i] = row
 
 
 @njit(inline="always", **_SELECT_JIT)
@@ -247,71 +260,48 @@ def _scores_into(q, kT, bh, i, causal, window, q_offset, scores):
 
 
 @njit(**_SELECT_JIT)
-def _exact_rows_ordered(q, kT, key_valid, heads, causal, window, q_offset, empty, out):
-    """:func:`topk_exact_rows` for float32, a run of queries at once.
+def _rank_run_ordered(q, kT, key_valid, bh, i0, rows, causal, window, q_offset, empty, scores, col_max, threshold,
+                      packed, found, first_key, n_rows, out):
+    """out[bh, i0:i0 + rows] for float32 scores (:func:`topk_exact_rows`; key_valid ``[Tk]``, the
+    others its scratch buffers).
 
-    A run in which no query sees more than ``_RANK_MAX`` keys is ranked by :func:`_top_by_rank`.
-    Otherwise each query's scores become :func:`_ordered` integers (NONE_32 where the key may not be
+    Each query's scores become :func:`_ordered` integers (NONE_32 where the key may not be
     chosen), viewed as rows of ``_COLUMNS``. The K-th largest column maximum is a lower bound
     of the K-th largest score (K columns reach it), so only the scores that reach it, in the
     columns that reach it, are packed with their keys and ranked (:func:`_top_of_packed`).
     """
-    BH, Tq, _ = q.shape
-    Tk = kT.shape[2]
-    run = min(_ROWS_AT_ONCE, Tq)
     width = U(_COLUMNS)
-    padded = (_most_visible(0, Tq, Tk, causal, window, q_offset) + _COLUMNS - 1) // _COLUMNS * _COLUMNS
-    scores = np.empty((run, padded), np.float32)
     ordered = scores.view(np.int32)
-    col_max = np.empty((run, _COLUMNS), np.int32)
-    threshold = np.empty(run, np.int32)
-    packed = np.empty((run, padded), np.int64)
-    found = np.empty(run, np.int64)
-    first_key, n_rows = np.empty(run, np.uint64), np.empty(run, np.uint64)
-    keys = np.empty(_RANK_MAX, np.int64)
     floor = _ordered(np.array([empty], np.float32).view(np.int32)[0])
-    for bh in range(BH):
-        b = bh // heads
-        for i0 in range(0, Tq, run):
-            rows = min(run, Tq - i0)
-            if _most_visible(i0, rows, Tk, causal, window, q_offset) <= _RANK_MAX:
-                for r in range(rows):
-                    lo, n = _scores_into(q, kT, bh, i0 + r, causal, window, q_offset, scores[0])
-                    for c in range(n):
-                        keys[c] = lo + c
-                        if not key_valid[b, lo + c]:
-                            scores[0, c] = empty
-                    _top_by_rank(scores[0], keys, n, empty, out[bh, i0 + r])
-                continue
-            for r in range(rows):
-                lo, n = _scores_into(q, kT, bh, i0 + r, causal, window, q_offset, scores[r])
-                line = ordered[r]
-                for c in range(n):
-                    v = _ordered(line[c])
-                    line[c] = v if key_valid[b, lo + c] and v > floor else NONE_32
-                first_key[r], n_rows[r] = lo, (n + width - U(1)) // width
-                line[n:n_rows[r] * width] = NONE_32
-                col_max[r] = NONE_32
+    for r in range(rows):
+        lo, n = _scores_into(q, kT, bh, i0 + r, causal, window, q_offset, scores[r])
+        line = ordered[r]
+        for c in range(n):
+            v = _ordered(line[c])
+            line[c] = v if key_valid[lo + c] and v > floor else NONE_32
+        first_key[r], n_rows[r] = lo, (n + width - U(1)) // width
+        line[n:n_rows[r] * width] = NONE_32
+        col_max[r] = NONE_32
+        for row in range(n_rows[r]):
+            for j in range(width):
+                col_max[r, j] = max(col_max[r, j], line[row * width + j])
+    _kth_largest(col_max[:rows], out.shape[2], threshold[:rows])
+    longest = 0
+    for r in range(rows):
+        bound = max(threshold[r], NONE_32 + 1)
+        m = 0
+        for j in range(width):
+            if col_max[r, j] >= bound:
                 for row in range(n_rows[r]):
-                    for j in range(width):
-                        col_max[r, j] = max(col_max[r, j], line[row * width + j])
-            _kth_largest(col_max[:rows], out.shape[2], threshold[:rows])
-            longest = 0
-            for r in range(rows):
-                bound = max(threshold[r], NONE_32 + 1)
-                m = 0
-                for j in range(width):
-                    if col_max[r, j] >= bound:
-                        for row in range(n_rows[r]):
-                            c = row * width + j
-                            v = ordered[r, c]
-                            packed[r, m] = (np.int64(v) << _KEY_BITS) | np.int64(first_key[r] + c)
-                            m += v >= bound   # branch-free: the slot is overwritten unless it qualifies
-                found[r] = m
-                longest = max(longest, m)
-            for r in range(rows):
-                packed[r, found[r]:longest] = NO_CANDIDATE
-            _top_of_packed(packed[:rows, :longest], out[bh, i0:i0 + rows])
+                    c = row * width + j
+                    v = ordered[r, c]
+                    packed[r, m] = _pack_ordered(v, first_key[r] + c)
+                    m += v >= bound   # branch-free: the slot is overwritten unless it qualifies
+        found[r] = m
+        longest = max(longest, m)
+    for r in range(rows):
+        packed[r, found[r]:longest] = NO_CANDIDATE
+    _top_of_packed(packed[:rows, :longest], out[bh, i0:i0 + rows])
 
 
 @njit(inline="always", **_SELECT_JIT)
