@@ -88,12 +88,13 @@ def _topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> tuple[tor
     """:func:`topk_positions` that also returns the scores ``[..., topk]`` (-inf where empty).
     Among equal scores the newest key (the larger position) ranks first."""
     k = min(topk, scores.shape[-1])
+    positions = positions.expand(scores.shape)
     if scores.dtype in _PACKABLE and not (exporting() or torch.jit.is_tracing()):   # no dtype view in either
         col = _packed_top(scores, positions, k)
     else:
-        col = _sorted_top(scores, positions.expand(scores.shape), k)
+        col = _sorted_top(scores, positions, k)
     best = scores.gather(-1, col)
-    pos = positions.expand(scores.shape).gather(-1, col).masked_fill(best == float("-inf"), NO_KEY)
+    pos = positions.gather(-1, col).masked_fill(best == float("-inf"), NO_KEY)
     if k < topk:
         best = torch.nn.functional.pad(best, (0, topk - k), value=float("-inf"))
         pos = torch.nn.functional.pad(pos, (0, topk - k), value=NO_KEY)
@@ -106,7 +107,7 @@ _PACKABLE = (torch.float32, torch.float16, torch.bfloat16)
 
 def _packed_top(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
     """Columns ``[..., k]`` of the ``k`` best of ``scores [..., N]`` (float32 or narrower), best
-    first, ties to the larger of ``positions [..., N]`` (broadcastable; below 2^32, and
+    first, ties to the larger of ``positions [..., N]`` (below 2^32, and
     distinct in a row except where the score is -inf).
 
     Each score and its position pack into one int64 that orders as the rule ranks them (as
