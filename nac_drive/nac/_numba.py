@@ -228,12 +228,13 @@ def topk_exact_rows(q, kT, key_valid, heads, causal, window, q_offset, empty, ou
     col_max, threshold = np.empty((run, _COLUMNS), np.int32), np.empty(run, np.int32)
     packed, found = np.empty((run, padded), np.int64), np.empty(run, np.int64)
     first_key, n_rows = np.empty(run, np.uint64), np.empty(run, np.uint64)
+    floor = _ordered(np.array([empty], np.float32).view(np.int32)[0])   # `empty` as an ordered float32
     for bh in range(BH):
         b = bh // heads
         for i0 in range(0, Tq, run):
             rows = min(run, Tq - i0)
             if q.itemsize == 4 and _most_visible(i0, rows, Tk, causal, window, q_offset) > _RANK_MAX:
-                _rank_run_ordered(q, kT, key_valid[b], bh, i0, rows, causal, window, q_offset, empty, scores, col_max,
+                _rank_run_ordered(q, kT, key_valid[b], bh, i0, rows, causal, window, q_offset, floor, scores, col_max,
                                   threshold, packed, found, first_key, n_rows, out)
                 continue
             for i in range(i0, i0 + rows):
@@ -260,10 +261,11 @@ def _scores_into(q, kT, bh, i, causal, window, q_offset, scores):
 
 
 @njit(**_SELECT_JIT)
-def _rank_run_ordered(q, kT, key_valid, bh, i0, rows, causal, window, q_offset, empty, scores, col_max, threshold,
+def _rank_run_ordered(q, kT, key_valid, bh, i0, rows, causal, window, q_offset, floor, scores, col_max, threshold,
                       packed, found, first_key, n_rows, out):
-    """out[bh, i0:i0 + rows] for float32 scores (:func:`topk_exact_rows`; key_valid ``[Tk]``, the
-    others its scratch buffers).
+    """out[bh, i0:i0 + rows] for float32 scores (:func:`topk_exact_rows`; key_valid ``[Tk]``; a
+    score whose :func:`_ordered` value is not above ``floor`` may not be chosen; the others its
+    scratch buffers).
 
     Each query's scores become :func:`_ordered` integers (NONE_32 where the key may not be
     chosen), viewed as rows of ``_COLUMNS``. The K-th largest column maximum is a lower bound
@@ -272,7 +274,6 @@ def _rank_run_ordered(q, kT, key_valid, bh, i0, rows, causal, window, q_offset, 
     """
     width = U(_COLUMNS)
     ordered = scores.view(np.int32)
-    floor = _ordered(np.array([empty], np.float32).view(np.int32)[0])
     for r in range(rows):
         lo, n = _scores_into(q, kT, bh, i0 + r, causal, window, q_offset, scores[r])
         line = ordered[r]
