@@ -5,10 +5,10 @@ import os
 import socket
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.cli_in_process import exit_code
 
 import nac_drive
 from nac_drive.fields import check_number
@@ -94,14 +94,14 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([NAC_DRIVE, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
-def test_every_verb_refuses_nonsense_in_one_line(tmp_path):
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda case: run_cli(case[0], tmp_path), NONSENSE))
+def test_every_verb_refuses_nonsense_in_one_line(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
     problems = []
-    for (args, fragment), out in zip(NONSENSE, results):
-        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
-        if out.returncode != 2 or "Traceback" in out.stderr or fragment not in last:
-            problems.append(f"nac-drive {' '.join(args)} -> exit {out.returncode}: {out.stderr[-600:]!r}")
+    for args, fragment in NONSENSE:
+        code, stderr = exit_code(args), capfd.readouterr().err
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        if code != 2 or "Traceback" in stderr or fragment not in last:
+            problems.append(f"nac-drive {' '.join(args)} -> exit {code}: {stderr[-600:]!r}")
     assert not problems, "\n".join(problems)
     # nothing was started: no run, dataset or output folder appeared where the verbs ran
     assert list(tmp_path.iterdir()) == []

@@ -6,11 +6,9 @@ of its argument dataclass(es) (nac_drive.cli.arguments), and TensorBoard's HPara
 record only what its core uses."""
 
 import dataclasses
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from support.cli_in_process import exit_code
 from support.cli_parsers import verb_parsers
 
 from nac_drive.cli import build_parser
@@ -82,20 +80,15 @@ NOTHING_TO_IGNORE = {"nac-drive saliency", "nac-drive export", "nac-drive sim ud
                      "nac-drive completion"}
 
 
-def run_cli(args: list[str], cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nac_drive.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
-
-
-def test_every_ignored_flag_is_refused_in_one_line_with_exit_2(tmp_path):
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda case: run_cli(case[0], tmp_path), IGNORED))
+def test_every_ignored_flag_is_refused_in_one_line_with_exit_2(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
     problems = []
-    for (args, refusal), out in zip(IGNORED, results):
-        lines = out.stderr.strip().splitlines()
-        if out.returncode != 2 or len(lines) != 1 or not lines[0].startswith(f"nac-drive {args[0]}") \
+    for args, refusal in IGNORED:
+        code, stderr = exit_code(args), capfd.readouterr().err
+        lines = stderr.strip().splitlines()
+        if code != 2 or len(lines) != 1 or not lines[0].startswith(f"nac-drive {args[0]}") \
                 or f"error: {refusal}" not in lines[0]:
-            problems.append(f"nac-drive {' '.join(args)} -> exit {out.returncode}: {out.stderr[-600:]!r}")
+            problems.append(f"nac-drive {' '.join(args)} -> exit {code}: {stderr[-600:]!r}")
     assert not problems, "\n".join(problems)
     assert list(tmp_path.iterdir()) == []   # refused before any work: nothing was written
 

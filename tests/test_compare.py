@@ -418,7 +418,7 @@ def test_a_killed_pairs_behaviour_cloning_goes_on_from_its_last_epoch(dataset, t
     into gru__s0-2."""
     out = tmp_path / "cmp"
     args = CompareArgs(data=str(dataset), out=str(out), variants=["gru"], seeds=[0], window=4, d_model=16, epochs=2,
-                       windows_per_epoch=32, progress=False)
+                       windows_per_epoch=32, progress=False, episodes=0)   # (no drive: training is what resumes)
     killed_at_validation(2, args, monkeypatch)   # in epoch 2
     run = out / "runs" / "gru__s0"
     assert json.loads((run / "last" / "train_state.json").read_text())["epoch"] == 0   # epoch 1 kept
