@@ -7,7 +7,9 @@
     git worktree add /tmp/old <commit> && pip install --no-deps --target /tmp/old-site /tmp/old
     python benchmarks/nac_layer.py --sections against --against /tmp/old-site --rounds 5
 
-One thread, forward only, no grad, median of --repeats runs after one warm-up. Memory
+One thread, forward only, no grad: the median of the calls made in TIMED_S seconds (at least
+``repeats``), after WARM_UP_S seconds of warm-up calls (the first dozen calls of a fast
+configuration run up to 1.4x slower than its steady state, which a run of many calls meets). Memory
 is the forward's peak-RSS increase over the process's RSS once model and input exist;
 every measurement runs in its own process so peaks do not mix. Rows marked "eager"
 run the layer with its numba kernels off (``NAC_DRIVE_KERNELS=0``): the torch code alone.
@@ -24,6 +26,9 @@ import resource
 import subprocess
 import sys
 import time
+
+WARM_UP_S = 0.5   # of calls before timing, after the first
+TIMED_S = 1.0     # of timed calls (at least --repeats)
 
 
 def _rss_mb() -> float:
@@ -85,13 +90,20 @@ def worker(spec: dict) -> dict:
         run(x)  # warm-up, also the forward whose peak memory is reported
         first = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        times = []
-        for _ in range(spec["repeats"] if first < 5 else 3):
-            t0 = time.perf_counter()
-            run(x)
-            times.append(time.perf_counter() - t0)
+        _repeat_for(run, x, WARM_UP_S, 2)   # the steady state: the first calls after the first are slower
+        times = _repeat_for(run, x, TIMED_S, spec["repeats"] if first < 5 else 3)
     times.sort()
     return {"ms": 1e3 * times[len(times) // 2], "mem_mb": max(0.0, peak - rss_before)}
+
+
+def _repeat_for(run, x, seconds: float, at_least: int) -> list[float]:
+    """Seconds of each ``run(x)``, called at least ``at_least`` times and until ``seconds`` have passed."""
+    times, start = [], time.perf_counter()
+    while len(times) < at_least or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        run(x)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def _measure_step(spec: dict, x) -> dict:
