@@ -9,10 +9,17 @@ from __future__ import annotations
 
 
 def exit_code(argv: list[str]) -> int:
-    """``nac-drive ARGV``'s exit status: ``main``'s return value, or argparse's (SystemExit)."""
+    """``nac-drive ARGV``'s exit status: ``main``'s return value, or argparse's (SystemExit). What a
+    verb sets for its whole process, as a command line owns it, is put back: torch's threads (a
+    policy's loading sets one, for its control loop)."""
+    import torch
+
     from nac_drive.cli import main
 
+    threads = torch.get_num_threads()
     try:
         return main(list(argv))
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
+    finally:
+        torch.set_num_threads(threads)
