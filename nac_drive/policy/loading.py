@@ -24,7 +24,9 @@ def load_driving_policy(path: str | Path | None = None, task: str = "carracing",
     :class:`~nac_drive.policy.onnx_policy.OnnxPolicy` (onnxruntime; it drives, it has no torch
     modules to look inside); without, such a file is refused in one line. ``device``: where the
     policy's network runs (:func:`~nac_drive.devices.resolve_device`; an ONNX file runs on
-    onnxruntime's CPU provider whatever it says)."""
+    onnxruntime's CPU provider whatever it says). The commands load what they drive through it, so it
+    sets this whole process to one torch thread (a control loop's forward is fastest on one:
+    :mod:`nac_drive.torch_threads`); ``DrivingPolicy.from_pretrained`` leaves threads alone."""
     import torch
 
     from nac_drive.devices import resolve_device
