@@ -9,8 +9,8 @@
     python benchmarks/nac_layer.py --sections against --against /tmp/old-site --rounds 5
 
 One thread, forward only, no grad: the median of the calls made in TIMED_S seconds (at least
-``repeats``), after WARM_UP_S seconds of warm-up calls (the first dozen calls of a fast
-configuration run up to 1.4x slower than its steady state, which a run of many calls meets); with
+``repeats``), after WARM_UP_S seconds of warm-up calls (the first calls after the first ran 1.1-1.7x
+the steady state here, which a run of many calls meets); with
 ``--processes N`` each row runs in N processes and the fastest is reported (on a VM a whole process
 can fall in a slow spell: one row moved 1.3x between runs). Memory
 is the forward's peak-RSS increase over the process's RSS once model and input exist;
@@ -171,7 +171,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5,
                         help="sections 'against' and 'train': rounds, the implementations alternating")
     parser.add_argument("--processes", type=int, default=1,
-                        help="the other sections: processes per row, the fastest reported")
+                        help="processes per row (in 'against', per round), the fastest reported")
     args = parser.parse_args()
     global PROCESSES
     PROCESSES = args.processes
