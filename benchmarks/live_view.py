@@ -31,7 +31,7 @@ def carracing(steps: int, tmp: Path) -> dict[str, float]:
     from nac_drive.pipeline.drive import policy_recorder
     from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE, run_episodes
 
-    policy = load_driving_policy()   # one torch thread
+    policy = load_driving_policy()
     heads = policy.core.nac.num_heads
     variants = {
         "plain": lambda: (PolicyDriver(policy), None),
@@ -102,6 +102,9 @@ def main() -> int:
     p.add_argument("--frames", type=int, default=60, help="Udacity frames per variant")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    import torch
+
+    torch.set_num_threads(1)   # as a control loop drives (the Udacity half times act() outside one)
     with tempfile.TemporaryDirectory() as tmp:
         car = carracing(args.steps, Path(tmp))
         uda = udacity(args.frames, Path(tmp))

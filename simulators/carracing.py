@@ -27,6 +27,7 @@ from nac_drive.simulators.episode_stats import SUCCESS_RETURN, format_return_sta
 from nac_drive.simulators.road_drawing import draw_road_vectorised
 from nac_drive.policy.tasks import DISCRETE_GAS
 from nac_drive.io.video import WebmWriter
+from nac_drive.torch_threads import torch_threads
 
 ENV_ID = "CarRacing-v3"
 MAX_EPISODE_FRAMES = 1000  # CarRacing-v3's own time limit (env frames at 50 FPS)
@@ -352,6 +353,7 @@ class EpisodeResults:
 StepCallback = Callable[[int, int, np.ndarray, Any, float, dict], None]
 
 
+@torch_threads(1)   # a forward on one frame is fastest on one thread
 def run_episodes(
     actor: Actor,
     seeds: Sequence[int],
@@ -374,7 +376,8 @@ def run_episodes(
     existing env (its ``continuous`` must match). ``progress``: show a progress bar (a
     string: labelled with it). ``gas``: see :func:`make_carracing` (default: the actor's own,
     :func:`actor_gas`). ``perturb``: the perturbation every actor drives under (see
-    :func:`make_carracing`; the video shows the frames as perturbed).
+    :func:`make_carracing`; the video shows the frames as perturbed). It runs on one torch thread,
+    the count of before restored after.
     """
     own_env = env is None
     if not own_env and perturb is not None:

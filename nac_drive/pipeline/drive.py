@@ -23,6 +23,7 @@ from nac_drive.fields import MAX_EPISODES, MAX_SEED, arg, check_fields
 from nac_drive.simulators.carracing import ACTION_NAMES, EVAL_SEED_BASE
 from nac_drive.simulators.perturbations import (PERTURBATIONS, check_perturb_flag, frame_drops, perturb_arg,
                                                 perturbation_record)
+from nac_drive.torch_threads import torch_threads
 
 UDACITY_FRAMES = 1000   # frames per emulator track: ~67 s at its 15 Hz, ~270 m at 9 mph (under a lap)
 UDACITY_SPEED = 9.0     # mph: the set speed of `nac-drive drive udacity`
@@ -181,6 +182,7 @@ def udacity_emulator_env(track: str, speed: float = UDACITY_SPEED):
     return SpeedControl(gymnasium.make(ENV_ID, track=track), speed_mph=speed)
 
 
+@torch_threads(1)   # a forward on one frame is fastest on one thread
 def udacity_emulator_episodes(driver, envs: list, frames: int = UDACITY_FRAMES, progress: bool = False) -> list[dict]:
     """``driver`` (a :class:`~nac_drive.agents.driver.PolicyDriver`) drives each env of
     :func:`udacity_emulator_env` from the start of its track for ``frames`` frames, or until
@@ -196,7 +198,7 @@ def udacity_emulator_episodes(driver, envs: list, frames: int = UDACITY_FRAMES, 
     Returns per env ``track``, ``frames`` (driven), ``laps``, ``distance_m``,
     ``mean_abs_cte_m`` / ``max_abs_cte_m`` (the cross-track error of the states the car
     reached), ``off_road`` (it left the road) and ``return`` (the env's reward: metres of
-    progress, less off-centre)."""
+    progress, less off-centre). It runs on one torch thread, the count of before restored after."""
     from tqdm import tqdm
 
     from nac_drive.simulators.udacity_scene import scene_variables

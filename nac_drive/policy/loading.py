@@ -24,17 +24,13 @@ def load_driving_policy(path: str | Path | None = None, task: str = "carracing",
     :class:`~nac_drive.policy.onnx_policy.OnnxPolicy` (onnxruntime; it drives, it has no torch
     modules to look inside); without, such a file is refused in one line. ``device``: where the
     policy's network runs (:func:`~nac_drive.devices.resolve_device`; an ONNX file runs on
-    onnxruntime's CPU provider whatever it says). The commands load what they drive through it, so it
-    sets this whole process to one torch thread (a control loop's forward is fastest on one:
-    :mod:`nac_drive.torch_threads`); ``DrivingPolicy.from_pretrained`` leaves threads alone."""
-    import torch
-
+    onnxruntime's CPU provider whatever it says). It leaves torch's threads alone: the control
+    loops drive on one (:func:`~nac_drive.simulators.carracing.run_episodes`, :mod:`nac_drive.torch_threads`)."""
     from nac_drive.devices import resolve_device
     from nac_drive.policy.driving_policy import DrivingPolicy
     from nac_drive.policy.onnx_policy import is_onnx_path
 
     device = resolve_device(device)   # before any file is read
-    torch.set_num_threads(1)
     if path is not None and is_onnx_path(path):
         if not onnx:
             raise ValueError(f"policy: {path} is an ONNX export, which only drives (nac-drive drive); "

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 def exit_code(argv: list[str]) -> int:
     """``nac-drive ARGV``'s exit status: ``main``'s return value, or argparse's (SystemExit). What a
-    verb sets for its whole process, as a command line owns it, is put back: torch's threads (a
-    policy's loading sets one, for its control loop)."""
+    verb sets for its whole process, as a command line owns it, is put back: torch's threads (the Udacity
+    bridge and the expert's training set one for the process)."""
     import torch
 
     from nac_drive.cli import main
