@@ -6,10 +6,11 @@ vectorises: the pair stage works on tiles of pairs laid out feature-major
 (``[feature, pair]``), so each step is one loop over the pairs of a tile.
 
 libm's exp/tanh/log1p are scalar calls that stop that vectorisation (3-17 ns each
-here, and a pair needs ~20 of them), so the pair stage evaluates them from
-:func:`_exp_into`: exp by range reduction ``x = n ln2 + r``, a Taylor polynomial
-in r and the power 2^n written into a float's exponent bits in a second pass (relative error
-< 3e-7 in float32); tanh, sigmoid, softplus and 1 - exp(-y) are built on it.
+here, and a pair needs ~20 of them), so the pair stage evaluates its own (relative error
+< 3e-7 in float32): exp by range reduction ``x = n ln2 + r``, a Taylor polynomial in r
+and the power 2^n written into a float's exponent bits (:func:`_exp_split`), which softplus
+and 1 - exp(-y) are built on; tanh (16 of a pair's ~20) and sigmoid by one rational function
+(:func:`_tanh_into`), one pass and no exp.
 """
 
 from __future__ import annotations
@@ -417,53 +418,79 @@ def topk_block_rows(q, kT, key_ok, count, block_scores, heads, causal, window, s
 
 # --------------------------------------------------------------------------- pair math
 @njit(inline="always", **_JIT)
+def _exp_split(v):
+    """exp(v) = e * 2^m -> (e, 2^m as float32 bits): a loop that computes these vectorises, and
+    so does a second one that multiplies them (the bits read through a float view)."""
+    v = min(max(v, f32(-87.0)), f32(88.0))
+    m = np.int32(v * _LOG2E + f32(128.5)) - 128            # round(v / ln2), as floor(. + 0.5)
+    r = (v - f32(m) * _LN2_HI) - f32(m) * _LN2_LO           # |r| <= ln2 / 2
+    e = ((((((_F7 * r + _F6) * r + _F5) * r + _F4) * r + _F3) * r + _F2) * r + f32(1.0)) * r + f32(1.0)
+    return e, (m + 127) << 23
+
+
+@njit(inline="always", **_JIT)
+def _grown(y, decayed):
+    """1 - exp(-y) for y >= 0, given decayed = exp(-y): accurate relative to itself near 0 (a
+    Taylor series below 0.5, where 1 - decayed would cancel)."""
+    # sum_{i=1..10} (-1)^(i+1) y^i / i!  (the first omitted term is < 3e-10 at y = 0.5)
+    series = f32(1.0) - y * (_F2 - y * (_F3 - y * (_F4 - y * (_F5 - y * (_F6 - y * (_F7 - y * (
+        _F8 - y * (_F9 - y * _F10))))))))
+    return y * series if y < f32(0.5) else f32(1.0) - decayed
+
+
+# Each function below is two loops over the pairs, the first making exp's parts (_exp_split), the
+# second the rest; ``bits`` is int32 scratch, ``bits_as_float`` its float32 view.
+@njit(inline="always", **_JIT)
 def _exp_into(x, out, n, bits, bits_as_float):
-    """out[:n] = exp(x[:n]) (x may be out). ``bits`` int32 scratch, ``bits_as_float`` its float32 view."""
+    """out[:n] = exp(x[:n]) (x may be out)."""
     for p in range(n):
-        v = min(max(x[p], f32(-87.0)), f32(88.0))
-        m = np.int32(v * _LOG2E + f32(128.5)) - 128            # round(v / ln2), as floor(. + 0.5)
-        r = (v - f32(m) * _LN2_HI) - f32(m) * _LN2_LO           # |r| <= ln2 / 2
-        out[p] = ((((((_F7 * r + _F6) * r + _F5) * r + _F4) * r + _F3) * r + _F2) * r + f32(1.0)) * r + f32(1.0)
-        bits[p] = (m + 127) << 23                                # 2^m as float32 bits
+        out[p], bits[p] = _exp_split(x[p])
     for p in range(n):
         out[p] *= bits_as_float[p]
 
 
 @njit(inline="always", **_JIT)
 def _one_minus_exp_neg_into(y, out, n, tmp, bits, bits_as_float):
-    """out[:n] = 1 - exp(-y) = -expm1(-y) for y >= 0, accurate relative to itself
-    near 0 (Taylor series below 0.5, where 1 - exp(-y) would cancel)."""
+    """out[:n] = 1 - exp(-y) = -expm1(-y) for y >= 0 (:func:`_grown`; y may be out); leaves exp(-y) in tmp."""
     for p in range(n):
-        tmp[p] = -y[p]
-    _exp_into(tmp, tmp, n, bits, bits_as_float)
+        tmp[p], bits[p] = _exp_split(-y[p])
     for p in range(n):
-        v = y[p]
-        # sum_{i=1..10} (-1)^(i+1) v^i / i!  (the first omitted term is < 3e-10 at v = 0.5)
-        series = f32(1.0) - v * (_F2 - v * (_F3 - v * (_F4 - v * (_F5 - v * (_F6 - v * (_F7 - v * (
-            _F8 - v * (_F9 - v * _F10))))))))
-        out[p] = v * series if v < f32(0.5) else f32(1.0) - tmp[p]
+        decayed = tmp[p] * bits_as_float[p]
+        tmp[p] = decayed
+        out[p] = _grown(y[p], decayed)
+
+
+# tanh(x) = x P(x^2) / Q(x^2) for |x| <= _TANH_CLAMP, P of degree 6 and Q of degree 3: fitted to tanh's
+# relative error on [0, 9] (linearised least squares, then Lawson's reweighting towards minimax: 9e-9
+# in float64; float32 evaluation stays under 3e-7 on [-90, 90]). Past 9, tanh is 1 within 3e-8.
+_TANH_CLAMP = f32(9.0)
+_TP1, _TP2, _TP3, _TP4, _TP5, _TP6 = (f32(c) for c in (
+    0.1308412253856659, 0.003104095347225666, 1.1156203981954604e-05, -2.0235964015569152e-08,
+    5.284930826299217e-11, -8.511472234483397e-14))
+_TQ1, _TQ2, _TQ3 = (f32(c) for c in (0.4641745090484619, 0.024495694786310196, 0.00025463724159635603))
 
 
 @njit(inline="always", **_JIT)
-def _tanh_into(x, out, n, tmp, bits, bits_as_float):
-    """out[:n] = tanh(x[:n]) = sign(x) E / (2 - E), E = 1 - exp(-2|x|) (relative accuracy
-    kept near 0, where the backbone's pre-activations often are). out must not be x."""
+def _tanh_into(x, out, n):
+    """out[:n] = tanh(x[:n]) (x may be out), one pass of a rational function (above): relative
+    accuracy kept near 0, where the backbone's pre-activations often are; never past +-1."""
     for p in range(n):
-        out[p] = f32(2.0) * abs(x[p])
-    _one_minus_exp_neg_into(out, out, n, tmp, bits, bits_as_float)
-    for p in range(n):
-        t = out[p] / (f32(2.0) - out[p])
-        out[p] = t if x[p] >= 0 else -t
+        v = min(max(x[p], -_TANH_CLAMP), _TANH_CLAMP)
+        v2 = v * v
+        num = (((((_TP6 * v2 + _TP5) * v2 + _TP4) * v2 + _TP3) * v2 + _TP2) * v2 + _TP1) * v2 + f32(1.0)
+        den = ((_TQ3 * v2 + _TQ2) * v2 + _TQ1) * v2 + f32(1.0)
+        out[p] = min(max(v * num / den, f32(-1.0)), f32(1.0))
 
 
 @njit(inline="always", **_JIT)
-def _sigmoid_into(x, out, n, tmp, bits, bits_as_float):
-    """out[:n] = 1 / (1 + exp(-x[:n]))"""
+def _sigmoid_into(x, out, n):
+    """out[:n] = 1 / (1 + exp(-x[:n])) = (1 + tanh(x / 2)) / 2 (x may be out): one pass, absolute
+    error < 3e-7 (its relative accuracy goes where it nears 0: below -18 it is 0)."""
     for p in range(n):
-        tmp[p] = -x[p]
-    _exp_into(tmp, tmp, n, bits, bits_as_float)
+        out[p] = f32(0.5) * x[p]
+    _tanh_into(out, out, n)
     for p in range(n):
-        out[p] = f32(1.0) / (f32(1.0) + tmp[p])
+        out[p] = f32(0.5) + f32(0.5) * out[p]
 
 
 @njit(inline="always", **_JIT)
@@ -471,10 +498,10 @@ def _softplus_into(x, out, n, tmp, bits, bits_as_float):
     """out[:n] = log(1 + exp(x)) = max(x, 0) + log1p(z), z = exp(-|x|) in (0, 1];
     log1p(z) = 2 atanh(s), s = z / (2 + z) <= 1/3, by its odd series to s^17."""
     for p in range(n):
-        tmp[p] = -abs(x[p])
-    _exp_into(tmp, tmp, n, bits, bits_as_float)
+        tmp[p], bits[p] = _exp_split(-abs(x[p]))
     for p in range(n):
-        s = tmp[p] / (f32(2.0) + tmp[p])
+        z = tmp[p] * bits_as_float[p]
+        s = z / (f32(2.0) + z)
         s2 = s * s
         series = (((((((_A17 * s2 + _A15) * s2 + _A13) * s2 + _A11) * s2 + _A9) * s2 + _A7) * s2 + _A5) * s2
                   + _A3) * s2 + f32(1.0)
@@ -570,7 +597,7 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                         t_in[p] = 1.0
                 # backbone (eq. 14): inter -> command -> motor, each tanh
                 for u in range(n_inter):
-                    _tanh_into(pre[u], inter[u], n, tmp, bits, bits_as_float)
+                    _tanh_into(pre[u], inter[u], n)
                 for c in range(n_cmd):
                     acc[:n] = cmd_b[h, c]
                     for u in range(n_inter):
@@ -578,7 +605,7 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                         if w != 0.0:  # a missing synapse of the wiring
                             for p in range(n):
                                 acc[p] += w * inter[u, p]
-                    _tanh_into(acc, cmd[c], n, tmp, bits, bits_as_float)
+                    _tanh_into(acc, cmd[c], n)
                 for m in range(n_motor):
                     acc[:n] = mot_b[h, m]
                     for c in range(n_cmd):
@@ -586,7 +613,7 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                         if w != 0.0:
                             for p in range(n):
                                 acc[p] += w * cmd[c, p]
-                    _tanh_into(acc, motor[m], n, tmp, bits, bits_as_float)
+                    _tanh_into(acc, motor[m], n)
                 # heads (eqs. 15, 16): phi = sigmoid(.), tau = softplus(.) + eps
                 for head in range(2):
                     acc[:n] = phi_tau_b[h, head]
@@ -595,13 +622,13 @@ def attend(q_side_t, key_side_t, key_feats, idx, q_times, time_kind, cmd_w, cmd_
                         for p in range(n):
                             acc[p] += w * motor[m, p]
                     if head == 0:
-                        _sigmoid_into(acc, phi, n, tmp, bits, bits_as_float)
+                        _sigmoid_into(acc, phi, n)
                     else:
                         _softplus_into(acc, tau, n, tmp, bits, bits_as_float)
                 for p in range(n):
                     tau[p] += tau_eps
                     acc[p] = pre[n_inter, p] * t_in[p] + pre[n_inter + 1, p]
-                _sigmoid_into(acc, t_interp, n, tmp, bits, bits_as_float)
+                _sigmoid_into(acc, t_interp, n)
                 # logits (eqs. 2, 3, 18)
                 if mode == MODE_STEADY:
                     for p in range(n):
