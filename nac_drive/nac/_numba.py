@@ -174,14 +174,15 @@ def _pack_ordered(ordered, key):
 
 
 @njit(**_SELECT_JIT)
-def _top_of_packed(packed, out):
-    """out[r] = the keys of the K largest of packed[r] (:func:`_pack`, NO_CANDIDATE for none),
-    best first, NO_KEY in the slots left over: packed ``[R, n]``, out ``[R, K]``.
+def _top_of_packed(packed, n, out):
+    """out[r] = the keys of the K largest of packed[r, :n] (:func:`_pack`, NO_CANDIDATE for none),
+    best first, NO_KEY in the slots left over: packed ``[R, >= n]``, out ``[R, K]``. (A row's length
+    is passed, not sliced: a strided view is compiled for any layout, and its loop then runs scalar.)
 
     Pass p takes each row's largest value below the one pass p - 1 took (packed values are
     distinct): a branch-free max reduction per row, and the rows of a pass independent, so that
     the CPU overlaps their latencies. out holds the packed values until the last pass."""
-    R, n = packed.shape
+    R = packed.shape[0]
     for p in range(out.shape[1]):
         for r in range(R):
             taken = out[r, p - 1] if p > 0 else np.iinfo(np.int64).max
@@ -303,7 +304,7 @@ def _rank_run_ordered(q, kT, key_valid, bh, i0, rows, causal, window, q_offset, 
         longest = max(longest, m)
     for r in range(rows):
         packed[r, found[r]:longest] = NO_CANDIDATE
-    _top_of_packed(packed[:rows, :longest], out[bh, i0:i0 + rows])
+    _top_of_packed(packed[:rows], longest, out[bh, i0:i0 + rows])
 
 
 @njit(inline="always", **_SELECT_JIT)
@@ -381,7 +382,7 @@ def topk_block_rows(q, kT, key_ok, count, block_scores, heads, causal, window, s
                     for blk in range(n_blocks):
                         ok = _rankable(blk, own, size, lo, hi, count[b, blk] > 0)
                         block_packed[0, blk] = _pack(block_bits[bh, i, blk], blk) if ok else NO_CANDIDATE
-                    _top_of_packed(block_packed, others)
+                    _top_of_packed(block_packed, n_blocks, others)
                     while n_others < n_pick - 1 and others[0, n_others] != NO_KEY:
                         n_others += 1
                 elif n_pick > 1:
@@ -413,7 +414,7 @@ def topk_block_rows(q, kT, key_ok, count, block_scores, heads, causal, window, s
                     _top_of(cand, cand_keys, n, empty, best, row, chunk_max)
                     out[bh, i] = row
             if packs:
-                _top_of_packed(packed[:rows], out[bh, i0:i0 + rows])
+                _top_of_packed(packed[:rows], n_cand, out[bh, i0:i0 + rows])
 
 
 # --------------------------------------------------------------------------- pair math
