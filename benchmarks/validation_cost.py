@@ -12,7 +12,7 @@ torch thread, the best of ``--rounds``:
 * CarRacing: the CNN on ``--carracing-frames`` synthetic frames in episodes of 1000, in memory
   as loaded from Minari.
 
-The defaults are what ``compare`` holds out (15%) of the data of BENCHMARKS §11: of 20 CarRacing
+The defaults are what ``compare`` holds out (15%) of the data of its first comparison (docs/findings.md): of 20 CarRacing
 demonstrations of about 1000 frames, 3; of 7 Udacity recordings of 1000 frames, 2 (a recording
 is held out whole).
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Rebuilds BENCHMARKS.md §11: every temporal core of `nac-drive compare` (the NAC's modes, the
-# paper's ablations that apply to this layer, lstm, gru, cfc, ltc, mha), seeds 0 1 2, on the same
-# data and budget, CarRacing then Udacity; each comparison writes compare.json and compare.md.
+# Rebuilds the first comparison of docs/findings.md ("Temporal cores by behaviour cloning alone"):
+# every temporal core of `nac-drive compare` (the NAC's modes, the paper's ablations that apply to
+# this layer, lstm, gru, cfc, ltc, mha), seeds 0 1 2, on the same data and budget, CarRacing then
+# Udacity; each comparison writes compare.json and compare.md.
 #
 #   bash benchmarks/recipes/compare_cores.sh [OUT]      # OUT: a new folder (default runs/recipe-compare)
 #
@@ -16,7 +17,7 @@
 # --workers 2), Udacity about 4 hours (a pair every 10-16 min), collection a few minutes each.
 # A killed comparison resumes where it stopped: run its `nac-drive compare` line again.
 #
-# What it should score: the figures of BENCHMARKS.md §11, within their intervals; they are means
+# What it should score: the figures of that table, within their intervals; they are means
 # over 3 seeds, and one seed of a run on other hardware or another torch build trains differently.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
@@ -27,7 +28,7 @@ CAR="$OUT/carracing-demos"
 UDA="$OUT/udacity-data"
 
 nac-drive collect carracing --expert teacher-discrete --episodes 20 --out "$CAR"
-V="nac-exact nac-euler nac-steady nac-pw nac-2k nac-02s nac-09s lstm gru cfc ltc mha"   # the variants §11 reports
+V="nac-exact nac-euler nac-steady nac-pw nac-2k nac-02s nac-09s lstm gru cfc ltc mha"   # the variants that table reports
 nac-drive compare --data "$CAR" --out "$OUT/compare-carracing" --epochs 5 --windows-per-epoch 4096 \
   --episodes 20 --workers 2 --variants $V --json
 

@@ -32,8 +32,8 @@
 # sessions; the Udacity half about as long again (not measured yet: a PilotNet trial and a pair of
 # runs take about twice CarRacing's). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
 # comparison's finished runs in OUT/compare/results; a pair killed midway goes on from its last epoch and DAgger round).
-# What it should score: not known yet, it has not run to the end (BENCHMARKS.md §11 says so); its
-# table goes there once it has.
+# What it should score: CarRacing, the table of BENCHMARKS.md §11 within its intervals (MHA 925.3 and CfC 918.4 ahead of
+# the paper's NAC, 884.5, at frame-drop 0); Udacity not known yet (it has not run to the end).
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
