@@ -439,8 +439,8 @@ def _grown(y, decayed):
     return y * series if y < f32(0.5) else f32(1.0) - decayed
 
 
-# Each function below is two loops over the pairs, the first making exp's parts (_exp_split), the
-# second the rest; ``bits`` is int32 scratch, ``bits_as_float`` its float32 view.
+# The exp-based functions below are two loops over the pairs, the first making exp's parts (_exp_split),
+# the second the rest; ``bits`` is int32 scratch, ``bits_as_float`` its float32 view.
 @njit(inline="always", **_JIT)
 def _exp_into(x, out, n, bits, bits_as_float):
     """out[:n] = exp(x[:n]) (x may be out)."""
@@ -472,26 +472,29 @@ _TQ1, _TQ2, _TQ3 = (f32(c) for c in (0.4641745090484619, 0.024495694786310196, 0
 
 
 @njit(inline="always", **_JIT)
+def _tanh(x):
+    """tanh(x) by the rational function above: relative accuracy kept near 0, where the backbone's
+    pre-activations often are; never past +-1."""
+    v = min(max(x, -_TANH_CLAMP), _TANH_CLAMP)
+    v2 = v * v
+    num = (((((_TP6 * v2 + _TP5) * v2 + _TP4) * v2 + _TP3) * v2 + _TP2) * v2 + _TP1) * v2 + f32(1.0)
+    den = ((_TQ3 * v2 + _TQ2) * v2 + _TQ1) * v2 + f32(1.0)
+    return min(max(v * num / den, f32(-1.0)), f32(1.0))
+
+
+@njit(inline="always", **_JIT)
 def _tanh_into(x, out, n):
-    """out[:n] = tanh(x[:n]) (x may be out), one pass of a rational function (above): relative
-    accuracy kept near 0, where the backbone's pre-activations often are; never past +-1."""
+    """out[:n] = tanh(x[:n]) (:func:`_tanh`; x may be out), one loop."""
     for p in range(n):
-        v = min(max(x[p], -_TANH_CLAMP), _TANH_CLAMP)
-        v2 = v * v
-        num = (((((_TP6 * v2 + _TP5) * v2 + _TP4) * v2 + _TP3) * v2 + _TP2) * v2 + _TP1) * v2 + f32(1.0)
-        den = ((_TQ3 * v2 + _TQ2) * v2 + _TQ1) * v2 + f32(1.0)
-        out[p] = min(max(v * num / den, f32(-1.0)), f32(1.0))
+        out[p] = _tanh(x[p])
 
 
 @njit(inline="always", **_JIT)
 def _sigmoid_into(x, out, n):
-    """out[:n] = 1 / (1 + exp(-x[:n])) = (1 + tanh(x / 2)) / 2 (x may be out): one pass, absolute
+    """out[:n] = 1 / (1 + exp(-x[:n])) = (1 + tanh(x / 2)) / 2 (x may be out), one loop: absolute
     error < 3e-7 (its relative accuracy goes where it nears 0: below -18 it is 0)."""
     for p in range(n):
-        out[p] = f32(0.5) * x[p]
-    _tanh_into(out, out, n)
-    for p in range(n):
-        out[p] = f32(0.5) + f32(0.5) * out[p]
+        out[p] = f32(0.5) + f32(0.5) * _tanh(f32(0.5) * x[p])
 
 
 @njit(inline="always", **_JIT)
