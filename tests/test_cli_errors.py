@@ -40,6 +40,10 @@ NONSENSE = [
     (["drive", "carracing", "--episodes", "0"], "--episodes: must be >= 1"),
     (["drive", "carracing", "--max-steps", "0"], "--max-steps: must be >= 1"),
     (["drive", "carracing", "--policy", MISSING], MISSING),
+    (["drive", "carracing", "--policy", "shipped:lstm"], "no carracing policy with a 'lstm' core ships with nac-drive; "
+                                                        "carracing has shipped:mha, shipped:nac"),
+    (["drive", "udacity", "--policy", "shipped:mha"], "no udacity policy with a 'mha' core ships"),
+    (["dagger", "--policy", "shipped:gru"], "no carracing policy with a 'gru' core ships"),
     (["drive", "udacity", "--speed", "-5"], "--speed: must be > 0"),
     (["drive", "udacity", "--port", "70000"], "--port: must be <= 65535"),
     (["drive", "udacity", "--policy", MISSING], MISSING),

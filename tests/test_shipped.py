@@ -1,10 +1,11 @@
-"""The CNN+NAC policy that ships with the package loads and drives."""
+"""The policies that ship with the package (CNN+NAC, and CNN+MHA beside it for CarRacing;
+PilotNet+NAC for Udacity) load and drive."""
 
 import numpy as np
 import pytest
 import torch
 
-from nac_drive.policy.loading import load_driving_policy, shipped_policy_path
+from nac_drive.policy.loading import load_driving_policy, shipped_cores, shipped_policy_path
 from nac_drive.simulators.carracing import eval_seeds, run_episodes
 
 torch.set_num_threads(1)
@@ -21,25 +22,35 @@ class Constant:
         return self.action
 
 
-def test_shipped_policy_is_small_and_complete():
-    path = shipped_policy_path()
+SHIPPED = [(task, core) for task in ("carracing", "udacity") for core in shipped_cores(task)]
+
+
+def test_the_nac_ships_for_each_task_and_mha_beside_it_for_carracing():
+    assert SHIPPED == [("carracing", "mha"), ("carracing", "nac"), ("udacity", "nac")]
+    assert shipped_policy_path("carracing") == shipped_policy_path("carracing", "nac")   # the default
+
+
+@pytest.mark.parametrize("task,core", SHIPPED)
+def test_shipped_policy_is_small_and_complete(task, core):
+    path = shipped_policy_path(task, core)
     files = {p.name: p.stat().st_size for p in path.iterdir()}
     assert set(files) == {"config.json", "model.safetensors", "README.md"}
     assert files["model.safetensors"] < 5_000_000
-    policy = load_driving_policy()
-    assert policy.config.task == "carracing" and policy.config.core.core == "nac"
+    policy = load_driving_policy(f"shipped:{core}", task=task)
+    assert policy.config.task == task and policy.config.core.core == core
     assert not policy.training
 
 
-@pytest.mark.parametrize("task", ["carracing", "udacity"])
-def test_each_shipped_policy_has_a_model_card_that_matches_it(task):
+@pytest.mark.parametrize("task,core", SHIPPED)
+def test_each_shipped_policy_has_a_model_card_that_matches_it(task, core):
     # The card (README.md beside the weights) states the architecture and size; a retrained or
     # reconfigured policy whose card was not rewritten fails here.
-    policy = load_driving_policy(task=task)
-    card = (shipped_policy_path(task) / "README.md").read_text()
-    core = policy.config.core
-    for fact in (f"last {core.window} frames", f"{core.num_heads} heads", f"Top-{core.topk} keys",
-                 f"`mode {core.mode}`", f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters",
+    policy = load_driving_policy(f"shipped:{core}", task=task)
+    card = (shipped_policy_path(task, core) / "README.md").read_text()
+    config = policy.config.core
+    nac_facts = (f"Top-{config.topk} keys", f"`mode {config.mode}`") if core == "nac" else ()
+    for fact in (f"last {config.window} frames", f"{config.num_heads} heads", *nac_facts,
+                 f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters",
                  "**Held-out figures**", "**Limits.**", "**Data and recipe.**"):
         assert fact in card, fact
 
@@ -54,10 +65,11 @@ def test_shipped_udacity_policy_loads_and_steers():
 
 
 @pytest.mark.slow
-def test_shipped_policy_drives_better_than_standing_still_or_flooring_it():
+@pytest.mark.parametrize("core", shipped_cores("carracing"))
+def test_shipped_policy_drives_better_than_standing_still_or_flooring_it(core):
     seeds = eval_seeds(2)
-    policy = run_episodes(load_driving_policy(), seeds, max_steps=250)
-    assert all(isinstance(a, int) for a in [load_driving_policy().select_action(np.zeros((96, 96, 3), np.uint8))])
+    policy = run_episodes(load_driving_policy(f"shipped:{core}"), seeds, max_steps=250)
+    assert isinstance(load_driving_policy(f"shipped:{core}").select_action(np.zeros((96, 96, 3), np.uint8)), int)
     for constant in (0, 3):   # no-op, gas
         baseline = run_episodes(Constant(constant), seeds, max_steps=250)
         assert np.mean(policy.returns) > np.mean(baseline.returns) + 20, (policy.returns, baseline.returns)

@@ -2,7 +2,7 @@
 # BENCHMARKS.md §7 (issue 54): `nac-drive explain` on the shipped CarRacing and Udacity policies, on
 # three NAC-steady CarRacing policies (seeds 0-2, benchmarks/recipes/nac_steady_policy.sh), and on the
 # seed-0 policy of every core of the regime comparison (benchmarks/recipes/compare_regime.sh: its last
-# DAgger round's, so every core is explained alike, trained alike).
+# DAgger round's, so every core is explained alike, trained alike; its mha one ships as `shipped:mha`).
 #
 #   bash benchmarks/recipes/explain_policies.sh [OUT] [REGIME]
 #   # OUT: a folder (default runs/recipe-explain); REGIME: compare_regime.sh's folder (without it, the

@@ -35,8 +35,8 @@ UDACITY_PERTURBATIONS = ("frame-drop",)           # the others are CarRacing's p
 class DriveArgs:
     """Arguments of ``nac-drive drive carracing``."""
 
-    policy: str | None = arg(None, "checkpoint folder, or a .onnx of nac-drive export (default: the shipped CNN+NAC "
-                                   "policy)")
+    policy: str | None = arg(None, "checkpoint folder, a .onnx of nac-drive export, or shipped:mha (the CNN+MHA "
+                                   "policy shipped beside the NAC one; default: the shipped CNN+NAC policy)")
     episodes: int = arg(20, "number of tracks", min=1, max=MAX_EPISODES)
     seed_base: int = arg(EVAL_SEED_BASE, "seed of the first track", min=0, max=MAX_SEED)
     max_steps: int | None = arg(None, "cap each episode (env frames; default 1000)", min=1)

@@ -9,11 +9,30 @@ import sys
 from pathlib import Path
 
 
-def shipped_policy_path(task: str = "carracing") -> Path:
-    """The policy that ships with the package: CNN+NAC for CarRacing, PilotNet+NAC for Udacity."""
+SHIPPED = "shipped:"   # --policy shipped:mha names a shipped policy by its core
+
+
+def shipped_policy_path(task: str = "carracing", core: str = "nac") -> Path:
+    """The policy that ships with the package for ``task`` with temporal core ``core``: CNN+NAC
+    for CarRacing and PilotNet+NAC for Udacity (the defaults), and beside them CNN+MHA for
+    CarRacing (``core="mha"``), which drives it better (the README says by how much)."""
+    path = _assets() / f"policy_{task}_{core}"
+    if not (path / "config.json").is_file():
+        shipped = ", ".join(f"{SHIPPED}{c}" for c in shipped_cores(task))
+        raise ValueError(f"policy: no {task} policy with a {core!r} core ships with nac-drive; {task} has {shipped}")
+    return path
+
+
+def shipped_cores(task: str = "carracing") -> list[str]:
+    """The temporal cores of the policies shipped for ``task``, e.g. ``["mha", "nac"]``."""
+    prefix = f"policy_{task}_"
+    return sorted(p.name[len(prefix):] for p in _assets().iterdir() if p.name.startswith(prefix))
+
+
+def _assets() -> Path:
     from importlib.resources import files
 
-    return Path(str(files("nac_drive") / "assets" / f"policy_{task}_nac"))
+    return Path(str(files("nac_drive") / "assets"))
 
 
 def load_driving_policy(path: str | Path | None = None, task: str = "carracing", onnx: bool = False,
@@ -38,13 +57,16 @@ def load_driving_policy(path: str | Path | None = None, task: str = "carracing",
         from nac_drive.policy.onnx_policy import OnnxPolicy
 
         return OnnxPolicy(path)
-    policy = DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path))
+    policy = DrivingPolicy.from_pretrained(shipped_policy_path(task) if path is None else checkpoint_folder(path, task))
     return policy.to(device)
 
 
-def checkpoint_folder(path: str | Path) -> str | Path:
+def checkpoint_folder(path: str | Path, task: str = "carracing") -> str | Path:
     """``path`` itself, or, for the run folder of ``nac-drive train`` (no ``config.json`` in
-    it, one in its ``best/``), that ``best/`` checkpoint, said on stderr. A Hub id passes as it is."""
+    it, one in its ``best/``), that ``best/`` checkpoint, said on stderr; for ``shipped:CORE``,
+    the policy shipped for ``task`` with that core. A Hub id passes as it is."""
+    if isinstance(path, str) and path.startswith(SHIPPED):
+        return shipped_policy_path(task, path[len(SHIPPED):])
     run = Path(path)
     if run.is_dir() and not (run / "config.json").exists() and (run / "best" / "config.json").is_file():
         print(f"policy: {run} is a training run folder; using its best/ checkpoint ({run / 'best'})", file=sys.stderr)

@@ -13,7 +13,8 @@ traced NAC state, on a ``step`` timeline.
 
 CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default, in the env
 the policy learned (its ``config.json`` gas: gymnasium's discrete env, or DiscreteActions). Without
-``--policy`` the shipped policy drives (CNN+NAC for CarRacing, PilotNet+NAC for Udacity). The policy streams through
+``--policy`` the shipped policy drives (CNN+NAC for CarRacing, PilotNet+NAC for Udacity); ``--policy
+shipped:mha`` drives the CNN+MHA CarRacing policy shipped beside it, which drives better. The policy streams through
 ``NAC.step()``; the printed latency is the policy's own time per frame. ``--perturb
 frame-drop=P`` (either simulator) drops a share P of the frames, drawn per track: the policy
 never sees them, the simulator steps on with its last action, and the summary counts them.
@@ -27,7 +28,8 @@ CARRACING = """Drive a policy on CarRacing-v3 and score it.
 
     nac-drive drive carracing [--policy RUN/best] [--episodes 20] [--video out.webm] [--trace RUN_DIR] [--json]
 
-The policy (default: the shipped CNN+NAC policy) drives the held-out tracks 900000,
+The policy (default: the shipped CNN+NAC policy; ``--policy shipped:mha``: the CNN+MHA policy
+shipped beside it) drives the held-out tracks 900000,
 900001, ... in the env it learned (its config.json's gas), streaming through ``NAC.step()``;
 each track's return and frames are printed, then the mean with its 95% interval, the worst
 track and the success rate at 900. ``--video`` writes a WebM, ``--trace`` the run's neuron
