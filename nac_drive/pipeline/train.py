@@ -54,6 +54,12 @@ def run_name(args: TrainArgs, task: str) -> str:
     return args.run_name or f"{task}__{core}__w{args.window}__s{args.seed}{drop}"
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """torch's seed for one epoch's draws, a function of (seed, epoch) alone as the windows
+    of :class:`EpochSampler` are: an epoch trained after a resume draws as it did uninterrupted."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
 class EpochSampler(torch.utils.data.Sampler):
     """A fresh seeded sample of windows each epoch, split evenly across processes."""
 
@@ -268,6 +274,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack, device: torch.device) ->
     card = {"data": str(args.data)}   # the model card says what the policy learnt from
     for epoch in range(start_epoch, args.epochs):
         sampler.epoch = epoch
+        torch.manual_seed(epoch_seed(args.seed, epoch))   # its dropout masks: a resumed run draws what it would have
         if hasattr(train_set, "set_epoch"):   # fresh augmentation draws
             train_set.set_epoch(epoch)
         model.train()
