@@ -44,6 +44,8 @@ NONSENSE = [
                                                         "carracing has shipped:mha, shipped:nac"),
     (["drive", "udacity", "--policy", "shipped:mha"], "no udacity policy with a 'mha' core ships"),
     (["dagger", "--policy", "shipped:gru"], "no carracing policy with a 'gru' core ships"),
+    (["drive", "carracing", "--policy", "shipped:nac/../policy_udacity_nac"],   # a name, never a path
+     "no carracing policy with a 'nac/../policy_udacity_nac' core ships"),
     (["drive", "udacity", "--speed", "-5"], "--speed: must be > 0"),
     (["drive", "udacity", "--port", "70000"], "--port: must be <= 65535"),
     (["drive", "udacity", "--policy", MISSING], MISSING),

@@ -16,17 +16,18 @@ def shipped_policy_path(task: str = "carracing", core: str = "nac") -> Path:
     """The policy that ships with the package for ``task`` with temporal core ``core``: CNN+NAC
     for CarRacing and PilotNet+NAC for Udacity (the defaults), and beside them CNN+MHA for
     CarRacing (``core="mha"``), which drives it better (the README says by how much)."""
-    path = _assets() / f"policy_{task}_{core}"
-    if not (path / "config.json").is_file():
-        shipped = ", ".join(f"{SHIPPED}{c}" for c in shipped_cores(task))
+    cores = shipped_cores(task)
+    if core not in cores:   # a name, never a path: only a folder that ships is read
+        shipped = ", ".join(f"{SHIPPED}{c}" for c in cores)
         raise ValueError(f"policy: no {task} policy with a {core!r} core ships with nac-drive; {task} has {shipped}")
-    return path
+    return _assets() / f"policy_{task}_{core}"
 
 
 def shipped_cores(task: str = "carracing") -> list[str]:
     """The temporal cores of the policies shipped for ``task``, e.g. ``["mha", "nac"]``."""
     prefix = f"policy_{task}_"
-    return sorted(p.name[len(prefix):] for p in _assets().iterdir() if p.name.startswith(prefix))
+    return sorted(p.name[len(prefix):] for p in _assets().iterdir()
+                  if p.name.startswith(prefix) and (p / "config.json").is_file())
 
 
 def _assets() -> Path:
