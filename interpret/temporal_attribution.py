@@ -146,17 +146,20 @@ def completeness_summary(steps: np.ndarray, error: np.ndarray, difference: np.nd
 
 def window_attribution(policy, run: RunTrace | str | os.PathLike, method: str = "integrated_gradients",
                        n_steps: int = IG_STEPS, progress: bool = True, max_steps: int = IG_MAX_STEPS,
-                       tolerance: float = IG_TOLERANCE) -> tuple[np.ndarray, float, dict | None]:
-    """``(shares [N, W] float32, max_stream_difference, completeness)`` for every step of a
-    recorded run (module docstring); W = ``policy.config.core.window``. Integrated Gradients
-    starts each decision at the steps the previous one of its episode needed (at first
-    ``n_steps``; neighbouring decisions are alike) and doubles them until complete
-    (``completeness``: :func:`completeness_summary`; None for ablation)."""
+                       tolerance: float = IG_TOLERANCE, every: int = 1) -> tuple[np.ndarray, float, dict | None]:
+    """``(shares [N, W] float32, max_stream_difference, completeness)`` for every ``every``-th
+    step of a recorded run (steps 0, every, 2 every, ...; the others' rows stay NaN; module
+    docstring); W = ``policy.config.core.window``. Integrated Gradients starts each decision at
+    the steps the previous one of its episode needed (at first ``n_steps``; neighbouring decisions
+    are alike) and doubles them until complete (``completeness``: :func:`completeness_summary` of
+    the decisions attributed; None for ablation)."""
     from tqdm import tqdm
 
     run = run if isinstance(run, RunTrace) else load_trace(run)
     if method not in WINDOW_METHODS:
         raise ValueError(f"method: must be one of {WINDOW_METHODS}, got {method!r}")
+    if every < 1:
+        raise ValueError(f"every: must be >= 1, got {every}")
     W, dt = policy.config.core.window, policy.config.frame_dt
     discrete = policy.config.action == "discrete"
     policy.eval()
@@ -181,6 +184,8 @@ def window_attribution(policy, run: RunTrace | str | os.PathLike, method: str = 
         with eval_mode(policy), torch.no_grad():
             forward = policy(window[None], t[None])[0, -1].cpu()
         worst = max(worst, float((forward - streamed).abs().max() / max(1.0, float(streamed.abs().max()))))
+        if i % every:   # streamed and checked like every step, not attributed
+            continue
         target = int(streamed.argmax()) if discrete else ("steer+" if float(streamed[0]) >= 0 else "steer-")
         share, completeness = frame_shares(policy, window, t, target, method, steps, torch.stack(features),
                                            max(steps, max_steps), tolerance)
@@ -195,15 +200,16 @@ def window_attribution(policy, run: RunTrace | str | os.PathLike, method: str = 
                          f"time_input {policy.config.core.time_input!r})")
     if method != "integrated_gradients":
         return shares, worst, None
-    return shares, worst, completeness_summary(*used.T, n_steps, max_steps, tolerance)
+    return shares, worst, completeness_summary(*used[::every].T, n_steps, max_steps, tolerance)
 
 
 def compute_window_attribution(policy, run_dir: str | os.PathLike, method: str = "integrated_gradients",
-                               n_steps: int = IG_STEPS, progress: bool = True) -> Path:
-    """Write ``RUN_DIR/window_attribution.npz`` for ``policy`` on the run recorded in ``run_dir``."""
+                               n_steps: int = IG_STEPS, progress: bool = True, every: int = 1) -> Path:
+    """Write ``RUN_DIR/window_attribution.npz`` for ``policy`` on the run recorded in ``run_dir``
+    (every ``every``-th step, :func:`window_attribution`)."""
     run = load_trace(run_dir)
-    shares, worst, completeness = window_attribution(policy, run, method, n_steps, progress)
-    meta = {"format": FORMAT, "version": VERSION, "num_steps": run.num_steps, "method": method,
+    shares, worst, completeness = window_attribution(policy, run, method, n_steps, progress, every=every)
+    meta = {"format": FORMAT, "version": VERSION, "num_steps": run.num_steps, "method": method, "every": every,
             "window": policy.config.core.window, "n_steps": n_steps,
             "target": "chosen action's logit" if policy.config.action == "discrete"
             else "steering output (column 0), signed towards the direction steered",

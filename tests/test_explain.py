@@ -88,7 +88,8 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
     gru = DrivingPolicy(PolicyConfig(core=CoreConfig(core="gru", d_model=8, window=4))).save_pretrained(
         tmp_path / "gru")
     out = cli("explain", "--policy", str(gru), "--episodes", "1", "--max-steps", "30", "--saliency-frames", "4",
-              "--window-method", "ablation", "--closed-loop-tracks", "1", "--out", str(tmp_path / "explain"), "--json")
+              "--window-method", "ablation", "--window-every", "2", "--closed-loop-tracks", "1", "--out",
+              str(tmp_path / "explain"), "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == json.loads((tmp_path / "explain" / EXPLAIN_FILE).read_text())
@@ -107,7 +108,8 @@ def test_explain_of_a_gru_policy_runs_every_section_that_needs_no_nac_states(tmp
         assert share["ci95"] == [None, None] or share["ci95"][0] <= share["mean"] <= share["ci95"][1]
     assert saliency["road_pixel_share"]["frames"] == 4 and saliency["road_pixel_share"]["mean"] > 0   # on the road
     assert "on the road ahead" in out.stdout
-    assert report["window"]["window"] == 4 and report["window"]["full_window_steps"] == 30 - 3
+    assert report["window"]["window"] == 4 and report["window"]["every"] == 2
+    assert report["window"]["full_window_steps"] == len(range(4, 30, 2))   # full from step 3, every second one
     assert report["mirror"]["frames"] == 30 and 0 <= report["mirror"]["mirror_agreement"] <= 1
     assert len(report["mirror"]["units"]["core"]["units"]) == 8 and "heads" in report["mirror"]["units_skipped"]
     probes = report["probes"]   # a GRU's core output only, each other representation named with why

@@ -85,6 +85,24 @@ def test_a_decision_owed_to_the_frame_k_steps_ago_puts_its_share_there(tmp_path,
                 np.testing.assert_allclose(row[:reach], np.eye(WINDOW)[LAG][:reach], atol=1e-4)
 
 
+@pytest.mark.parametrize("method", WINDOW_METHODS)
+def test_every_nth_step_attributed_is_what_attributing_all_gives_there(tmp_path, method):
+    """--window-every 3: steps 0, 3, 6, ... carry the shares every step would (IG complete either
+    way), the others NaN rows; the completeness counts the decisions attributed."""
+    _record(tmp_path)
+    run = load_trace(tmp_path)
+    every, _, _ = window_attribution(_lag_policy(), run, method=method, progress=False)
+    thinned, gap, completeness = window_attribution(_lag_policy(), run, method=method, progress=False, every=3)
+    assert gap < 1e-5
+    kept = np.arange(14) % 3 == 0
+    np.testing.assert_allclose(thinned[kept], every[kept], atol=1e-4)      # NaN where NaN
+    assert np.isnan(thinned[~kept]).all()
+    if method != "ablation":
+        assert completeness["decisions"] == kept.sum() == 5 and completeness["incomplete"] == 0
+    with pytest.raises(ValueError, match="every"):
+        window_attribution(_lag_policy(), run, method=method, progress=False, every=0)
+
+
 def test_a_window_forward_that_is_not_what_streamed_is_refused(tmp_path):
     _record(tmp_path, episodes=(6,))
     with pytest.raises(ValueError, match="streaming output"):
@@ -124,8 +142,8 @@ def test_the_window_file_round_trips_and_refuses_another_trace(tmp_path):
     expected, _, _ = window_attribution(_lag_policy(), run, method="ablation", progress=False)
     np.testing.assert_array_equal(loaded.shares, expected)           # NaN where NaN
     meta = loaded.metadata
-    assert (meta["format"], meta["version"], meta["num_steps"], meta["method"], meta["window"]) == \
-        (FORMAT, 1, 14, "ablation", WINDOW)
+    assert (meta["format"], meta["version"], meta["num_steps"], meta["method"], meta["window"], meta["every"]) == \
+        (FORMAT, 1, 14, "ablation", WINDOW, 1)
     assert meta["trace_sha256"] == run.sha256 and loaded.window == WINDOW
     with np.load(path, allow_pickle=False) as plain:                  # a plain npz: no pickles
         assert plain["shares"].shape == (14, WINDOW)

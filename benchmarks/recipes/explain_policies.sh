@@ -19,7 +19,8 @@
 # Time on the 2-core CPU machine: a NAC-steady policy about 85 min; an explain not measured yet at
 # 30 tracks (about 22 drives of 30 tracks each). Its window attribution (Integrated Gradients, steps
 # doubled until complete) took 1.7 s a traced step for the shipped CarRacing policy and 4.3 s for the
-# comparison's mha one, beside three other jobs (2026-11-30): 1.4-3.6 hours of the 3000 steps.
+# comparison's mha one, beside three other jobs (2026-11-30): 1.4-3.6 hours of the 3000 steps, so each
+# explain attributes every 10th step (--window-every 10: 300 decisions).
 # What it should score: not known yet, it has not run to the end; §7's table is rewritten from it.
 set -euo pipefail
 
@@ -35,16 +36,16 @@ explained() {   # explained DIR COMMAND...: run an explain COMMAND into DIR; a f
 
 shipped_and_steady() {
   explained "$OUT/carracing-shipped" nac-drive explain --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 \
-    --closed-loop-random 5 --json
+    --closed-loop-random 5 --window-every 10 --json
   explained "$OUT/udacity-shipped" nac-drive explain --task udacity --episodes 3 --closed-loop-tracks 30 \
-    --closed-loop-top 5 --closed-loop-random 5 --window-method ablation --json
+    --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --window-method ablation --json
   local seed made demos=""
   for seed in 0 1 2; do
     made="$OUT/steady-policy-s$seed"
     [ -f "$made/drive.json" ] || bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" $demos
     demos="$OUT/steady-policy-s0/collected"
     explained "$OUT/steady-s$seed" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 \
-      --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --json
+      --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
   done
 }
 
@@ -53,7 +54,7 @@ compared_cores() {
   local core
   for core in nac-exact nac-scaled nac-qk cfc gru lstm mha; do
     explained "$OUT/core-$core" nac-drive explain --policy "$REGIME/compare/runs/${core}__s0-dagger-r4/best" \
-      --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --json
+      --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
   done
 }
 

@@ -125,6 +125,8 @@ class ExplainArgs:
     window_method: str = arg("integrated_gradients", "how each window frame's share of a decision is computed "
                                                      "('none': skip it)",
                              choices=("integrated_gradients", "ablation", "none"), group=MEASURES)
+    window_every: int = arg(1, "attribute the window of every Nth traced step (1: every one; Integrated Gradients "
+                               "costs ~2-4 s a step on a CPU core)", min=1, group=MEASURES)
     seed: int = arg(0, "seed of the random neurons, the random maps and the random keys", min=0, group=MEASURES,
                     max=MAX_SEED)
     resume: str | None = arg(None, "go on with the explain killed in this run folder: its drive and the sections "
@@ -195,7 +197,7 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "scenes": lambda: scenes_section(run, config.task, seed),
         "atlas": lambda: atlas_section(run, policy, args.frames, progress),
         "saliency": lambda: saliency_section(run, policy, args.saliency_frames, seed, progress),
-        "window": lambda: window_section(run_dir, policy, args.window_method, progress),
+        "window": lambda: window_section(run_dir, policy, args.window_method, progress, args.window_every),
         "mirror": lambda: mirror_section(run, policy, args.frames),
         "probes": lambda: probes_section(run, policy, seed, replayed(), pushes),
         "dictionary": lambda: dictionary_section(run, policy, seed, replayed()),
@@ -435,10 +437,12 @@ def curvature_probe(run, policy, seed: int = 0, replayed=None) -> dict:
                             block_steps=task_block_steps(policy))
 
 
-def window_section(run_dir: Path, policy, method: str = "integrated_gradients", progress: bool = False) -> dict:
+def window_section(run_dir: Path, policy, method: str = "integrated_gradients", progress: bool = False,
+                   every: int = 1) -> dict:
     """Which frame of the window each decision used: writes ``RUN_DIR/window_attribution.npz``
-    (:func:`~nac_drive.interpret.temporal_attribution.compute_window_attribution`) and returns
-    the mean share of each frame (0 = the current one) over the steps whose window is full,
+    (:func:`~nac_drive.interpret.temporal_attribution.compute_window_attribution`, every
+    ``every``-th step) and returns the mean share of each frame (0 = the current one) over the
+    attributed steps whose window is full,
     how often the current frame has the largest share, and ``completeness`` (Integrated
     Gradients: the steps each decision needed and how far its attribution's sum is from the
     output's change, :func:`~nac_drive.interpret.temporal_attribution.completeness_summary`;
@@ -446,11 +450,12 @@ def window_section(run_dir: Path, policy, method: str = "integrated_gradients", 
     from nac_drive.interpret.temporal_attribution import compute_window_attribution, load_window_attribution
     from nac_drive.interpret.trace import load_trace
 
-    path = compute_window_attribution(policy, run_dir, method, progress=progress)
+    path = compute_window_attribution(policy, run_dir, method, progress=progress, every=every)
     attribution = load_window_attribution(path, trace=load_trace(run_dir))
     shares = attribution.shares
     full = shares[np.isfinite(shares).all(axis=1) & (shares.sum(axis=1) > 0)]
-    return jsonable({"method": method, "file": path.name, "window": shares.shape[1], "full_window_steps": len(full),
+    return jsonable({"method": method, "file": path.name, "window": shares.shape[1], "every": every,
+                     "full_window_steps": len(full),
                      "mean_share_by_frames_ago": full.mean(axis=0) if len(full) else [],
                      "current_frame_largest": float((full.argmax(axis=1) == 0).mean()) if len(full) else None,
                      "completeness": attribution.metadata.get("completeness")})
