@@ -149,7 +149,8 @@ def window_attribution(policy, run: RunTrace | str | os.PathLike, method: str = 
                        tolerance: float = IG_TOLERANCE, every: int = 1) -> tuple[np.ndarray, float, dict | None]:
     """``(shares [N, W] float32, max_stream_difference, completeness)`` for every ``every``-th
     step of a recorded run (steps 0, every, 2 every, ...; the others' rows stay NaN; module
-    docstring); W = ``policy.config.core.window``. Integrated Gradients starts each decision at
+    docstring); W = ``policy.config.core.window``; ``max_stream_difference`` over the steps
+    attributed, the window forward their shares explain against what streamed. Integrated Gradients starts each decision at
     the steps the previous one of its episode needed (at first ``n_steps``; neighbouring decisions
     are alike) and doubles them until complete (``completeness``: :func:`completeness_summary` of
     the decisions attributed; None for ablation)."""
@@ -178,14 +179,14 @@ def window_attribution(policy, run: RunTrace | str | os.PathLike, method: str = 
         x = replay.model_input(frame).to(device)
         with torch.no_grad():
             frames, features = (frames + [x])[-W:], (features + [policy.encoder(x[None])[0]])[-W:]
-        streamed = policy.step_output(frame)
+        streamed = policy.step_output(frame)   # every step: the stream's state goes on
+        if i % every:
+            continue
         window = torch.stack(frames)
         t = torch.arange(i - len(frames) + 1 - first, i + 1 - first, dtype=torch.float32, device=device) * dt
         with eval_mode(policy), torch.no_grad():
             forward = policy(window[None], t[None])[0, -1].cpu()
         worst = max(worst, float((forward - streamed).abs().max() / max(1.0, float(streamed.abs().max()))))
-        if i % every:   # streamed and checked like every step, not attributed
-            continue
         target = int(streamed.argmax()) if discrete else ("steer+" if float(streamed[0]) >= 0 else "steer-")
         share, completeness = frame_shares(policy, window, t, target, method, steps, torch.stack(features),
                                            max(steps, max_steps), tolerance)
