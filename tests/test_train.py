@@ -163,28 +163,34 @@ def test_training_learns_and_resumes(dataset, tmp_path):
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
 
 
+def _last_weights(run: Path) -> dict:
+    """A training run's last/ weights, name -> tensor."""
+    from safetensors.torch import load_file
+
+    return load_file(run / "last" / "model.safetensors")
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
 def test_the_seed_decides_the_trained_weights(dataset, tmp_path):
     """Same data and seed: the same weights, bit for bit (what makes a quickstart run repeat
     its score); another seed: other weights."""
-    from safetensors.torch import load_file
-
     def weights(seed: int, out: str) -> dict:
         args = TrainArgs(data=str(dataset), out=str(tmp_path / out), window=4, d_model=16, num_heads=2, topk=3,
                          epochs=2, windows_per_epoch=64, batch_size=16, progress=False, seed=seed)
-        return load_file(train(args) / "last" / "model.safetensors")
+        return _last_weights(train(args))
 
     first, again, other = weights(0, "a"), weights(0, "b"), weights(1, "c")
     assert first.keys() == again.keys() == other.keys()
-    assert all(torch.equal(first[name], again[name]) for name in first)
-    assert not all(torch.equal(first[name], other[name]) for name in first)
+    assert _same(first, again) and not _same(first, other)
 
 
 def test_a_killed_and_resumed_run_trains_the_weights_of_an_uninterrupted_one(dataset, tmp_path, monkeypatch):
     """Killed in epoch 2 of 2 and resumed: epoch 2 draws what it drew uninterrupted (its
     windows and its dropout masks), so the final weights are the same bit for bit (once, a
     resumed DAgger round drove 874 where the uninterrupted one drove 902)."""
-    from safetensors.torch import load_file
-
     from nac_drive.pipeline import train as train_module
 
     def run(name: str, **changes) -> Path:
@@ -208,8 +214,7 @@ def test_a_killed_and_resumed_run_trains_the_weights_of_an_uninterrupted_one(dat
     assert json.loads((tmp_path / "killed" / "last" / "train_state.json").read_text())["epoch"] == 0
     resumed = run("killed", resume=True)
     assert DrivingPolicy.from_pretrained(whole / "last").config.head_dropout > 0   # a draw to get wrong
-    a, b = load_file(whole / "last" / "model.safetensors"), load_file(resumed / "last" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    assert _same(_last_weights(whole), _last_weights(resumed))
 
 
 def test_training_alone_uses_every_core_and_gives_the_caller_its_threads_back(monkeypatch):
