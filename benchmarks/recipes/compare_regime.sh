@@ -17,9 +17,11 @@
 #   3072 windows at lr 2e-4; the last round's checkpoint drives the 20 held-out tracks 900000-900019
 #   at each frame-drop share; the learning curve drives 5 held-out tracks after each stage.
 # - Udacity: the scripted driver's 1000 frames on each of 7 emulator tracks (lib.bash, as compare_cores.sh
-#   records them); tune as above; compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048 windows
-#   with the tuned values, each policy drives the 5 held-out emulator tracks for 2700 frames (a
-#   lap) at each frame-drop share.
+#   records them); tune as above with 8 trials each (a PilotNet trial takes ~9.5 min on one core, so
+#   12 would have taken ~10 hours; Optuna's TPE draws its first 10 at random, so this search is a
+#   random one, the same for every core); compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048
+#   windows with the tuned values, each policy drives the 5 held-out emulator tracks for 2700 frames
+#   (a lap) at each frame-drop share.
 #
 # Why the search scores the loss: its first driven trials (nac-exact, 2026-11-29, --objective
 # drive, 3 of 12) scored 17.8, 126.2 and 14.3 on validation tracks: at a trial's budget of
@@ -29,8 +31,7 @@
 # Time on the 2-core CPU machine: the tune lanes ~2.5-3 hours (a trial 2.2-12.2 min on one core, median
 # ~3.5, beside other jobs, 2026-11-29; d_model 128 trials take 8-12); the comparison ~6 hours with
 # --workers 2 (a BC run ~8 min, a DAgger round ~3 min, 20 tracks ~3 min a share), so three 3-hour
-# sessions; the Udacity half about as long again (not measured yet: a PilotNet trial and a pair of
-# runs take about twice CarRacing's). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
+# sessions; the Udacity half ~7 hours (tune lanes ~4.5, 2026-11-30; the comparison's 21 runs ~2.5). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
 # comparison's finished runs in OUT/compare/results; a pair killed midway goes on from its last epoch and DAgger round).
 # What it should score: CarRacing, the table of BENCHMARKS.md §11 within its intervals (MHA 925.3 and CfC 918.4 ahead of
 # the paper's NAC, 884.5, at frame-drop 0); Udacity not known yet (it has not run to the end).
@@ -44,20 +45,23 @@ V="nac-exact nac-scaled nac-qk cfc gru lstm mha"
 
 [ -d "$OUT/demos" ] || nac-drive collect carracing --expert planner-discrete --gas 1.0 --episodes 30 --out "$OUT/demos" \
   --name planner --workers 2
-lane() {   # lane CORE DATA TUNE VARIANT...: tune each variant in turn on one core (taskset where there is one)
-  local pin=(); command -v taskset >/dev/null && pin=(taskset -c "$1")
-  local data=$2 tune=$3; shift 3
-  for v in "$@"; do
-    "${pin[@]}" nac-drive tune --data "$data" --variant "$v" --objective val-loss --trials 12 --epochs 4 \
-      --windows-per-epoch 2048 --out "$tune" --json
+lane() {   # lane CORE DATA TUNE CLAIMS: on one core (taskset where there is one), tune each variant of $V that no
+           # other lane has claimed, $TRIALS trials each
+  local pin=() v; command -v taskset >/dev/null && pin=(taskset -c "$1")
+  for v in $V; do
+    mkdir "$4/$v" 2>/dev/null || continue   # mkdir is atomic: the lane that makes the folder tunes the variant
+    "${pin[@]}" nac-drive tune --data "$2" --variant "$v" --objective val-loss --trials "$TRIALS" --epochs 4 \
+      --windows-per-epoch 2048 --out "$3" --json
   done
 }
-tune_all() {   # tune_all DATA TUNE: every variant, in two lanes
-  lane 0 "$1" "$2" nac-exact nac-qk gru mha & local a=$!
-  lane 1 "$1" "$2" nac-scaled cfc lstm & local b=$!
+tune_all() {   # tune_all DATA TUNE: every variant, two lanes each taking the next one left when it is free
+  local claims; claims=$(mktemp -d)
+  lane 0 "$1" "$2" "$claims" & local a=$!
+  lane 1 "$1" "$2" "$claims" & local b=$!
   wait $a; wait $b
+  rm -r "$claims"
 }
-tune_all "$OUT/demos" "$OUT/tune"
+TRIALS=12 tune_all "$OUT/demos" "$OUT/tune"
 nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds 0 1 2 --tuned "$OUT/tune" \
   --epochs 10 --windows-per-epoch 4096 --dagger-rounds 5 --dagger-episodes 4 --oracle planner --disturb-rate 0.02 \
   --disturb-frames 8 --dagger-epochs 3 --dagger-windows-per-epoch 3072 --dagger-lr 2e-4 --curve-episodes 5 \
@@ -65,6 +69,6 @@ nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds
 
 UDA="$OUT/udacity-data"
 record_udacity_tracks "$UDA"
-tune_all "$UDA" "$OUT/tune-udacity"
+TRIALS=8 tune_all "$UDA" "$OUT/tune-udacity"
 nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --variants $V --seeds 0 1 2 --tuned "$OUT/tune-udacity" \
   --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json
