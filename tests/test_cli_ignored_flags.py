@@ -61,6 +61,7 @@ IGNORED = [
     # compare without closed-loop episodes
     (["compare", "--data", MISSING, "--episodes", "0", "--max-steps", "50"], "--max-steps: only with --episodes > 0"),
     (["compare", "--data", MISSING, "--episodes", "0", "--frame-drops", "0.5"], "--frame-drops: only with --episodes > 0"),
+    (["compare", "--data", MISSING, "--episodes", "0", "--also", "shipped:nac"], "--also: only with --episodes > 0"),
     # a NAC ablation's sparsity with another core
     (["train", "--core", "gru", "--sparsity", "0.9"], "--sparsity: the gru core does not use it (only nac)"),
     # explain without a closed-loop check

@@ -116,19 +116,24 @@ def test_bad_variants_or_seeds_are_refused_before_any_training(change, message, 
         CompareArgs(**{"data": str(tmp_path), **change})
 
 
-def crafted_results(tmp_path, **changes) -> list[str]:
-    """A comparison of gru, seeds 0 and 1, whose results are on disk (nothing to train); ``changes``
-    replace fields of seed 0's result. Returns compare's argv."""
+def crafted_results(tmp_path, episodes: int = 20, max_steps: int | None = None, **changes) -> list[str]:
+    """A comparison of gru, seeds 0 and 1, whose results are on disk (nothing to train): each drove
+    ``episodes`` tracks (returns 900, 800, 900, ...); ``changes`` replace fields of seed 0's result.
+    Returns compare's argv."""
     from nac_drive.pipeline.compare import shared_budget
 
     argv = ["compare", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "cmp"), "--variants", "gru",
-            "--seeds", "0", "1", "--no-progress"]
+            "--seeds", "0", "1", "--episodes", str(episodes), "--no-progress"]
+    argv += ["--max-steps", str(max_steps)] if max_steps else []
     (tmp_path / "data").mkdir()
     (tmp_path / "cmp" / "results").mkdir(parents=True)
-    budget = shared_budget(CompareArgs(data=str(tmp_path / "data"), variants=["gru"], seeds=[0, 1]))
+    budget = shared_budget(CompareArgs(data=str(tmp_path / "data"), variants=["gru"], seeds=[0, 1],
+                                       episodes=episodes, max_steps=max_steps))
+    returns = [900.0 - 100 * (i % 2) for i in range(episodes)]
+    loop = {"returns": returns, "seeds": list(range(900000, 900000 + episodes)), "laps_finished": 1,
+            "mean_return": sum(returns) / episodes}
     for seed in (0, 1):
-        result = vars(RunResult("gru", seed, f"r{seed}", "carracing", 0.5, 0.8, None,
-                                {"returns": [900.0, 800.0], "laps_finished": 1, "mean_return": 850.0}, budget))
+        result = vars(RunResult("gru", seed, f"r{seed}", "carracing", 0.5, 0.8, None, loop, budget))
         result.update(changes if seed == 0 else {})
         (tmp_path / "cmp" / "results" / f"gru__s{seed}.json").write_text(json.dumps(result))
     return argv
@@ -147,6 +152,75 @@ def test_a_crafted_result_is_refused_in_one_line_naming_its_file(changes, messag
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0, err
     assert f"gru__s0.json: not a comparison result ({message}" in err
+
+
+def test_a_policy_driven_beside_is_paired_with_the_reference_over_its_seeds_with_tracks_as_blocks():
+    from nac_drive.pipeline.compare import also_row, markdown_table
+
+    def loop(returns):
+        return {"returns": returns, "seeds": [900000, 900001, 900002], "laps_finished": 0,
+                "mean_return": float(np.mean(returns))}
+
+    gru = [RunResult("gru", s, f"r{s}", "carracing", 0.5, 0.8, None, loop(r), frame_drops={"0.5": loop(r)})
+           for s, r in ((0, [300.0, 900.0, 600.0]), (1, [310.0, 890.0, 620.0]))]
+    drives = {"0": loop([315.0, 905.0, 620.0]), "0.5": loop([300.0, 900.0, 600.0])}
+    row = also_row("shipped:nac", drives, "carracing", "gru", gru)
+    assert row["closed_loop"]["mean_return"] == pytest.approx(613.333, abs=1e-3)
+    assert row["frame_drops"]["0.5"]["episodes"] == 3
+    paired = row["paired"]
+    # per track: 315 - (300, 310), 905 - (900, 890), 620 - (600, 620): mean of the six = +10
+    assert paired["0"]["mean"] == pytest.approx(10.0) and paired["0"]["pairs"] == 6
+    # each track's pairs average +10 (the seeds' spread is within tracks): resampled by track, the interval is a
+    # point, where six independent pairs (15, 5, 5, 15, 20, 0) would give a wide one
+    assert paired["0"]["ci95"] == [pytest.approx(10.0), pytest.approx(10.0)]
+    assert paired["0.5"]["mean"] == pytest.approx((0 - 10 + 0 + 10 + 0 - 20) / 6)
+    report = {"task": "carracing", "seeds": [0, 1], "episodes": 3, "max_steps": None, "tuned": None, "dagger": None,
+              "budget": {"window": 16, "epochs": 1, "windows_per_epoch": 8, "d_model": 16},
+              "variants": [summarise("gru", gru)], "also": [row]}
+    table = markdown_table(report)
+    assert "| shipped:nac (driven, not trained here) | - | 613.3" in table
+    assert "| shipped:nac (driven, not trained here) | +10.0 [" in table   # the paired table
+    with pytest.raises(ValueError, match="--also shipped:nac and gru drove other tracks at frame-drop 0"):
+        also_row("shipped:nac", {"0": {**drives["0"], "seeds": [1, 2, 3]}}, "carracing", "gru", gru)
+
+
+def test_also_drives_a_shipped_policy_once_beside_the_comparison(tmp_path, capsys, monkeypatch):
+    from nac_drive.pipeline import drive
+    from nac_drive.policy.loading import shipped_policy_path
+
+    argv = crafted_results(tmp_path, episodes=2, max_steps=30) + ["--also", "shipped:nac", "--json"]
+    code, printed = run_cli(argv, capsys)
+    assert code == 0
+    report = json.loads(printed.strip().splitlines()[-1], parse_constant=refuse)
+    (row,) = report["also"]
+    alone = drive.drive_checkpoint(shipped_policy_path("carracing"), "carracing", 2, 30, progress=False)
+    assert row["policy"] == "shipped:nac" and row["closed_loop"]["episodes"] == 2
+    assert row["closed_loop"]["mean_return"] == pytest.approx(alone["mean_return"], abs=0.005)   # rounded
+    assert row["paired"]["0"]["mean"] == pytest.approx(alone["mean_return"] - 850.0, abs=0.005)
+    assert "shipped:nac (driven, not trained here)" in (tmp_path / "cmp" / "compare.md").read_text()
+
+    def never(*a, **k):
+        raise AssertionError("driven again")
+
+    monkeypatch.setattr(drive, "drive_checkpoint", never)   # kept in OUT/results: the same row, not driven again
+    code, printed = run_cli(argv, capsys)
+    assert code == 0 and json.loads(printed.strip().splitlines()[-1])["also"] == report["also"]
+    (kept,) = (tmp_path / "cmp" / "results").glob("also__*.json")
+    kept.write_text(json.dumps({**json.loads(kept.read_text()), "drives": {"0": {"returns": []}}}))
+    assert main(argv) == 2
+    assert f"{kept}: not a comparison's drive" in capsys.readouterr().err
+
+
+def test_also_refuses_a_policy_of_another_task_before_any_training(tmp_path, capsys):
+    from nac_drive.policy.loading import shipped_policy_path
+
+    udacity = str(shipped_policy_path("udacity"))
+    code = main(["compare", "--data", str(tmp_path), "--out", str(tmp_path / "cmp"), "--also", udacity,
+                 "--variants", "gru", "--seeds", "0", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert f"--also {udacity}: policy: " in err and "is a 'udacity' policy, not a 'carracing' one" in err
+    assert not (tmp_path / "cmp" / "runs").exists()
 
 
 def test_compare_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path, capsys):

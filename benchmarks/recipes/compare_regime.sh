@@ -21,7 +21,8 @@
 #   12 would have taken ~10 hours; Optuna's TPE draws its first 10 at random, so this search is a
 #   random one, the same for every core); compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048
 #   windows with the tuned values, each policy drives the 5 held-out emulator tracks for 2700 frames
-#   (a lap) at each frame-drop share.
+#   (a lap) at each frame-drop share; so does the shipped PilotNet+NAC policy (--also shipped:nac),
+#   whose mean |CTE| issue 53 asks within 1.2x of the best core's.
 #
 # Why the search scores the loss: its first driven trials (nac-exact, 2026-11-29, --objective
 # drive, 3 of 12) scored 17.8, 126.2 and 14.3 on validation tracks: at a trial's budget of
@@ -71,4 +72,4 @@ UDA="$OUT/udacity-data"
 record_udacity_tracks "$UDA"
 TRIALS=8 tune_all "$UDA" "$OUT/tune-udacity"
 nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --variants $V --seeds 0 1 2 --tuned "$OUT/tune-udacity" \
-  --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json
+  --also shipped:nac --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json

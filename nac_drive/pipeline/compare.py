@@ -21,6 +21,10 @@ hyper-parameters ``nac-drive tune`` chose for it. NAC-PW differs from the exact 
   ``--frame-drops 0 0.25 0.5`` drives the same tracks again with those shares of the frames
   never reaching the policy (irregular time, ``--perturb frame-drop=P``).
 
+``--also POLICY...`` drives policies trained elsewhere (a checkpoint folder, or ``shipped:nac``:
+the policy nac-drive ships for the data's task) on the same tracks and shares, without
+training them: each is a row of the table, paired track by track with the reference.
+
 ``--dagger-rounds R`` trains in the regime the shipped policy was made in: behaviour
 cloning, then R DAgger rounds (the same oracle and random-action bursts for every variant),
 with ``--curve-episodes`` a learning curve (held-out return against demonstration frames).
@@ -96,6 +100,10 @@ class CompareArgs:
     curve_episodes: int = arg(0, "held-out tracks the policy after behaviour cloning and after each round drives, for "
                                  "the learning curve (return against demonstration frames; 0: none)", min=0,
                               max=MAX_EPISODES, group=DAGGER)
+    also: list[str] = arg([], "policies trained elsewhere, driven beside the variants on the same tracks and "
+                              "frame-drop shares and never trained here: checkpoint folders, or shipped:CORE (the "
+                              "policy nac-drive ships for the data's task, e.g. shipped:nac); each a row of the "
+                              "table, paired with the reference", metavar="POLICY")
     tuned: str | None = arg(None, "nac-drive tune's folder: each variant trains with TUNED/<variant>/best.json's "
                                   "values (a tuned d_model replaces --d-model); every variant must have one",
                             metavar="TUNED")
@@ -106,6 +114,8 @@ class CompareArgs:
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"--{name}: at least one, each once; got {values}")
+        if len(set(self.also)) != len(self.also):
+            raise ValueError(f"--also: each once; got {self.also}")
         check_workers(self.workers)
         if self.tuned is not None:
             missing = [v for v in self.variants if not (Path(self.tuned) / v / "best.json").is_file()]
@@ -133,6 +143,7 @@ class CompareArgs:
         unused = {}
         if self.episodes == 0:
             unused["frame_drops"] = "only with --episodes > 0 (closed-loop episodes to drive under them)"
+            unused["also"] = "only with --episodes > 0 (those policies are only driven)"
             if self.dagger_rounds == 0:
                 unused["max_steps"] = "only with --episodes > 0 or --dagger-rounds > 0 (episodes to cap)"
         if self.tuned is not None:
@@ -189,8 +200,10 @@ def compare(args: CompareArgs) -> dict:
     run trains on ``args.device``; the checkpoints drive on the CPU, a frame at a time."""
     from nac_drive.io.atomic import one_writer
 
+    from nac_drive.pipeline.train import data_task
+
     resolve_device(args.device)   # a device this machine lacks is refused before any folder exists
-    if args.dagger_rounds and Path(args.data).is_dir() and any(Path(args.data).rglob("driving_log.csv")):
+    if args.dagger_rounds and data_task(args.data) == "udacity":
         raise ValueError("--dagger-rounds: DAgger needs an oracle that labels the states a student reaches, which "
                          "CarRacing has (the teacher, the PPO expert) and Udacity recordings do not")
     out = Path(args.out)
@@ -200,6 +213,9 @@ def compare(args: CompareArgs) -> dict:
 
 
 def _compare(args: CompareArgs, out: Path) -> dict:
+    from nac_drive.pipeline.train import data_task
+
+    also = {name: _also_checkpoint(name, data_task(args.data)) for name in args.also} if args.episodes else {}
     jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
     finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
     todo = [job for job in jobs if finished[job] is None]
@@ -219,9 +235,12 @@ def _compare(args: CompareArgs, out: Path) -> dict:
               "task": results[0].task,
               "variants": [summarise(variant, [r for r in results if r.variant == variant]) for variant in args.variants]}
     reference = args.variants[0]
+    reference_runs = [r for r in results if r.variant == reference]
     for row in report["variants"][1:]:
-        row["paired"] = paired_with(reference, [r for r in results if r.variant == reference],
-                                    [r for r in results if r.variant == row["variant"]])
+        row["paired"] = paired_with(reference, reference_runs, [r for r in results if r.variant == row["variant"]])
+    if also:
+        report["also"] = [also_row(name, _also_drives(args, out, name, checkpoint, report["task"]), report["task"],
+                                   reference, reference_runs) for name, checkpoint in also.items()]
     from nac_drive.io.atomic import atomic_write
     from nac_drive.io.strict_json import write_report
 
@@ -323,6 +342,50 @@ def _trained(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | 
                      best["val_accuracy"] if task == "carracing" else None,
                      best["val_loss"] if task == "udacity" else None, closed_loop, shared_budget(args), curve,
                      dropped or None)
+
+
+def _also_checkpoint(name: str, task: str) -> Path:
+    """The checkpoint folder ``--also name`` names, refused in one line before any training
+    if it is not a policy for ``task``."""
+    from nac_drive.pipeline.drive import task_policy
+    from nac_drive.policy.loading import checkpoint_folder
+
+    try:
+        checkpoint = Path(checkpoint_folder(name, task))
+        task_policy(checkpoint, task)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--also {name}: {e}") from None
+    return checkpoint
+
+
+def _also_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task: str) -> dict[str, dict]:
+    """``checkpoint`` driven on the comparison's tracks at each frame-drop share: {"0": drive,
+    "0.25": drive, ...}, kept in ``OUT/results`` (driven once; one driven with another budget
+    is refused, as a run's result is)."""
+    from nac_drive.io.checkpoint import read_json, write_json
+    from nac_drive.pipeline.drive import drive_checkpoint
+
+    path = out / RESULTS / ("also__" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name) + ".json")
+    budget = {"policy": name, "checkpoint": str(checkpoint.resolve()), "episodes": args.episodes,
+              "max_steps": args.max_steps, "frame_drops": args.frame_drops}
+    if path.is_file():
+        kept = read_json(path)
+        if not isinstance(kept, dict) or kept.get("budget") != budget:
+            raise ValueError(f"{path}: not the drive of --also {name} with {budget}; delete it to drive again")
+        problems = [f"{share}: {p}" for share, drive in kept.get("drives", {}).items()
+                    for p in _drive_problems(drive, task)]
+        if problems or set(kept.get("drives", {})) != {f"{share:g}" for share in args.frame_drops}:
+            raise ValueError(f"{path}: not a comparison's drive ({'; '.join(problems) or 'shares missing'}); delete "
+                             "it to drive again")
+        return kept["drives"]
+    drives = {}
+    for share in args.frame_drops:
+        drive = drive_checkpoint(checkpoint, task, args.episodes, args.max_steps, args.progress,
+                                 perturb=f"frame-drop={share:g}" if share else None)
+        drives[f"{share:g}"] = {k: v for k, v in drive.items() if k != "text"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"budget": budget, "drives": drives})
+    return drives
 
 
 def _killed_before(bc: TrainArgs) -> bool:
@@ -543,6 +606,33 @@ def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunR
     return paired if len(paired) > 2 else None   # None: no drive to pair (--episodes 0)
 
 
+def also_row(name: str, drives: dict[str, dict], task: str, reference: str, reference_runs: list[RunResult]) -> dict:
+    """The row of a policy driven beside the variants (``--also``): its drive at frame-drop 0
+    (``closed_loop``) and at each share, and each paired with the ``reference`` variant on the
+    same tracks: every (reference seed, track) pair, the interval from a bootstrap over tracks
+    (the policy drove each track once, so a track's pairs share its value)."""
+    from nac_drive.simulators.episode_stats import paired_block_change
+
+    udacity = task == "udacity"
+    value = "mean_abs_cte_m" if udacity else "returns"
+    row = {"policy": name, "closed_loop": _pooled([drives["0"]], task) if "0" in drives else None,
+           "frame_drops": {share: _pooled([d], task) for share, d in drives.items() if share != "0"}}
+    paired = {"reference": reference, "value": "mean abs CTE m" if udacity else "return"}
+    for share, drive in drives.items():
+        theirs = [d for d in (_drive_at(r, share) for r in reference_runs) if d is not None]
+        if not theirs:
+            continue
+        for d in theirs:
+            if d["seeds"] != drive["seeds"]:
+                raise ValueError(f"compare: --also {name} and {reference} drove other tracks at frame-drop {share}")
+        tracks = list(range(len(drive[value])))
+        change = paired_block_change([x for d in theirs for x in d[value]], drive[value] * len(theirs),
+                                     tracks * len(theirs))
+        paired[share] = {"mean": change["mean"], "ci95": change["ci95"], "pairs": len(tracks) * len(theirs)}
+    row["paired"] = paired if len(paired) > 2 else None
+    return row
+
+
 def _drive_at(run: RunResult, share: str) -> dict | None:
     """A run's drive at frame-drop ``share`` ("0": its plain closed loop), None if it has none."""
     return run.closed_loop if share == "0" else (run.frame_drops or {}).get(share)
@@ -587,6 +677,11 @@ def _paired_cell(change: dict | None, udacity: bool) -> str:
     return format_estimate(change["mean"], change["ci95"], "+.3f" if udacity else "+.1f") + f" ({change['pairs']})"
 
 
+def _row_name(row: dict) -> str:
+    """A table row's name: its variant, or for an ``--also`` policy its name, marked."""
+    return row["variant"] if "variant" in row else f"{row['policy']} (driven, not trained here)"
+
+
 def markdown_table(report: dict) -> str:
     """The comparison as one Markdown table (what ``compare`` prints)."""
     from nac_drive.simulators.episode_stats import format_estimate
@@ -606,6 +701,10 @@ def markdown_table(report: dict) -> str:
         cells += [_loop_cell(row.get("frame_drops", {}).get(share), udacity) for share in shares]
         cells.append("-" if loop is None else ", ".join(f"{x:.1f}" for x in loop["mean_return_per_seed"]))
         lines.append("| " + " | ".join(cells) + " |")
+    for row in report.get("also", []):   # driven, never trained here: no offline metric, no seeds
+        cells = [_row_name(row), "-", _loop_cell(row["closed_loop"], udacity)]
+        cells += [_loop_cell(row["frame_drops"].get(share), udacity) for share in shares]
+        lines.append("| " + " | ".join(cells + ["-"]) + " |")
     budget = report["budget"]
     if report.get("dagger"):
         dagger = report["dagger"]
@@ -614,13 +713,13 @@ def markdown_table(report: dict) -> str:
                      f" x {dagger['disturb_frames']} frames), each fine-tuned {dagger['dagger_epochs']} x "
                      f"{dagger['dagger_windows_per_epoch']} windows at lr {dagger['dagger_lr']:g}; the closed loop "
                      f"drives the last round's best checkpoint, the offline metric is behaviour cloning's.")
-    compared = [row for row in report["variants"] if row.get("paired")]
+    compared = [row for row in report["variants"] + report.get("also", []) if row.get("paired")]
     if compared:
         first = compared[0]["paired"]
         cols = [share for share in ["0", *shares] if any(share in row["paired"] for row in compared)]
         lines += ["", f"| paired against {first['reference']}: {first['value']} change [95% CI] (pairs) | "
                   + " | ".join(f"frame-drop {share}" for share in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        lines += ["| " + row["variant"] + " | " + " | ".join(_paired_cell(row["paired"].get(share), udacity)
+        lines += ["| " + _row_name(row) + " | " + " | ".join(_paired_cell(row["paired"].get(share), udacity)
                                                             for share in cols) + " |" for row in compared]
     curved = [row for row in report["variants"] if row.get("curve")]
     if curved:

@@ -99,12 +99,16 @@ def bc_loss(outputs: torch.Tensor, actions: torch.Tensor, weights: torch.Tensor 
     return F.mse_loss(outputs, actions), (outputs - actions).abs().mean(-1).sum().item()
 
 
-def _load_data(args: TrainArgs, seed: int):
-    """-> (policy config, train windows, validation windows, training actions or None, info).
+def data_task(data: str | Path) -> str:
+    """The task demonstrations in ``data`` are for: "udacity" for ``driving_log.csv``
+    recordings, else "carracing" (Minari datasets)."""
+    return "udacity" if Path(data).is_dir() and any(Path(data).rglob("driving_log.csv")) else "carracing"
 
-    The task follows the data: Udacity ``driving_log.csv`` recordings, else Minari
-    CarRacing datasets."""
-    if any(Path(args.data).rglob("driving_log.csv")) if Path(args.data).is_dir() else False:
+
+def _load_data(args: TrainArgs, seed: int):
+    """-> (policy config, train windows, validation windows, training actions or None, info),
+    for the task of :func:`data_task`."""
+    if data_task(args.data) == "udacity":
         return _load_udacity(args, seed)
     return _load_carracing(args, seed)
 
