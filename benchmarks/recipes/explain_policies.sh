@@ -21,7 +21,8 @@
 # doubled until complete) took 1.7 s a traced step for the shipped CarRacing policy and 4.3 s for the
 # comparison's mha one, beside three other jobs (2026-11-30): 1.4-3.6 hours of the 3000 steps, so each
 # explain attributes every 10th step (--window-every 10: 300 decisions).
-# What it should score: not known yet, it has not run to the end; §7's table is rewritten from it.
+# What it should score: not known yet, it has not run to the end; §7's tables are rewritten from its last step's
+# OUT/tables.md (benchmarks/explain_tables.py).
 set -euo pipefail
 
 OUT=${1:-runs/recipe-explain}
@@ -61,3 +62,4 @@ compared_cores() {
 shipped_and_steady & a=$!
 compared_cores & b=$!
 wait $a; wait $b
+python "$(dirname "$0")/../explain_tables.py" --recipe "$OUT" | tee "$OUT/tables.md"   # §7's tables

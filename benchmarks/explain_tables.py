@@ -1,0 +1,344 @@
+"""The Markdown tables of BENCHMARKS.md §7 from the ``explain.json`` reports that ``nac-drive
+explain`` writes (one per policy; ``benchmarks/recipes/explain_policies.sh`` makes them):
+an overview, saliency faithfulness paired against random maps of each method's own
+granularity, the saliency's road share (the paper's Fig. 6 proxy), the closed loop paired
+against the intact policy, and the push along the curvature probe.
+
+    python benchmarks/explain_tables.py runs/recipe-explain/carracing-shipped runs/recipe-explain/core-gru
+    python benchmarks/explain_tables.py --recipe runs/recipe-explain
+
+Each row is a policy, labelled by its folder, its core and (a NAC) its mode. A section a
+report lacks prints "-", and a line under the table says why (the report's ``skipped``).
+Nothing is driven here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from nac_drive.interpret.explain_report import EXPLAIN_FILE, MAX_REPORT_BYTES
+from nac_drive.io import bounded_json
+from nac_drive.io.capped_read import read_capped
+from nac_drive.simulators.episode_stats import format_estimate
+
+# the folders explain_policies.sh writes, in the report's order
+RECIPE_ORDER = ("carracing-shipped", "udacity-shipped", "steady-s0", "steady-s1", "steady-s2", "core-nac-exact",
+                "core-nac-scaled", "core-nac-qk", "core-cfc", "core-gru", "core-lstm", "core-mha")
+# each saliency method against the random map of its own granularity (docs/interpretability.md)
+OWN_BASELINE = {"gradcam": "random_cam_grid", "occlusion": "random_patches", "integrated_gradients": "random"}
+METHOD_NAMES = {"gradcam": "Grad-CAM", "occlusion": "Occlusion", "integrated_gradients": "IG"}
+# closed_loop.metric / push.metric -> (the intact drive's figure, its format, its words)
+METRICS = {"return": ("mean_return", ".1f", "return"),
+           "mean_abs_cte": ("mean_abs_cte", ".3f", "mean |CTE| (m)")}
+STEERING_SPEC = ".4f"   # a push moves the steering by ~1e-4 to 1e-2
+
+Report = tuple[str, dict[str, Any]]
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+class ReportError(ValueError):
+    """An explain.json that is missing or not a JSON object."""
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """The explain.json at ``path`` (a folder holding one, or the file itself)."""
+    file = path / EXPLAIN_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ReportError(f"{path}: no {EXPLAIN_FILE}" if path.is_dir() else f"{path}: no such file or folder")
+    try:
+        report = bounded_json.loads(read_capped(file, MAX_REPORT_BYTES))
+    except ValueError as e:   # FileRefused, JSONDecodeError and UnicodeDecodeError among them
+        raise ReportError(f"{file}: not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(report, dict):
+        raise ReportError(f"{file}: expected a JSON object")
+    return report
+
+
+def recipe_paths(out: Path) -> list[Path]:
+    """Every ``OUT/*/explain.json``, those of :data:`RECIPE_ORDER` in its order, then the rest sorted."""
+    found = {path.parent.name: path for path in out.glob(f"*/{EXPLAIN_FILE}")}
+    if not found:
+        raise ReportError(f"{out}: no */{EXPLAIN_FILE} in it")
+    return [found[name] for name in RECIPE_ORDER if name in found] + \
+           [found[name] for name in sorted(set(found) - set(RECIPE_ORDER))]
+
+
+def label(path: Path, report: dict[str, Any]) -> str:
+    """``folder (core)``, a NAC's ``folder (nac, mode)``."""
+    folder = (path if path.is_dir() else path.parent).resolve().name
+    core = report.get("core", "nac")
+    mode = dig(report, "fig4", "mode") if core == "nac" else None
+    return f"{folder} ({core}{', ' + mode if isinstance(mode, str) else ''})"
+
+
+def dig(data: Any, *keys) -> Any:
+    """``data[k0][k1]...``, None where a level is missing or null."""
+    for key in keys:
+        if isinstance(data, dict):
+            data = data.get(key)
+        elif isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data):
+            data = data[key]
+        else:
+            return None
+    return data
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def number(x, spec: str = ".3f") -> str:
+    return f"{x:{spec}}" if is_number(x) else "-"
+
+
+def estimate(summary: dict[str, Any] | None, spec: str = ".3f") -> str:
+    """A summary's ``mean [lo, hi]`` (its ``ci95``); a null bound prints "-", a null mean "-"."""
+    mean, ci = dig(summary, "mean"), dig(summary, "ci95")
+    if not is_number(mean):
+        return "-"
+    if isinstance(ci, list) and len(ci) == 2 and all(map(is_number, ci)):
+        return format_estimate(mean, ci, spec)
+    return f"{mean:{spec}} [{number(dig(ci, 0), spec)}, {number(dig(ci, 1), spec)}]"
+
+
+def counted(n, word: str) -> str:
+    """``n word`` (``word`` plural unless ``n`` is 1)."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def span(values: Sequence, spec: str) -> str:
+    """The range of ``values`` as ``lo to hi`` (not an interval: the spread of several estimates)."""
+    values = [v for v in values if is_number(v)]
+    return f"{min(values):{spec}} to {max(values):{spec}}" if values else "-"
+
+
+def metric_of(section: dict[str, Any] | None) -> tuple[str, str, str]:
+    """The section's metric as :data:`METRICS` has it (a report without one: CarRacing's return)."""
+    return METRICS.get(dig(section, "metric") or "return", METRICS["return"])
+
+
+def absent_reason(report: dict[str, Any], section: str) -> str | None:
+    """Why ``section`` has no figures in ``report``; None when it has them."""
+    value = report.get(section)
+    driven = section != "closed_loop" or dig(value, "tracks")   # --closed-loop-tracks 0 leaves it, emptied
+    if isinstance(value, dict) and value and driven:
+        return None
+    reason = dig(report, "skipped", section)
+    if reason:
+        return str(reason)
+    if value is None:
+        return "not in explain.json"
+    return "not a section of figures in explain.json" if driven else "no tracks driven (--closed-loop-tracks 0)"
+
+
+def skipped_notes(reports: Sequence[Report], sections: Sequence[str]) -> list[str]:
+    """A line per section and reason its policies lack it, those policies named together."""
+    notes = []
+    for section in sections:
+        by_reason: dict[str, list[str]] = {}
+        for name, report in reports:
+            reason = absent_reason(report, section)
+            if reason is not None:
+                by_reason.setdefault(reason, []).append(name)
+        notes += [f"- `{section}` skipped, {'policies' if len(names) > 1 else 'policy'} {', '.join(names)}: {reason}"
+                  for reason, names in by_reason.items()]
+    return notes
+
+
+def table(caption: str, columns: Sequence[Column], reports: Sequence[Report], sections: Sequence[str]) -> str:
+    """A caption, a Markdown table (a row per report, the policy first, then a cell per column: its
+    function of the report) and a note per section of ``sections`` a report lacks."""
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
+    lines = [caption, "", "| policy | " + " | ".join(cell(head) for head, _ in columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    for name, report in reports:
+        lines.append("| " + " | ".join(cell(c) for c in [name, *(fn(report) for _, fn in columns)]) + " |")
+    notes = skipped_notes(reports, sections)
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def claim_words(claims: dict[str, Any] | None) -> str:
+    """``{claim: {"verdict": ...}}`` as ``tau untestable; logits not reproduced`` (each verdict's
+    words, the heads behind it left to explain.json)."""
+    if not isinstance(claims, dict) or not claims:
+        return "-"
+    return "; ".join(f"{name} {str(dig(claim, 'verdict') or '-').split(' (')[0]}" for name, claim in claims.items())
+
+
+def _window_completeness(window: dict[str, Any] | None) -> str:
+    if not window:
+        return "-"
+    if window.get("method") == "ablation":   # no path integral, so nothing to add up
+        return "ablation"
+    done = window.get("completeness")
+    if not done:
+        return "-"
+    return (f"median ratio {number(dig(done, 'ratio', 'median'))}, "
+            f"{dig(done, 'incomplete')}/{dig(done, 'decisions')} incomplete")
+
+
+def _dictionary(dictionary: dict[str, Any] | None) -> str:
+    if not dictionary:
+        return "-"
+    reached = "reached" if dictionary.get("reached") else "not reached"
+    return f"{number(dictionary.get('variance_explained'))} ({reached}: target {number(dictionary.get('target'), 'g')})"
+
+
+def _intact(closed: dict[str, Any] | None) -> str:
+    if absent_reason({"closed_loop": closed}, "closed_loop") is not None:
+        return "-"
+    key, spec, _ = metric_of(closed)
+    return f"{number(dig(closed, 'intact', key), spec)} ({counted(closed.get('tracks'), 'track')})"
+
+
+def metric_caption(reports: Sequence[Report], section: str) -> str:
+    """The metrics of ``section`` across ``reports`` in words, each with the policies measured on it
+    (only when they differ)."""
+    used: dict[str, list[str]] = {}
+    for name, report in reports:
+        if report.get(section):
+            used.setdefault(metric_of(report[section])[2], []).append(name)
+    if len(used) <= 1:
+        return next(iter(used), "return")
+    return "; ".join(f"{words} ({', '.join(names)})" for words, names in used.items())
+
+
+def overview_table(reports: Sequence[Report]) -> str:
+    """Table 1: the drive traced, the intact closed loop, Fig. 4 on the road's scenes, the window,
+    the mirror and the dictionary."""
+    def traced(report):
+        lengths = [n for n in dig(report, "drive", "lengths") or [] if is_number(n)]
+        return f"{sum(lengths)} ({counted(len(lengths), 'track')})" if lengths else "-"
+
+    columns = [("traced steps (tracks)", traced),
+               (f"intact closed loop: {metric_caption(reports, 'closed_loop')} (tracks)",
+                lambda r: _intact(r.get("closed_loop"))),
+               ("Fig. 4, literal thresholds on the road's scenes",
+                lambda r: claim_words(dig(r, "scenes", "literal", "claims"))),
+               ("Fig. 4 qualitative (left vs right AUROC)", lambda r: claim_words(dig(r, "scenes", "qualitative"))),
+               ("window: current frame's share", lambda r: number(dig(r, "window", "mean_share_by_frames_ago", 0))),
+               ("window: completeness", lambda r: _window_completeness(r.get("window"))),
+               ("mirror agreement", lambda r: number(dig(r, "mirror", "mirror_agreement"))),
+               ("dictionary: variance explained", lambda r: _dictionary(r.get("dictionary")))]
+    return table("Overview of each explained policy.", columns, reports,
+                 ("scenes", "closed_loop", "window", "mirror", "dictionary"))
+
+
+def _saliency_blocks(report) -> str:
+    saliency = report.get("saliency")
+    if not saliency:
+        return "-"
+    return (f"{dig(saliency, 'blocks', 'count')} by {dig(saliency, 'blocks', 'by')}, "
+            f"{saliency.get('frames')} frames")
+
+
+def saliency_paired_table(reports: Sequence[Report]) -> str:
+    """Table 2: each method's deletion and insertion AUC minus the random map of its own granularity."""
+    columns: list[Column] = [("blocks, frames", _saliency_blocks)]
+    for curve in ("deletion_auc", "insertion_auc"):
+        columns += [(f"{curve.split('_')[0]}: {METHOD_NAMES[method]} - {baseline}",
+                     lambda r, m=method, b=baseline, c=curve: estimate(dig(r, "saliency", "paired", m, b, c)))
+                    for method, baseline in OWN_BASELINE.items()]
+    return table("Saliency faithfulness, paired on the same frames: AUC of the method minus the random map of "
+                 "its own granularity, mean [95% block-bootstrap CI]. Deletion below 0 and insertion above 0 = "
+                 "more faithful than random.", columns, reports, ("saliency",))
+
+
+def road_share_table(reports: Sequence[Report]) -> str:
+    """Table 3: each method's share of saliency on the road ahead, beside the road's share of the pixels."""
+    columns: list[Column] = [(METHOD_NAMES[method], lambda r, m=method: estimate(dig(r, "saliency", "road_share", m)))
+                             for method in OWN_BASELINE]
+    columns.append(("road's share of the pixels (chance)", lambda r: estimate(dig(r, "saliency", "road_pixel_share"))))
+    return table("Road share (the paper's Fig. 6 proxy): the share of each saliency map's mass on the road ahead, "
+                 "mean [95% block-bootstrap CI], against the road's share of the pixels (a uniform map's).",
+                 columns, reports, ("saliency",))
+
+
+def _neuron_group(report, chosen: str, spread: bool) -> str:
+    closed = report.get("closed_loop")
+    spec = metric_of(closed)[1]
+    means = [dig(row, "paired", "mean") for row in dig(closed, "neurons") or [] if dig(row, "chosen") == chosen]
+    means = [m for m in means if is_number(m)]
+    if not means:
+        return "-"
+    return span(means, spec) if spread else f"{sum(means) / len(means):{spec}} ({counted(len(means), 'unit')})"
+
+
+def _attention_part(report, name: str) -> str:
+    closed = report.get("closed_loop")
+    rows = [row for row in dig(closed, "attention") or [] if dig(row, "name") == name]
+    return estimate(dig(rows, 0, "paired"), metric_of(closed)[1]) if rows else "-"
+
+
+def closed_loop_table(reports: Sequence[Report]) -> str:
+    """Table 4: the closed loop's metric change with neurons clamped (the top ones, random ones as the
+    control) and with parts of the attention replaced, each paired against the intact policy."""
+    parts = list(dict.fromkeys(dig(row, "name") for _, r in reports
+                               for row in dig(r, "closed_loop", "attention") or [] if dig(row, "name")))
+    columns: list[Column] = [("intact (tracks)", lambda r: _intact(r.get("closed_loop")))]
+    for chosen in ("top", "random"):
+        columns += [(f"{chosen} neurons: mean change", lambda r, c=chosen: _neuron_group(r, c, False)),
+                    (f"{chosen} neurons: range", lambda r, c=chosen: _neuron_group(r, c, True))]
+    columns += [(part, lambda r, p=part: _attention_part(r, p)) for part in parts]
+    return table(f"Closed loop, paired against the intact policy on the same tracks: change of the "
+                 f"{metric_caption(reports, 'closed_loop')}; neurons clamped to their mean (the top ones by "
+                 f"silencing cost, random ones as the control: the mean and range of the units' paired means), "
+                 f"attention parts replaced (paired mean [95% CI]).", columns, reports, ("closed_loop",))
+
+
+def _push(report, push: str, figure: str) -> str:
+    section = report.get("push")
+    rows = [row for row in dig(section, "pushes") or [] if dig(row, "push") == push]
+    spec = STEERING_SPEC if figure == "change" else metric_of(section)[1]
+    return estimate(dig(rows, 0, figure), spec) if rows else "-"
+
+
+def _random_pushes(report) -> str:
+    rows = [row for row in dig(report, "push", "pushes") or [] if str(dig(row, "push")).startswith("random")]
+    changes = [dig(row, "change", "mean") for row in rows]
+    return f"{span(changes, STEERING_SPEC)} ({counted(len(rows), 'direction')})" if rows else "-"
+
+
+def push_table(reports: Sequence[Report]) -> str:
+    """Table 5: the closed-loop push along the curvature probe, beside random directions as long."""
+    steering = " / ".join(dict.fromkeys(str(r["push"]["steering"]) for _, r in reports
+                                        if dig(r, "push", "steering"))) or "-"
+    columns: list[Column] = [("probe in-sample R^2", lambda r: number(dig(r, "push", "probe", "in_sample_r2")))]
+    for push in ("left", "right"):
+        columns += [(f"{push}: steering change", lambda r, p=push: _push(r, p, "change")),
+                    (f"{push}: {metric_caption(reports, 'push')} change", lambda r, p=push: _push(r, p, "paired"))]
+    columns.append(("random directions: steering change range", _random_pushes))
+    return table(f"Push along the curvature probe while the policy drives (steering = {steering}): paired mean "
+                 f"[95% CI] of the change from the intact drive; random directions as long as the probe's push "
+                 f"are the control.", columns, reports, ("push",))
+
+
+TABLES = (overview_table, saliency_paired_table, road_share_table, closed_loop_table, push_table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", nargs="*", type=Path, metavar="DIR",
+                        help="folders holding an explain.json (or the files)")
+    parser.add_argument("--recipe", type=Path, metavar="OUT",
+                        help="every OUT/*/explain.json (explain_policies.sh's folder), in the report's order")
+    args = parser.parse_args(argv)
+    if bool(args.dirs) == bool(args.recipe):
+        parser.error("give folders or --recipe OUT, not both and not neither")
+    try:
+        paths = recipe_paths(args.recipe) if args.recipe else args.dirs
+        reports = [(label(path, report), report) for path in paths for report in [read_report(path)]]
+    except ReportError as e:
+        print(f"explain_tables: error: {e}", file=sys.stderr)
+        return 2
+    print("\n\n".join(make(reports) for make in TABLES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
