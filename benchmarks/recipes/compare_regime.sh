@@ -46,12 +46,12 @@ V="nac-exact nac-scaled nac-qk cfc gru lstm mha"
 
 [ -d "$OUT/demos" ] || nac-drive collect carracing --expert planner-discrete --gas 1.0 --episodes 30 --out "$OUT/demos" \
   --name planner --workers 2
-lane() {   # lane CORE DATA TUNE CLAIMS: on one core (taskset where there is one), tune each variant of $V that no
-           # other lane has claimed, $TRIALS trials each
-  local pin=() v; command -v taskset >/dev/null && pin=(taskset -c "$1")
+lane() {   # lane CORE DATA TUNE CLAIMS: on one core (lib.bash's pinned), tune each variant of $V that no other
+           # lane has claimed, $TRIALS trials each
+  local v
   for v in $V; do
     mkdir "$4/$v" 2>/dev/null || continue   # mkdir is atomic: the lane that makes the folder tunes the variant
-    "${pin[@]}" nac-drive tune --data "$2" --variant "$v" --objective val-loss --trials "$TRIALS" --epochs 4 \
+    pinned "$1" nac-drive tune --data "$2" --variant "$v" --objective val-loss --trials "$TRIALS" --epochs 4 \
       --windows-per-epoch 2048 --out "$3" --json
   done
 }

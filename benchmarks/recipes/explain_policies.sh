@@ -12,7 +12,7 @@
 # intact, with the 5 neurons whose silencing costs most and 5 others clamped and each part of the
 # attention replaced (NAC cores), and pushed along the curvature probe (every core). Udacity's window
 # attribution removes one frame at a time (ablation), as §7 has done since it first ran.
-# Two lanes, one core each: the shipped policies and the NAC-steady ones; the comparison's cores.
+# Two lanes, each pinned to one core (lib.bash): the shipped policies and the NAC-steady ones; the comparison's cores.
 # Everything resumes: run the same line again (an explain killed midway goes on with --resume, a
 # NAC-steady policy where it stopped; seeds 1 and 2 train on seed 0's demonstrations).
 #
@@ -24,37 +24,39 @@
 # What it should score: not known yet, it has not run to the end; §7's tables are rewritten from its last step's
 # OUT/tables.md (benchmarks/explain_tables.py).
 set -euo pipefail
+source "$(dirname "$0")/lib.bash"
 
 OUT=${1:-runs/recipe-explain}
 REGIME=${2:-}
 mkdir -p "$OUT"
 
-explained() {   # explained DIR COMMAND...: run an explain COMMAND into DIR; a finished one is kept, a killed one resumed
-  local dir=$1; shift
+explained() {   # explained CORE DIR COMMAND...: an explain COMMAND into DIR on that core (lib.bash's pinned); a
+                # finished one is kept, a killed one resumed
+  local core=$1 dir=$2; shift 2
   [ -f "$dir/explain.json" ] && return 0
-  if [ -d "$dir" ]; then "$@" --resume "$dir"; else "$@" --out "$dir"; fi
+  if [ -d "$dir" ]; then pinned "$core" "$@" --resume "$dir"; else pinned "$core" "$@" --out "$dir"; fi
 }
 
-shipped_and_steady() {
-  explained "$OUT/carracing-shipped" nac-drive explain --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 \
+shipped_and_steady() {   # on core 0
+  explained 0 "$OUT/carracing-shipped" nac-drive explain --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 \
     --closed-loop-random 5 --window-every 10 --json
-  explained "$OUT/udacity-shipped" nac-drive explain --task udacity --episodes 3 --closed-loop-tracks 30 \
+  explained 0 "$OUT/udacity-shipped" nac-drive explain --task udacity --episodes 3 --closed-loop-tracks 30 \
     --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --window-method ablation --json
   local seed made demos=""
   for seed in 0 1 2; do
     made="$OUT/steady-policy-s$seed"
-    [ -f "$made/drive.json" ] || bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" $demos
+    [ -f "$made/drive.json" ] || pinned 0 bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" $demos
     demos="$OUT/steady-policy-s0/collected"
-    explained "$OUT/steady-s$seed" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 \
+    explained 0 "$OUT/steady-s$seed" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 \
       --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
   done
 }
 
-compared_cores() {
+compared_cores() {   # on core 1
   [ -n "$REGIME" ] || return 0
   local core
   for core in nac-exact nac-scaled nac-qk cfc gru lstm mha; do
-    explained "$OUT/core-$core" nac-drive explain --policy "$REGIME/compare/runs/${core}__s0-dagger-r4/best" \
+    explained 1 "$OUT/core-$core" nac-drive explain --policy "$REGIME/compare/runs/${core}__s0-dagger-r4/best" \
       --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
   done
 }

@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 # Each folder is whole or not there: made under a .partial name, then renamed.
 if [ ! -d "$COLLECTED" ]; then
   rm -rf "$COLLECTED.partial"
-  nac-drive collect carracing --expert ppo --episodes 30 --out "$COLLECTED.partial" --name steady --workers 2
+  nac-drive collect carracing --expert ppo --episodes 30 --out "$COLLECTED.partial" --name steady --workers "$(nproc)"
   mv "$COLLECTED.partial" "$COLLECTED"
 fi
 if [ ! -d "$OUT/demos" ]; then   # the training data, DAgger's rounds added: the collection hard-linked, never written
