@@ -163,11 +163,22 @@ def table(caption: str, columns: Sequence[Column], reports: Sequence[Report], se
 
 
 def claim_words(claims: dict[str, Any] | None) -> str:
-    """``{claim: {"verdict": ...}}`` as ``tau untestable; logits not reproduced`` (each verdict's
-    words, the heads behind it left to explain.json)."""
+    """``{claim: {"verdict": ..., heads}}`` as ``tau untestable; logits separated (heads 0, 2; the
+    paper's direction: 0)``: each verdict's first words and the heads behind it (the literal
+    thresholds' ``heads``; the qualitative reading's ``heads_separating`` and
+    ``heads_paper_direction``, so that which way the heads separate is not lost)."""
     if not isinstance(claims, dict) or not claims:
         return "-"
-    return "; ".join(f"{name} {str(dig(claim, 'verdict') or '-').split(' (')[0]}" for name, claim in claims.items())
+
+    def heads(claim) -> str:
+        def listed(key):
+            return ", ".join(map(str, dig(claim, key) or [])) or "none"
+        if dig(claim, "heads_separating"):
+            return f" (heads {listed('heads_separating')}; the paper's direction: {listed('heads_paper_direction')})"
+        return f" (heads {listed('heads')})" if dig(claim, "heads") else ""
+
+    return "; ".join(f"{name} {str(dig(claim, 'verdict') or '-').split(' (')[0]}{heads(claim)}"
+                     for name, claim in claims.items())
 
 
 def _window_completeness(window: dict[str, Any] | None) -> str:
@@ -189,19 +200,25 @@ def _dictionary(dictionary: dict[str, Any] | None) -> str:
     return f"{number(dictionary.get('variance_explained'))} ({reached}: target {number(dictionary.get('target'), 'g')})"
 
 
-def _intact(closed: dict[str, Any] | None) -> str:
-    if absent_reason({"closed_loop": closed}, "closed_loop") is not None:
-        return "-"
-    key, spec, _ = metric_of(closed)
-    return f"{number(dig(closed, 'intact', key), spec)} ({counted(closed.get('tracks'), 'track')})"
+INTACT_SECTIONS = ("closed_loop", "push")   # both drive the policy intact on the same tracks; push for any core
 
 
-def metric_caption(reports: Sequence[Report], section: str) -> str:
-    """The metrics of ``section`` across ``reports`` in words, each with the policies measured on it
-    (only when they differ)."""
+def _intact(report: dict[str, Any], sections: Sequence[str] = INTACT_SECTIONS) -> str:
+    for section in sections:
+        drive = report.get(section)
+        if absent_reason(report, section) is None and dig(drive, "intact") is not None:
+            key, spec, _ = metric_of(drive)
+            return f"{number(dig(drive, 'intact', key), spec)} ({counted(drive.get('tracks'), 'track')})"
+    return "-"
+
+
+def metric_caption(reports: Sequence[Report], *sections: str) -> str:
+    """The metrics of the first of ``sections`` each report has, across ``reports``, in words, each
+    with the policies measured on it (only when they differ)."""
     used: dict[str, list[str]] = {}
     for name, report in reports:
-        if report.get(section):
+        section = next((s for s in sections if report.get(s)), None)
+        if section:
             used.setdefault(metric_of(report[section])[2], []).append(name)
     if len(used) <= 1:
         return next(iter(used), "return")
@@ -216,8 +233,7 @@ def overview_table(reports: Sequence[Report]) -> str:
         return f"{sum(lengths)} ({counted(len(lengths), 'track')})" if lengths else "-"
 
     columns = [("traced steps (tracks)", traced),
-               (f"intact closed loop: {metric_caption(reports, 'closed_loop')} (tracks)",
-                lambda r: _intact(r.get("closed_loop"))),
+               (f"intact closed loop: {metric_caption(reports, *INTACT_SECTIONS)} (tracks)", _intact),
                ("Fig. 4, literal thresholds on the road's scenes",
                 lambda r: claim_words(dig(r, "scenes", "literal", "claims"))),
                ("Fig. 4 qualitative (left vs right AUROC)", lambda r: claim_words(dig(r, "scenes", "qualitative"))),
@@ -251,9 +267,14 @@ def saliency_paired_table(reports: Sequence[Report]) -> str:
 
 def road_share_table(reports: Sequence[Report]) -> str:
     """Table 3: each method's share of saliency on the road ahead, beside the road's share of the pixels."""
-    columns: list[Column] = [(METHOD_NAMES[method], lambda r, m=method: estimate(dig(r, "saliency", "road_share", m)))
+    def road(report, *keys) -> str:
+        if report.get("saliency") and dig(report, "saliency", "road_share") is None:
+            return "CarRacing only"   # the road band is drawn from CarRacing's track; Udacity's frames have none
+        return estimate(dig(report, "saliency", *keys))
+
+    columns: list[Column] = [(METHOD_NAMES[method], lambda r, m=method: road(r, "road_share", m))
                              for method in OWN_BASELINE]
-    columns.append(("road's share of the pixels (chance)", lambda r: estimate(dig(r, "saliency", "road_pixel_share"))))
+    columns.append(("road's share of the pixels (chance)", lambda r: road(r, "road_pixel_share")))
     return table("Road share (the paper's Fig. 6 proxy): the share of each saliency map's mass on the road ahead, "
                  "mean [95% block-bootstrap CI], against the road's share of the pixels (a uniform map's).",
                  columns, reports, ("saliency",))
@@ -280,7 +301,7 @@ def closed_loop_table(reports: Sequence[Report]) -> str:
     control) and with parts of the attention replaced, each paired against the intact policy."""
     parts = list(dict.fromkeys(dig(row, "name") for _, r in reports
                                for row in dig(r, "closed_loop", "attention") or [] if dig(row, "name")))
-    columns: list[Column] = [("intact (tracks)", lambda r: _intact(r.get("closed_loop")))]
+    columns: list[Column] = [("intact (tracks)", lambda r: _intact(r, ("closed_loop",)))]
     for chosen in ("top", "random"):
         columns += [(f"{chosen} neurons: mean change", lambda r, c=chosen: _neuron_group(r, c, False)),
                     (f"{chosen} neurons: range", lambda r, c=chosen: _neuron_group(r, c, True))]

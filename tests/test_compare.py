@@ -154,7 +154,7 @@ def test_a_crafted_result_is_refused_in_one_line_naming_its_file(changes, messag
     assert f"gru__s0.json: not a comparison result ({message}" in err
 
 
-def test_a_policy_driven_beside_is_paired_with_the_reference_over_its_seeds_with_tracks_as_blocks():
+def test_a_policy_driven_beside_is_paired_with_the_reference_seeds_mean_track_by_track():
     from nac_drive.pipeline.compare import also_row, markdown_table
 
     def loop(returns):
@@ -168,12 +168,14 @@ def test_a_policy_driven_beside_is_paired_with_the_reference_over_its_seeds_with
     assert row["closed_loop"]["mean_return"] == pytest.approx(613.333, abs=1e-3)
     assert row["frame_drops"]["0.5"]["episodes"] == 3
     paired = row["paired"]
-    # per track: 315 - (300, 310), 905 - (900, 890), 620 - (600, 620): mean of the six = +10
-    assert paired["0"]["mean"] == pytest.approx(10.0) and paired["0"]["pairs"] == 6
-    # each track's pairs average +10 (the seeds' spread is within tracks): resampled by track, the interval is a
-    # point, where six independent pairs (15, 5, 5, 15, 20, 0) would give a wide one
+    # per track against the seeds' mean: 315 - 305, 905 - 895, 620 - 610: +10 on each of the 3 tracks, the pairs;
+    # the spread between seeds is inside each track, so the t-interval over tracks is a point, where the six
+    # (seed, track) differences (15, 5, 5, 15, 20, 0) taken as independent would give a wide one
+    assert paired["0"]["mean"] == pytest.approx(10.0) and (paired["0"]["pairs"], paired["0"]["seeds"]) == (3, 2)
     assert paired["0"]["ci95"] == [pytest.approx(10.0), pytest.approx(10.0)]
-    assert paired["0.5"]["mean"] == pytest.approx((0 - 10 + 0 + 10 + 0 - 20) / 6)
+    # 300 - 305, 900 - 895, 600 - 610: mean -10/3, t(0.975, 2) = 4.3027 times sd 7.6376 / sqrt(3)
+    assert paired["0.5"]["mean"] == pytest.approx(-10 / 3)
+    assert paired["0.5"]["ci95"] == [pytest.approx(-10 / 3 - 18.9730, abs=1e-3), pytest.approx(-10 / 3 + 18.9730, abs=1e-3)]
     report = {"task": "carracing", "seeds": [0, 1], "episodes": 3, "max_steps": None, "tuned": None, "dagger": None,
               "budget": {"window": 16, "epochs": 1, "windows_per_epoch": 8, "d_model": 16},
               "variants": [summarise("gru", gru)], "also": [row]}
@@ -205,10 +207,20 @@ def test_also_drives_a_shipped_policy_once_beside_the_comparison(tmp_path, capsy
     monkeypatch.setattr(drive, "drive_checkpoint", never)   # kept in OUT/results: the same row, not driven again
     code, printed = run_cli(argv, capsys)
     assert code == 0 and json.loads(printed.strip().splitlines()[-1])["also"] == report["also"]
+    # a kept drive that is not whole, or was driven with other weights, is refused before any run trains: here
+    # gru seed 1 would train next (on no dataset, which would fail otherwise)
+    (tmp_path / "cmp" / "results" / "gru__s1.json").unlink()
     (kept,) = (tmp_path / "cmp" / "results").glob("also__*.json")
-    kept.write_text(json.dumps({**json.loads(kept.read_text()), "drives": {"0": {"returns": []}}}))
-    assert main(argv) == 2
-    assert f"{kept}: not a comparison's drive" in capsys.readouterr().err
+    whole = json.loads(kept.read_text())
+    for broken, refusal in (({**whole, "drives": {"0": {"returns": []}}}, "not a comparison's drive"),
+                            ({**whole, "drives": {"0": {k: v for k, v in whole["drives"]["0"].items() if k != "seeds"}}},
+                             "0: seeds: expected a list"),
+                            ({**whole, "budget": {**whole["budget"], "sha256": "0" * 64}}, "not the drive of --also")):
+        kept.write_text(json.dumps(broken))
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"{kept}: " in err and refusal in err, err
+        assert not (tmp_path / "cmp" / "runs").exists()
 
 
 def test_also_refuses_a_policy_of_another_task_before_any_training(tmp_path, capsys):

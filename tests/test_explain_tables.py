@@ -38,7 +38,9 @@ def nac_report() -> dict:
         "fig4": {"mode": "exact"},
         "scenes": {"literal": {"claims": {"tau": {"verdict": "untestable", "heads": []},
                                           "logits": {"verdict": "reproduced", "heads": [1]}}},
-                   "qualitative": {"tau": {"verdict": "separated (the paper's direction, heads 0)"},
+                   "qualitative": {"tau": {"verdict": "separated (the paper's direction, heads 0; the other way, "
+                                                      "heads 2)", "heads_separating": [0, 2],
+                                           "heads_paper_direction": [0]},
                                    "logits": {"verdict": "not separated"}}},
         "window": {"method": "integrated_gradients", "mean_share_by_frames_ago": [0.75, 0.25],
                    "completeness": {"decisions": 12, "incomplete": 3, "ratio": {"median": 0.031, "max": 0.3}}},
@@ -149,8 +151,10 @@ def test_the_overview_reads_each_section(tmp_path, capsys):
     a, b = rows["a (nac, exact)"], rows["b (nac, exact)"]
     assert a["traced steps (tracks)"] == "150 (2 tracks)"
     assert a["intact closed loop: return (tracks)"] == "850.2 (2 tracks)"
-    assert a["Fig. 4, literal thresholds on the road's scenes"] == "tau untestable; logits reproduced"
-    assert a["Fig. 4 qualitative (left vs right AUROC)"] == "tau separated; logits not separated"
+    assert a["Fig. 4, literal thresholds on the road's scenes"] == "tau untestable; logits reproduced (heads 1)"
+    # which way the heads separate is kept: two heads do, one of them the paper's way
+    assert a["Fig. 4 qualitative (left vs right AUROC)"] == ("tau separated (heads 0, 2; the paper's direction: 0); "
+                                                             "logits not separated")
     assert (a["window: current frame's share"], b["window: current frame's share"]) == ("0.750", "0.500")
     assert (a["window: completeness"], b["window: completeness"]) == ("median ratio 0.031, 3/12 incomplete",
                                                                       "ablation")
@@ -224,3 +228,19 @@ def test_a_closed_loop_of_no_tracks_counts_as_skipped(tmp_path, capsys):
     assert table_rows(out, "Closed loop")["a (nac, exact)"]["intact (tracks)"] == "-"
     assert notes_after(out, "Closed loop") == [
         "- `closed_loop` skipped, policy a (nac, exact): no tracks driven (--closed-loop-tracks 0)"]
+
+
+def test_another_cores_intact_drive_comes_from_its_push_and_udacity_has_no_road_share(tmp_path, capsys):
+    gru = {**mha_report(), "core": "gru", "push": nac_report()["push"]}
+    gru["push"] = {**gru["push"], "tracks": 3, "intact": {"mean_return": 777.0}}
+    del gru["skipped"]["push"]
+    udacity = nac_report()
+    udacity["saliency"] = {**udacity["saliency"], "road_share": None, "road_pixel_share": None}
+    out = tables(capsys, [write(tmp_path / "core-gru", gru), write(tmp_path / "udacity-shipped", udacity)])
+    overview = table_rows(out, "Overview")
+    # the closed-loop section needs NAC neurons; the push drove the same policy intact on its tracks
+    assert overview["core-gru (gru)"]["intact closed loop: return (tracks)"] == "777.0 (3 tracks)"
+    assert overview["udacity-shipped (nac, exact)"]["intact closed loop: return (tracks)"] == "850.2 (2 tracks)"
+    assert table_rows(out, "Closed loop")["core-gru (gru)"]["intact (tracks)"] == "-"   # its own section only
+    road = table_rows(out, "Road share")["udacity-shipped (nac, exact)"]
+    assert road["Grad-CAM"] == road["road's share of the pixels (chance)"] == "CarRacing only"

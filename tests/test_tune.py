@@ -107,6 +107,17 @@ def test_the_val_loss_objective_drives_nothing_and_keeps_the_lowest_loss(dataset
         tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=3, **TINY))
 
 
+def test_a_second_search_of_one_study_is_refused_while_the_first_runs(dataset, tmp_path):
+    from nac_drive.io.atomic import one_writer
+
+    folder = tmp_path / "gru"
+    folder.mkdir()
+    with one_writer(folder, "nac-drive tune"):   # the first search, still running
+        with pytest.raises(ValueError, match=r"gru: another nac-drive tune \(pid \d+\) is writing it"):
+            tune(TuneArgs(data=str(dataset), variant="gru", out=str(tmp_path), trials=1, **TINY))
+    assert list(folder.iterdir()) == []   # no study opened, no trial run; the first's lock gone
+
+
 def test_train_and_compare_take_a_best_json_and_refuse_a_wrong_one(dataset, tmp_path):
     folder = tmp_path / "tuned" / "gru"
     folder.mkdir(parents=True)

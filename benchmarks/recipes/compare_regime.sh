@@ -17,9 +17,9 @@
 #   3072 windows at lr 2e-4; the last round's checkpoint drives the 20 held-out tracks 900000-900019
 #   at each frame-drop share; the learning curve drives 5 held-out tracks after each stage.
 # - Udacity: the scripted driver's 1000 frames on each of 7 emulator tracks (lib.bash, as compare_cores.sh
-#   records them); tune as above with 8 trials each (a PilotNet trial takes ~9.5 min on one core, so
-#   12 would have taken ~10 hours; Optuna's TPE draws its first 10 at random, so this search is a
-#   random one, the same for every core); compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048
+#   records them); tune as above with 8 trials each (a PilotNet trial takes ~9.5 min on one core: 12
+#   would take ~6.5 hours in two lanes, 8 ~4.5; Optuna's TPE draws its first 10 at random, so this
+#   search is a random one, the same for every core); compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048
 #   windows with the tuned values, each policy drives the 5 held-out emulator tracks for 2700 frames
 #   (a lap) at each frame-drop share; so does the shipped PilotNet+NAC policy (--also shipped:nac),
 #   whose mean |CTE| issue 53 asks within 1.2x of the best core's.
@@ -56,11 +56,12 @@ lane() {   # lane CORE DATA TUNE CLAIMS: on one core (lib.bash's pinned), tune e
   done
 }
 tune_all() {   # tune_all DATA TUNE: every variant, two lanes each taking the next one left when it is free
-  local claims; claims=$(mktemp -d)
-  lane 0 "$1" "$2" "$claims" & local a=$!
-  lane 1 "$1" "$2" "$claims" & local b=$!
-  wait $a; wait $b
+  local claims rc=0; claims=$(mktemp -d)
+  start_lane lane 0 "$1" "$2" "$claims"
+  start_lane lane 1 "$1" "$2" "$claims"
+  wait_lanes || rc=$?
   rm -r "$claims"
+  return "$rc"
 }
 TRIALS=12 tune_all "$OUT/demos" "$OUT/tune"
 nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds 0 1 2 --tuned "$OUT/tune" \

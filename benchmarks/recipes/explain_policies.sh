@@ -12,7 +12,8 @@
 # intact, with the 5 neurons whose silencing costs most and 5 others clamped and each part of the
 # attention replaced (NAC cores), and pushed along the curvature probe (every core). Udacity's window
 # attribution removes one frame at a time (ablation), as §7 has done since it first ran.
-# Two lanes, each pinned to one core (lib.bash): the shipped policies and the NAC-steady ones; the comparison's cores.
+# Two lanes, each pinned to one core (lib.bash): the shipped policies and the NAC-steady ones; the comparison's cores
+# (without REGIME, one lane on every core).
 # Everything resumes: run the same line again (an explain killed midway goes on with --resume, a
 # NAC-steady policy where it stopped; seeds 1 and 2 train on seed 0's demonstrations).
 #
@@ -30,11 +31,16 @@ OUT=${1:-runs/recipe-explain}
 REGIME=${2:-}
 mkdir -p "$OUT"
 
-explained() {   # explained CORE DIR COMMAND...: an explain COMMAND into DIR on that core (lib.bash's pinned); a
-                # finished one is kept, a killed one resumed
-  local core=$1 dir=$2; shift 2
+explained() {   # explained LANE DIR COMMAND...: an explain COMMAND into DIR on that lane's core (lib.bash's pinned);
+                # a finished one is kept, a killed one resumed
+  local lane=$1 dir=$2; shift 2
   [ -f "$dir/explain.json" ] && return 0
-  if [ -d "$dir" ]; then pinned "$core" "$@" --resume "$dir"; else pinned "$core" "$@" --out "$dir"; fi
+  if [ -d "$dir" ]; then on_lane "$lane" "$@" --resume "$dir"; else on_lane "$lane" "$@" --out "$dir"; fi
+}
+
+on_lane() {   # on_lane LANE COMMAND...: pinned to the lane's core when both lanes run, else on every core
+  local lane=$1; shift
+  if [ -n "$REGIME" ]; then pinned "$lane" "$@"; else "$@"; fi
 }
 
 shipped_and_steady() {   # on core 0
@@ -45,7 +51,7 @@ shipped_and_steady() {   # on core 0
   local seed made demos=""
   for seed in 0 1 2; do
     made="$OUT/steady-policy-s$seed"
-    [ -f "$made/drive.json" ] || pinned 0 bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" $demos
+    [ -f "$made/drive.json" ] || on_lane 0 bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" $demos
     demos="$OUT/steady-policy-s0/collected"
     explained 0 "$OUT/steady-s$seed" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 \
       --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
@@ -61,7 +67,9 @@ compared_cores() {   # on core 1
   done
 }
 
-shipped_and_steady & a=$!
-compared_cores & b=$!
-wait $a; wait $b
-python "$(dirname "$0")/../explain_tables.py" --recipe "$OUT" | tee "$OUT/tables.md"   # §7's tables
+start_lane shipped_and_steady
+start_lane compared_cores
+wait_lanes
+python "$(dirname "$0")/../explain_tables.py" --recipe "$OUT" > "$OUT/tables.md.partial"   # §7's tables
+mv "$OUT/tables.md.partial" "$OUT/tables.md"
+cat "$OUT/tables.md"

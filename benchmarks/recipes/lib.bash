@@ -1,11 +1,47 @@
 # Functions the recipes share (sourced by them, never run alone).
 
-# pinned CORE COMMAND...: COMMAND on that one core (taskset where there is one). Two lanes of jobs side by side
-# each get a core and so one torch thread; unpinned, each job starts a thread per core, and jobs that share the
-# cores that way were measured up to 10x slower (a Udacity trial at 19-21 frames/s beside three jobs, 223 alone).
+# allowed_cores: the CPUs this shell may run on, space-separated (all of them where the OS does not say)
+allowed_cores() {
+  python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1))'
+}
+
+# pinned LANE COMMAND...: COMMAND on the LANE-th core it may use (taskset), where there are two or more and taskset;
+# else as it is. Two lanes of jobs side by side each get a core and so one torch thread; unpinned, each job starts a
+# thread per core, and jobs that shared the cores that way ran up to 10x slower (a Udacity trial at 19-21 frames/s
+# beside three jobs, 223 alone).
 pinned() {
-  local core=$1; shift
-  if command -v taskset >/dev/null; then taskset -c "$core" "$@"; else "$@"; fi
+  local lane=$1 cores; shift
+  read -r -a cores <<< "$(allowed_cores)"
+  if [ "${#cores[@]}" -ge 2 ] && [ "$lane" -lt "${#cores[@]}" ] && command -v taskset >/dev/null; then
+    taskset -c "${cores[$lane]}" "$@"
+  else
+    "$@"
+  fi
+}
+
+# start_lane COMMAND...: COMMAND in the background, in a process group of its own (set -m), so that a Ctrl-C or a
+# TERM to the recipe stops every job of every lane (a script's background jobs ignore SIGINT and would run on, and a
+# recipe run again would start them twice). wait_lanes waits for them all: its status is the first failure's.
+LANES=()
+start_lane() {
+  set -m
+  "$@" &
+  LANES+=($!)
+  trap 'stop_lanes; exit 130' INT TERM
+}
+stop_lanes() {
+  local p
+  for p in "${LANES[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+}
+wait_lanes() {
+  local p s rc=0
+  for p in "${LANES[@]}"; do
+    wait "$p" && s=0 || s=$?
+    [ "$rc" -ne 0 ] || rc=$s
+  done
+  LANES=()
+  trap - INT TERM
+  return "$rc"
 }
 
 # record_udacity_tracks DIR: the emulator's scripted driver, 1000 frames on each of gentle, lakeside

@@ -17,6 +17,7 @@
 # What it should score (seed 0): 882.6 +- 103.8, 14/20 laps on the 20 held-out tracks (one run; the
 # shipped mode-exact policy of the time: 883.2 +- 48.2).
 set -euo pipefail
+source "$(dirname "$0")/lib.bash"
 
 OUT=${1:-runs/recipe-nac-steady}
 SEED=${2:-0}
@@ -26,7 +27,7 @@ mkdir -p "$OUT"
 # Each folder is whole or not there: made under a .partial name, then renamed.
 if [ ! -d "$COLLECTED" ]; then
   rm -rf "$COLLECTED.partial"
-  nac-drive collect carracing --expert ppo --episodes 30 --out "$COLLECTED.partial" --name steady --workers "$(nproc)"
+  nac-drive collect carracing --expert ppo --episodes 30 --out "$COLLECTED.partial" --name steady --workers "$(allowed_cores | wc -w)"
   mv "$COLLECTED.partial" "$COLLECTED"
 fi
 if [ ! -d "$OUT/demos" ]; then   # the training data, DAgger's rounds added: the collection hard-linked, never written

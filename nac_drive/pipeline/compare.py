@@ -203,21 +203,21 @@ def compare(args: CompareArgs) -> dict:
     from nac_drive.pipeline.train import data_task
 
     resolve_device(args.device)   # a device this machine lacks is refused before any folder exists
-    if args.dagger_rounds and data_task(args.data) == "udacity":
+    task = data_task(args.data)
+    if args.dagger_rounds and task == "udacity":
         raise ValueError("--dagger-rounds: DAgger needs an oracle that labels the states a student reaches, which "
                          "CarRacing has (the teacher, the PPO expert) and Udacity recordings do not")
+    also = {name: _also_checkpoint(name, task) for name in args.also} if args.episodes else {}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with one_writer(out, "nac-drive compare"):
-        return _compare(args, out)
+        return _compare(args, out, task, also)
 
 
-def _compare(args: CompareArgs, out: Path) -> dict:
-    from nac_drive.pipeline.train import data_task
-
-    also = {name: _also_checkpoint(name, data_task(args.data)) for name in args.also} if args.episodes else {}
+def _compare(args: CompareArgs, out: Path, task: str, also: dict[str, Path]) -> dict:
     jobs = [(variant, seed) for variant in args.variants for seed in args.seeds]
     finished = {job: _finished_result(args, *job, out) for job in jobs}   # another budget's: refused before any run
+    kept = {name: _kept_drives(args, out, name, checkpoint, task) for name, checkpoint in also.items()}   # likewise
     todo = [job for job in jobs if finished[job] is None]
     if args.ray is not None:
         finished.update(_results_on_ray(args, todo, out))
@@ -239,7 +239,7 @@ def _compare(args: CompareArgs, out: Path) -> dict:
     for row in report["variants"][1:]:
         row["paired"] = paired_with(reference, reference_runs, [r for r in results if r.variant == row["variant"]])
     if also:
-        report["also"] = [also_row(name, _also_drives(args, out, name, checkpoint, report["task"]), report["task"],
+        report["also"] = [also_row(name, kept[name] or _also_drives(args, out, name, checkpoint, task), task,
                                    reference, reference_runs) for name, checkpoint in also.items()]
     from nac_drive.io.atomic import atomic_write
     from nac_drive.io.strict_json import write_report
@@ -358,33 +358,66 @@ def _also_checkpoint(name: str, task: str) -> Path:
     return checkpoint
 
 
+def _also_file(out: Path, name: str) -> Path:
+    """Where ``--also name``'s drives are kept: its name made a file name, and a hash of the
+    name, so that two names never share a file."""
+    import hashlib
+
+    readable = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+    return out / RESULTS / f"also__{readable}__{hashlib.sha256(name.encode()).hexdigest()[:8]}.json"
+
+
+def _also_budget(args: CompareArgs, name: str, checkpoint: Path) -> dict:
+    """What ``--also name``'s kept drives must have been driven with: the checkpoint's folder
+    and the SHA-256 of its weights and config (retrained in place, or a new release's shipped
+    policy: driven again), the tracks, the frames and the shares."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for file in sorted(checkpoint.glob("*")):
+        if file.suffix in (".json", ".safetensors"):
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return {"policy": name, "checkpoint": str(checkpoint.resolve()), "sha256": digest.hexdigest(),
+            "episodes": args.episodes, "max_steps": args.max_steps, "frame_drops": args.frame_drops}
+
+
+def _kept_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task: str) -> dict[str, dict] | None:
+    """``--also name``'s drives that an earlier invocation kept (:func:`_also_drives`), or None;
+    one kept with another budget, or not whole, is refused in one line naming its file."""
+    from nac_drive.io.checkpoint import read_json
+
+    path = _also_file(out, name)
+    if not path.is_file():
+        return None
+    kept, budget = read_json(path), _also_budget(args, name, checkpoint)
+    if not isinstance(kept, dict) or kept.get("budget") != budget:
+        raise ValueError(f"{path}: not the drive of --also {name} with {budget}; delete it to drive again")
+    drives = kept.get("drives")
+    if not isinstance(drives, dict) or set(drives) != {f"{share:g}" for share in args.frame_drops}:
+        problems = ["expected a drive at each frame-drop share"]
+    else:
+        problems = [f"{share}: {p}" for share, drive in drives.items()
+                    for p in _drive_problems(drive, task) + ([] if isinstance(drive.get("seeds"), list)
+                                                             else ["seeds: expected a list"])]
+    if problems:
+        raise ValueError(f"{path}: not a comparison's drive ({'; '.join(problems)}); delete it to drive again")
+    return drives
+
+
 def _also_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task: str) -> dict[str, dict]:
     """``checkpoint`` driven on the comparison's tracks at each frame-drop share: {"0": drive,
-    "0.25": drive, ...}, kept in ``OUT/results`` (driven once; one driven with another budget
-    is refused, as a run's result is)."""
-    from nac_drive.io.checkpoint import read_json, write_json
+    "0.25": drive, ...}, kept in ``OUT/results`` (:func:`_kept_drives` finds them again)."""
+    from nac_drive.io.checkpoint import write_json
     from nac_drive.pipeline.drive import drive_checkpoint
 
-    path = out / RESULTS / ("also__" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name) + ".json")
-    budget = {"policy": name, "checkpoint": str(checkpoint.resolve()), "episodes": args.episodes,
-              "max_steps": args.max_steps, "frame_drops": args.frame_drops}
-    if path.is_file():
-        kept = read_json(path)
-        if not isinstance(kept, dict) or kept.get("budget") != budget:
-            raise ValueError(f"{path}: not the drive of --also {name} with {budget}; delete it to drive again")
-        problems = [f"{share}: {p}" for share, drive in kept.get("drives", {}).items()
-                    for p in _drive_problems(drive, task)]
-        if problems or set(kept.get("drives", {})) != {f"{share:g}" for share in args.frame_drops}:
-            raise ValueError(f"{path}: not a comparison's drive ({'; '.join(problems) or 'shares missing'}); delete "
-                             "it to drive again")
-        return kept["drives"]
     drives = {}
     for share in args.frame_drops:
         drive = drive_checkpoint(checkpoint, task, args.episodes, args.max_steps, args.progress,
                                  perturb=f"frame-drop={share:g}" if share else None)
         drives[f"{share:g}"] = {k: v for k, v in drive.items() if k != "text"}
+    path = _also_file(out, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"budget": budget, "drives": drives})
+    write_json(path, {"budget": _also_budget(args, name, checkpoint), "drives": drives})
     return drives
 
 
@@ -609,9 +642,11 @@ def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunR
 def also_row(name: str, drives: dict[str, dict], task: str, reference: str, reference_runs: list[RunResult]) -> dict:
     """The row of a policy driven beside the variants (``--also``): its drive at frame-drop 0
     (``closed_loop``) and at each share, and each paired with the ``reference`` variant on the
-    same tracks: every (reference seed, track) pair, the interval from a bootstrap over tracks
-    (the policy drove each track once, so a track's pairs share its value)."""
-    from nac_drive.simulators.episode_stats import paired_block_change
+    same tracks: each track's value minus the reference's mean over its seeds on that track,
+    their mean and 95% t-interval (``pairs``: the tracks; the policy drove each track once, so
+    the tracks, not the (seed, track) pairs, are what varies independently; ``seeds``: how many
+    of the reference's were averaged)."""
+    import numpy as np
 
     udacity = task == "udacity"
     value = "mean_abs_cte_m" if udacity else "returns"
@@ -625,10 +660,9 @@ def also_row(name: str, drives: dict[str, dict], task: str, reference: str, refe
         for d in theirs:
             if d["seeds"] != drive["seeds"]:
                 raise ValueError(f"compare: --also {name} and {reference} drove other tracks at frame-drop {share}")
-        tracks = list(range(len(drive[value])))
-        change = paired_block_change([x for d in theirs for x in d[value]], drive[value] * len(theirs),
-                                     tracks * len(theirs))
-        paired[share] = {"mean": change["mean"], "ci95": change["ci95"], "pairs": len(tracks) * len(theirs)}
+        diffs = np.asarray(drive[value], dtype=np.float64) - np.mean([d[value] for d in theirs], axis=0)
+        paired[share] = {"mean": float(diffs.mean()), "ci95": t_interval(list(diffs)), "pairs": len(diffs),
+                         "seeds": len(theirs)}
     row["paired"] = paired if len(paired) > 2 else None
     return row
 

@@ -115,17 +115,26 @@ def sample(trial, space: dict[str, tuple]) -> dict[str, Any]:
 def tune(args: TuneArgs) -> dict:
     """Run the trials ``args.trials`` still lacks, ``args.workers`` at a time (in this process,
     in worker processes or as Ray tasks: :func:`_scored`); the best trial, also written to
-    ``OUT/<variant>/best.json``. Only this process writes the study."""
+    ``OUT/<variant>/best.json``. Only this process writes the study, and one search a study at
+    a time: a second is refused, naming the first's pid (it would take the first's running
+    trial for one cut off by a kill, and train it again beside it)."""
+    from nac_drive.io.atomic import one_writer
+
+    resolve_device(args.device)   # a device this machine lacks is refused before the study exists
+    folder = Path(args.out) / args.variant
+    folder.mkdir(parents=True, exist_ok=True)
+    with one_writer(folder, "nac-drive tune"):
+        return _search(args, folder)
+
+
+def _search(args: TuneArgs, folder: Path) -> dict:
+    """:func:`tune`'s search of the study in ``folder``, its writer lock held."""
     import optuna
     from tqdm import tqdm
 
     from nac_drive.io.checkpoint import write_json
     from nac_drive.pipeline.ray_tasks import ray_jobs
 
-    resolve_device(args.device)   # a device this machine lacks is refused before the study exists
-
-    folder = Path(args.out) / args.variant
-    folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{folder / STUDY}"
     # Udacity's objective negates its |cte|, so every study maximises. The sampler's seed moves
