@@ -1,4 +1,4 @@
-"""Pick a CarRacing expert by name: the shipped PPO expert, a PPO zip, the teacher, or random actions."""
+"""Pick a CarRacing expert by name: the shipped PPO expert, a PPO zip, the teacher, the planner, or random actions."""
 
 from __future__ import annotations
 

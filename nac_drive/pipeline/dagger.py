@@ -1,7 +1,8 @@
 """DAgger (Ross et al. 2011) for CarRacing: the student drives, an oracle labels.
 
 Each round drives the current policy on fresh collection tracks while the oracle (by
-default the privileged pure-pursuit teacher; ``--oracle ppo``: the PPO expert, which sees
+default the privileged pure-pursuit teacher; ``--oracle planner``: the privileged minimum-time
+planner, which labelled the shipped policy's rounds; ``--oracle ppo``: the PPO expert, which sees
 the frames the student sees) answers, for every state the student reached, what it would
 have done; those labels join the dataset as a new Minari dataset
 (``nac_drive/dagger-r<round>-s<seed>``, recorded in the student's env, its ActionBursts
