@@ -290,10 +290,15 @@ def _neuron_group(report, chosen: str, spread: bool) -> str:
     return span(means, spec) if spread else f"{sum(means) / len(means):{spec}} ({counted(len(means), 'unit')})"
 
 
+def first_row(rows, key: str, value: str) -> dict | None:
+    """The first of ``rows`` (a list of objects, or null) whose ``key`` is ``value``."""
+    return next((row for row in rows or [] if dig(row, key) == value), None)
+
+
 def _attention_part(report, name: str) -> str:
     closed = report.get("closed_loop")
-    rows = [row for row in dig(closed, "attention") or [] if dig(row, "name") == name]
-    return estimate(dig(rows, 0, "paired"), metric_of(closed)[1]) if rows else "-"
+    row = first_row(dig(closed, "attention"), "name", name)
+    return estimate(dig(row, "paired"), metric_of(closed)[1]) if row else "-"
 
 
 def closed_loop_table(reports: Sequence[Report]) -> str:
@@ -314,9 +319,9 @@ def closed_loop_table(reports: Sequence[Report]) -> str:
 
 def _push(report, push: str, figure: str) -> str:
     section = report.get("push")
-    rows = [row for row in dig(section, "pushes") or [] if dig(row, "push") == push]
+    row = first_row(dig(section, "pushes"), "push", push)
     spec = STEERING_SPEC if figure == "change" else metric_of(section)[1]
-    return estimate(dig(rows, 0, figure), spec) if rows else "-"
+    return estimate(dig(row, figure), spec) if row else "-"
 
 
 def _random_pushes(report) -> str:

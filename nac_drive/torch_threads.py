@@ -13,9 +13,17 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+def allowed_cores() -> list[int]:
+    """The CPUs this process may run on, in order (all of them where the OS does not say: macOS,
+    Windows); the recipes pin their lanes to these (``benchmarks/recipes/lib.bash``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def available_cores() -> int:
     """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(allowed_cores())
 
 
 def check_workers(workers: int) -> None:

@@ -1,8 +1,8 @@
 # Functions the recipes share (sourced by them, never run alone).
 
-# allowed_cores: the CPUs this shell may run on, space-separated (all of them where the OS does not say)
+# allowed_cores: the CPUs this shell may run on, space-separated (nac_drive.torch_threads.allowed_cores)
 allowed_cores() {
-  python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1))'
+  python3 -c 'from nac_drive.torch_threads import allowed_cores; print(*allowed_cores())'
 }
 
 # pinned LANE COMMAND...: COMMAND on the LANE-th core it may use (taskset), where there are two or more and taskset;

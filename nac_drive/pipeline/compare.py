@@ -199,7 +199,6 @@ def compare(args: CompareArgs) -> dict:
     One comparison writes ``OUT`` at a time: a second is refused, naming the first's pid. Every
     run trains on ``args.device``; the checkpoints drive on the CPU, a frame at a time."""
     from nac_drive.io.atomic import one_writer
-
     from nac_drive.pipeline.train import data_task
 
     resolve_device(args.device)   # a device this machine lacks is refused before any folder exists
@@ -328,16 +327,11 @@ def _trained(args: CompareArgs, out: Path, job: tuple[str, int], threads: int | 
         final, curve = _dagger_rounds(args, out, variant, seed, run_dir, threads)
     closed_loop, dropped = None, {}
     if args.episodes:
-        from nac_drive.pipeline.drive import drive_checkpoint
         from nac_drive.pipeline.train import record_closed_loop
 
-        for share in args.frame_drops:
-            drive = drive_checkpoint(final, task, args.episodes, args.max_steps, args.progress,
-                                     perturb=f"frame-drop={share:g}" if share else None)
-            if share:
-                dropped[f"{share:g}"] = {k: v for k, v in drive.items() if k != "text"}
-            else:
-                closed_loop = record_closed_loop(final.parent, drive)
+        dropped = _drives_at_shares(args, final, task)
+        if "0" in dropped:
+            closed_loop = record_closed_loop(final.parent, dropped.pop("0"))
     return RunResult(variant, seed, str(final.parent), task, best["val_loss"],
                      best["val_accuracy"] if task == "carracing" else None,
                      best["val_loss"] if task == "udacity" else None, closed_loop, shared_budget(args), curve,
@@ -404,10 +398,9 @@ def _kept_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task
     return drives
 
 
-def _also_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task: str) -> dict[str, dict]:
-    """``checkpoint`` driven on the comparison's tracks at each frame-drop share: {"0": drive,
-    "0.25": drive, ...}, kept in ``OUT/results`` (:func:`_kept_drives` finds them again)."""
-    from nac_drive.io.checkpoint import write_json
+def _drives_at_shares(args: CompareArgs, checkpoint: Path, task: str) -> dict[str, dict]:
+    """``checkpoint`` driven on the comparison's held-out tracks at each of ``args.frame_drops``:
+    {"0": the plain drive, "0.25": the drive under frame-drop=0.25, ...}, without their text."""
     from nac_drive.pipeline.drive import drive_checkpoint
 
     drives = {}
@@ -415,6 +408,15 @@ def _also_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task
         drive = drive_checkpoint(checkpoint, task, args.episodes, args.max_steps, args.progress,
                                  perturb=f"frame-drop={share:g}" if share else None)
         drives[f"{share:g}"] = {k: v for k, v in drive.items() if k != "text"}
+    return drives
+
+
+def _also_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task: str) -> dict[str, dict]:
+    """``checkpoint`` driven at each frame-drop share (:func:`_drives_at_shares`), kept in
+    ``OUT/results`` (:func:`_kept_drives` finds them again)."""
+    from nac_drive.io.checkpoint import write_json
+
+    drives = _drives_at_shares(args, checkpoint, task)
     path = _also_file(out, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"budget": _also_budget(args, name, checkpoint), "drives": drives})
@@ -618,9 +620,7 @@ def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunR
     from nac_drive.simulators.episode_stats import paired_change
 
     by_seed = {r.seed: r for r in reference_runs}
-    udacity = bool(runs) and runs[0].task == "udacity"
-    value = "mean_abs_cte_m" if udacity else "returns"
-    paired = {"reference": reference, "value": "mean abs CTE m" if udacity else "return"}
+    value, paired = _paired_measure(reference, runs[0].task if runs else "carracing")
     shares = sorted({"0", *{share for r in runs for share in (r.frame_drops or {})}}, key=float)
     for share in shares:
         ours, theirs = [], []
@@ -648,11 +648,9 @@ def also_row(name: str, drives: dict[str, dict], task: str, reference: str, refe
     of the reference's were averaged)."""
     import numpy as np
 
-    udacity = task == "udacity"
-    value = "mean_abs_cte_m" if udacity else "returns"
     row = {"policy": name, "closed_loop": _pooled([drives["0"]], task) if "0" in drives else None,
            "frame_drops": {share: _pooled([d], task) for share, d in drives.items() if share != "0"}}
-    paired = {"reference": reference, "value": "mean abs CTE m" if udacity else "return"}
+    value, paired = _paired_measure(reference, task)
     for share, drive in drives.items():
         theirs = [d for d in (_drive_at(r, share) for r in reference_runs) if d is not None]
         if not theirs:
@@ -665,6 +663,14 @@ def also_row(name: str, drives: dict[str, dict], task: str, reference: str, refe
                          "seeds": len(theirs)}
     row["paired"] = paired if len(paired) > 2 else None
     return row
+
+
+def _paired_measure(reference: str, task: str) -> tuple[str, dict]:
+    """What pairing compares on ``task``: the drive's per-track list (each track's return, or on
+    Udacity its mean |cte| in m) and the start of a paired row, ``{"reference", "value"}``."""
+    if task == "udacity":
+        return "mean_abs_cte_m", {"reference": reference, "value": "mean abs CTE m"}
+    return "returns", {"reference": reference, "value": "return"}
 
 
 def _drive_at(run: RunResult, share: str) -> dict | None:
