@@ -144,6 +144,8 @@ def crafted_results(tmp_path, episodes: int = 20, max_steps: int | None = None, 
     ({"val_accuracy": None}, "val_accuracy: expected a number, got None"),
     ({"closed_loop": {"returns": [900.0], "mean_return": 900.0}}, "closed_loop: laps_finished: expected a count"),
     ({"variant": "lstm"}, "it holds 'lstm' seed 0, not 'gru' seed 0"),
+    ({"closed_loop": {"returns": [900.0], "laps_finished": 1, "mean_return": 900.0}},   # pairing reads the tracks
+     "closed_loop: seeds: expected a list"),
     ({"closed_loop": {"returns": [float("inf")], "laps_finished": 0, "mean_return": 0.0}},
      "closed_loop: returns: expected a list of finite numbers"),
 ])
@@ -237,7 +239,8 @@ def test_also_refuses_a_policy_of_another_task_before_any_training(tmp_path, cap
 
 def test_compare_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path, capsys):
     argv = crafted_results(tmp_path, val_accuracy=float("nan"),
-                           closed_loop={"returns": [900.0, 800.0], "laps_finished": 1, "mean_return": float("inf")})
+                           closed_loop={"returns": [900.0, 800.0], "seeds": [900000, 900001], "laps_finished": 1,
+                                        "mean_return": float("inf")})
     assert main(argv) == 0
 
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text(), parse_constant=refuse)

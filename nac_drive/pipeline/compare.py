@@ -390,9 +390,7 @@ def _kept_drives(args: CompareArgs, out: Path, name: str, checkpoint: Path, task
     if not isinstance(drives, dict) or set(drives) != {f"{share:g}" for share in args.frame_drops}:
         problems = ["expected a drive at each frame-drop share"]
     else:
-        problems = [f"{share}: {p}" for share, drive in drives.items()
-                    for p in _drive_problems(drive, task) + ([] if isinstance(drive.get("seeds"), list)
-                                                             else ["seeds: expected a list"])]
+        problems = [f"{share}: {p}" for share, drive in drives.items() for p in _drive_problems(drive, task)]
     if problems:
         raise ValueError(f"{path}: not a comparison's drive ({'; '.join(problems)}); delete it to drive again")
     return drives
@@ -561,7 +559,7 @@ def _result_problems(result: RunResult, variant: str, seed: int) -> list[str]:
 
 
 def _drive_problems(drive, task: str) -> list[str]:
-    """What a stored drive lacks of what :func:`_pooled` reads."""
+    """What a stored drive lacks of what :func:`_pooled` reads, and of the tracks pairing reads."""
     if not isinstance(drive, dict):
         return ["expected an object"]
     lists = ["returns"] + (["mean_abs_cte_m"] if task == "udacity" else [])
@@ -570,6 +568,7 @@ def _drive_problems(drive, task: str) -> list[str]:
                 if not (isinstance(drive.get(k), list) and drive[k]
                         and all(_number(x) and math.isfinite(x) for x in drive[k]))]
     problems += [f"{k}: expected a count" for k in counts if not _count(drive.get(k))]
+    problems += [] if isinstance(drive.get("seeds"), list) else ["seeds: expected a list"]
     return problems + ([] if _number(drive.get("mean_return")) else ["mean_return: expected a number"])
 
 
