@@ -10,7 +10,8 @@ from it.
 
 :func:`block_mean_interval`, :func:`paired_block_change` and :func:`block_bootstrap_interval` serve
 measurements that are not independent (frames of one drive): they resample whole blocks (episodes,
-stretches of frames: :func:`episode_time_blocks`).
+stretches of frames: :func:`episode_time_blocks`). :func:`crossed_paired_change` compares two sets
+of training runs on the same tracks, where both the runs and the tracks vary.
 """
 
 from __future__ import annotations
@@ -173,6 +174,44 @@ def paired_change(reference: Sequence[float], treated: Sequence[float]) -> dict[
         raise ValueError(f"paired change: expected one value per episode in both, got {a.size} and {b.size}")
     diff = b - a
     return {"mean": float(diff.mean()) if diff.size else math.nan, "ci95": _rounded(mean_interval(diff), 4)}
+
+
+def crossed_paired_change(reference, treated, n_resamples: int = BOOTSTRAP_RESAMPLES,
+                          seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+    """How ``treated`` differs from ``reference`` when each is a set of independent runs (one
+    policy per training seed) driven on the same tracks: ``reference`` ``[m, T]`` and
+    ``treated`` ``[n, T]``, one row per run, one column per track, in the same track order.
+
+    ``mean``: the treated runs' mean minus the reference runs' mean (the mean over tracks of
+    each track's difference). ``ci95``: the 95% percentile interval of a two-way ("pigeonhole")
+    bootstrap (Owen 2007) with ``n_resamples`` resamples from ``seed``: the tracks are
+    resampled, the same for both sides, so the spread between tracks cancels as in
+    :func:`paired_change`; each side's runs are resampled on their own, since run i of one side
+    has nothing to do with run i of the other, so a run that drives worse on every track
+    counts as one run, not as T independent pairs. A side with one run (a policy driven
+    beside trained ones) adds no spread. None for fewer than 2 tracks. ``tracks``, ``runs``
+    ``[m, n]``."""
+    a, b = (np.asarray(x, dtype=np.float64) for x in (reference, treated))
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not (a.size and b.size):
+        raise ValueError(f"crossed paired change: expected [runs, tracks] on both sides with the same tracks, got "
+                         f"{list(a.shape)} and {list(b.shape)}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("crossed paired change: expected finite values")
+    tracks = a.shape[1]
+    out = {"mean": float(b.mean() - a.mean()), "ci95": None, "tracks": tracks, "runs": [len(a), len(b)]}
+    if tracks < 2:
+        return out
+    rng = np.random.default_rng(seed)
+    picked = rng.integers(tracks, size=(n_resamples, tracks))                          # [R, T] shared by both sides
+
+    def resampled_means(x: np.ndarray) -> np.ndarray:                                   # [R]
+        runs = rng.integers(len(x), size=(n_resamples, len(x)))                         # [R, runs]
+        return x[runs[:, :, None], picked[:, None, :]].mean(axis=(1, 2))
+
+    diffs = resampled_means(b) - resampled_means(a)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    out["ci95"] = _rounded(tuple(float(v) for v in np.percentile(diffs, [tail, 100 - tail])), 4)
+    return out
 
 
 def paired_block_change(reference: Sequence[float], treated: Sequence[float], blocks: Sequence[int]) -> dict[str, Any]:

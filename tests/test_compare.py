@@ -76,7 +76,7 @@ def test_a_variant_pools_every_episode_of_its_seeds_and_keeps_each_seeds_mean():
     assert loop["mean_ci95"][0] < 837.5 < loop["mean_ci95"][1]
 
 
-def test_each_variant_is_paired_with_the_first_track_by_track_and_seed_by_seed():
+def test_each_variant_is_paired_with_the_first_on_the_same_tracks_with_every_seed_of_each():
     from nac_drive.pipeline.compare import markdown_table, paired_with
 
     def run(variant, seed, returns, dropped=None, tracks=(900000, 900001, 900002)):
@@ -84,22 +84,28 @@ def test_each_variant_is_paired_with_the_first_track_by_track_and_seed_by_seed()
         drops = {"0.5": {**loop, "returns": dropped}} if dropped else None
         return RunResult(variant, seed, f"{variant}{seed}", "carracing", 0.5, 0.8, None, loop, frame_drops=drops)
 
-    # hard and easy tracks: the spread between them is wide, the per-track gain a steady +10
-    nac = [run("nac-exact", 0, [300.0, 900.0, 600.0], [200.0, 800.0, 500.0]), run("nac-exact", 1, [320.0, 880.0, 610.0])]
-    mha = [run("mha", 1, [330.0, 890.0, 620.0]), run("mha", 0, [310.0, 910.0, 610.0], [190.0, 805.0, 500.0])]
+    # hard and easy tracks: the spread between them is wide, the per-track gain a steady +10 on every seed
+    nac = [run("nac-exact", 0, [300.0, 900.0, 600.0], [200.0, 800.0, 500.0]), run("nac-exact", 1, [300.0, 900.0, 600.0])]
+    mha = [run("mha", 1, [310.0, 910.0, 610.0]), run("mha", 0, [310.0, 910.0, 610.0], [190.0, 805.0, 500.0])]
     paired = paired_with("nac-exact", nac, mha)
     assert paired["reference"] == "nac-exact" and paired["value"] == "return"
-    assert paired["0"]["mean"] == pytest.approx(10.0) and paired["0"]["pairs"] == 6
+    assert paired["0"]["mean"] == pytest.approx(10.0) and (paired["0"]["tracks"], paired["0"]["runs"]) == (3, [2, 2])
     assert paired["0"]["ci95"] == [pytest.approx(10.0), pytest.approx(10.0)]   # no spread left once paired
     assert summarise("mha", mha)["closed_loop"]["mean_ci95"][1] - 10 > 100    # the pooled interval is wide
-    assert paired["0.5"]["pairs"] == 3 and paired["0.5"]["mean"] == pytest.approx(-5 / 3)   # seed 0 alone
+    assert paired["0.5"]["runs"] == [1, 1] and paired["0.5"]["mean"] == pytest.approx(-5 / 3)   # seed 0 alone
     report = {"task": "carracing", "seeds": [0, 1], "episodes": 3, "max_steps": None, "tuned": None, "dagger": None,
               "budget": {"window": 16, "epochs": 1, "windows_per_epoch": 8, "d_model": 16},
               "variants": [summarise("nac-exact", nac), {**summarise("mha", mha), "paired": paired}]}
     table = markdown_table(report)
-    assert "| paired against nac-exact: return change [95% CI] (pairs) | frame-drop 0 | frame-drop 0.5 |" in table
-    assert "| mha | +10.0 [+10.0, +10.0] (6) | -1.7" in table
-    with pytest.raises(ValueError, match="mha seed 0 and nac-exact drove other tracks at frame-drop 0"):
+    assert "| paired against nac-exact: return change [95% CI] (tracks x seeds vs its seeds) | frame-drop 0 | " \
+           "frame-drop 0.5 |" in table
+    assert "| mha | +10.0 [+10.0, +10.0] (3 x 2 vs 2) | -1.7" in table
+    # one mha seed drives 50 better on every track, the other 50 worse: the seeds, not the six (seed, track)
+    # pairs, are what varies, and the interval reaches the two seeds' own differences
+    swinging = [run("mha", 0, [350.0, 950.0, 650.0]), run("mha", 1, [250.0, 850.0, 550.0])]
+    swing = paired_with("nac-exact", nac, swinging)["0"]
+    assert swing["mean"] == pytest.approx(0.0) and swing["ci95"] == [pytest.approx(-50.0), pytest.approx(50.0)]
+    with pytest.raises(ValueError, match="mha and nac-exact drove other tracks at frame-drop 0"):
         paired_with("nac-exact", nac, [run("mha", 0, [1.0, 2.0, 3.0], tracks=(900003, 900004, 900005))])
 
 
@@ -156,7 +162,7 @@ def test_a_crafted_result_is_refused_in_one_line_naming_its_file(changes, messag
     assert f"gru__s0.json: not a comparison result ({message}" in err
 
 
-def test_a_policy_driven_beside_is_paired_with_the_reference_seeds_mean_track_by_track():
+def test_a_policy_driven_beside_is_paired_with_every_seed_of_the_reference_on_the_same_tracks():
     from nac_drive.pipeline.compare import also_row, markdown_table
 
     def loop(returns):
@@ -170,14 +176,14 @@ def test_a_policy_driven_beside_is_paired_with_the_reference_seeds_mean_track_by
     assert row["closed_loop"]["mean_return"] == pytest.approx(613.333, abs=1e-3)
     assert row["frame_drops"]["0.5"]["episodes"] == 3
     paired = row["paired"]
-    # per track against the seeds' mean: 315 - 305, 905 - 895, 620 - 610: +10 on each of the 3 tracks, the pairs;
-    # the spread between seeds is inside each track, so the t-interval over tracks is a point, where the six
-    # (seed, track) differences (15, 5, 5, 15, 20, 0) taken as independent would give a wide one
-    assert paired["0"]["mean"] == pytest.approx(10.0) and (paired["0"]["pairs"], paired["0"]["seeds"]) == (3, 2)
-    assert paired["0"]["ci95"] == [pytest.approx(10.0), pytest.approx(10.0)]
-    # 300 - 305, 900 - 895, 600 - 610: mean -10/3, t(0.975, 2) = 4.3027 times sd 7.6376 / sqrt(3)
+    # per track against the seeds' mean: 315 - 305, 905 - 895, 620 - 610: +10 on each of the 3 tracks; the two
+    # seeds differ (against seed 0 the tracks give 15, 5, 20, against seed 1 5, 15, 0), so resampling the seeds
+    # and the tracks spreads the change between 0 and 20, where the seeds' mean alone would give a point
+    assert paired["0"]["mean"] == pytest.approx(10.0) and (paired["0"]["tracks"], paired["0"]["runs"]) == (3, [2, 1])
+    lo, hi = paired["0"]["ci95"]
+    assert 0.0 <= lo < 10.0 < hi <= 20.0
+    # 300 - 305, 900 - 895, 600 - 610: mean -10/3
     assert paired["0.5"]["mean"] == pytest.approx(-10 / 3)
-    assert paired["0.5"]["ci95"] == [pytest.approx(-10 / 3 - 18.9730, abs=1e-3), pytest.approx(-10 / 3 + 18.9730, abs=1e-3)]
     report = {"task": "carracing", "seeds": [0, 1], "episodes": 3, "max_steps": None, "tuned": None, "dagger": None,
               "budget": {"window": 16, "epochs": 1, "windows_per_epoch": 8, "d_model": 16},
               "variants": [summarise("gru", gru)], "also": [row]}
@@ -299,8 +305,10 @@ def test_compare_trains_and_drives_every_variant_and_seed_into_one_table(dataset
         assert loop["worst_return"] == pytest.approx(min(returns), abs=0.01)
     table = (out / "compare.md").read_text()
     assert table.count("\n| nac-pw |") == 1 and table.count("\n| lstm |") == 2 and "3 seeds (0, 1, 2)" in table
-    paired = report["variants"][1]["paired"]   # lstm on nac-pw's tracks and seeds: the mean change, their means' gap
-    assert "paired" not in report["variants"][0] and paired["reference"] == "nac-pw" and paired["0"]["pairs"] == 6
+    # lstm on nac-pw's tracks, every seed of each: the mean change, their means' gap
+    paired = report["variants"][1]["paired"]
+    assert "paired" not in report["variants"][0] and paired["reference"] == "nac-pw"
+    assert (paired["0"]["tracks"], paired["0"]["runs"]) == (2, [3, 3])
     gap = report["variants"][1]["closed_loop"]["mean_return"] - report["variants"][0]["closed_loop"]["mean_return"]
     assert paired["0"]["mean"] == pytest.approx(gap, abs=0.02) and "| paired against nac-pw: return change" in table
 

@@ -208,3 +208,28 @@ def test_format_estimate_writes_the_interval_in_the_values_format_and_leaves_out
     assert format_estimate(0.5, [-0.25, 1.0], "+.2f") == "+0.50 [-0.25, +1.00]"
     assert format_estimate(12.0, None) == "12.0"
     assert format_interval(None) == "-"
+
+
+def test_a_crossed_paired_change_counts_a_run_that_drives_worse_everywhere_once_not_per_track():
+    from nac_drive.simulators.episode_stats import crossed_paired_change, paired_change
+
+    rng = np.random.default_rng(0)
+    tracks = rng.uniform(300, 900, size=20)                     # hard and easy tracks, shared by every run
+    reference = tracks + rng.normal(0, 5, size=(3, 20))
+    # three treated runs: +40, +10 and -20 on every track (a good, a middling and a poor seed), mean +10
+    treated = tracks + np.array([[40.0], [10.0], [-20.0]]) + rng.normal(0, 5, size=(3, 20))
+    crossed = crossed_paired_change(reference, treated)
+    assert crossed["mean"] == pytest.approx(treated.mean() - reference.mean())
+    assert (crossed["tracks"], crossed["runs"]) == (20, [3, 3])
+    lo, hi = crossed["ci95"]
+    assert lo < crossed["mean"] < hi and lo < -5 and hi > 25   # the seeds' spread: one or two seeds drawn twice
+    pooled = paired_change(reference.reshape(-1), treated.reshape(-1))["ci95"]   # the 60 pairs as independent
+    assert hi - lo > 2 * (pooled[1] - pooled[0])
+    # the tracks' spread cancels: one run each side, a steady +10 with small noise, is a narrow interval
+    steady = crossed_paired_change(reference[:1], reference[:1] + 10 + rng.normal(0, 1, size=(1, 20)))
+    assert steady["ci95"][0] > 9 and steady["ci95"][1] < 11
+    assert crossed_paired_change([[1.0]], [[2.0]]) == {"mean": 1.0, "ci95": None, "tracks": 1, "runs": [1, 1]}
+    with pytest.raises(ValueError, match="the same tracks, got \\[3, 20\\] and \\[3, 19\\]"):
+        crossed_paired_change(reference, treated[:, :19])
+    with pytest.raises(ValueError, match="expected finite values"):
+        crossed_paired_change(reference, np.where(treated > 0, np.nan, treated))

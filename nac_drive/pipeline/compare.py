@@ -610,58 +610,48 @@ def summarise(variant: str, runs: list[RunResult]) -> dict:
 
 def paired_with(reference: str, reference_runs: list[RunResult], runs: list[RunResult]) -> dict:
     """A variant's drives against the ``reference`` variant's (the first of ``--variants``; None
-    when neither drove) on
-    the same tracks: per seed both ran, each track's return (Udacity: mean |cte| m) minus the
-    reference's on that track with that seed, all seeds' pairs pooled into one
-    :func:`~nac_drive.simulators.episode_stats.paired_change` (``mean``, ``ci95``), at frame-drop
-    0 (``"0"``) and at each share both were driven under. The spread between tracks, which
-    widens the pooled intervals, cancels here; ``pairs`` counts them."""
-    from nac_drive.simulators.episode_stats import paired_change
-
-    by_seed = {r.seed: r for r in reference_runs}
+    when neither drove) on the same tracks, at frame-drop 0 (``"0"``) and at each share both
+    were driven under: each track's return (Udacity: mean |cte| m), every seed of each side,
+    compared by :func:`~nac_drive.simulators.episode_stats.crossed_paired_change` (``mean``,
+    ``ci95``, ``tracks``, ``runs``): the spread between tracks cancels, the spread between
+    seeds counts once per seed."""
     value, paired = _paired_measure(reference, runs[0].task if runs else "carracing")
     shares = sorted({"0", *{share for r in runs for share in (r.frame_drops or {})}}, key=float)
     for share in shares:
-        ours, theirs = [], []
-        for run in runs:
-            other = by_seed.get(run.seed)
-            drives = [_drive_at(r, share) for r in (run, other)] if other is not None else [None]
-            if None in drives:
-                continue
-            if drives[0]["seeds"] != drives[1]["seeds"]:
-                raise ValueError(f"compare: {run.variant} seed {run.seed} and {reference} drove other tracks at "
-                                 f"frame-drop {share} ({drives[0]['seeds'][:3]}... against {drives[1]['seeds'][:3]}...)")
-            ours += drives[0][value]
-            theirs += drives[1][value]
-        if ours:
-            paired[share] = {**paired_change(theirs, ours), "pairs": len(ours)}
+        ours = [d for d in (_drive_at(r, share) for r in runs) if d is not None]
+        theirs = [d for d in (_drive_at(r, share) for r in reference_runs) if d is not None]
+        if ours and theirs:
+            paired[share] = _crossed(theirs, ours, value, f"{runs[0].variant} and {reference}", share)
     return paired if len(paired) > 2 else None   # None: no drive to pair (--episodes 0)
 
 
 def also_row(name: str, drives: dict[str, dict], task: str, reference: str, reference_runs: list[RunResult]) -> dict:
     """The row of a policy driven beside the variants (``--also``): its drive at frame-drop 0
-    (``closed_loop``) and at each share, and each paired with the ``reference`` variant on the
-    same tracks: each track's value minus the reference's mean over its seeds on that track,
-    their mean and 95% t-interval (``pairs``: the tracks; the policy drove each track once, so
-    the tracks, not the (seed, track) pairs, are what varies independently; ``seeds``: how many
-    of the reference's were averaged)."""
-    import numpy as np
-
+    (``closed_loop``) and at each share, and each paired with the ``reference`` variant's seeds
+    on the same tracks as :func:`paired_with` pairs a variant (the policy is one run)."""
     row = {"policy": name, "closed_loop": _pooled([drives["0"]], task) if "0" in drives else None,
            "frame_drops": {share: _pooled([d], task) for share, d in drives.items() if share != "0"}}
     value, paired = _paired_measure(reference, task)
     for share, drive in drives.items():
         theirs = [d for d in (_drive_at(r, share) for r in reference_runs) if d is not None]
-        if not theirs:
-            continue
-        for d in theirs:
-            if d["seeds"] != drive["seeds"]:
-                raise ValueError(f"compare: --also {name} and {reference} drove other tracks at frame-drop {share}")
-        diffs = np.asarray(drive[value], dtype=np.float64) - np.mean([d[value] for d in theirs], axis=0)
-        paired[share] = {"mean": float(diffs.mean()), "ci95": t_interval(list(diffs)), "pairs": len(diffs),
-                         "seeds": len(theirs)}
+        if theirs:
+            paired[share] = _crossed(theirs, [drive], value, f"--also {name} and {reference}", share)
     row["paired"] = paired if len(paired) > 2 else None
     return row
+
+
+def _crossed(theirs: list[dict], ours: list[dict], value: str, who: str, share: str) -> dict:
+    """:func:`~nac_drive.simulators.episode_stats.crossed_paired_change` of the drives ``ours``
+    against ``theirs`` (each one run's, ``value`` per track); every drive must have driven the
+    same tracks."""
+    from nac_drive.simulators.episode_stats import crossed_paired_change
+
+    tracks = theirs[0]["seeds"]
+    for d in ours + theirs:
+        if d["seeds"] != tracks:
+            raise ValueError(f"compare: {who} drove other tracks at frame-drop {share} ({d['seeds'][:3]}... "
+                             f"against {tracks[:3]}...)")
+    return crossed_paired_change([d[value] for d in theirs], [d[value] for d in ours])
 
 
 def _paired_measure(reference: str, task: str) -> tuple[str, dict]:
@@ -713,7 +703,9 @@ def _paired_cell(change: dict | None, udacity: bool) -> str:
         return "-"
     from nac_drive.simulators.episode_stats import format_estimate
 
-    return format_estimate(change["mean"], change["ci95"], "+.3f" if udacity else "+.1f") + f" ({change['pairs']})"
+    runs = change["runs"]
+    return (format_estimate(change["mean"], change["ci95"], "+.3f" if udacity else "+.1f")
+            + f" ({change['tracks']} x {runs[1]} vs {runs[0]})")
 
 
 def _row_name(row: dict) -> str:
@@ -756,7 +748,8 @@ def markdown_table(report: dict) -> str:
     if compared:
         first = compared[0]["paired"]
         cols = [share for share in ["0", *shares] if any(share in row["paired"] for row in compared)]
-        lines += ["", f"| paired against {first['reference']}: {first['value']} change [95% CI] (pairs) | "
+        lines += ["", f"| paired against {first['reference']}: {first['value']} change [95% CI] (tracks x seeds vs "
+                  f"its seeds) | "
                   + " | ".join(f"frame-drop {share}" for share in cols) + " |", "|---" * (len(cols) + 1) + "|"]
         lines += ["| " + _row_name(row) + " | " + " | ".join(_paired_cell(row["paired"].get(share), udacity)
                                                             for share in cols) + " |" for row in compared]
