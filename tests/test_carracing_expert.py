@@ -102,6 +102,9 @@ def test_action_repeat_skip_render_matches_stock_env():
             assert np.array_equal(o1, o2)
             assert (r1, t1, tr1) == (r2, t2, tr2)
         assert fast.unwrapped.t == pytest.approx(1.0 / 50 * (1 + 25 * 4))  # 4 frames a step
+        from nac_drive.simulators.road_drawing import FontLoadedOnce
+
+        assert isinstance(fast.unwrapped.__dict__["_render"], FontLoadedOnce)   # its faster drawing kept
     finally:
         fast.close()
         stock.close()

@@ -1,4 +1,4 @@
-"""CarRacing's road drawn vectorised gives the stock env's pixels, frame for frame."""
+"""CarRacing's road drawn vectorised and its score's font loaded once give the stock env's pixels, frame for frame."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from gymnasium.envs.box2d.car_racing import SCALE, WINDOW_H, WINDOW_W, ZOOM
 
 from nac_drive.simulators.carracing import GAS, LEFT, NOOP, RIGHT, make_carracing
-from nac_drive.simulators.road_drawing import VectorisedRoad, rotation, stock_drawing_is_replicated
+from nac_drive.simulators.road_drawing import FontLoadedOnce, VectorisedRoad, rotation, stock_drawing_is_replicated
 
 
 def test_make_carracing_draws_the_road_vectorised():
@@ -21,6 +21,7 @@ def test_make_carracing_draws_the_road_vectorised():
     env = make_carracing()
     try:
         assert isinstance(env.unwrapped._render_road, VectorisedRoad)
+        assert isinstance(env.unwrapped._render, FontLoadedOnce)
         assert env.spec.id == "CarRacing-v3" and not env.spec.additional_wrappers
     finally:
         env.close()
@@ -86,9 +87,13 @@ def test_elsewhere_carracing_draws_the_stock_way(monkeypatch):
         def _render_road(self, zoom, translation, angle):
             super()._render_road(zoom, translation, angle)
 
-    own = road_drawing.draw_road_vectorised(OwnRoad())
-    assert "_render_road" not in own.unwrapped.__dict__
+    own = road_drawing.draw_faster(OwnRoad())
+    assert "_render_road" not in own.unwrapped.__dict__ and "_render" in own.unwrapped.__dict__
     own.close()
+    monkeypatch.setattr(road_drawing, "RENDER_SOURCE_SHA256", "0" * 64)
+    stock_font = make_carracing()
+    assert "_render" not in stock_font.unwrapped.__dict__ and "_render_road" in stock_font.unwrapped.__dict__
+    stock_font.close()
     monkeypatch.setattr(road_drawing, "REPLICATED_SOURCE_SHA256", "0" * 64)
     road_drawing.stock_drawing_is_replicated.cache_clear()
     try:
@@ -97,3 +102,29 @@ def test_elsewhere_carracing_draws_the_stock_way(monkeypatch):
         env.close()
     finally:
         road_drawing.stock_drawing_is_replicated.cache_clear()
+
+
+def test_the_score_font_is_loaded_once_and_again_after_pygame_shuts_its_fonts_down():
+    """One font object draws every frame's score; after ``pygame.quit()`` (a human-mode env's
+    ``close``) a new one is loaded, and the frames stay the stock env's throughout."""
+    fast, stock = make_carracing(), gym.make("CarRacing-v3", continuous=False)
+    stock_font = pygame.font.Font
+    try:
+        np.testing.assert_array_equal(fast.reset(seed=4)[0], stock.reset(seed=4)[0])
+        fonts = fast.unwrapped._render.fonts
+
+        def step_both(n):
+            for _ in range(n):
+                np.testing.assert_array_equal(fast.step(GAS)[0], stock.step(GAS)[0])
+
+        step_both(30)   # the score changes (tiles visited, time passing)
+        assert len(fonts) == 1 and pygame.font.Font is stock_font   # restored between frames
+        (first,) = fonts.values()
+        step_both(30)
+        assert next(iter(fonts.values())) is first
+        pygame.quit()
+        step_both(5)
+        assert next(iter(fonts.values())) is not first and len(fonts) == 1
+    finally:
+        fast.close()
+        stock.close()
