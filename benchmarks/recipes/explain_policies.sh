@@ -29,6 +29,14 @@ source "$(dirname "$0")/lib.bash"
 
 OUT=${1:-runs/recipe-explain}
 REGIME=${2:-}
+CORES="nac-exact nac-scaled nac-qk cfc gru lstm mha"
+compared_policy() { echo "$REGIME/compare/runs/${1}__s0-dagger-r4/best"; }
+for core in $CORES; do   # before hours of work: every compared core's policy is there
+  if [ -n "$REGIME" ] && [ ! -f "$(compared_policy "$core")/model.safetensors" ]; then
+    echo "$REGIME has no seed-0 policy of $core ($(compared_policy "$core")): run compare_regime.sh first" >&2
+    exit 1
+  fi
+done
 mkdir -p "$OUT"
 
 explained() {   # explained LANE DIR COMMAND...: an explain COMMAND into DIR on that lane's core (lib.bash's pinned);
@@ -61,8 +69,8 @@ shipped_and_steady() {   # on core 0
 compared_cores() {   # on core 1
   [ -n "$REGIME" ] || return 0
   local core
-  for core in nac-exact nac-scaled nac-qk cfc gru lstm mha; do
-    explained 1 "$OUT/core-$core" nac-drive explain --policy "$REGIME/compare/runs/${core}__s0-dagger-r4/best" \
+  for core in $CORES; do
+    explained 1 "$OUT/core-$core" nac-drive explain --policy "$(compared_policy "$core")" \
       --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
   done
 }
