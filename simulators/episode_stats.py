@@ -176,21 +176,25 @@ def paired_change(reference: Sequence[float], treated: Sequence[float]) -> dict[
     return {"mean": float(diff.mean()) if diff.size else math.nan, "ci95": _rounded(mean_interval(diff), 4)}
 
 
-def crossed_paired_change(reference, treated, n_resamples: int = BOOTSTRAP_RESAMPLES,
-                          seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+def crossed_paired_change(reference, treated) -> dict[str, Any]:
     """How ``treated`` differs from ``reference`` when each is a set of independent runs (one
     policy per training seed) driven on the same tracks: ``reference`` ``[m, T]`` and
     ``treated`` ``[n, T]``, one row per run, one column per track, in the same track order.
 
-    ``mean``: the treated runs' mean minus the reference runs' mean (the mean over tracks of
-    each track's difference). ``ci95``: the 95% percentile interval of a two-way ("pigeonhole")
-    bootstrap (Owen 2007) with ``n_resamples`` resamples from ``seed``: the tracks are
-    resampled, the same for both sides, so the spread between tracks cancels as in
-    :func:`paired_change`; each side's runs are resampled on their own, since run i of one side
-    has nothing to do with run i of the other, so a run that drives worse on every track
-    counts as one run, not as T independent pairs. A side with one run (a policy driven
-    beside trained ones) adds no spread. None for fewer than 2 tracks. ``tracks``, ``runs``
-    ``[m, n]``."""
+    ``mean``: the treated runs' mean minus the reference runs' mean. ``ci95``: its 95%
+    t-interval, whose variance adds what varies (the two-way variance of Owen's pigeonhole
+    bootstrap, 2007): each side's runs, the variance of its runs' means over its number of
+    runs (a seed that drives worse on every track counts as one run, not as T independent
+    pairs), and the tracks, the variance over tracks of each track's difference of the two
+    sides' means over T (the spread between tracks cancels: both sides drove the same ones);
+    its degrees of freedom by Welch-Satterthwaite, so that few seeds give a wide interval.
+    Each (run, track) cell's own noise enters both terms: the interval errs wide. A side of
+    one run adds no run term: it is taken as the one policy it is (a policy driven beside
+    trained ones); with one run a side the interval speaks of these two policies on other
+    tracks, not of other seeds. None for fewer than 2 tracks. ``tracks``, ``runs`` ``[m, n]``,
+    ``df``."""
+    from scipy import stats
+
     a, b = (np.asarray(x, dtype=np.float64) for x in (reference, treated))
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not (a.size and b.size):
         raise ValueError(f"crossed paired change: expected [runs, tracks] on both sides with the same tracks, got "
@@ -198,19 +202,20 @@ def crossed_paired_change(reference, treated, n_resamples: int = BOOTSTRAP_RESAM
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("crossed paired change: expected finite values")
     tracks = a.shape[1]
-    out = {"mean": float(b.mean() - a.mean()), "ci95": None, "tracks": tracks, "runs": [len(a), len(b)]}
+    mean = float(b.mean() - a.mean())
+    out = {"mean": mean, "ci95": None, "tracks": tracks, "runs": [len(a), len(b)], "df": None}
     if tracks < 2:
         return out
-    rng = np.random.default_rng(seed)
-    picked = rng.integers(tracks, size=(n_resamples, tracks))                          # [R, T] shared by both sides
-
-    def resampled_means(x: np.ndarray) -> np.ndarray:                                   # [R]
-        runs = rng.integers(len(x), size=(n_resamples, len(x)))                         # [R, runs]
-        return x[runs[:, :, None], picked[:, None, :]].mean(axis=(1, 2))
-
-    diffs = resampled_means(b) - resampled_means(a)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    out["ci95"] = _rounded(tuple(float(v) for v in np.percentile(diffs, [tail, 100 - tail])), 4)
+    by_track = b.mean(axis=0) - a.mean(axis=0)                                            # [T]
+    terms = [(side.mean(axis=1).var(ddof=1) / len(side), len(side) - 1) for side in (a, b) if len(side) > 1]
+    terms.append((by_track.var(ddof=1) / tracks, tracks - 1))                            # (variance, df) each
+    variance = sum(v for v, _ in terms)
+    if variance == 0:   # no spread seen anywhere (not certainty)
+        out["ci95"] = [round(mean, 4), round(mean, 4)]
+        return out
+    df = variance ** 2 / sum(v ** 2 / d for v, d in terms)
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * math.sqrt(variance)
+    out.update(ci95=[round(mean - half, 4), round(mean + half, 4)], df=round(float(df), 2))
     return out
 
 

@@ -101,10 +101,11 @@ def test_each_variant_is_paired_with_the_first_on_the_same_tracks_with_every_see
            "frame-drop 0.5 |" in table
     assert "| mha | +10.0 [+10.0, +10.0] (3 x 2 vs 2) | -1.7" in table
     # one mha seed drives 50 better on every track, the other 50 worse: the seeds, not the six (seed, track)
-    # pairs, are what varies, and the interval reaches the two seeds' own differences
+    # pairs, are what varies: their means' variance 5000 over 2 seeds, SE 50, t(0.975, 1 df) = 12.7062
     swinging = [run("mha", 0, [350.0, 950.0, 650.0]), run("mha", 1, [250.0, 850.0, 550.0])]
     swing = paired_with("nac-exact", nac, swinging)["0"]
-    assert swing["mean"] == pytest.approx(0.0) and swing["ci95"] == [pytest.approx(-50.0), pytest.approx(50.0)]
+    assert swing["mean"] == pytest.approx(0.0) and swing["df"] == pytest.approx(1.0)
+    assert swing["ci95"] == [pytest.approx(-635.31, abs=0.01), pytest.approx(635.31, abs=0.01)]
     with pytest.raises(ValueError, match="mha and nac-exact drove other tracks at frame-drop 0"):
         paired_with("nac-exact", nac, [run("mha", 0, [1.0, 2.0, 3.0], tracks=(900003, 900004, 900005))])
 
@@ -176,12 +177,11 @@ def test_a_policy_driven_beside_is_paired_with_every_seed_of_the_reference_on_th
     assert row["closed_loop"]["mean_return"] == pytest.approx(613.333, abs=1e-3)
     assert row["frame_drops"]["0.5"]["episodes"] == 3
     paired = row["paired"]
-    # per track against the seeds' mean: 315 - 305, 905 - 895, 620 - 610: +10 on each of the 3 tracks; the two
-    # seeds differ (against seed 0 the tracks give 15, 5, 20, against seed 1 5, 15, 0), so resampling the seeds
-    # and the tracks spreads the change between 0 and 20, where the seeds' mean alone would give a point
+    # per track against the seeds' mean: 315 - 305, 905 - 895, 620 - 610: +10 on each of the 3 tracks, no spread
+    # there; gru's two seeds differ (means 600 and 606.67: variance 22.22, over 2 seeds 11.11, SE 3.333), the one
+    # policy adds none: 10 +- t(0.975, 1 df) 12.7062 x 3.333
     assert paired["0"]["mean"] == pytest.approx(10.0) and (paired["0"]["tracks"], paired["0"]["runs"]) == (3, [2, 1])
-    lo, hi = paired["0"]["ci95"]
-    assert 0.0 <= lo < 10.0 < hi <= 20.0
+    assert paired["0"]["ci95"] == [pytest.approx(10 - 42.354, abs=1e-3), pytest.approx(10 + 42.354, abs=1e-3)]
     # 300 - 305, 900 - 895, 600 - 610: mean -10/3
     assert paired["0.5"]["mean"] == pytest.approx(-10 / 3)
     report = {"task": "carracing", "seeds": [0, 1], "episodes": 3, "max_steps": None, "tuned": None, "dagger": None,

@@ -220,16 +220,37 @@ def test_a_crossed_paired_change_counts_a_run_that_drives_worse_everywhere_once_
     treated = tracks + np.array([[40.0], [10.0], [-20.0]]) + rng.normal(0, 5, size=(3, 20))
     crossed = crossed_paired_change(reference, treated)
     assert crossed["mean"] == pytest.approx(treated.mean() - reference.mean())
-    assert (crossed["tracks"], crossed["runs"]) == (20, [3, 3])
+    assert (crossed["tracks"], crossed["runs"]) == (20, [3, 3]) and 2 <= crossed["df"] < 3   # the seeds' term rules
     lo, hi = crossed["ci95"]
-    assert lo < crossed["mean"] < hi and lo < -5 and hi > 25   # the seeds' spread: one or two seeds drawn twice
+    assert lo < -20 and hi > 40   # three seeds 30 apart: t(~2) x 17.3
     pooled = paired_change(reference.reshape(-1), treated.reshape(-1))["ci95"]   # the 60 pairs as independent
-    assert hi - lo > 2 * (pooled[1] - pooled[0])
+    assert hi - lo > 5 * (pooled[1] - pooled[0])
     # the tracks' spread cancels: one run each side, a steady +10 with small noise, is a narrow interval
     steady = crossed_paired_change(reference[:1], reference[:1] + 10 + rng.normal(0, 1, size=(1, 20)))
     assert steady["ci95"][0] > 9 and steady["ci95"][1] < 11
-    assert crossed_paired_change([[1.0]], [[2.0]]) == {"mean": 1.0, "ci95": None, "tracks": 1, "runs": [1, 1]}
+    assert crossed_paired_change([[1.0]], [[2.0]])["ci95"] is None
+    assert crossed_paired_change([[1.0, 2.0]], [[3.0, 4.0]])["ci95"] == [2.0, 2.0]   # no spread seen
     with pytest.raises(ValueError, match="the same tracks, got \\[3, 20\\] and \\[3, 19\\]"):
         crossed_paired_change(reference, treated[:, :19])
     with pytest.raises(ValueError, match="expected finite values"):
         crossed_paired_change(reference, np.where(treated > 0, np.nan, treated))
+
+
+def test_a_crossed_paired_interval_holds_the_true_difference_95_times_in_100_with_three_seeds():
+    """Simulated comparisons of two cores that drive alike: each seed a run-wide offset (SD 30),
+    each track a difficulty shared by both (SD 100) and a core-specific part (SD 20), each
+    (seed, track) noise (SD 60). A bootstrap over 3 seeds covered ~78% (it cannot reach past
+    the seeds' own spread); the t-interval must cover at least 90% of 300."""
+    from nac_drive.simulators.episode_stats import crossed_paired_change
+
+    rng = np.random.default_rng(1)
+
+    def core(shared):
+        return shared + rng.normal(0, 30, (3, 1)) + rng.normal(0, 20, 20) + rng.normal(0, 60, (3, 20))
+
+    held = 0
+    for _ in range(300):
+        shared = rng.normal(0, 100, 20)
+        lo, hi = crossed_paired_change(core(shared), core(shared))["ci95"]
+        held += lo <= 0 <= hi
+    assert held >= 270
