@@ -167,7 +167,7 @@ def test_the_functions_recipes_share_parse_and_use_flags_their_verbs_accept():
     assert {"compare_cores.sh", "compare_regime.sh"} <= set(users)
     assert subprocess.run(["bash", "-n", str(lib)], capture_output=True).returncode == 0
     found = recipe_commands(lib)
-    assert len(found) == 2 and [flag for command in found for flag in unknown_flags(command)] == []
+    assert len(found) == 3 and [flag for command in found for flag in unknown_flags(command)] == []
 
 
 def test_every_flag_of_a_report_command_is_one_its_verb_accepts():

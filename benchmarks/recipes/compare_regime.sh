@@ -46,24 +46,11 @@ V="nac-exact nac-scaled nac-qk cfc gru lstm mha"
 
 [ -d "$OUT/demos" ] || nac-drive collect carracing --expert planner-discrete --gas 1.0 --episodes 30 --out "$OUT/demos" \
   --name planner --workers 2
-lane() {   # lane CORE DATA TUNE CLAIMS: on one core (lib.bash's pinned), tune each variant of $V that no other
-           # lane has claimed, $TRIALS trials each
-  local v
-  for v in $V; do
-    mkdir "$4/$v" 2>/dev/null || continue   # mkdir is atomic: the lane that makes the folder tunes the variant
-    pinned "$1" nac-drive tune --data "$2" --variant "$v" --objective val-loss --trials "$TRIALS" --epochs 4 \
-      --windows-per-epoch 2048 --out "$3" --json
-  done
+tuned() {   # tuned VARIANT: $TRIALS trials of VARIANT's search on $DATA into $TUNED, on its lane's core (lib.bash)
+  pinned "$LANE" nac-drive tune --data "$DATA" --variant "$1" --objective val-loss --trials "$TRIALS" --epochs 4 \
+    --windows-per-epoch 2048 --out "$TUNED" --json
 }
-tune_all() {   # tune_all DATA TUNE: every variant, two lanes each taking the next one left when it is free
-  local claims rc=0; claims=$(mktemp -d)
-  start_lane lane 0 "$1" "$2" "$claims"
-  start_lane lane 1 "$1" "$2" "$claims"
-  wait_lanes || rc=$?
-  rm -r "$claims"
-  return "$rc"
-}
-TRIALS=12 tune_all "$OUT/demos" "$OUT/tune"
+DATA=$OUT/demos TUNED=$OUT/tune TRIALS=12 job_lanes tuned $V
 nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds 0 1 2 --tuned "$OUT/tune" \
   --epochs 10 --windows-per-epoch 4096 --dagger-rounds 5 --dagger-episodes 4 --oracle planner --disturb-rate 0.02 \
   --disturb-frames 8 --dagger-epochs 3 --dagger-windows-per-epoch 3072 --dagger-lr 2e-4 --curve-episodes 5 \
@@ -71,6 +58,6 @@ nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds
 
 UDA="$OUT/udacity-data"
 record_udacity_tracks "$UDA"
-TRIALS=8 tune_all "$UDA" "$OUT/tune-udacity"
+DATA=$UDA TUNED=$OUT/tune-udacity TRIALS=8 job_lanes tuned $V
 nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --variants $V --seeds 0 1 2 --tuned "$OUT/tune-udacity" \
   --also shipped:nac --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json

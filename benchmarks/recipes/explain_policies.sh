@@ -12,10 +12,12 @@
 # intact, with the 5 neurons whose silencing costs most and 5 others clamped and each part of the
 # attention replaced (NAC cores), and pushed along the curvature probe (every core). Udacity's window
 # attribution removes one frame at a time (ablation), as §7 has done since it first ran.
-# Two lanes, each pinned to one core (lib.bash): the shipped policies and the NAC-steady ones; the comparison's cores
-# (without REGIME, one lane on every core).
+# The NAC-steady policies' 30 demonstrations are collected first, on every core (the three seeds train on
+# them); then two lanes, each pinned to one core, take the jobs one at a time, the longest first (lib.bash's
+# job_lanes): each NAC-steady policy made and explained, the Udacity and the CarRacing shipped policies, the
+# comparison's cores.
 # Everything resumes: run the same line again (an explain killed midway goes on with --resume, a
-# NAC-steady policy where it stopped; seeds 1 and 2 train on seed 0's demonstrations).
+# NAC-steady policy where it stopped).
 #
 # Time on the 2-core CPU machine: a NAC-steady policy about 85 min; an explain not measured yet at
 # 30 tracks (about 22 drives of 30 tracks each). Its window attribution (Integrated Gradients, steps
@@ -38,46 +40,41 @@ for core in $CORES; do   # before hours of work: every compared core's policy is
   fi
 done
 mkdir -p "$OUT"
+STEADY_DEMOS=$OUT/steady-demos   # the NAC-steady policies' demonstrations, the same for the three seeds
 
-explained() {   # explained LANE DIR COMMAND...: an explain COMMAND into DIR on that lane's core (lib.bash's pinned);
+explained() {   # explained DIR COMMAND...: an explain COMMAND into DIR on this lane's core (lib.bash's pinned);
                 # a finished one is kept, a killed one resumed
-  local lane=$1 dir=$2; shift 2
+  local dir=$1; shift
   [ -f "$dir/explain.json" ] && return 0
-  if [ -d "$dir" ]; then on_lane "$lane" "$@" --resume "$dir"; else on_lane "$lane" "$@" --out "$dir"; fi
+  if [ -d "$dir" ]; then pinned "$LANE" "$@" --resume "$dir"; else pinned "$LANE" "$@" --out "$dir"; fi
 }
 
-on_lane() {   # on_lane LANE COMMAND...: pinned to the lane's core when both lanes run, else on every core
-  local lane=$1; shift
-  if [ -n "$REGIME" ]; then pinned "$lane" "$@"; else "$@"; fi
+job() {   # job NAME: the policy NAME made (a NAC-steady one) and explained into OUT/NAME
+  case $1 in
+    steady-s*)
+      local seed=${1#steady-s}; local made="$OUT/steady-policy-s$seed"
+      [ -f "$made/drive.json" ] || pinned "$LANE" bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" "$STEADY_DEMOS"
+      explained "$OUT/$1" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 --closed-loop-tracks 30 \
+        --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json ;;
+    carracing-shipped)
+      explained "$OUT/$1" nac-drive explain --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 \
+        --closed-loop-random 5 --window-every 10 --json ;;
+    udacity-shipped)
+      explained "$OUT/$1" nac-drive explain --task udacity --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 \
+        --closed-loop-random 5 --window-every 10 --window-method ablation --json ;;
+    core-*)
+      explained "$OUT/$1" nac-drive explain --policy "$(compared_policy "${1#core-}")" --episodes 3 \
+        --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json ;;
+    *) echo "explain_policies.sh: no job $1" >&2; return 1 ;;
+  esac
 }
 
-shipped_and_steady() {   # on core 0
-  explained 0 "$OUT/carracing-shipped" nac-drive explain --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 \
-    --closed-loop-random 5 --window-every 10 --json
-  explained 0 "$OUT/udacity-shipped" nac-drive explain --task udacity --episodes 3 --closed-loop-tracks 30 \
-    --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --window-method ablation --json
-  local seed made demos=""
-  for seed in 0 1 2; do
-    made="$OUT/steady-policy-s$seed"
-    [ -f "$made/drive.json" ] || on_lane 0 bash "$(dirname "$0")/nac_steady_policy.sh" "$made" "$seed" $demos
-    demos="$OUT/steady-policy-s0/collected"
-    explained 0 "$OUT/steady-s$seed" nac-drive explain --policy "$made/train/dagger-r9/best" --episodes 3 \
-      --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
-  done
-}
-
-compared_cores() {   # on core 1
-  [ -n "$REGIME" ] || return 0
-  local core
-  for core in $CORES; do
-    explained 1 "$OUT/core-$core" nac-drive explain --policy "$(compared_policy "$core")" \
-      --episodes 3 --closed-loop-tracks 30 --closed-loop-top 5 --closed-loop-random 5 --window-every 10 --json
-  done
-}
-
-start_lane shipped_and_steady
-start_lane compared_cores
-wait_lanes
+collected_ppo_demos "$STEADY_DEMOS"   # first, on every core
+jobs=(steady-s0 steady-s1 steady-s2 udacity-shipped carracing-shipped)   # the longest first
+if [ -n "$REGIME" ]; then
+  for core in $CORES; do jobs+=("core-$core"); done
+fi
+job_lanes job "${jobs[@]}"
 python "$(dirname "$0")/../explain_tables.py" --recipe "$OUT" > "$OUT/tables.md.partial"   # §7's tables
 mv "$OUT/tables.md.partial" "$OUT/tables.md"
 cat "$OUT/tables.md"

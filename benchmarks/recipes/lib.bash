@@ -44,6 +44,38 @@ wait_lanes() {
   return "$rc"
 }
 
+# job_lanes FUNCTION ARG...: FUNCTION ARG once for each ARG, by two lanes side by side (start_lane): a lane that is
+# free takes the next ARG of the list that no lane has taken (an atomic mkdir claims it). In FUNCTION, LANE is the
+# lane it runs on (0 or 1, for pinned). List the longest jobs first, so that no lane is left alone with a long one at
+# the end. Status: the first failing lane's.
+job_lanes() {
+  local claims rc=0; claims=$(mktemp -d)
+  start_lane _lane_jobs 0 "$claims" "$@"
+  start_lane _lane_jobs 1 "$claims" "$@"
+  wait_lanes || rc=$?
+  rm -r "$claims"
+  return "$rc"
+}
+_lane_jobs() {   # _lane_jobs LANE CLAIMS FUNCTION ARG...: one lane of job_lanes
+  LANE=$1
+  local claims=$2 function=$3 i=0 arg; shift 3
+  for arg in "$@"; do
+    i=$((i + 1))
+    mkdir "$claims/$i" 2>/dev/null || continue
+    "$function" "$arg"
+  done
+}
+
+# collected_ppo_demos DIR: 30 CarRacing demonstrations of the shipped PPO expert (the standard budget of
+# `nac-drive quickstart --full`), collected on every core into DIR.partial, then renamed; an existing DIR is kept.
+collected_ppo_demos() {
+  local dir=$1
+  [ -d "$dir" ] && return 0
+  rm -rf "$dir.partial"
+  nac-drive collect carracing --expert ppo --episodes 30 --out "$dir.partial" --name steady --workers "$(allowed_cores | wc -w)"
+  mv "$dir.partial" "$dir"
+}
+
 # record_udacity_tracks DIR: the emulator's scripted driver, 1000 frames on each of gentle, lakeside
 # and canyon, and on the 4 random tracks with more steering noise (as benchmarks/recipes/udacity_policy.sh
 # records them at 3000), one recording folder each under DIR. Recorded whole into DIR.partial, then

@@ -25,11 +25,7 @@ COLLECTED=${3:-$OUT/collected}
 mkdir -p "$OUT"
 
 # Each folder is whole or not there: made under a .partial name, then renamed.
-if [ ! -d "$COLLECTED" ]; then
-  rm -rf "$COLLECTED.partial"
-  nac-drive collect carracing --expert ppo --episodes 30 --out "$COLLECTED.partial" --name steady --workers "$(allowed_cores | wc -w)"
-  mv "$COLLECTED.partial" "$COLLECTED"
-fi
+collected_ppo_demos "$COLLECTED"
 if [ ! -d "$OUT/demos" ]; then   # the training data, DAgger's rounds added: the collection hard-linked, never written
   rm -rf "$OUT/demos.partial"
   cp -al "$COLLECTED" "$OUT/demos.partial"
