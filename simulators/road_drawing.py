@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+import sys
+import threading
 from functools import lru_cache
 
 import gymnasium as gym
@@ -36,6 +38,7 @@ REPLICATED_SOURCE_SHA256 = "488262bbdbbe17655f6c50900df8ce544c0043584c48c4263588
 RENDER_SOURCE_SHA256 = "55de32c78669c2be249b6e4edba992c0c332a0f43c4cbe2f7255fa8dd06a3924"
 TWO_PI, HALF_PI = 2 * math.pi, math.pi / 2
 VECTOR_EPSILON = 1e-6   # pygame.math.Vector2().epsilon
+_FONT_SWAP = threading.Lock()   # held while pygame.font.Font is FontLoadedOnce's stand-in
 
 
 def rotation(angle: float) -> tuple[float, float] | None:
@@ -96,7 +99,8 @@ def draw_faster(env: gym.Env) -> gym.Env:
     if (stock._render_road is CarRacing._render_road and stock._draw_colored_polygon is CarRacing._draw_colored_polygon
             and stock_drawing_is_replicated()):
         base._render_road = VectorisedRoad(base)   # an instance attribute shadows the method
-    if stock._render is CarRacing._render and _source_sha256(CarRacing._render) == RENDER_SOURCE_SHA256:
+    if (stock._render is CarRacing._render and _source_sha256(CarRacing._render) == RENDER_SOURCE_SHA256
+            and getattr(sys.modules.get("pygame"), "IS_CE", False)):   # pygame-ce refuses a font its quit freed
         base._render = FontLoadedOnce(base)
     return env
 
@@ -114,7 +118,9 @@ class FontLoadedOnce:
     length of the stock method's call, ``pygame.font.Font(name, size)`` answers with this
     env's font of that name and size, made at its first frame (made again if pygame's font
     module was shut down since, as another env's ``close`` does in human mode). The stock
-    method only draws text with it, so the frames are the stock ones."""
+    method only draws text with it, so the frames are the stock ones. One such call runs at a
+    time in a process (a lock), so that envs drawn from several threads never see each other's
+    stand-in for ``Font``."""
 
     def __init__(self, env):
         self.env = env
@@ -123,24 +129,25 @@ class FontLoadedOnce:
     def __call__(self, mode: str):
         import pygame
 
-        stock = pygame.font.Font
+        with _FONT_SWAP:
+            stock = pygame.font.Font
 
-        def loaded_once(name, size):
-            font = self.fonts.get((name, size))
-            if font is not None:
-                try:
-                    font.get_height()
-                    return font
-                except pygame.error:   # made before pygame's font module was shut down
-                    pass
-            font = self.fonts[(name, size)] = stock(name, size)
-            return font
+            def loaded_once(name, size):
+                font = self.fonts.get((name, size))
+                if font is not None:
+                    try:
+                        font.get_height()
+                        return font
+                    except pygame.error:   # made before pygame's font module was shut down
+                        pass
+                font = self.fonts[(name, size)] = stock(name, size)
+                return font
 
-        pygame.font.Font = loaded_once
-        try:
-            return type(self.env)._render(self.env, mode)
-        finally:
-            pygame.font.Font = stock
+            pygame.font.Font = loaded_once
+            try:
+                return type(self.env)._render(self.env, mode)
+            finally:
+                pygame.font.Font = stock
 
 
 class VectorisedRoad:

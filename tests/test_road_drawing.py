@@ -90,6 +90,11 @@ def test_elsewhere_carracing_draws_the_stock_way(monkeypatch):
     own = road_drawing.draw_faster(OwnRoad())
     assert "_render_road" not in own.unwrapped.__dict__ and "_render" in own.unwrapped.__dict__
     own.close()
+    monkeypatch.setattr(pygame, "IS_CE", False, raising=False)   # upstream pygame: a quit font may be freed
+    stock_font = make_carracing()
+    assert "_render" not in stock_font.unwrapped.__dict__ and "_render_road" in stock_font.unwrapped.__dict__
+    stock_font.close()
+    monkeypatch.undo()
     monkeypatch.setattr(road_drawing, "RENDER_SOURCE_SHA256", "0" * 64)
     stock_font = make_carracing()
     assert "_render" not in stock_font.unwrapped.__dict__ and "_render_road" in stock_font.unwrapped.__dict__
@@ -125,6 +130,23 @@ def test_the_score_font_is_loaded_once_and_again_after_pygame_shuts_its_fonts_do
         pygame.quit()
         step_both(5)
         assert next(iter(fonts.values())) is not first and len(fonts) == 1
+    finally:
+        fast.close()
+        stock.close()
+
+
+def test_rgb_array_renders_match_an_unmodified_env():
+    """``render()`` (what --video records) draws through the same faster code, at the video's size."""
+    fast = make_carracing(render_mode="rgb_array")
+    stock = gym.make("CarRacing-v3", continuous=False, render_mode="rgb_array")
+    try:
+        assert isinstance(fast.unwrapped._render, FontLoadedOnce)
+        fast.reset(seed=6), stock.reset(seed=6)
+        for _ in range(40):
+            fast.step(GAS), stock.step(GAS)
+        frame = fast.render()
+        np.testing.assert_array_equal(frame, stock.render())
+        assert frame.shape == (400, 600, 3)
     finally:
         fast.close()
         stock.close()
