@@ -114,7 +114,7 @@ class ExplainArgs:
     closed_loop_tracks: int = arg(10, "held-out tracks the intact policy, each chosen neuron clamped, each part "
                                       "of the attention replaced and each push along the curvature probe (and "
                                       f"{PUSH_RANDOM} random directions) drive (0: no closed-loop check, no push); "
-                                      "the verb's longest part: about 9 s a track on a 2-core CPU", min=0,
+                                      "the verb's longest part: a CarRacing track ~2.5 s on one CPU core", min=0,
                                   max=MAX_EPISODES, group=MEASURES)
     closed_loop_top: int = arg(10, "neurons whose silencing costs most agreement, driven clamped", min=0,
                                group=MEASURES)
