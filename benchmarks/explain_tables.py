@@ -212,17 +212,22 @@ def _intact(report: dict[str, Any], sections: Sequence[str] = INTACT_SECTIONS) -
     return "-"
 
 
+TASK_NAMES = {"carracing": "CarRacing", "udacity": "Udacity"}
+
+
 def metric_caption(reports: Sequence[Report], *sections: str) -> str:
     """The metrics of the first of ``sections`` each report has, across ``reports``, in words, each
-    with the policies measured on it (only when they differ)."""
+    with the tasks measured on it (only when they differ)."""
     used: dict[str, list[str]] = {}
-    for name, report in reports:
+    for _, report in reports:
         section = next((s for s in sections if report.get(s)), None)
         if section:
-            used.setdefault(metric_of(report[section])[2], []).append(name)
+            tasks = used.setdefault(metric_of(report[section])[2], [])
+            task = TASK_NAMES.get(report.get("task"), str(report.get("task")))
+            tasks += [] if task in tasks else [task]
     if len(used) <= 1:
         return next(iter(used), "return")
-    return "; ".join(f"{words} ({', '.join(names)})" for words, names in used.items())
+    return "; ".join(f"{words} ({', '.join(tasks)})" for words, tasks in used.items())
 
 
 def overview_table(reports: Sequence[Report]) -> str:

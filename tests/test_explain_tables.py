@@ -244,3 +244,15 @@ def test_another_cores_intact_drive_comes_from_its_push_and_udacity_has_no_road_
     assert table_rows(out, "Closed loop")["core-gru (gru)"]["intact (tracks)"] == "-"   # its own section only
     road = table_rows(out, "Road share")["udacity-shipped (nac, exact)"]
     assert road["Grad-CAM"] == road["road's share of the pixels (chance)"] == "CarRacing only"
+
+
+def test_a_column_of_two_metrics_names_the_task_of_each(tmp_path, capsys):
+    udacity = {**nac_report(), "task": "udacity"}
+    for section in ("closed_loop", "push"):
+        udacity[section] = {**udacity[section], "metric": "mean_abs_cte", "intact": {"mean_abs_cte": 0.0412}}
+    out = tables(capsys, [write(tmp_path / "carracing-shipped", nac_report()),
+                          write(tmp_path / "udacity-shipped", udacity), write(tmp_path / "steady-s0", nac_report())])
+    column = "intact closed loop: return (CarRacing); mean \\|CTE\\| (m) (Udacity) (tracks)"   # | escaped in a cell
+    overview = table_rows(out, "Overview")
+    assert overview["udacity-shipped (nac, exact)"][column].startswith("0.041 (")
+    assert overview["steady-s0 (nac, exact)"][column] == overview["carracing-shipped (nac, exact)"][column]
