@@ -10,8 +10,9 @@ from it.
 
 :func:`block_mean_interval`, :func:`paired_block_change` and :func:`block_bootstrap_interval` serve
 measurements that are not independent (frames of one drive): they resample whole blocks (episodes,
-stretches of frames: :func:`episode_time_blocks`). :func:`crossed_paired_change` compares two sets
-of training runs on the same tracks, where both the runs and the tracks vary.
+stretches of frames: :func:`episode_time_blocks`). :func:`crossed_mean_interval` and
+:func:`crossed_paired_change` serve sets of training runs driven on the same tracks, where both the
+runs and the tracks vary.
 """
 
 from __future__ import annotations
@@ -193,30 +194,50 @@ def crossed_paired_change(reference, treated) -> dict[str, Any]:
     trained ones); with one run a side the interval speaks of these two policies on other
     tracks, not of other seeds. None for fewer than 2 tracks. ``tracks``, ``runs`` ``[m, n]``,
     ``df``."""
+    a, b = _runs_by_tracks(reference, treated)
+    by_track = b.mean(axis=0) - a.mean(axis=0)                                            # [T]
+    out = _crossed_interval(float(b.mean() - a.mean()), by_track, [a, b])
+    return {"mean": out["mean"], "ci95": out["ci95"], "tracks": a.shape[1], "runs": [len(a), len(b)], "df": out["df"]}
+
+
+def crossed_mean_interval(runs) -> dict[str, Any]:
+    """The mean over ``runs`` ``[n, T]`` (one row per training seed, one column per track, the
+    same tracks for every run) and its 95% t-interval as :func:`crossed_paired_change` makes it
+    for one side: the spread between the runs' means over n, plus the spread between the tracks'
+    means over T (here it does not cancel). ``mean``, ``ci95`` (None for fewer than 2 tracks),
+    ``df``."""
+    (x,) = _runs_by_tracks(runs)
+    return _crossed_interval(float(x.mean()), x.mean(axis=0), [x])
+
+
+def _runs_by_tracks(*sides) -> list[np.ndarray]:
+    """Each of ``sides`` as float64 ``[runs, T]``, all with the same T; refused otherwise."""
+    arrays = [np.asarray(x, dtype=np.float64) for x in sides]
+    if any(x.ndim != 2 or not x.size for x in arrays) or len({x.shape[1] for x in arrays}) != 1:
+        raise ValueError(f"crossed interval: expected [runs, tracks] on each side with the same tracks, got "
+                         f"{' and '.join(str(list(x.shape)) for x in arrays)}")
+    if not all(np.isfinite(x).all() for x in arrays):
+        raise ValueError("crossed interval: expected finite values")
+    return arrays
+
+
+def _crossed_interval(mean: float, by_track: np.ndarray, sides: list[np.ndarray]) -> dict[str, Any]:
+    """``mean`` with its 95% t-interval from the variance over tracks of ``by_track`` ``[T]`` over
+    T, plus, for each of ``sides`` with several runs, the variance of its runs' means over their
+    number; Welch-Satterthwaite degrees of freedom."""
     from scipy import stats
 
-    a, b = (np.asarray(x, dtype=np.float64) for x in (reference, treated))
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not (a.size and b.size):
-        raise ValueError(f"crossed paired change: expected [runs, tracks] on both sides with the same tracks, got "
-                         f"{list(a.shape)} and {list(b.shape)}")
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        raise ValueError("crossed paired change: expected finite values")
-    tracks = a.shape[1]
-    mean = float(b.mean() - a.mean())
-    out = {"mean": mean, "ci95": None, "tracks": tracks, "runs": [len(a), len(b)], "df": None}
+    tracks = by_track.size
     if tracks < 2:
-        return out
-    by_track = b.mean(axis=0) - a.mean(axis=0)                                            # [T]
-    terms = [(side.mean(axis=1).var(ddof=1) / len(side), len(side) - 1) for side in (a, b) if len(side) > 1]
+        return {"mean": mean, "ci95": None, "df": None}
+    terms = [(side.mean(axis=1).var(ddof=1) / len(side), len(side) - 1) for side in sides if len(side) > 1]
     terms.append((by_track.var(ddof=1) / tracks, tracks - 1))                            # (variance, df) each
     variance = sum(v for v, _ in terms)
     if variance == 0:   # no spread seen anywhere (not certainty)
-        out["ci95"] = [round(mean, 4), round(mean, 4)]
-        return out
+        return {"mean": mean, "ci95": [round(mean, 4), round(mean, 4)], "df": None}
     df = variance ** 2 / sum(v ** 2 / d for v, d in terms)
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * math.sqrt(variance)
-    out.update(ci95=[round(mean - half, 4), round(mean + half, 4)], df=round(float(df), 2))
-    return out
+    return {"mean": mean, "ci95": [round(mean - half, 4), round(mean + half, 4)], "df": round(float(df), 2)}
 
 
 def paired_block_change(reference: Sequence[float], treated: Sequence[float], blocks: Sequence[int]) -> dict[str, Any]:

@@ -2,11 +2,13 @@
 
 import csv
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 import torch
 
 from nac_drive.cli.main import main
@@ -74,6 +76,25 @@ def test_a_variant_pools_every_episode_of_its_seeds_and_keeps_each_seeds_mean():
     assert loop["worst_return"] == 700.0 and loop["successes"] == 2 and loop["laps_finished"] == 2
     assert loop["mean_return_per_seed"] == [850.0, 825.0]
     assert loop["mean_ci95"][0] < 837.5 < loop["mean_ci95"][1]
+
+
+def test_a_variants_interval_over_seeds_of_the_same_tracks_counts_seeds_and_tracks():
+    def drive(returns, cte):
+        return {"returns": returns, "seeds": [900000, 900001, 900002], "laps_finished": 0,
+                "mean_return": float(np.mean(returns)), "mean_abs_cte_m": cte, "off_road_tracks": 0}
+
+    runs = [RunResult("gru", s, f"r{s}", "udacity", 0.5, None, 0.1, drive([310.0, 910.0, 610.0], cte))
+            for s, cte in ((0, [0.10, 0.20, 0.30]), (1, [0.30, 0.40, 0.50]))]
+    loop = summarise("gru", runs)["closed_loop"]
+    assert loop["ci_over"] == "seeds and tracks"
+    # the seeds drive alike: the tracks' means 310, 910, 610 (variance 90000, over 3) alone, t(0.975, 2) = 4.3027
+    assert loop["mean_ci95"] == [pytest.approx(610 - 745.25, abs=0.01), pytest.approx(610 + 745.25, abs=0.01)]
+    # |cte|: seed means 0.2 and 0.4 (variance 0.02, over 2: 0.01), tracks' means 0.2, 0.3, 0.4 (0.01, over 3)
+    se, df = math.sqrt(0.01 + 0.01 / 3), (0.01 + 0.01 / 3) ** 2 / (0.01 ** 2 / 1 + (0.01 / 3) ** 2 / 2)
+    half = stats.t.ppf(0.975, df) * se
+    assert loop["mean_abs_cte_ci95"] == [pytest.approx(0.3 - half, abs=1e-4), pytest.approx(0.3 + half, abs=1e-4)]
+    alone = summarise("gru", runs[:1])["closed_loop"]   # one seed: the episodes' bootstrap, as a drive reports it
+    assert alone["ci_over"] == "episodes" and alone["mean_ci95"][0] >= 310   # a bootstrap stays within the data
 
 
 def test_each_variant_is_paired_with_the_first_on_the_same_tracks_with_every_seed_of_each():

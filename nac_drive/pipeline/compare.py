@@ -15,9 +15,10 @@ hyper-parameters ``nac-drive tune`` chose for it. NAC-PW differs from the exact 
 
 * offline, the paper's metric: held-out action accuracy (CarRacing) or steering MSE
   (Udacity) of the best checkpoint, the mean and its 95% t-interval over seeds;
-* closed loop, every episode of every seed pooled: the mean return with its 95%
-  bootstrap interval, the worst episode and the success rate (CarRacing), or the mean
-  |cross-track error| and the laps finished (Udacity emulator), and each seed's mean;
+* closed loop, every episode of every seed pooled: the mean return with its 95% interval
+  (over the seeds and the tracks: :func:`_pooled`), the worst episode and the success rate
+  (CarRacing), or the mean |cross-track error| and the laps finished (Udacity emulator), and
+  each seed's mean;
   ``--frame-drops 0 0.25 0.5`` drives the same tracks again with those shares of the frames
   never reaching the policy (irregular time, ``--perturb frame-drop=P``).
 
@@ -669,16 +670,25 @@ def _drive_at(run: RunResult, share: str) -> dict | None:
 
 def _pooled(drives: list[dict], task: str) -> dict:
     """Every episode of several seeds' drives pooled: the return statistics, the laps, each
-    seed's mean return, and on Udacity the mean |cte| with its interval and the tracks left."""
-    from nac_drive.simulators.episode_stats import mean_interval, return_stats
+    seed's mean return, and on Udacity the mean |cte| with its interval and the tracks left.
+    The mean's interval: over the episodes of one drive (BCa, :func:`return_stats`); over several
+    seeds' drives of the same tracks, :func:`~nac_drive.simulators.episode_stats.crossed_mean_interval`
+    (``ci_over`` "seeds and tracks"), which counts a seed that drives worse everywhere once."""
+    from nac_drive.simulators.episode_stats import crossed_mean_interval, mean_interval, return_stats
 
     returns = [x for d in drives for x in d["returns"]]
     pooled = {**return_stats(returns), "laps_finished": sum(d["laps_finished"] for d in drives),
-              "mean_return_per_seed": [round(d["mean_return"], 2) for d in drives]}
+              "mean_return_per_seed": [round(d["mean_return"], 2) for d in drives], "ci_over": "episodes"}
+    tracks = drives[0].get("seeds")
+    crossed = len(drives) > 1 and tracks is not None and all(d.get("seeds") == tracks for d in drives)
+    if crossed:
+        pooled.update(mean_ci95=crossed_mean_interval([d["returns"] for d in drives])["ci95"],
+                      ci_over="seeds and tracks")
     if task == "udacity":
         cte = [x for d in drives for x in d["mean_abs_cte_m"]]
-        pooled.update(mean_abs_cte=float(sum(cte) / len(cte)),
-                      mean_abs_cte_ci95=list(mean_interval(cte)) if len(cte) > 1 else None,
+        interval = (crossed_mean_interval([d["mean_abs_cte_m"] for d in drives])["ci95"] if crossed
+                    else list(mean_interval(cte)) if len(cte) > 1 else None)
+        pooled.update(mean_abs_cte=float(sum(cte) / len(cte)), mean_abs_cte_ci95=interval,
                       off_road_tracks=sum(d["off_road_tracks"] for d in drives))
     return pooled
 
