@@ -223,10 +223,10 @@ class ActionRepeat(gym.Wrapper, gym.utils.RecordConstructorArgs):
             try:
                 obs, reward, terminated, truncated, info = self.env.step(action)
             finally:
-                if self.skip_render:
+                if drawing is not None:
+                    base._render = drawing
+                elif self.skip_render:
                     base.__dict__.pop("_render", None)
-                    if drawing is not None:
-                        base._render = drawing
             total += float(reward)
             if terminated or truncated:
                 break
