@@ -186,6 +186,7 @@ def test_explain_end_to_end_prints_what_explain_json_holds(tmp_path):
     assert [row["push"] for row in push["pushes"]] == ["left", "right", "random 1", "random 2", "random 3", "random 4"]
     assert all(row["change"]["ci95"] is None and row["paired"]["ci95"] is None for row in push["pushes"])
     assert push["verdict"] == "no clear effect" and "Pushed along the curvature probe while driving" in out.stdout
+    assert push["intact"] == closed["intact"] and len(closed["intact"]["track_steering"]) == 1   # driven intact once
     run = load_trace(tmp_path / "explain")
     assert run.num_steps == 150 and report["trace_sha256"] == run.sha256
 

@@ -95,7 +95,7 @@ def test_a_push_that_a_random_direction_outdoes_is_not_called_followed():
     assert push_verdict(pushes(None, [0.1, 0.3]), outdone=1.0) == "no clear effect"
 
 
-def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp_path):
+def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp_path, monkeypatch):
     """Closed loop: each push driven on the same 3 short CarRacing tracks as the intact policy,
     paired per track. The policy that turns by the curve unit follows it (left steers left,
     right steers right, both intervals clear of 0, beyond every random direction); one that
@@ -129,6 +129,15 @@ def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp
         assert row["change"]["mean"] == pytest.approx(row["mean_steering"] - push["intact_steering"])
         offsets = np.subtract(row["track_offset"], push["intact"]["track_offset"])
         assert row["offset_change"]["mean"] == pytest.approx(offsets.mean())
+
+    import nac_drive.pipeline.explain as explain_module
+
+    # given the same tracks' intact figures (the closed loop's), the push drives only its pushes
+    driven, drive = [], explain_module.intervened_drive
+    monkeypatch.setattr(explain_module, "intervened_drive",
+                        lambda policy, intervention, **kw: driven.append(intervention) or drive(policy, intervention, **kw))
+    again = push_section(run, follows, probes, tracks=3, max_steps=40, pushes=lambda: pushed, intact=push["intact"])
+    assert len(driven) == 2 + PUSH_RANDOM and all(shift is not None for shift in driven) and again == push
 
     other = push_section(run, ignores, probes, tracks=3, max_steps=40, pushes=lambda: pushed)
     assert other["verdict"] != "follows"

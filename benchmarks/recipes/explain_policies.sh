@@ -20,11 +20,11 @@
 # NAC-steady policy where it stopped).
 #
 # Time on the 2-core CPU machine: a NAC-steady policy about 85 min; an explain not measured whole yet at
-# 30 tracks: its drives (22 of the 30 tracks for a NAC core, 7 for another) at ~2.5 s a CarRacing track on one
-# core (2026-11-30) take ~30 min for a NAC core, more on Udacity. Its window attribution (Integrated Gradients, steps
-# doubled until complete) took 1.7 s a traced step for the shipped CarRacing policy and 4.3 s for the
-# comparison's mha one, beside three other jobs (2026-11-30): 1.4-3.6 hours of the 3000 steps, so each
-# explain attributes every 10th step (--window-every 10: 300 decisions).
+# 30 tracks: its drives (21 of the 30 tracks for a NAC core, whose push reuses the closed loop's intact drive;
+# 7 for another) at ~2.5 s a CarRacing track on one core (2026-11-30) take ~30 min for a NAC core, more on
+# Udacity. Its window attribution (Integrated Gradients, steps doubled until complete) took 1.7 s a traced step
+# for the shipped CarRacing policy and 4.3 s for the comparison's mha one, beside three other jobs (2026-11-30):
+# 1.4-3.6 hours of the 3000 steps, so each explain attributes every 10th step (--window-every 10: 300 decisions).
 # What it should score: not known yet, it has not run to the end; §7's tables are rewritten from its last step's
 # OUT/tables.md (benchmarks/explain_tables.py).
 set -euo pipefail

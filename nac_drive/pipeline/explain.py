@@ -205,7 +205,8 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
                                                    args.closed_loop_top, args.closed_loop_random, seed, seed_base,
                                                    max_steps, progress, speed, ray_jobs_once(), policy_path),
         "push": lambda: push_section(run, policy, report["probes"], args.closed_loop_tracks, seed, seed_base, max_steps,
-                                     progress, speed, ray_jobs_once(), policy_path, pushes),
+                                     progress, speed, ray_jobs_once(), policy_path, pushes,
+                                     (report.get("closed_loop") or {}).get("intact")),
     }
     with one_writer(run_dir, "nac-drive explain"), contextlib.ExitStack() as ray_session:
         for name in NAC_STATES_NEEDED:
@@ -471,7 +472,8 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     process, or with ``jobs`` each a Ray task (:func:`intervened_drives`).
 
     Returns the seeds, ``metric`` and, intact, per neuron (``neurons``) and per attention part
-    (``attention``), the drive's figures, the change of the metric from intact and ``paired``:
+    (``attention``), the drive's figures (with ``track_steering`` and ``track_offset``, as
+    :func:`push_section`'s, which reuses the intact ones), the change of the metric from intact and ``paired``:
     the per-track changes' mean and 95% BCa interval (the same tracks driven both ways,
     :func:`~nac_drive.simulators.episode_stats.paired_change`). CarRacing: ``metric``
     "return", the ``returns``, their ``mean_return`` and ``return_change``. Udacity (the
@@ -481,6 +483,7 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     track's change of its mean |cte|, in metres: positive = the clamp drives further from the
     centre line; a track left early weighs as much as one driven whole)."""
     from nac_drive.interpret.neuron_atlas import traced_neurons
+    from nac_drive.interpret.probe_steering import steering_values
     from nac_drive.simulators.carracing import eval_seeds
 
     task = policy.config.task
@@ -496,7 +499,9 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     parts = attention_parts(run, policy.core.nac, seed)
     seeds = eval_seeds(tracks, base=seed_base)
     clamps = [None] + [neurons[row["name"]].clamp(row["mean"]) for row, _ in chosen] + list(parts.values())
-    driven = intervened_drives(policy, clamps, seeds, max_steps, speed, jobs, policy_path, progress, "closed loop")
+    # each drive keeps its tracks' steering and offset: the push (push_section) reads the intact one's
+    driven = intervened_drives(policy, clamps, seeds, max_steps, speed, jobs, policy_path, progress, "closed loop",
+                               steering_of=partial(steering_values, steering_names(run, policy)))
     intact = driven[0]
     out = [{"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
             **against_intact(intact, figures, task)} for (row, why), figures in zip(chosen, driven[1:])]
@@ -508,13 +513,15 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
 
 def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, seed_base: int = EVAL_SEED_BASE,
                  max_steps: int | None = None, progress: bool = False, speed: float = UDACITY_SPEED,
-                 jobs=None, policy_path: str | None = None, pushes=None) -> dict:
+                 jobs=None, policy_path: str | None = None, pushes=None, intact: dict | None = None) -> dict:
     """The push along the curvature probe in a closed loop (:mod:`~nac_drive.interpret.probe_steering`):
     the policy drives ``tracks`` (>= 1) held-out tracks intact, then with its core's output moved
     towards a left curve, towards a right one and as far (the same norm) along :data:`PUSH_RANDOM`
     random directions (the probe of ``probes``, :func:`probes_section`'s: ``pushes`` returns
     :func:`curvature_probe`'s, default fitted here), one :func:`intervened_drive` each, in
     this process or as Ray tasks (:func:`intervened_drives`). Any core: it needs no NAC state.
+    ``intact``: the figures of the same tracks already driven intact with their steering and offset
+    (:func:`closed_loop_section`'s ``intact``), then not driven again.
 
     Returns the tracks driven as :func:`closed_loop_section` names them, ``seed``, ``sds``, ``control``
     (how long the random pushes are),
@@ -541,9 +548,12 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     names = ["left", "right"] + [f"random {i + 1}" for i in range(PUSH_RANDOM)]
     shifts = {name: pushed["shifts"][name] for name in names}
     seeds, action_names = eval_seeds(tracks, base=seed_base), steering_names(run, policy)
-    driven = intervened_drives(policy, [None, *shifts.values()], seeds, max_steps, speed, jobs, policy_path, progress,
-                               "push", steering_of=partial(steering_values, action_names))
-    intact, by_push = driven[0], dict(zip(names, driven[1:]))
+    reused = intact is not None and {"track_steering", "track_offset"} <= intact.keys()
+    driven = intervened_drives(policy, ([] if reused else [None]) + list(shifts.values()), seeds, max_steps, speed,
+                               jobs, policy_path, progress, "push", steering_of=partial(steering_values, action_names))
+    if not reused:
+        intact, driven = driven[0], driven[1:]
+    by_push = dict(zip(names, driven))
 
     def compared_on(figure: str) -> dict:   # each track's mean steering, or mean offset, under each push
         return compare_pushes(shifts, {name: np.array(by_push[name][figure]) for name in names},
