@@ -143,6 +143,14 @@ def test_help_lists_the_ordinary_flags_first_and_groups_the_rest():
     assert drive["live view (Rerun; the 'live' extra)"] == ["--rerun", "--rerun-serve", "--live-saliency"]
 
 
+def test_dagger_says_how_it_names_its_rounds_run_folders():
+    from nac_drive.pipeline.dagger import round_run_name
+
+    run_name = next(a for a in dict(verb_parsers())["nac-drive dagger"]._actions if a.dest == "run_name")
+    assert f"{round_run_name('NAME', 0)}, {round_run_name('NAME', 1)}" in run_name.help   # not train's default name
+    assert f"default {round_run_name(None, 0)}" in run_name.help and "<task>" not in run_name.help
+
+
 def test_only_flags_given_are_refused_and_python_callers_are_not():
     parser = build_parser()
     assert from_namespace(TrainArgs, parser.parse_args(["train", "--core", "lstm"])).topk == 8   # default: fine

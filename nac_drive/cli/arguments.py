@@ -233,6 +233,12 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
                 vars(parser).setdefault("required_flags", []).append(action)
 
 
+def reword_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
+    """Another ``--help`` text for the flag of ``dest``: where a verb takes a field of another's
+    dataclass whose meaning it changes."""
+    next(action for action in parser._actions if action.dest == dest).help = text
+
+
 def _group(parser: argparse.ArgumentParser, title: str):
     """The parser's argument group ``title`` (a heading of ``--help``), made on first use."""
     for group in parser._action_groups:

@@ -145,7 +145,7 @@ def dagger(args: DaggerArgs, fine_tune: TrainArgs, threads: int | None = None, o
                                                   f"labelled{bursts}")
                 print(f"DAgger round {r}: the student drove{disturbed} {results.format()}", flush=True)
             round_args = dataclasses.replace(fine_tune, init_from=str(policy_path),
-                                             run_name=f"{fine_tune.run_name or 'dagger'}-r{r}")
+                                             run_name=round_run_name(fine_tune.run_name, r))
             resume, finished = _resumable(round_args, kept[r]) if args.resume else (False, False)
             if finished:
                 run_dir = Path(round_args.out) / round_args.run_name
@@ -296,6 +296,11 @@ def _resumable(round_args: TrainArgs, kept: bool) -> tuple[bool, bool]:
         raise ValueError(f"--resume: {run_dir} was fine-tuned with other {', '.join(differ)}; resume with the killed "
                          "run's flags, or give another --run-name or --out")
     return True, read_json(state).get("epoch", -1) + 1 >= round_args.epochs
+
+
+def round_run_name(run_name: str | None, round_index: int) -> str:
+    """The run folder of a round's fine-tuning: ``--run-name`` (default "dagger") and ``-r<round>``."""
+    return f"{run_name or 'dagger'}-r{round_index}"
 
 
 def round_seeds(round_index: int, seed: int, episodes: int) -> list[int]:

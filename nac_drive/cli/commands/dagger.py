@@ -12,7 +12,7 @@ NOT_FROM_TRAIN = ("init_from", "resume", "eval_episodes")   # a round drives its
 
 
 def add_parser(subparsers) -> None:
-    from nac_drive.cli.arguments import ConfigFile, JsonOutput, add_dataclass_arguments
+    from nac_drive.cli.arguments import ConfigFile, JsonOutput, add_dataclass_arguments, reword_help
     from nac_drive.pipeline import dagger
     from nac_drive.pipeline.train_args import ARCHITECTURE, TrainArgs
 
@@ -20,6 +20,7 @@ def add_parser(subparsers) -> None:
                               description=dagger.__doc__)
     add_dataclass_arguments(p, dagger.DaggerArgs)
     add_dataclass_arguments(p, TrainArgs, skip=ARCHITECTURE + NOT_FROM_TRAIN)   # each round's fine-tuning
+    reword_help(p, "run_name", "the rounds' run folders are NAME-r0, NAME-r1, ... (default dagger-r0, ...).")
     for cls in (ConfigFile, JsonOutput):
         add_dataclass_arguments(p, cls)
     p.set_defaults(func=run)

@@ -54,9 +54,9 @@ driven clockwise, so that the road has right curves as well as left ones), in-pr
   the policy drives, then each part of the attention replaced: Top-K by q . k by K random
   keys and by the K most recent, t_ij by its mean per head, the weights by uniform ones;
   each change from intact with a paired 95% interval over the same tracks (1 + top +
-  random + 4 runs of --closed-loop-tracks tracks each: at the defaults 250 episodes, about
-  half an hour on 2 cores, or with --ray [ADDRESS] one Ray task per run, on this machine's
-  cores or a cluster's, the same figures; saliency ~3 minutes, window ~3
+  random + 4 runs of --closed-loop-tracks tracks each: at the defaults 250 episodes, ~10
+  minutes at ~2.5 s a CarRacing track on one core, or with --ray [ADDRESS] one Ray task per
+  run, on this machine's cores or a cluster's, the same figures; saliency ~3 minutes, window ~3
   minutes a 1000-step episode with Integrated Gradients (20 s with ablation), the rest a
   minute or two). CarRacing scores the return; Udacity the mean |cross-track error| and
   laps / off-road. Udacity with --episodes 2 --closed-loop-tracks 3 --window-method
@@ -68,11 +68,12 @@ driven clockwise, so that the road has right curves as well as left ones), in-pr
   push the change of each track's mean steering and of the return (Udacity: mean |cte|),
   paired with the same tracks driven intact, with 95% intervals, and a verdict ("follows":
   left steers left, right steers right, both intervals clear of 0, each push further than
-  every random direction); 7 runs of --closed-loop-tracks tracks, any core.
+  every random direction); 6 runs of --closed-loop-tracks tracks (it reuses the closed
+  loop's intact drive), 7 where the closed loop did not run, any core.
 
 A policy of another core (lstm, gru, cfc, ltc, mha) gets the sections that need no NAC states
 (saliency, window, mirror, probes, dictionary and push on its core's output, the drive); fig4,
-atlas and closed_loop are skipped, and the report's
+scenes, atlas and closed_loop are skipped, and the report's
 "skipped" says so. A CarRacing report's saliency also gives each method's share of saliency on
 the road ahead of the car (road_share), a proxy for the paper's Fig. 6 claim.
 
