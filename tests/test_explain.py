@@ -287,7 +287,7 @@ def test_a_killed_explain_goes_on_from_its_last_finished_section(tmp_path, monke
         tmp_path / "gru")
     run = tmp_path / "explain"
     args = ExplainArgs(policy=str(gru), episodes=1, max_steps=30, saliency_frames=4, window_method="ablation",
-                       closed_loop_tracks=0, out=str(run))
+                       closed_loop_tracks=1, out=str(run))
     real_mirror = module.mirror_section
 
     def killed(*a, **k):
@@ -305,8 +305,25 @@ def test_a_killed_explain_goes_on_from_its_last_finished_section(tmp_path, monke
     monkeypatch.setattr(module, "mirror_section", real_mirror)
     monkeypatch.setattr(module, "saliency_section", lambda *a, **k: pytest.fail("saliency computed again"))
     monkeypatch.setattr(drive_module, "drive_carracing", lambda *a, **k: pytest.fail("driven again"))
+
+    def push_killed_after_one_drive(*a, log, **k):   # the push's drives: each kept as it finishes
+        log.add("intact", {"returns": [1.5], "mean_return": 1.5})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "push_section", push_killed_after_one_drive)
+    with pytest.raises(KeyboardInterrupt):
+        module.explain(replace(args, resume=str(run)), progress=False)
+    saved = json.loads((run / module.PARTIAL_FILE).read_text())
+    assert saved["drives"]["push"] == {"intact": {"returns": [1.5], "mean_return": 1.5}} and "push" not in saved["report"]
+
+    def push_resumed(*a, log, **k):   # given the drives it finished before the kill
+        assert log.done == {"intact": {"returns": [1.5], "mean_return": 1.5}}
+        return {"pushes": []}
+
+    monkeypatch.setattr(module, "push_section", push_resumed)
     report = module.explain(replace(args, resume=str(run)), progress=False)
     assert report["saliency"] == partial["saliency"] and report["mirror"]["frames"] > 0
+    assert report["push"] == {"pushes": []}
     assert json.loads((run / EXPLAIN_FILE).read_text()) == report and not (run / module.PARTIAL_FILE).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["explain", "gru"]   # no explain-2
     with pytest.raises(ValueError, match="no explain was killed there \\(it finished"):

@@ -7,6 +7,8 @@ steers by another unit does not; a variable the frames do not show is not found.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -138,6 +140,26 @@ def test_the_steering_follows_a_push_along_the_probe_while_the_policy_drives(tmp
                         lambda policy, intervention, **kw: driven.append(intervention) or drive(policy, intervention, **kw))
     again = push_section(run, follows, probes, tracks=3, max_steps=40, pushes=lambda: pushed, intact=push["intact"])
     assert len(driven) == 2 + PUSH_RANDOM and all(shift is not None for shift in driven) and again == push
+
+    from nac_drive.pipeline.explain import DriveLog
+
+    log = DriveLog()   # a push killed after two drives goes on with them, read back from the explain's partial file
+
+    def killed_after_two(policy, intervention, **kw):
+        if len(log.done) == 2:
+            raise KeyboardInterrupt
+        return drive(policy, intervention, **kw)
+
+    monkeypatch.setattr(explain_module, "intervened_drive", killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        push_section(run, follows, probes, tracks=3, max_steps=40, pushes=lambda: pushed, log=log)
+    assert list(log.done) == ["intact", "left"]
+    driven.clear()
+    monkeypatch.setattr(explain_module, "intervened_drive",
+                        lambda policy, intervention, **kw: driven.append(intervention) or drive(policy, intervention, **kw))
+    resumed = push_section(run, follows, probes, tracks=3, max_steps=40, pushes=lambda: pushed,
+                           log=DriveLog(json.loads(json.dumps(log.done))))
+    assert len(driven) == 1 + PUSH_RANDOM and resumed == push
 
     other = push_section(run, ignores, probes, tracks=3, max_steps=40, pushes=lambda: pushed)
     assert other["verdict"] != "follows"

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache, partial
 from pathlib import Path
 
@@ -78,11 +78,28 @@ DRIVE_KEYS = {"carracing": ("seeds", "returns", "lengths", "mean_return", "laps_
 
 
 MEASURES = "measurements"
+INTACT = "intact"   # the name of the drive without an intervention, beside the clamps' and the pushes'
 PUSH_RANDOM = 4   # random directions the push drives beside the probe's (each a drive of every track)
 # task -> (the closed loop's and the push's metric, its change's key, the per-track figure it is paired on)
 METRIC_BY_TASK = {"carracing": ("return", "return_change", "returns"),
                   "udacity": ("mean_abs_cte", "cte_change", "mean_abs_cte_m")}
 PARTIAL_FILE = "explain.partial.json"   # the sections finished so far; removed once explain.json is written
+
+
+@dataclass
+class DriveLog:
+    """The drives of a section finished so far (name -> figures; ``done`` may hold a killed
+    explain's, from its partial file) and ``save``, called after each new one: ``--resume`` then
+    drives only the rest of a closed loop or a push (~20 drives of 30 tracks, half an hour)."""
+
+    done: dict[str, dict] = field(default_factory=dict)
+    save: Callable[[], None] = lambda: None
+
+    def add(self, name: str, figures: dict) -> None:
+        self.done[name] = figures
+        self.save()
+
+
 NO_SCENE = ("the trace records no road scene (curvature ahead): a CarRacing drive and a Udacity emulator drive "
             "in-process record it, the Unity simulator sends none")
 
@@ -129,8 +146,9 @@ class ExplainArgs:
                                "costs ~2-4 s a step on a CPU core)", min=1, group=MEASURES)
     seed: int = arg(0, "seed of the random neurons, the random maps and the random keys", min=0, group=MEASURES,
                     max=MAX_SEED)
-    resume: str | None = arg(None, "go on with the explain killed in this run folder: its drive and the sections "
-                                   "it finished are kept (give the flags it was run with)", metavar="RUN_DIR")
+    resume: str | None = arg(None, "go on with the explain killed in this run folder: its drive, the sections "
+                                   "it finished and the closed-loop drives of the one under way are kept (give "
+                                   "the flags it was run with)", metavar="RUN_DIR")
 
     def __post_init__(self):
         check_fields(self)
@@ -166,8 +184,9 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
     (0: skipped); ``window_method``: how the window attribution is computed ("none": skipped).
 
     Each finished section is saved to ``RUN_DIR/explain.partial.json`` (:data:`PARTIAL_FILE`),
-    so ``resume`` (a killed explain's run folder) keeps its drive and those sections; one
-    explain writes a run folder at a time.
+    and each finished drive of the closed loop or the push under way (:class:`DriveLog`), so
+    ``resume`` (a killed explain's run folder) keeps its drive, those sections and those
+    drives; one explain writes a run folder at a time.
     """
     from nac_drive.io.atomic import one_writer
     from nac_drive.policy.loading import load_driving_policy
@@ -185,9 +204,15 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         raise ValueError(f"--speed: only a Udacity policy drives at a set speed, this is a {config.task!r} policy")
     speed = UDACITY_SPEED if args.speed is None else args.speed
     if args.resume:
-        run_dir, run, report = _resumed(args)
+        run_dir, run, report, drives = _resumed(args)
     else:
-        run_dir, run, report = _driven(args, policy_path, config, speed, progress)
+        (run_dir, run, report), drives = _driven(args, policy_path, config, speed, progress), {}
+
+    def save_partial() -> None:   # the sections finished, and the drives of the one under way
+        write_report(run_dir / PARTIAL_FILE, {"args": _recorded(args), "report": report, "drives": drives})
+
+    def drive_log(name: str) -> DriveLog:
+        return DriveLog(drives.setdefault(name, {}), save_partial)
     replayed = cache(lambda: replay_representations(run, policy, args.frames))   # probes and dictionary share it
     pushes = cache(lambda: curvature_probe(run, policy, seed, replayed()))       # so do both pushes
     # the closed loop and the push share one Ray session (--ray), started when the first drives
@@ -203,10 +228,11 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
         "dictionary": lambda: dictionary_section(run, policy, seed, replayed()),
         "closed_loop": lambda: closed_loop_section(run, policy, report["atlas"], args.closed_loop_tracks,
                                                    args.closed_loop_top, args.closed_loop_random, seed, seed_base,
-                                                   max_steps, progress, speed, ray_jobs_once(), policy_path),
+                                                   max_steps, progress, speed, ray_jobs_once(), policy_path,
+                                                   log=drive_log("closed_loop")),
         "push": lambda: push_section(run, policy, report["probes"], args.closed_loop_tracks, seed, seed_base, max_steps,
                                      progress, speed, ray_jobs_once(), policy_path, pushes,
-                                     (report.get("closed_loop") or {}).get("intact")),
+                                     intact=(report.get("closed_loop") or {}).get("intact"), log=drive_log("push")),
     }
     with one_writer(run_dir, "nac-drive explain"), contextlib.ExitStack() as ray_session:
         for name in NAC_STATES_NEEDED:
@@ -216,7 +242,8 @@ def explain(args: ExplainArgs, progress: bool = True) -> dict:
                 report[name] = None if name in report["skipped"] else sections[name]()
             except SectionSkipped as why:
                 report[name], report["skipped"][name] = None, str(why)
-            write_report(run_dir / PARTIAL_FILE, {"args": _recorded(args), "report": report})
+            drives.pop(name, None)
+            save_partial()
         write_report(run_dir / EXPLAIN_FILE, report)
         (run_dir / PARTIAL_FILE).unlink()
     return jsonable(report)
@@ -229,7 +256,8 @@ def _recorded(args: ExplainArgs) -> dict:
 
 
 def _resumed(args: ExplainArgs):
-    """(run folder, its trace, the report so far) of the explain killed in ``args.resume``."""
+    """(run folder, its trace, the report so far, the drives of the section it was killed in:
+    section -> name -> figures) of the explain killed in ``args.resume``."""
     from nac_drive.interpret.trace import load_trace
     from nac_drive.io.checkpoint import read_json
 
@@ -239,7 +267,10 @@ def _resumed(args: ExplainArgs):
         done = " (it finished: explain.json is there)" if (run_dir / EXPLAIN_FILE).is_file() else ""
         raise ValueError(f"--resume: {run_dir} has no {PARTIAL_FILE}: no explain was killed there{done}")
     saved = read_json(partial)
-    if not isinstance(saved, dict) or not isinstance(saved.get("report"), dict) or "args" not in saved:
+    drives = saved.get("drives", {}) if isinstance(saved, dict) else None
+    if (not isinstance(saved, dict) or not isinstance(saved.get("report"), dict) or "args" not in saved
+            or not isinstance(drives, dict) or not all(isinstance(kept, dict) and all(map(is_figures, kept.values()))
+                                                      for kept in drives.values())):
         raise ValueError(f"--resume: {partial} is not an explain's record")
     differ = sorted(k for k, v in _recorded(args).items() if saved["args"].get(k) != v)
     if differ:
@@ -248,7 +279,17 @@ def _resumed(args: ExplainArgs):
     run = load_trace(run_dir)
     if run.sha256 != saved["report"].get("trace_sha256"):
         raise ValueError(f"--resume: {run_dir}'s trace is not the one its explain began on")
-    return run_dir, run, saved["report"]
+    return run_dir, run, saved["report"], drives
+
+
+def is_figures(figures) -> bool:
+    """Whether a kept drive's ``figures`` (:func:`intervened_drive`'s, read back from JSON) can be
+    what it returned: an object whose every value is a number, a boolean, None or a list of them."""
+    def plain(value) -> bool:
+        return value is None or isinstance(value, (bool, int, float))
+
+    return isinstance(figures, dict) and all(plain(v) or (isinstance(v, list) and all(map(plain, v)))
+                                             for v in figures.values())
 
 
 def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool):
@@ -464,12 +505,14 @@ def window_section(run_dir: Path, policy, method: str = "integrated_gradients", 
 
 def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random: int, seed: int = 0,
                         seed_base: int = EVAL_SEED_BASE, max_steps: int | None = None, progress: bool = False,
-                        speed: float = UDACITY_SPEED, jobs=None, policy_path: str | None = None) -> dict:
+                        speed: float = UDACITY_SPEED, jobs=None, policy_path: str | None = None,
+                        log: DriveLog | None = None) -> dict:
     """The policy drives ``tracks`` held-out tracks intact, then with each chosen neuron of
     ``atlas`` (:func:`atlas_section`) clamped to its mean (the ``top`` whose silencing costs
     most agreement and ``random`` others drawn with ``seed``), then with each part of its
     attention replaced (:func:`attention_parts`): one :func:`intervened_drive` each, in this
-    process, or with ``jobs`` each a Ray task (:func:`intervened_drives`).
+    process, or with ``jobs`` each a Ray task (:func:`intervened_drives`; ``log``: the drives
+    already finished, each new one added).
 
     Returns the seeds, ``metric`` and, intact, per neuron (``neurons``) and per attention part
     (``attention``), the drive's figures (with ``track_steering`` and ``track_offset``, as
@@ -498,22 +541,22 @@ def closed_loop_section(run, policy, atlas: dict, tracks: int, top: int, random:
     neurons = {n.name: n for n in traced_neurons(run)}
     parts = attention_parts(run, policy.core.nac, seed)
     seeds = eval_seeds(tracks, base=seed_base)
-    clamps = [None] + [neurons[row["name"]].clamp(row["mean"]) for row, _ in chosen] + list(parts.values())
+    clamps = {INTACT: None, **{row["name"]: neurons[row["name"]].clamp(row["mean"]) for row, _ in chosen}, **parts}
     # each drive keeps its tracks' steering and offset: the push (push_section) reads the intact one's
     driven = intervened_drives(policy, clamps, seeds, max_steps, speed, jobs, policy_path, progress, "closed loop",
-                               steering_of=partial(steering_values, steering_names(run, policy)))
-    intact = driven[0]
+                               steering_of=partial(steering_values, steering_names(run, policy)), log=log)
+    intact = driven[INTACT]
     out = [{"name": row["name"], "chosen": why, "silencing_cost": row["silencing_cost"],
-            **against_intact(intact, figures, task)} for (row, why), figures in zip(chosen, driven[1:])]
-    attention = [{"name": name, **against_intact(intact, figures, task)}
-                 for name, figures in zip(parts, driven[1 + len(chosen):])]
+            **against_intact(intact, driven[row["name"]], task)} for row, why in chosen]
+    attention = [{"name": name, **against_intact(intact, driven[name], task)} for name in parts]
     return jsonable({**tracks_driven(task, tracks, seeds, seed_base, speed), "seed": seed, "metric": metric,
                      "intact": intact, "neurons": out, "attention": attention})
 
 
 def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, seed_base: int = EVAL_SEED_BASE,
                  max_steps: int | None = None, progress: bool = False, speed: float = UDACITY_SPEED,
-                 jobs=None, policy_path: str | None = None, pushes=None, intact: dict | None = None) -> dict:
+                 jobs=None, policy_path: str | None = None, pushes=None, intact: dict | None = None,
+                 log: DriveLog | None = None) -> dict:
     """The push along the curvature probe in a closed loop (:mod:`~nac_drive.interpret.probe_steering`):
     the policy drives ``tracks`` (>= 1) held-out tracks intact, then with its core's output moved
     towards a left curve, towards a right one and as far (the same norm) along :data:`PUSH_RANDOM`
@@ -521,7 +564,7 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     :func:`curvature_probe`'s, default fitted here), one :func:`intervened_drive` each, in
     this process or as Ray tasks (:func:`intervened_drives`). Any core: it needs no NAC state.
     ``intact``: the figures of the same tracks already driven intact with their steering and offset
-    (:func:`closed_loop_section`'s ``intact``), then not driven again.
+    (:func:`closed_loop_section`'s ``intact``), then not driven again; ``log``, as the closed loop's.
 
     Returns the tracks driven as :func:`closed_loop_section` names them, ``seed``, ``sds``, ``control``
     (how long the random pushes are),
@@ -549,11 +592,10 @@ def push_section(run, policy, probes: dict | None, tracks: int, seed: int = 0, s
     shifts = {name: pushed["shifts"][name] for name in names}
     seeds, action_names = eval_seeds(tracks, base=seed_base), steering_names(run, policy)
     reused = intact is not None and {"track_steering", "track_offset"} <= intact.keys()
-    driven = intervened_drives(policy, ([] if reused else [None]) + list(shifts.values()), seeds, max_steps, speed,
-                               jobs, policy_path, progress, "push", steering_of=partial(steering_values, action_names))
-    if not reused:
-        intact, driven = driven[0], driven[1:]
-    by_push = dict(zip(names, driven))
+    by_push = intervened_drives(policy, ({} if reused else {INTACT: None}) | shifts, seeds, max_steps, speed, jobs,
+                                policy_path, progress, "push", steering_of=partial(steering_values, action_names),
+                                log=log)
+    intact = intact if reused else by_push[INTACT]
 
     def compared_on(figure: str) -> dict:   # each track's mean steering, or mean offset, under each push
         return compare_pushes(shifts, {name: np.array(by_push[name][figure]) for name in names},
@@ -599,25 +641,35 @@ def steering_names(run, policy) -> list[str] | None:
     return (run.metadata.get("action_names") or []) if policy.config.action == "discrete" else None
 
 
-def intervened_drives(policy, interventions: list, seeds: list[int], max_steps: int | None, speed: float,
+def intervened_drives(policy, interventions: dict, seeds: list[int], max_steps: int | None, speed: float,
                       jobs, policy_path: str | None, progress: bool, desc: str,
-                      steering_of: Callable[[np.ndarray], np.ndarray] | None = None) -> list[dict]:
-    """:func:`intervened_drive`'s figures of each of ``interventions``, in their order: in this
-    process, or with ``jobs`` (a :class:`~nac_drive.pipeline.ray_tasks.RayJobs`, one Ray session for
-    every section that drives) each a Ray task that loads the policy from ``policy_path`` (None: the
-    shipped one of its task) on the CPU. The figures are the same either way."""
+                      steering_of: Callable[[np.ndarray], np.ndarray] | None = None,
+                      log: DriveLog | None = None) -> dict[str, dict]:
+    """Name -> :func:`intervened_drive`'s figures under each of ``interventions`` (name ->
+    intervention): in this process, or with ``jobs`` (a :class:`~nac_drive.pipeline.ray_tasks.RayJobs`,
+    one Ray session for every section that drives) each a Ray task that loads the policy from
+    ``policy_path`` (None: the shipped one of its task) on the CPU. The figures are the same
+    either way. ``log``: the drives already finished (not driven again), each new one added as
+    it finishes."""
     from tqdm import tqdm
 
     from nac_drive.pipeline.ray_tasks import everywhere
 
+    log = DriveLog() if log is None else log
     task = policy.config.task
     drive = partial(intervened_drive, task=task, seeds=seeds, max_steps=max_steps, speed=speed,
                     steering_of=steering_of)
     bar = {"desc": desc, "unit": "run"}
+    left = [name for name in interventions if name not in log.done]
     if jobs is None:
-        return [drive(policy, intervention) for intervention in tqdm(interventions, disable=not progress, **bar)]
-    path = None if policy_path is None else everywhere(policy_path)
-    return jobs.results(partial(_loaded_drive, drive, path, task), interventions, **(bar if progress else {}))
+        for name in tqdm(left, disable=not progress, **bar):
+            log.add(name, drive(policy, interventions[name]))
+    else:
+        path = None if policy_path is None else everywhere(policy_path)
+        for i, figures in jobs.run(partial(_loaded_drive, drive, path, task), [interventions[name] for name in left],
+                                   **(bar if progress else {})):
+            log.add(left[i], figures)
+    return {name: log.done[name] for name in interventions}
 
 
 def intervened(policy, intervention):
