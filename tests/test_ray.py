@@ -152,8 +152,8 @@ def test_explains_closed_loop_on_a_two_node_ray_gives_the_figures_of_one_process
     assert main([*common, "--out", str(tmp_path / "ray"), "--ray", cluster]) == 0
     assert json.loads((tmp_path / "ray" / "explain.json").read_text())["push"] is not None   # it drove too
     # one Ray session for both sections that drive: the closed loop's 1 intact + 2 neurons + 4 parts, and the push's
-    # 1 intact + 2 curves + the random directions
-    assert re.findall(r"ray: .*", capsys.readouterr().err) == [f"ray: {7 + 3 + PUSH_RANDOM} tasks on 2 nodes, none retried"]
+    # 2 curves + the random directions (its intact drive is the closed loop's)
+    assert re.findall(r"ray: .*", capsys.readouterr().err) == [f"ray: {7 + 2 + PUSH_RANDOM} tasks on 2 nodes, none retried"]
     here, ray_side = (json.loads((tmp_path / side / "explain.json").read_text())["closed_loop"]
                       for side in ("here", "ray"))
     assert len(here["intact"]["returns"]) == 2 and len(here["neurons"]) == 2 and len(here["attention"]) == 4
