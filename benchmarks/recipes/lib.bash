@@ -27,6 +27,9 @@ start_lane() {
   set -m
   "$@" &
   LANES+=($!)
+  # only the lane needs a group of its own: left on, job control takes a command of the recipe that is stopped and
+  # continued (SIGSTOP/SIGCONT, as a scheduler suspends a job) for a finished one, ends the recipe and TERMs the command
+  set +m
   trap 'stop_lanes; exit 130' INT TERM
 }
 stop_lanes() {
