@@ -226,8 +226,8 @@ def test_a_local_ray_reports_nothing_and_listens_on_the_loopback():
 def test_rounds_in_one_ray_session_keep_their_order_and_are_counted_together(capfd):
     pytest.importorskip("ray")
     with ray_jobs(LOCAL) as jobs:
-        assert jobs.results(lambda job: 10 * job, [3, 1, 2]) == [30, 10, 20]
-        assert jobs.results(lambda job: -job, [5]) == [-5]
+        assert dict(jobs.run(lambda job: 10 * job, [3, 1, 2])) == {0: 30, 1: 10, 2: 20}   # by each job's index
+        assert dict(jobs.run(lambda job: -job, [5])) == {0: -5}
     assert "ray: 4 tasks on 1 node, none retried" in capfd.readouterr().err   # one line for the session
     with ray_jobs(None) as none:   # no address: nothing started, the verb runs its jobs here
         assert none is None

@@ -133,11 +133,6 @@ class RayJobs:
             self.retries += sum(retried)
             self.retried += sum(map(bool, retried))
 
-    def results(self, call: Callable[[Any], Any], jobs: list, **bar) -> list:
-        """:meth:`run`'s results in the order of ``jobs``."""
-        done = dict(self.run(call, jobs, **bar))
-        return [done[i] for i in range(len(jobs))]
-
     def summary(self) -> str:
         """The line that ends the session: the tasks, the nodes and the retried."""
         nodes = sum(node["Alive"] for node in self.ray.nodes())
