@@ -2,6 +2,7 @@
 cannot explain before driving, and end to end through the CLI prints what explain.json holds."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -307,17 +308,20 @@ def test_a_killed_explain_goes_on_from_its_last_finished_section(tmp_path, monke
     monkeypatch.setattr(drive_module, "drive_carracing", lambda *a, **k: pytest.fail("driven again"))
 
     def push_killed_after_one_drive(*a, log, **k):   # the push's drives: each kept as it finishes
-        log.add("intact", {"returns": [1.5], "mean_return": 1.5})
+        log.add("intact", {"returns": [1.5], "mean_return": 1.5, "track_offset": [float("nan"), 0.25]})
         raise KeyboardInterrupt
 
     monkeypatch.setattr(module, "push_section", push_killed_after_one_drive)
     with pytest.raises(KeyboardInterrupt):
         module.explain(replace(args, resume=str(run)), progress=False)
     saved = json.loads((run / module.PARTIAL_FILE).read_text())
-    assert saved["drives"]["push"] == {"intact": {"returns": [1.5], "mean_return": 1.5}} and "push" not in saved["report"]
+    assert saved["drives"]["push"] == {"intact": {"returns": [1.5], "mean_return": 1.5, "track_offset": [None, 0.25]}}
+    assert "push" not in saved["report"]
 
-    def push_resumed(*a, log, **k):   # given the drives it finished before the kill
-        assert log.done == {"intact": {"returns": [1.5], "mean_return": 1.5}}
+    def push_resumed(*a, log, **k):   # given the drives it finished before the kill, a NaN (strict JSON's null) a NaN
+        kept = log.done["intact"]
+        assert kept.keys() == {"returns", "mean_return", "track_offset"} and kept["returns"] == [1.5]
+        assert math.isnan(kept["track_offset"][0]) and kept["track_offset"][1] == 0.25
         return {"pushes": []}
 
     monkeypatch.setattr(module, "push_section", push_resumed)
@@ -328,3 +332,27 @@ def test_a_killed_explain_goes_on_from_its_last_finished_section(tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["explain", "gru"]   # no explain-2
     with pytest.raises(ValueError, match="no explain was killed there \\(it finished"):
         module.explain(replace(args, resume=str(run)), progress=False)
+
+
+def test_kept_drives_read_back_as_driven_or_refused_whole():
+    from nac_drive.pipeline.explain import kept_drives
+
+    saved = {"push": {"intact": {"returns": [1.0, 2.0], "mean_return": 1.5, "track_offset": [None, 0.5]},
+                      "left": {"returns": [3.0], "finished": True}}}
+    read = kept_drives(saved)
+    assert read["push"]["left"] == {"returns": [3.0], "finished": True}
+    assert read["push"]["intact"]["returns"] == [1.0, 2.0] and math.isnan(read["push"]["intact"]["track_offset"][0])
+    assert kept_drives({}) == {}
+    for malformed in ([], {"push": []}, {"push": {"intact": [1.0]}}, {"push": {"intact": {"returns": ["1.0"]}}},
+                      {"push": {"intact": {"returns": [[1.0]]}}}, {"push": {"intact": {"mean_return": {}}}}):
+        assert kept_drives(malformed) is None, malformed
+
+
+def test_a_partial_file_with_malformed_drives_is_refused(tmp_path):
+    import nac_drive.pipeline.explain as module
+
+    run = tmp_path / "explain"
+    run.mkdir()
+    (run / module.PARTIAL_FILE).write_text(json.dumps({"args": {}, "report": {}, "drives": {"push": {"intact": 1}}}))
+    with pytest.raises(ValueError, match="is not an explain's record"):
+        module.explain(ExplainArgs(policy="shipped:nac", resume=str(run)), progress=False)

@@ -38,6 +38,7 @@ the push's drives are one function, :func:`intervened_drive`, under either kind 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache, partial
@@ -267,10 +268,8 @@ def _resumed(args: ExplainArgs):
         done = " (it finished: explain.json is there)" if (run_dir / EXPLAIN_FILE).is_file() else ""
         raise ValueError(f"--resume: {run_dir} has no {PARTIAL_FILE}: no explain was killed there{done}")
     saved = read_json(partial)
-    drives = saved.get("drives", {}) if isinstance(saved, dict) else None
-    if (not isinstance(saved, dict) or not isinstance(saved.get("report"), dict) or "args" not in saved
-            or not isinstance(drives, dict) or not all(isinstance(kept, dict) and all(map(is_figures, kept.values()))
-                                                      for kept in drives.values())):
+    drives = kept_drives(saved.get("drives", {})) if isinstance(saved, dict) else None
+    if not isinstance(saved, dict) or not isinstance(saved.get("report"), dict) or "args" not in saved or drives is None:
         raise ValueError(f"--resume: {partial} is not an explain's record")
     differ = sorted(k for k, v in _recorded(args).items() if saved["args"].get(k) != v)
     if differ:
@@ -282,14 +281,30 @@ def _resumed(args: ExplainArgs):
     return run_dir, run, saved["report"], drives
 
 
-def is_figures(figures) -> bool:
-    """Whether a kept drive's ``figures`` (:func:`intervened_drive`'s, read back from JSON) can be
-    what it returned: an object whose every value is a number, a boolean, None or a list of them."""
+def kept_drives(drives) -> dict | None:
+    """The drives an explain's partial file kept (section -> name -> figures), each as
+    :func:`intervened_drive` returned it (:func:`read_figures`); None if any cannot be."""
+    if not (isinstance(drives, dict) and all(isinstance(kept, dict) for kept in drives.values())):
+        return None
+    read = {section: {name: read_figures(figures) for name, figures in kept.items()} for section, kept in drives.items()}
+    return None if any(None in kept.values() for kept in read.values()) else read
+
+
+def read_figures(figures) -> dict | None:
+    """A kept drive's ``figures`` as :func:`intervened_drive` returned them, from the JSON they were
+    saved in, or None if they cannot be theirs: an object whose every value is a number, a boolean,
+    null or a list of them. Strict JSON wrote a NaN (a track's mean offset where no step could be
+    read) as null, and a drive's figures hold no other: each null is read as NaN."""
     def plain(value) -> bool:
         return value is None or isinstance(value, (bool, int, float))
 
-    return isinstance(figures, dict) and all(plain(v) or (isinstance(v, list) and all(map(plain, v)))
-                                             for v in figures.values())
+    def number(value):
+        return math.nan if value is None else value
+
+    if not (isinstance(figures, dict) and all(plain(v) or (isinstance(v, list) and all(map(plain, v)))
+                                              for v in figures.values())):
+        return None
+    return {k: [number(x) for x in v] if isinstance(v, list) else number(v) for k, v in figures.items()}
 
 
 def _driven(args: ExplainArgs, policy_path, config, speed: float, progress: bool):
