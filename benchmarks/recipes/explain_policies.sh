@@ -50,7 +50,8 @@ explained() {   # explained DIR COMMAND...: an explain COMMAND into DIR on this 
   if [ -d "$dir" ]; then pinned "$LANE" "$@" --resume "$dir"; else pinned "$LANE" "$@" --out "$dir"; fi
 }
 
-job() {   # job NAME: the policy NAME made (a NAC-steady one) and explained into OUT/NAME
+job() {   # job NAME: the policy NAME made (a NAC-steady one) and explained into OUT/NAME; a finished one is kept
+  [ -f "$OUT/$1/explain.json" ] && return 0   # (its NAC-steady policy is not made again either)
   case $1 in
     steady-s*)
       local seed=${1#steady-s}; local made="$OUT/steady-policy-s$seed"
