@@ -2,7 +2,9 @@
 explain`` writes (one per policy; ``benchmarks/recipes/explain_policies.sh`` makes them):
 an overview, saliency faithfulness paired against random maps of each method's own
 granularity, the saliency's road share (the paper's Fig. 6 proxy), the closed loop paired
-against the intact policy, and the push along the curvature probe.
+against the intact policy, the push along the curvature probe, and the paper's Fig. 4 on the
+road's scenes across the seeds of one recipe (folders that differ only in a ``-sN``, as the
+recipe's NAC-steady ones: the interval the seeds give, which one seed's cannot).
 
     python benchmarks/explain_tables.py runs/recipe-explain/carracing-shipped runs/recipe-explain/core-gru
     python benchmarks/explain_tables.py --recipe runs/recipe-explain
@@ -15,14 +17,19 @@ Nothing is driven here.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from nac_drive.interpret.explain_report import EXPLAIN_FILE, MAX_REPORT_BYTES
+from nac_drive.interpret.fig4 import QUANTITIES
+from nac_drive.interpret.road_scenes import COMPARISONS
 from nac_drive.io import bounded_json
 from nac_drive.io.capped_read import read_capped
-from nac_drive.simulators.episode_stats import format_estimate
+from nac_drive.simulators.episode_stats import CONFIDENCE, format_estimate
 
 # the folders explain_policies.sh writes, in the report's order
 RECIPE_ORDER = ("carracing-shipped", "udacity-shipped", "steady-s0", "steady-s1", "steady-s2", "core-nac-exact",
@@ -151,15 +158,18 @@ def skipped_notes(reports: Sequence[Report], sections: Sequence[str]) -> list[st
 def table(caption: str, columns: Sequence[Column], reports: Sequence[Report], sections: Sequence[str]) -> str:
     """A caption, a Markdown table (a row per report, the policy first, then a cell per column: its
     function of the report) and a note per section of ``sections`` a report lacks."""
-    def cell(text: str) -> str:
-        return str(text).replace("|", "\\|")
-
-    lines = [caption, "", "| policy | " + " | ".join(cell(head) for head, _ in columns) + " |",
-             "|---" * (len(columns) + 1) + "|"]
-    for name, report in reports:
-        lines.append("| " + " | ".join(cell(c) for c in [name, *(fn(report) for _, fn in columns)]) + " |")
+    rows = [[name, *(fn(report) for _, fn in columns)] for name, report in reports]
     notes = skipped_notes(reports, sections)
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join([caption, "", markdown(["policy", *(head for head, _ in columns)], rows)]
+                     + ([""] + notes if notes else []))
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table, each ``|`` inside a cell escaped."""
+    def line(cells) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), "|---" * len(header) + "|", *map(line, rows)])
 
 
 def claim_words(claims: dict[str, Any] | None) -> str:
@@ -349,7 +359,77 @@ def push_table(reports: Sequence[Report]) -> str:
                  f"are the control.", columns, reports, ("push",))
 
 
-TABLES = (overview_table, saliency_paired_table, road_share_table, closed_loop_table, push_table)
+# a label (:func:`label`) whose folder ends in -sN: one seed of a recipe, as explain_policies.sh names them
+SEED_LABEL = re.compile(r"^(?P<recipe>.+)-s(?P<seed>\d+) (?P<kind>\(.*\))$")
+
+
+def seed_groups(reports: Sequence[Report]) -> dict[str, list[Report]]:
+    """The reports with road scenes whose folders differ only in their ``-sN`` (and share a core and
+    mode), two or more: the seeds of one recipe, by ``recipe-s* (core, mode)``."""
+    groups: dict[str, list[Report]] = {}
+    for name, report in reports:
+        seed = SEED_LABEL.match(name)
+        if seed and dig(report, "scenes", "effects"):
+            groups.setdefault(f"{seed['recipe']}-s* {seed['kind']}", []).append((name, report))
+    return {group: members for group, members in groups.items() if len(members) >= 2}
+
+
+def head_effects(report, quantity: str, comparison: str) -> list[dict]:
+    """The rows of the report's ``scenes.effects`` for ``quantity`` between the scenes of
+    ``comparison``, one per head."""
+    return [e for e in dig(report, "scenes", "effects") or []
+            if dig(e, "quantity") == quantity and dig(e, "comparison") == comparison]
+
+
+def lower_bound_above(row: dict, key: str, floor: float) -> bool:
+    """Whether the interval ``row[key]`` lies above ``floor``."""
+    return is_number(dig(row, key, 0)) and row[key][0] > floor
+
+
+def seeds_interval(values: Sequence[float]) -> str:
+    """The mean of ``values`` (one per seed) with its 95% t-interval over them."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return "-"
+    mean, sem = float(np.mean(values)), float(stats.sem(values))
+    lo, hi = stats.t.interval(CONFIDENCE, len(values) - 1, loc=mean, scale=sem) if sem > 0 else (mean, mean)
+    return format_estimate(mean, [lo, hi], ".3f")
+
+
+def fig4_seeds_table(reports: Sequence[Report]) -> str:
+    """Table 6: the paper's Fig. 4 on the road's scenes across the seeds of one recipe (:func:`seed_groups`):
+    per quantity and pair of scenes, each seed's strongest head, their mean with an interval over the
+    seeds, and the seeds with a head that separates the scenes."""
+    tables = []
+    for group, members in seed_groups(reports).items():
+        rows = []
+        for quantity in QUANTITIES:
+            for comparison, positive, negative in COMPARISONS:
+                heads = [head_effects(report, quantity, comparison) for _, report in members]
+                strongest = [max((e for e in by_head if is_number(dig(e, "effect"))), key=lambda e: e["effect"],
+                                 default=None) for by_head in heads]
+                cells = [f"{estimate({'mean': e['effect'], 'ci95': e.get('effect_ci95')})} (head {e.get('head')})"
+                         if e else "untestable" for e in strongest]
+                tested = [e for e in strongest if e]
+                separating = sum(any(lower_bound_above(e, "effect_ci95", 0.0) for e in by_head) for by_head in heads)
+                paper_way = sum(any(lower_bound_above(e, "auroc_ci95", 0.5) for e in by_head) for by_head in heads)
+                agreement = "-" if not tested else f"{separating}/{len(tested)}" + (
+                    f" ({paper_way} the paper's way)" if comparison == "right_vs_left" else "")
+                rows.append([f"{quantity}: {positive} vs {negative}", *cells,
+                             seeds_interval([e["effect"] for e in tested]), agreement])
+        header = ["quantity: scenes", *(f"seed {SEED_LABEL.match(name)['seed']}: strongest head" for name, _ in members),
+                  "mean over the seeds [95% t-interval]", "seeds with a head separating them"]
+        tables.append(f"The paper's Fig. 4 on the road's scenes across the seeds of {group}: each seed's strongest "
+                      f"head, its direction-free effect |AUROC - 0.5| [95% block-bootstrap CI] between the scenes; "
+                      f"their mean over the seeds with a t-interval (the seed the unit: the strongest of the heads "
+                      f"lies above 0 by chance alone, so read the seeds' agreement and this interval); the seeds "
+                      f"with a head whose interval lies above 0 (right vs left: in the paper's direction, AUROC "
+                      f"above 0.5).\n\n" + markdown(header, rows))
+    return "\n\n".join(tables)
+
+
+TABLES = (overview_table, saliency_paired_table, road_share_table, closed_loop_table, push_table, fig4_seeds_table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(f"explain_tables: error: {e}", file=sys.stderr)
         return 2
-    print("\n\n".join(make(reports) for make in TABLES))
+    print("\n\n".join(filter(None, (make(reports) for make in TABLES))))
     return 0
 
 

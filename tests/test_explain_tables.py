@@ -256,3 +256,46 @@ def test_a_column_of_two_metrics_names_the_task_of_each(tmp_path, capsys):
     overview = table_rows(out, "Overview")
     assert overview["udacity-shipped (nac, exact)"][column].startswith("0.041 (")
     assert overview["steady-s0 (nac, exact)"][column] == overview["carracing-shipped (nac, exact)"][column]
+
+
+def scene_effects(effects: dict) -> list[dict]:
+    """``scenes.effects`` rows from ``{(quantity, comparison): [(effect, effect_ci95, auroc_ci95), ...]}``,
+    one tuple per head (None: an untestable comparison)."""
+    return [{"quantity": quantity, "comparison": comparison, "head": head,
+             "effect": None if row is None else row[0], "effect_ci95": None if row is None else row[1],
+             "auroc_ci95": None if row is None else row[2]}
+            for (quantity, comparison), heads in effects.items() for head, row in enumerate(heads)]
+
+
+def test_fig4_across_seeds_takes_each_seeds_strongest_head_and_an_interval_over_the_seeds(tmp_path, capsys):
+    from scipy import stats
+
+    def steady(strongest_right_left: float, separates: bool, paper_way: bool) -> dict:
+        lo = 0.05 if separates else 0.0
+        auroc_lo = 0.5 + lo if paper_way else 0.5 - strongest_right_left - 0.05
+        effects = {("tau", "right_vs_left"): [(0.01, [0.0, 0.05], [0.45, 0.55]),
+                                              (strongest_right_left, [lo, 0.3], [auroc_lo, 0.9])],
+                   ("tau", "left_vs_straight"): [None, None]}
+        return {**nac_report(), "fig4": {"mode": "steady"}, "scenes": {"effects": scene_effects(effects)}}
+
+    seeds = [(0.2, True, True), (0.1, True, False), (0.15, False, False)]
+    folders = [write(tmp_path / f"steady-s{i}", steady(*seed)) for i, seed in enumerate(seeds)]
+    lone = write(tmp_path / "other-s0", steady(0.3, True, True))       # one seed of its recipe: no table
+    exact = write(tmp_path / "steady-s3", {**steady(0.3, True, True), "fig4": {"mode": "exact"}})   # another mode
+    out = tables(capsys, [*folders, lone, exact])
+    assert out.count("The paper's Fig. 4 on the road's scenes across the seeds of") == 1
+    rows = table_rows(out, "The paper's Fig. 4 on the road's scenes across the seeds of steady-s* (nac, steady)")
+    row = rows["tau: right vs left"]
+    assert row["seed 0: strongest head"] == "0.200 [0.050, 0.300] (head 1)"
+    assert row["seed 2: strongest head"] == "0.150 [0.000, 0.300] (head 1)"
+    lo, hi = stats.t.interval(0.95, 2, loc=0.15, scale=stats.sem([0.2, 0.1, 0.15]))
+    assert row["mean over the seeds [95% t-interval]"] == f"0.150 [{lo:.3f}, {hi:.3f}]"
+    assert row["seeds with a head separating them"] == "2/3 (1 the paper's way)"
+    untested = rows["tau: left vs straight"]
+    assert untested["seed 1: strongest head"] == "untestable" and untested["seeds with a head separating them"] == "-"
+    assert rows["logits: right vs left"]["mean over the seeds [95% t-interval]"] == "-"   # not in these reports
+
+
+def test_no_seeds_no_fig4_table(tmp_path, capsys):
+    out = tables(capsys, [write(tmp_path / "core-nac-exact", nac_report())])
+    assert "across the seeds" not in out and not out.endswith("\n\n\n")
