@@ -134,13 +134,16 @@ def unknown_flags(command: str) -> list[str]:
 
 
 def recipe_commands(path: Path) -> list[str]:
-    """Every ``nac-drive`` command of a recipe, continued lines joined, comments left out."""
+    """Every ``nac-drive`` command of a recipe, continued lines joined, comments left out; a call of
+    lib.bash's ``resumed_train OUT RUN FLAGS...`` as the ``nac-drive train FLAGS...`` it runs."""
     text = re.sub(r"\\\n\s*", " ", path.read_text())
     found = []
     for line in text.splitlines():
         code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
         if "nac-drive " in code:
             found.append(code[code.index("nac-drive "):].rstrip(" &"))
+        elif re.match(r"\s*resumed_train ", code):
+            found.append("nac-drive train " + " ".join(shlex.split(code)[3:]))
     return found
 
 
@@ -167,7 +170,7 @@ def test_the_functions_recipes_share_parse_and_use_flags_their_verbs_accept():
     assert {"compare_cores.sh", "compare_regime.sh"} <= set(users)
     assert subprocess.run(["bash", "-n", str(lib)], capture_output=True).returncode == 0
     found = recipe_commands(lib)
-    assert len(found) == 3 and [flag for command in found for flag in unknown_flags(command)] == []
+    assert len(found) == 4 and [flag for command in found for flag in unknown_flags(command)] == []
 
 
 def test_every_flag_of_a_report_command_is_one_its_verb_accepts():

@@ -22,7 +22,10 @@
 #   search is a random one, the same for every core); compare: seeds 0 1 2, behaviour cloning 4 epochs x 2048
 #   windows with the tuned values, each policy drives the 5 held-out emulator tracks for 2700 frames
 #   (a lap) at each frame-drop share; so does the shipped PilotNet+NAC policy (--also shipped:nac),
-#   whose mean |CTE| issue 53 asks within 1.2x of the best core's.
+#   whose mean |CTE| issue 53 asks within 1.2x of the best core's; and, that check made on equal terms,
+#   policies of CfC, GRU and MHA made by the shipped policy's own recipe (udacity_policy.sh CORE: 7 tracks x
+#   3000 frames, two stages, 15,360 windows, the recipe's default hyper-parameters, one seed; the compared
+#   cores train on 7 x 1000 frames, 8,192 windows).
 #
 # Why the search scores the loss: its first driven trials (nac-exact, 2026-11-29, --objective
 # drive, 3 of 12) scored 17.8, 126.2 and 14.3 on validation tracks: at a trial's budget of
@@ -32,7 +35,8 @@
 # Time on the 2-core CPU machine: the tune lanes ~2.5-3 hours (a trial 2.2-12.2 min on one core, median
 # ~3.5, beside other jobs, 2026-11-29; d_model 128 trials take 8-12); the comparison ~6 hours with
 # --workers 2 (a BC run ~8 min, a DAgger round ~3 min, 20 tracks ~3 min a share), so three 3-hour
-# sessions; the Udacity half ~7 hours (tune lanes ~4.5, 2026-11-30; the comparison's 21 runs ~2.5). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
+# sessions; the Udacity half ~8 hours (tune lanes ~4.5, 2026-11-30; the comparison's 21 runs ~2.5; the shipped
+# recipe's three cores ~40 min each, two at a time). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
 # comparison's finished runs in OUT/compare/results; a pair killed midway goes on from its last epoch and DAgger round).
 # What it should score: CarRacing, the table of BENCHMARKS.md §11 within its intervals (MHA 925.3 and CfC 918.4 ahead of
 # the paper's NAC, 884.5, at frame-drop 0); Udacity not known yet (it has not run to the end).
@@ -59,5 +63,16 @@ nac-drive compare --data "$OUT/demos" --out "$OUT/compare" --variants $V --seeds
 UDA="$OUT/udacity-data"
 record_udacity_tracks "$UDA"
 DATA=$UDA TUNED=$OUT/tune-udacity TRIALS=8 job_lanes tuned $V
+# The shipped policy's recipe with only the core changed, for the cores the tune put ahead (validation loss 0.018-0.021;
+# LSTM 0.034, the NAC variants 0.054-0.064): driven beside the shipped one on the comparison's tracks, trained alike
+# (one seed each, as the shipped policy).
+RECIPE_CORES="cfc gru mha"
+made_by_the_shipped_recipe() {   # made_by_the_shipped_recipe CORE, on this lane's core, its bridge on a port of its own
+  PORT=$((4572 + LANE)) pinned "$LANE" bash "$(dirname "$0")/udacity_policy.sh" "$OUT/udacity-recipe/$1" "$1" \
+    "$OUT/udacity-recipe/data"
+}
+record_udacity_tracks "$OUT/udacity-recipe/data" 3000   # once, before the lanes share it
+job_lanes made_by_the_shipped_recipe $RECIPE_CORES
 nac-drive compare --data "$UDA" --out "$OUT/compare-udacity" --variants $V --seeds 0 1 2 --tuned "$OUT/tune-udacity" \
-  --also shipped:nac --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json
+  --also shipped:nac $(for core in $RECIPE_CORES; do echo "$OUT/udacity-recipe/$core/train/udacity-$core-v2/best"; done) \
+  --epochs 4 --windows-per-epoch 2048 --episodes 5 --max-steps 2700 --frame-drops 0 0.25 0.5 --workers 2 --json

@@ -79,20 +79,30 @@ collected_ppo_demos() {
   mv "$dir.partial" "$dir"
 }
 
-# record_udacity_tracks DIR: the emulator's scripted driver, 1000 frames on each of gentle, lakeside
-# and canyon, and on the 4 random tracks with more steering noise (as benchmarks/recipes/udacity_policy.sh
-# records them at 3000), one recording folder each under DIR. Recorded whole into DIR.partial, then
-# renamed: a killed recipe records them again; an existing DIR is kept.
+# record_udacity_tracks DIR [FRAMES]: the emulator's scripted driver, FRAMES (default 1000) frames on each of
+# gentle, lakeside and canyon, and on the 4 random tracks with more steering noise (benchmarks/recipes/udacity_policy.sh
+# records 3000), one recording folder each under DIR. Recorded whole into DIR.partial, then renamed: a killed recipe
+# records them again; an existing DIR is kept.
+UDACITY_NAMED_TRACKS="gentle lakeside canyon"
 record_udacity_tracks() {
-  local dir=$1 track
+  local dir=$1 frames=${2:-1000} track
   [ -d "$dir" ] && return 0
   rm -rf "$dir.partial"
-  for track in gentle lakeside canyon; do
-    nac-drive collect udacity --driver scripted --out "$dir.partial/$track" --track "$track" --frames 1000 --seed 1
+  for track in $UDACITY_NAMED_TRACKS; do
+    nac-drive collect udacity --driver scripted --out "$dir.partial/$track" --track "$track" --frames "$frames" --seed 1
   done
   for track in random-11 random-12 random-13 random-14; do
-    nac-drive collect udacity --driver scripted --out "$dir.partial/$track" --track "$track" --frames 1000 --seed 2 \
-      --noise 0.5
+    nac-drive collect udacity --driver scripted --out "$dir.partial/$track" --track "$track" --frames "$frames" \
+      --seed 2 --noise 0.5
   done
   mv "$dir.partial" "$dir"
+}
+
+# resumed_train OUT RUN FLAGS...: nac-drive train FLAGS into OUT/RUN, going on from its last epoch where a killed run
+# left one (a finished run: nothing left to train), else anew (a run killed before its first epoch ended is removed,
+# so that it is never trained again beside itself in RUN-2).
+resumed_train() {
+  local out=$1 run=$2 resume=(--resume); shift 2
+  [ -f "$out/$run/last/train_state.json" ] || { resume=(); rm -rf "${out:?}/$run"; }
+  nac-drive train --out "$out" --run-name "$run" "${resume[@]}" "$@"
 }

@@ -31,10 +31,8 @@ if [ ! -d "$OUT/demos" ]; then   # the training data, DAgger's rounds added: the
   cp -al "$COLLECTED" "$OUT/demos.partial"
   mv "$OUT/demos.partial" "$OUT/demos"
 fi
-resume=(--resume)   # a run killed before its first epoch ends is trained again in its own folder, never in bc-steady-2
-[ -f "$OUT/train/bc-steady/last/train_state.json" ] || { resume=(); rm -rf "$OUT/train/bc-steady"; }
-nac-drive train --data "$OUT/demos" --core nac --mode steady --epochs 10 --windows-per-epoch 4096 --seed "$SEED" \
-  --out "$OUT/train" --run-name bc-steady "${resume[@]}"
+resumed_train "$OUT/train" bc-steady --data "$OUT/demos" --core nac --mode steady --epochs 10 --windows-per-epoch 4096 \
+  --seed "$SEED"
 nac-drive dagger --policy "$OUT/train/bc-steady/best" --data "$OUT/demos" --rounds 10 --episodes 4 \
   --disturb-rate 0.02 --disturb-frames 8 --oracle ppo --epochs 3 --windows-per-epoch 3072 --lr 2e-4 --seed "$SEED" \
   --out "$OUT/train" --run-name dagger --resume
