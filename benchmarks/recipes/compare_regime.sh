@@ -35,8 +35,8 @@
 # Time on the 2-core CPU machine: the tune lanes ~2.5-3 hours (a trial 2.2-12.2 min on one core, median
 # ~3.5, beside other jobs, 2026-11-29; d_model 128 trials take 8-12); the comparison ~6 hours with
 # --workers 2 (a BC run ~8 min, a DAgger round ~3 min, 20 tracks ~3 min a share), so three 3-hour
-# sessions; the Udacity half ~8 hours (tune lanes ~4.5, 2026-11-30; the comparison's 21 runs ~2.5; the shipped
-# recipe's three cores ~40 min each, two at a time). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
+# sessions; the Udacity half ~9 hours (tune lanes ~4.5, 2026-11-30; the comparison's 21 runs ~3, a run ~17 min on one
+# core: BC ~10, its drives ~7; the shipped recipe's three cores ~40 min each, two at a time). Everything resumes: run the same line again (a tune study lives in OUT/tune/<variant>/study.db, a
 # comparison's finished runs in OUT/compare/results; a pair killed midway goes on from its last epoch and DAgger round).
 # What it should score: CarRacing, the table of BENCHMARKS.md §11 within its intervals (MHA 925.3 and CfC 918.4 ahead of
 # the paper's NAC, 884.5, at frame-drop 0); Udacity not known yet (it has not run to the end).
