@@ -363,14 +363,14 @@ def push_table(reports: Sequence[Report]) -> str:
 SEED_LABEL = re.compile(r"^(?P<recipe>.+)-s(?P<seed>\d+) (?P<kind>\(.*\))$")
 
 
-def seed_groups(reports: Sequence[Report]) -> dict[str, list[Report]]:
+def seed_groups(reports: Sequence[Report]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """The reports with road scenes whose folders differ only in their ``-sN`` (and share a core and
-    mode), two or more: the seeds of one recipe, by ``recipe-s* (core, mode)``."""
-    groups: dict[str, list[Report]] = {}
+    mode), two or more: the seeds of one recipe, by ``recipe-s* (core, mode)``, each as (N, report)."""
+    groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for name, report in reports:
         seed = SEED_LABEL.match(name)
         if seed and dig(report, "scenes", "effects"):
-            groups.setdefault(f"{seed['recipe']}-s* {seed['kind']}", []).append((name, report))
+            groups.setdefault(f"{seed['recipe']}-s* {seed['kind']}", []).append((seed["seed"], report))
     return {group: members for group, members in groups.items() if len(members) >= 2}
 
 
@@ -418,7 +418,7 @@ def fig4_seeds_table(reports: Sequence[Report]) -> str:
                     f" ({paper_way} the paper's way)" if comparison == "right_vs_left" else "")
                 rows.append([f"{quantity}: {positive} vs {negative}", *cells,
                              seeds_interval([e["effect"] for e in tested]), agreement])
-        header = ["quantity: scenes", *(f"seed {SEED_LABEL.match(name)['seed']}: strongest head" for name, _ in members),
+        header = ["quantity: scenes", *(f"seed {seed}: strongest head" for seed, _ in members),
                   "mean over the seeds [95% t-interval]", "seeds with a head separating them"]
         tables.append(f"The paper's Fig. 4 on the road's scenes across the seeds of {group}: each seed's strongest "
                       f"head, its direction-free effect |AUROC - 0.5| [95% block-bootstrap CI] between the scenes; "
