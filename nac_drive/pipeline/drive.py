@@ -408,7 +408,8 @@ def policy_recorder(trace_dir, policy, policy_path, env: str, action_names: list
 class DriveUdacityArgs:
     """Arguments of ``nac-drive drive udacity``."""
 
-    policy: str | None = arg(None, "checkpoint folder of a Udacity policy (default: the shipped PilotNet+NAC policy)")
+    policy: str | None = arg(None, "checkpoint folder of a Udacity policy, or shipped:gru (the PilotNet+GRU policy "
+                                   "shipped beside the NAC one; default: the shipped PilotNet+NAC policy)")
     host: str = arg("127.0.0.1", "address to bind (the simulator connects to it)")
     port: int = arg(4567, "port the simulator connects to", min=1, max=65535)
     speed: float = arg(UDACITY_SPEED, "set speed for the PI throttle controller (mph)", above=0, max=30)   # top speed

@@ -15,7 +15,8 @@ SHIPPED = "shipped:"   # --policy shipped:mha names a shipped policy by its core
 def shipped_policy_path(task: str = "carracing", core: str = "nac") -> Path:
     """The policy that ships with the package for ``task`` with temporal core ``core``: CNN+NAC
     for CarRacing and PilotNet+NAC for Udacity (the defaults), and beside them CNN+MHA for
-    CarRacing (``core="mha"``), which drives it better (the README says by how much)."""
+    CarRacing (``core="mha"``) and PilotNet+GRU for Udacity (``core="gru"``), which drive them
+    better (the README says by how much)."""
     cores = shipped_cores(task)
     if core not in cores:   # a name, never a path: only a folder that ships is read
         shipped = ", ".join(f"{SHIPPED}{c}" for c in cores)

@@ -14,7 +14,8 @@ traced NAC state, on a ``step`` timeline.
 CarRacing scores on the held-out tracks (seeds 900000, 900001, ...) by default, in the env
 the policy learned (its ``config.json`` gas: gymnasium's discrete env, or DiscreteActions). Without
 ``--policy`` the shipped policy drives (CNN+NAC for CarRacing, PilotNet+NAC for Udacity); ``--policy
-shipped:mha`` drives the CNN+MHA CarRacing policy shipped beside it, which drives better. The policy streams through
+shipped:mha`` and ``--policy shipped:gru`` drive the CNN+MHA CarRacing and PilotNet+GRU Udacity policies
+shipped beside them, which drive better. The policy streams through
 ``NAC.step()``; the printed latency is the policy's own time per frame. ``--perturb
 frame-drop=P`` (either simulator) drops a share P of the frames, drawn per track: the policy
 never sees them, the simulator steps on with its last action, and the summary counts them.
