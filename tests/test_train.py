@@ -163,6 +163,16 @@ def test_training_learns_and_resumes(dataset, tmp_path):
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
 
 
+def test_a_fine_tune_is_named_after_the_core_it_trains_not_the_flags_defaults(dataset, tmp_path):
+    tiny = dict(data=str(dataset), out=str(tmp_path), window=4, d_model=16, epochs=1, windows_per_epoch=32,
+                batch_size=16, progress=False, val_fraction=0.25)
+    gru = train(TrainArgs(core="gru", **tiny))
+    assert gru.name == "carracing__gru__w4__s0"
+    tiny.pop("window"), tiny.pop("d_model")   # --init-from takes the checkpoint's architecture
+    tuned = train(TrainArgs(init_from=str(gru / "best"), seed=1, **tiny))
+    assert tuned.name == "carracing__gru__w4__s1"   # the defaults (core nac, window 16) would say nac-exact, w16
+
+
 def _last_weights(run: Path) -> dict:
     """A training run's last/ weights, name -> tensor."""
     from safetensors.torch import load_file

@@ -46,12 +46,15 @@ from nac_drive.pipeline.train_args import CLASS_WEIGHTINGS, TrainArgs, core_fiel
 from nac_drive.torch_threads import available_cores, torch_threads
 
 
-def run_name(args: TrainArgs, task: str) -> str:
-    core = f"nac-{args.mode}" if args.core == "nac" else args.core
-    if args.core == "nac" and args.logit_variant != "paper":
-        core += f"-{args.logit_variant}"   # beyond the paper: the name says so
+def run_name(args: TrainArgs, config: PolicyConfig) -> str:
+    """``--run-name``, else one that says what trains: the task and ``config``'s core (with
+    ``--init-from`` the checkpoint's, not the flags' defaults), window, seed and frame-drop."""
+    core_cfg = config.core
+    core = f"nac-{core_cfg.mode}" if core_cfg.core == "nac" else core_cfg.core
+    if core_cfg.core == "nac" and core_cfg.logit_variant != "paper":
+        core += f"-{core_cfg.logit_variant}"   # beyond the paper: the name says so
     drop = f"__drop{args.frame_drop:g}" if args.frame_drop else ""
-    return args.run_name or f"{task}__{core}__w{args.window}__s{args.seed}{drop}"
+    return args.run_name or f"{config.task}__{core}__w{core_cfg.window}__s{args.seed}{drop}"
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -213,7 +216,6 @@ def _train(args: TrainArgs, held: contextlib.ExitStack, device: torch.device) ->
                           topk=args.topk, mode=args.mode, select=args.select, euler_steps=args.euler_steps,
                           sparsity=args.sparsity, logit_variant=args.logit_variant, seed=args.seed)
     config.core = core_cfg
-    run_dir = Path(args.out) / run_name(args, config.task)
     if args.init_from:   # fine-tune (e.g. a DAgger round): the checkpoint's own architecture
         policy = DrivingPolicy.from_pretrained(args.init_from).train()
         if policy.config.action != config.action:
@@ -225,6 +227,7 @@ def _train(args: TrainArgs, held: contextlib.ExitStack, device: torch.device) ->
         config = policy.config
     else:
         policy = DrivingPolicy(config)   # built on the CPU from the seed, so every device starts from the same weights
+    run_dir = Path(args.out) / run_name(args, config)
     policy.to(device)   # before the optimizer exists: its state is made (or restored) beside the parameters
     model = policy if world == 1 else torch.nn.parallel.DistributedDataParallel(
         policy, device_ids=[device.index] if device.type == "cuda" else None)
