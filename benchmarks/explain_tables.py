@@ -1,5 +1,6 @@
 """The Markdown tables of BENCHMARKS.md §7 from the ``explain.json`` reports that ``nac-drive
 explain`` writes (one per policy; ``benchmarks/recipes/explain_policies.sh`` makes them):
+a summary (a few words from each of the others: §7's own table, alone with ``--summary``),
 an overview, saliency faithfulness paired against random maps of each method's own
 granularity, the saliency's road share (the paper's Fig. 6 proxy), the closed loop paired
 against the intact policy, the push along the curvature probe, and the paper's Fig. 4 on the
@@ -8,6 +9,7 @@ recipe's NAC-steady ones: the interval the seeds give, which one seed's cannot).
 
     python benchmarks/explain_tables.py runs/recipe-explain/carracing-shipped runs/recipe-explain/core-gru
     python benchmarks/explain_tables.py --recipe runs/recipe-explain
+    python benchmarks/explain_tables.py --recipe runs/recipe-explain --summary
 
 Each row is a policy, labelled by its folder, its core and (a NAC) its mode. A section a
 report lacks prints "-", and a line under the table says why (the report's ``skipped``).
@@ -429,7 +431,56 @@ def fig4_seeds_table(reports: Sequence[Report]) -> str:
     return "\n\n".join(tables)
 
 
-TABLES = (overview_table, saliency_paired_table, road_share_table, closed_loop_table, push_table, fig4_seeds_table)
+def _claims_counted(claims: dict[str, Any] | None, literal: bool) -> str:
+    """Fig. 4's claims in a few words: the literal thresholds' ``k/n reproduced``; the qualitative
+    reading's ``k/n separated (m/n the paper's way)``, a claim counted where any head does so."""
+    if not isinstance(claims, dict) or not claims:
+        return "-"
+    n = len(claims)
+    if literal:
+        return f"{sum(str(dig(c, 'verdict')).startswith('reproduced') for c in claims.values())}/{n} reproduced"
+    separated = sum(bool(dig(c, "heads_separating")) for c in claims.values())
+    paper_way = sum(bool(dig(c, "heads_paper_direction")) for c in claims.values())
+    return f"{separated}/{n} separated ({paper_way}/{n} the paper's way)"
+
+
+def _road_against_chance(report) -> str:
+    saliency = report.get("saliency")
+    if saliency and saliency.get("road_share") is None:
+        return "CarRacing only"
+    return (f"{number(dig(saliency, 'road_share', 'gradcam', 'mean'))} "
+            f"({number(dig(saliency, 'road_pixel_share', 'mean'))})")
+
+
+def _costliest_part(report) -> str:
+    """The attention part whose replacement moves the closed loop's metric most, with its change."""
+    closed = report.get("closed_loop")
+    rows = [row for row in dig(closed, "attention") or [] if is_number(dig(row, "paired", "mean"))]
+    if not rows:
+        return "-"
+    row = max(rows, key=lambda r: abs(r["paired"]["mean"]))
+    return f"{row.get('name')}: {estimate(row['paired'], metric_of(closed)[1])}"
+
+
+def summary_table(reports: Sequence[Report]) -> str:
+    """Table 0 (BENCHMARKS.md §7's): a few words per policy from each of the other tables."""
+    columns: list[Column] = [
+        (f"intact closed loop: {metric_caption(reports, *INTACT_SECTIONS)} (tracks)", _intact),
+        ("Fig. 4, literal", lambda r: _claims_counted(dig(r, "scenes", "literal", "claims"), literal=True)),
+        ("Fig. 4, qualitative", lambda r: _claims_counted(dig(r, "scenes", "qualitative"), literal=False)),
+        ("deletion: Grad-CAM - random_cam_grid",
+         lambda r: estimate(dig(r, "saliency", "paired", "gradcam", OWN_BASELINE["gradcam"], "deletion_auc"))),
+        ("road share: Grad-CAM (chance)", _road_against_chance),
+        ("clamped: top neurons", lambda r: _neuron_group(r, "top", False)),
+        ("clamped: random neurons", lambda r: _neuron_group(r, "random", False)),
+        ("costliest attention part", _costliest_part),
+        ("push along the curvature probe", lambda r: str(dig(r, "push", "verdict") or "-")),
+        ("current frame's share", lambda r: number(dig(r, "window", "mean_share_by_frames_ago", 0)))]
+    return table("Summary: each policy in a few words from the tables below (their captions say how each figure "
+                 "is measured).", columns, reports, ("scenes", "saliency", "closed_loop", "push"))
+
+
+TABLES = (summary_table, overview_table, saliency_paired_table, road_share_table, closed_loop_table, push_table, fig4_seeds_table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="folders holding an explain.json (or the files)")
     parser.add_argument("--recipe", type=Path, metavar="OUT",
                         help="every OUT/*/explain.json (explain_policies.sh's folder), in the report's order")
+    parser.add_argument("--summary", action="store_true",
+                        help="only the summary table (BENCHMARKS.md §7's; the others go to docs/findings.md)")
     args = parser.parse_args(argv)
     if bool(args.dirs) == bool(args.recipe):
         parser.error("give folders or --recipe OUT, not both and not neither")
@@ -447,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(f"explain_tables: error: {e}", file=sys.stderr)
         return 2
-    print("\n\n".join(filter(None, (make(reports) for make in TABLES))))
+    print("\n\n".join(filter(None, (make(reports) for make in (TABLES[:1] if args.summary else TABLES)))))
     return 0
 
 

@@ -299,3 +299,31 @@ def test_fig4_across_seeds_takes_each_seeds_strongest_head_and_an_interval_over_
 def test_no_seeds_no_fig4_table(tmp_path, capsys):
     out = tables(capsys, [write(tmp_path / "core-nac-exact", nac_report())])
     assert "across the seeds" not in out and not out.endswith("\n\n\n")
+
+
+def test_the_summary_reads_each_table_in_a_few_words_and_alone_with_summary(tmp_path, capsys):
+    report = nac_report()
+    report["push"]["verdict"] = "no clear effect"
+    report["closed_loop"]["attention"].append({"name": "t_ij: its mean per head",
+                                               "paired": {"mean": 2.5, "ci95": [1.0, 4.0]}})
+    udacity = {**nac_report(), "saliency": {**nac_report()["saliency"], "road_share": None}}
+    folders = [write(tmp_path / "a", report), write(tmp_path / "core-mha", mha_report()),
+               write(tmp_path / "udacity-shipped", udacity)]
+    out = tables(capsys, folders)
+    rows = table_rows(out, "Summary")
+    a = rows["a (nac, exact)"]
+    assert a["Fig. 4, literal"] == "1/2 reproduced"   # logits' verdict; tau untestable
+    assert a["Fig. 4, qualitative"] == "1/2 separated (1/2 the paper's way)"
+    assert a["deletion: Grad-CAM - random_cam_grid"] == "0.222 [0.172, 0.272]"   # its own granularity's random
+    assert a["road share: Grad-CAM (chance)"] == "0.400 (0.120)"
+    assert (a["clamped: top neurons"], a["clamped: random neurons"]) == ("-15.0 (2 units)", "2.0 (2 units)")
+    # the part that moves the return most, by |change|: t_ij's +2.5 over the random keys' -1.5
+    assert a["costliest attention part"] == "t_ij: its mean per head: 2.5 [1.0, 4.0]"
+    assert a["push along the curvature probe"] == "no clear effect"
+    assert a["current frame's share"] == "0.750"
+    assert rows["udacity-shipped (nac, exact)"]["road share: Grad-CAM (chance)"] == "CarRacing only"
+    mha = rows["core-mha (mha)"]
+    assert mha["Fig. 4, literal"] == mha["costliest attention part"] == mha["push along the curvature probe"] == "-"
+    assert out.index("Summary") < out.index("Overview")
+    alone = tables(capsys, ["--summary", *folders])
+    assert table_rows(alone, "Summary") == rows and "Overview" not in alone
