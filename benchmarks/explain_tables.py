@@ -282,12 +282,16 @@ def saliency_paired_table(reports: Sequence[Report]) -> str:
                  "more faithful than random.", columns, reports, ("saliency",))
 
 
+def _no_road(report) -> bool:
+    """Whether the report's saliency has no road share: the road band is drawn from CarRacing's
+    track, and Udacity's frames have none."""
+    return bool(report.get("saliency")) and dig(report, "saliency", "road_share") is None
+
+
 def road_share_table(reports: Sequence[Report]) -> str:
     """Table 3: each method's share of saliency on the road ahead, beside the road's share of the pixels."""
     def road(report, *keys) -> str:
-        if report.get("saliency") and dig(report, "saliency", "road_share") is None:
-            return "CarRacing only"   # the road band is drawn from CarRacing's track; Udacity's frames have none
-        return estimate(dig(report, "saliency", *keys))
+        return "CarRacing only" if _no_road(report) else estimate(dig(report, "saliency", *keys))
 
     columns: list[Column] = [(METHOD_NAMES[method], lambda r, m=method: road(r, "road_share", m))
                              for method in OWN_BASELINE]
@@ -431,25 +435,29 @@ def fig4_seeds_table(reports: Sequence[Report]) -> str:
     return "\n\n".join(tables)
 
 
-def _claims_counted(claims: dict[str, Any] | None, literal: bool) -> str:
-    """Fig. 4's claims in a few words: the literal thresholds' ``k/n reproduced``; the qualitative
-    reading's ``k/n separated (m/n the paper's way)``, a claim counted where any head does so."""
+def _literal_counted(claims: dict[str, Any] | None) -> str:
+    """Fig. 4's literal thresholds in a few words: ``k/n reproduced``."""
+    if not isinstance(claims, dict) or not claims:
+        return "-"
+    return f"{sum(str(dig(c, 'verdict')).startswith('reproduced') for c in claims.values())}/{len(claims)} reproduced"
+
+
+def _qualitative_counted(claims: dict[str, Any] | None) -> str:
+    """Fig. 4's qualitative reading in a few words: ``k/n separated (m/n the paper's way)``, a claim
+    counted where any head does so."""
     if not isinstance(claims, dict) or not claims:
         return "-"
     n = len(claims)
-    if literal:
-        return f"{sum(str(dig(c, 'verdict')).startswith('reproduced') for c in claims.values())}/{n} reproduced"
     separated = sum(bool(dig(c, "heads_separating")) for c in claims.values())
     paper_way = sum(bool(dig(c, "heads_paper_direction")) for c in claims.values())
     return f"{separated}/{n} separated ({paper_way}/{n} the paper's way)"
 
 
 def _road_against_chance(report) -> str:
-    saliency = report.get("saliency")
-    if saliency and saliency.get("road_share") is None:
+    if _no_road(report):
         return "CarRacing only"
-    return (f"{number(dig(saliency, 'road_share', 'gradcam', 'mean'))} "
-            f"({number(dig(saliency, 'road_pixel_share', 'mean'))})")
+    return (f"{number(dig(report, 'saliency', 'road_share', 'gradcam', 'mean'))} "
+            f"({number(dig(report, 'saliency', 'road_pixel_share', 'mean'))})")
 
 
 def _costliest_part(report) -> str:
@@ -466,8 +474,8 @@ def summary_table(reports: Sequence[Report]) -> str:
     """Table 0 (BENCHMARKS.md §7's): a few words per policy from each of the other tables."""
     columns: list[Column] = [
         (f"intact closed loop: {metric_caption(reports, *INTACT_SECTIONS)} (tracks)", _intact),
-        ("Fig. 4, literal", lambda r: _claims_counted(dig(r, "scenes", "literal", "claims"), literal=True)),
-        ("Fig. 4, qualitative", lambda r: _claims_counted(dig(r, "scenes", "qualitative"), literal=False)),
+        ("Fig. 4, literal", lambda r: _literal_counted(dig(r, "scenes", "literal", "claims"))),
+        ("Fig. 4, qualitative", lambda r: _qualitative_counted(dig(r, "scenes", "qualitative"))),
         ("deletion: Grad-CAM - random_cam_grid",
          lambda r: estimate(dig(r, "saliency", "paired", "gradcam", OWN_BASELINE["gradcam"], "deletion_auc"))),
         ("road share: Grad-CAM (chance)", _road_against_chance),
@@ -480,7 +488,8 @@ def summary_table(reports: Sequence[Report]) -> str:
                  "is measured).", columns, reports, ("scenes", "saliency", "closed_loop", "push"))
 
 
-TABLES = (summary_table, overview_table, saliency_paired_table, road_share_table, closed_loop_table, push_table, fig4_seeds_table)
+TABLES = (summary_table, overview_table, saliency_paired_table, road_share_table, closed_loop_table, push_table,
+          fig4_seeds_table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -500,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(f"explain_tables: error: {e}", file=sys.stderr)
         return 2
-    print("\n\n".join(filter(None, (make(reports) for make in (TABLES[:1] if args.summary else TABLES)))))
+    print("\n\n".join(filter(None, (make(reports) for make in ((summary_table,) if args.summary else TABLES)))))
     return 0
 
 
