@@ -19,14 +19,14 @@
 # Everything resumes: run the same line again (an explain killed midway goes on with --resume, a
 # NAC-steady policy where it stopped).
 #
-# Time on the 2-core CPU machine: a NAC-steady policy about 85 min; an explain not measured whole yet at
-# 30 tracks: its drives (21 of the 30 tracks for a NAC core, whose push reuses the closed loop's intact drive;
-# 7 for another) at ~2.5 s a CarRacing track on one core (2026-11-30) take ~30 min for a NAC core, more on
-# Udacity. Its window attribution (Integrated Gradients, steps doubled until complete) took 1.7 s a traced step
-# for the shipped CarRacing policy and 4.3 s for the comparison's mha one, beside three other jobs (2026-11-30):
-# 1.4-3.6 hours of the 3000 steps, so each explain attributes every 10th step (--window-every 10: 300 decisions).
-# What it should score: not known yet, it has not run to the end; §7's tables are rewritten from its last step's
-# OUT/tables.md (benchmarks/explain_tables.py).
+# Time on the 2-core CPU machine, each job pinned to one core beside one other (2026-11-30 to 12-01): a NAC-steady
+# policy 26 min (seed 2; seeds 0 and 1 took ~70 min on 11-30); an explain of a NAC CarRacing policy ~55 min (window
+# attribution of 250-271 decisions 13 min, the closed loop's 15 drives of 30 tracks 27 min, the push's 6 drives
+# 10 min), of the Udacity one 59 min, of another core 31-34 min (its 7 push drives ~130 s each). Window attribution
+# is Integrated Gradients with steps doubled until complete, so each explain attributes every 10th step
+# (--window-every 10). About 12 lane-hours in all (6 hours of two lanes).
+# What it should score: OUT/tables.md (benchmarks/explain_tables.py, written at the end) whose first table is
+# BENCHMARKS.md §7's, the others docs/findings.md's "What the neurons do"; the runs are seeded, not bit-exact.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
