@@ -462,12 +462,11 @@ def _road_against_chance(report) -> str:
 
 def _costliest_part(report) -> str:
     """The attention part whose replacement moves the closed loop's metric most, with its change."""
-    closed = report.get("closed_loop")
-    rows = [row for row in dig(closed, "attention") or [] if is_number(dig(row, "paired", "mean"))]
+    rows = [row for row in dig(report, "closed_loop", "attention") or [] if is_number(dig(row, "paired", "mean"))]
     if not rows:
         return "-"
-    row = max(rows, key=lambda r: abs(r["paired"]["mean"]))
-    return f"{row.get('name')}: {estimate(row['paired'], metric_of(closed)[1])}"
+    name = max(rows, key=lambda r: abs(r["paired"]["mean"])).get("name")
+    return f"{name}: {_attention_part(report, name)}"
 
 
 def summary_table(reports: Sequence[Report]) -> str:

@@ -20,7 +20,7 @@
 # NAC-steady policy where it stopped).
 #
 # Time on the 2-core CPU machine, each job pinned to one core beside one other (2026-11-30 to 12-01): a NAC-steady
-# policy 26 min (seed 2; seeds 0 and 1 took ~70 min on 11-30); an explain of a NAC CarRacing policy ~55 min (window
+# policy 26 min (seed 2; seeds 0 and 1 took ~70 min on 11-30); an explain of a NAC CarRacing policy 46-55 min (window
 # attribution of 250-271 decisions 13 min, the closed loop's 15 drives of 30 tracks 27 min, the push's 6 drives
 # 10 min), of the Udacity one 59 min, of another core 31-34 min (its 7 push drives ~130 s each). Window attribution
 # is Integrated Gradients with steps doubled until complete, so each explain attributes every 10th step
